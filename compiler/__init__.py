@@ -1,0 +1,1 @@
+"""tunecache.compiler: operators, hardware, schedules, C code generation, build and run."""

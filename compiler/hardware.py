@@ -1,0 +1,274 @@
+"""Hardware specs: what the kernels run on, detected from sysfs/procfs or pinned from JSON.
+
+A :class:`HardwareSpec` records everything that changes how fast a kernel runs (ISA level,
+vector width, cores, cache sizes and associativity, CPU model). ``hw_id`` is a stable,
+path-safe key derived from exactly those fields, so identical machines share cache entries and
+any change that matters gives a new key.
+
+Farms pin their spec: ``TUNECACHE_HARDWARE`` may name a JSON file (or hold the JSON itself),
+and every command that takes ``--hardware`` accepts the same file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from tunecache.compiler.errors import HardwareError
+
+ISA_LEVELS = ("avx512", "avx2", "generic")
+ISA_VECTOR_BITS = {"avx512": 512, "avx2": 256, "generic": 128}
+# Architectural vector registers available to a micro-kernel at each ISA level.
+ISA_VECTOR_REGISTERS = {"avx512": 32, "avx2": 16, "generic": 16}
+ENV_VAR = "TUNECACHE_HARDWARE"
+SPEC_VERSION = 1
+
+_AVX512_FLAGS = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
+_AVX2_FLAGS = {"avx2", "fma"}
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSpec:
+    """A CPU as far as kernel speed is concerned. Cache sizes are bytes per instance."""
+
+    arch: str
+    isa: str
+    vector_bits: int
+    cores: int
+    l1d_bytes: int
+    l2_bytes: int
+    l3_bytes: int
+    cpu_model: str
+    cache_line: int = 64
+    l1d_ways: int = 8
+    l2_ways: int = 8
+    l3_ways: int = 16
+    l3_shared_by: int = 1
+
+    def __post_init__(self) -> None:
+        if self.isa not in ISA_LEVELS:
+            raise HardwareError(
+                f"unknown ISA level {self.isa!r}; expected one of {', '.join(ISA_LEVELS)}"
+            )
+        if self.vector_bits != ISA_VECTOR_BITS[self.isa]:
+            raise HardwareError(
+                f"vector_bits={self.vector_bits} does not match isa={self.isa} "
+                f"(expected {ISA_VECTOR_BITS[self.isa]})"
+            )
+        for name in ("cores", "l1d_bytes", "l2_bytes", "l3_bytes", "cache_line", "l1d_ways",
+                     "l2_ways", "l3_ways", "l3_shared_by"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise HardwareError(f"hardware {name} must be a positive integer, got {value!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_]+", self.arch):
+            raise HardwareError(f"hardware arch {self.arch!r} must be letters, digits or _")
+
+    @property
+    def lanes(self) -> int:
+        """float32 elements per vector register."""
+        return self.vector_bits // 32
+
+    @property
+    def vector_registers(self) -> int:
+        return ISA_VECTOR_REGISTERS[self.isa]
+
+    @property
+    def hw_id(self) -> str:
+        """Stable key: readable prefix plus a hash of every speed-relevant field."""
+        digest = hashlib.sha256(self.canonical_json().encode()).hexdigest()[:10]
+        return f"{self.arch}-{self.isa}-{self.cores}c-{digest}"
+
+    def canonical_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    def to_json(self) -> str:
+        """Pretty JSON including ``hw_id`` (ignored when read back) and a spec version."""
+        data: dict[str, Any] = {"spec_version": SPEC_VERSION, **asdict(self), "hw_id": self.hw_id}
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> HardwareSpec:
+        """Parse a spec written by :meth:`to_json` (or by hand); unknown keys are refused."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise HardwareError(f"hardware spec is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise HardwareError("hardware spec must be a JSON object")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HardwareSpec:
+        data = dict(data)
+        data.pop("hw_id", None)
+        version = data.pop("spec_version", SPEC_VERSION)
+        if version != SPEC_VERSION:
+            raise HardwareError(
+                f"hardware spec version {version} is not supported (this tunecache reads "
+                f"version {SPEC_VERSION})"
+            )
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise HardwareError(
+                f"unknown hardware spec key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+            )
+        if "isa" in data and "vector_bits" not in data:
+            data["vector_bits"] = ISA_VECTOR_BITS.get(data["isa"], 0)
+        required = {f.name for f in fields(cls) if f.default is MISSING}
+        missing = sorted(required - set(data))
+        if missing:
+            raise HardwareError(f"hardware spec is missing {', '.join(missing)}")
+        return cls(**data)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> HardwareSpec:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise HardwareError(f"cannot read hardware spec {path}: {exc.strerror}") from None
+        return cls.from_json(text)
+
+    def with_isa(self, isa: str) -> HardwareSpec:
+        """The same machine restricted to a lower ISA level (e.g. to test AVX2 code)."""
+        data = asdict(self)
+        data.update(isa=isa, vector_bits=ISA_VECTOR_BITS.get(isa, 0))
+        return HardwareSpec(**data)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _parse_size(text: str) -> int:
+    match = re.fullmatch(r"(\d+)\s*([KMG]?)i?B?", text.strip(), re.IGNORECASE)
+    if match is None:
+        raise HardwareError(f"unreadable cache size {text!r} in sysfs")
+    scale = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[match.group(2).upper()]
+    return int(match.group(1)) * scale
+
+
+def _cpu_list_len(text: str) -> int:
+    count = 0
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            count += int(hi) - int(lo) + 1
+        elif part:
+            count += 1
+    return count
+
+
+def _cpuinfo(proc: Path) -> tuple[str, set[str]]:
+    text = _read(proc / "cpuinfo")
+    if text is None:
+        raise HardwareError(
+            f"cannot detect hardware: {proc / 'cpuinfo'} is unreadable (not Linux?); pin a spec "
+            f"with {ENV_VAR}=spec.json or --hardware spec.json"
+        )
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return model or platform.processor() or "unknown", flags
+
+
+def _caches(sys_cpu: Path) -> dict[str, tuple[int, int, int, int]]:
+    """Per level: (size, ways, line, cpus sharing) for data/unified caches of cpu0."""
+    found: dict[str, tuple[int, int, int, int]] = {}
+    cache_dir = sys_cpu / "cpu0" / "cache"
+    if not cache_dir.is_dir():
+        return found
+    for index in sorted(cache_dir.glob("index*")):
+        level, kind = _read(index / "level"), _read(index / "type")
+        size = _read(index / "size")
+        if level is None or kind not in ("Data", "Unified") or size is None:
+            continue
+        ways = int(_read(index / "ways_of_associativity") or 0) or 8
+        line = int(_read(index / "coherency_line_size") or 0) or 64
+        shared = _cpu_list_len(_read(index / "shared_cpu_list") or "0")
+        found[f"l{level}"] = (_parse_size(size), ways, line, max(shared, 1))
+    return found
+
+
+def detect(root: str | os.PathLike[str] = "/") -> HardwareSpec:
+    """Detect the local machine from ``/proc`` and ``/sys`` (``root`` is for tests)."""
+    base = Path(root)
+    model, flags = _cpuinfo(base / "proc")
+    arch = platform.machine() or "unknown"
+    arch = re.sub(r"[^A-Za-z0-9_]", "_", arch)
+    if _AVX512_FLAGS <= flags:
+        isa = "avx512"
+    elif _AVX2_FLAGS <= flags:
+        isa = "avx2"
+    else:
+        isa = "generic"
+    caches = _caches(base / "sys" / "devices" / "system" / "cpu")
+    if "l1" not in caches or "l2" not in caches:
+        raise HardwareError(
+            "cannot detect cache sizes: /sys/devices/system/cpu/cpu0/cache has no L1d/L2 "
+            f"entries; pin a spec with {ENV_VAR}=spec.json or --hardware spec.json"
+        )
+    l1, l2 = caches["l1"], caches["l2"]
+    l3 = caches.get("l3", (l2[0], l2[1], l2[2], 1))
+    try:
+        cores = len(os.sched_getaffinity(0)) if str(root) == "/" else 0
+    except AttributeError:  # not Linux
+        cores = 0
+    if cores == 0:
+        online = _read(base / "sys" / "devices" / "system" / "cpu" / "online")
+        cores = _cpu_list_len(online) if online else (os.cpu_count() or 1)
+    return HardwareSpec(
+        arch=arch,
+        isa=isa,
+        vector_bits=ISA_VECTOR_BITS[isa],
+        cores=cores,
+        l1d_bytes=l1[0],
+        l2_bytes=l2[0],
+        l3_bytes=l3[0],
+        cpu_model=model,
+        cache_line=l1[2],
+        l1d_ways=l1[1],
+        l2_ways=l2[1],
+        l3_ways=l3[1],
+        l3_shared_by=l3[3],
+    )
+
+
+_local: HardwareSpec | None = None
+
+
+def local_spec(override: str | os.PathLike[str] | None = None) -> HardwareSpec:
+    """The spec to tune for: ``override`` file, else ``$TUNECACHE_HARDWARE``, else detected.
+
+    ``$TUNECACHE_HARDWARE`` holds a path to a JSON file, or the JSON text itself.
+    """
+    global _local
+    if override is not None:
+        return HardwareSpec.from_file(override)
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        if env.startswith("{"):
+            return HardwareSpec.from_json(env)
+        return HardwareSpec.from_file(env)
+    if _local is None:
+        _local = detect()
+    return _local
+
+
+def runnable_isas(spec: HardwareSpec) -> tuple[str, ...]:
+    """ISA levels whose code runs on ``spec``'s machine, best first."""
+    return ISA_LEVELS[ISA_LEVELS.index(spec.isa):]

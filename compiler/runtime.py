@@ -1,0 +1,173 @@
+"""Load a built kernel and call it on numpy arrays, checking every argument first.
+
+A wrong dtype, shape or memory layout raises :class:`KernelArgumentError` naming the argument,
+what was given and what the kernel needs; nothing reaches the C code unchecked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tunecache.compiler.build import Artifact, build
+from tunecache.compiler.codegen import KernelSource, generate
+from tunecache.compiler.errors import KernelArgumentError
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import Schedule
+
+_NP_DTYPES = {"float32": np.dtype(np.float32)}
+
+
+@dataclass
+class Kernel:
+    """A loaded kernel for one op signature. Call it as ``kernel(A, B, ..., out=None)``."""
+
+    op: OpSignature
+    path: Path
+    _lib: ctypes.CDLL = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._lib = ctypes.CDLL(str(self.path))
+        self._entry = self._lib.tc_kernel
+        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._entry.restype = ctypes.c_int
+        self._timer = self._lib.tc_time
+        self._timer.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long]
+        self._timer.restype = ctypes.c_double
+        self._args = self.op.arguments()
+        self._inputs = [a for a in self._args if a.role == "input"]
+        self._output = next(a for a in self._args if a.role == "output")
+        self._dtype = _NP_DTYPES[self.op.dtype]
+
+    def _check(self, name: str, array: object, shape: tuple[int, ...], writable: bool) -> None:
+        if not isinstance(array, np.ndarray):
+            raise KernelArgumentError(
+                f"{self.op.kind} argument {name} must be a numpy array, got {type(array).__name__}"
+            )
+        if array.dtype != self._dtype:
+            raise KernelArgumentError(
+                f"{self.op.kind} argument {name} has dtype {array.dtype}; the kernel needs "
+                f"{self._dtype} (convert with .astype(np.{self._dtype}))"
+            )
+        if array.shape != shape:
+            raise KernelArgumentError(
+                f"{self.op.kind} argument {name} has shape {array.shape}; {self.op.text} needs "
+                f"{shape}"
+            )
+        if not array.flags.c_contiguous:
+            raise KernelArgumentError(
+                f"{self.op.kind} argument {name} is not C-contiguous (strides {array.strides}); "
+                "pass np.ascontiguousarray(...)"
+            )
+        if not array.flags.aligned:
+            raise KernelArgumentError(f"{self.op.kind} argument {name} is not aligned to its dtype")
+        if writable and not array.flags.writeable:
+            raise KernelArgumentError(f"{self.op.kind} output {name} is read-only")
+
+    def _pointers(self, inputs: tuple[np.ndarray, ...], out: np.ndarray | None) -> tuple[
+            ctypes.Array[ctypes.c_void_p], np.ndarray]:
+        if len(inputs) != len(self._inputs):
+            names = ", ".join(a.name for a in self._inputs)
+            raise KernelArgumentError(
+                f"{self.op.text} takes {len(self._inputs)} input(s) ({names}), got {len(inputs)}"
+            )
+        for spec, array in zip(self._inputs, inputs, strict=True):
+            self._check(spec.name, array, spec.shape, writable=False)
+        if out is None:
+            out = np.empty(self._output.shape, dtype=self._dtype)
+        else:
+            self._check(self._output.name, out, self._output.shape, writable=True)
+            for spec, array in zip(self._inputs, inputs, strict=True):
+                if np.may_share_memory(out, array):
+                    raise KernelArgumentError(
+                        f"output {self._output.name} overlaps input {spec.name}; the kernel "
+                        "needs a separate output buffer"
+                    )
+        pointers = (ctypes.c_void_p * len(self._args))(
+            *[a.ctypes.data for a in inputs], out.ctypes.data
+        )
+        return pointers, out
+
+    def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Run the kernel; returns ``out`` (allocated if not given)."""
+        pointers, result = self._pointers(inputs, out)
+        if self._entry(pointers) != 0:
+            raise MemoryError(f"kernel for {self.op.text} could not allocate its workspace")
+        return result
+
+    def time(self, *inputs: np.ndarray, out: np.ndarray, iters: int) -> float:
+        """Seconds for ``iters`` back-to-back calls, timed inside the shared object."""
+        pointers, _ = self._pointers(inputs, out)
+        return float(self._timer(pointers, iters))
+
+
+def load_kernel(op: OpSignature, artifact: Artifact | Path) -> Kernel:
+    """Load a built shared object as a callable kernel for ``op``."""
+    path = artifact.path if isinstance(artifact, Artifact) else Path(artifact)
+    return Kernel(op, path)
+
+
+def compile_kernel(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Kernel:
+    """Validate, generate, build (through the artifact cache) and load in one step."""
+    source: KernelSource = generate(op, schedule, hw)
+    return load_kernel(op, build(source))
+
+
+def random_inputs(op: OpSignature, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Standard-normal float32 inputs of the right shapes (deterministic for a seed)."""
+    rng = np.random.default_rng(seed)
+    return tuple(
+        rng.standard_normal(arg.shape, dtype=np.float32)
+        for arg in op.arguments() if arg.role == "input"
+    )
+
+
+def reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The op computed by numpy in float64: the ground truth kernels are checked against."""
+    a, b = (x.astype(np.float64) for x in inputs[:2])
+    if op.trans_a:
+        a = np.swapaxes(a, -1, -2)
+    if op.trans_b:
+        b = np.swapaxes(b, -1, -2)
+    c = np.matmul(a, b)
+    rest = list(inputs[2:])
+    for step in op.epilogue:
+        if step == "bias":
+            c = c + rest.pop(0).astype(np.float64)
+        elif step == "relu":
+            c = np.maximum(c, 0.0)
+    return c
+
+
+def tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, float]:
+    """(rtol, atol) for comparing a float32 kernel with the float64 reference.
+
+    The absolute part grows with the reduction length: float32 rounding error of a K-term
+    dot product is bounded by about K·eps·Σ|a·b|.
+    """
+    k = op.dim("K")
+    scale = float(np.abs(inputs[0]).max()) * float(np.abs(inputs[1]).max())
+    return 1e-4, 1e-6 * k * scale + 1e-6
+
+
+def check_result(op: OpSignature, inputs: tuple[np.ndarray, ...], result: np.ndarray,
+                 expected: np.ndarray) -> str | None:
+    """None if ``result`` matches ``expected``; else a one-line description of the mismatch."""
+    if not np.all(np.isfinite(result)):
+        bad = int(np.count_nonzero(~np.isfinite(result)))
+        return f"{bad} of {result.size} outputs are not finite (unwritten or corrupted)"
+    rtol, atol = tolerance(op, inputs)
+    err = np.abs(result.astype(np.float64) - expected)
+    limit = atol + rtol * np.abs(expected)
+    if np.all(err <= limit):
+        return None
+    worst = np.unravel_index(int(np.argmax(err - limit)), err.shape)
+    return (
+        f"{int(np.count_nonzero(err > limit))} of {result.size} outputs wrong; worst at "
+        f"{tuple(int(i) for i in worst)}: got {float(result[worst]):.6g}, expected "
+        f"{float(expected[worst]):.6g} (atol {atol:.2g}, rtol {rtol:.0e})"
+    )
