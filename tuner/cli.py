@@ -1,0 +1,42 @@
+"""The ``tunecache`` command: thin wrappers over the library.
+
+Conventions: data goes to stdout, logs and progress to stderr; every command that reports
+something takes ``--json``; a user error prints one line ``error: ...`` and exits with 2,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from tunecache.compiler.errors import TunecacheError
+from tunecache.tuner import cli_compiler, cli_store
+from tunecache.tuner.cli_common import EXIT_USER_ERROR
+
+
+class _Group(click.Group):
+    """A click group that turns tunecache's user errors into one-line messages."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TunecacheError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(EXIT_USER_ERROR)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tunecache")
+def main() -> None:
+    """tunecache: offline autotuning and a compile cache for tensor kernels."""
+
+
+for _module in (cli_compiler, cli_store):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
