@@ -1,0 +1,125 @@
+"""Filesystem helpers: atomic publication of files, listing, reading small files.
+
+On the local filesystem a file is written under a hidden temporary name in its target
+directory (``.<name>.<random>.tmp``), fsynced, renamed into place with ``os.replace`` and the
+directory fsynced: readers see the whole file or nothing, also after a crash. Object stores
+have no rename, but one PUT (or a completed multipart upload) is all-or-nothing, so there the
+final key is written directly. Readers ignore names starting with ``.`` or ``_``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from tunecache.datasets.location import Location
+
+TEMP_SUFFIX = ".tmp"
+
+
+def write_atomic(loc: Location, relative: str, data: bytes | pa.Buffer) -> str:
+    """Write ``data`` to ``relative`` inside the store so it appears all at once; its path."""
+    path = loc.path(relative)
+    if loc.local:
+        directory, _, name = path.rpartition("/")
+        os.makedirs(directory, exist_ok=True)
+        temp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(memoryview(data))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        _fsync_dir(directory)
+    else:
+        with loc.fs.open_output_stream(path) as out:
+            out.write(memoryview(data))
+    return path
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_bytes(loc: Location, relative: str) -> bytes | None:
+    """The content of ``relative``, or None when it does not exist."""
+    try:
+        with loc.fs.open_input_stream(loc.path(relative)) as handle:
+            return bytes(handle.read())
+    except FileNotFoundError:
+        return None
+    except OSError:
+        if not exists(loc, relative):
+            return None
+        raise
+
+
+def exists(loc: Location, relative: str) -> bool:
+    return bool(loc.fs.get_file_info(loc.path(relative)).type == pafs.FileType.File)
+
+
+def list_names(loc: Location, relative: str) -> list[str]:
+    """File names directly under ``relative`` (empty when it does not exist)."""
+    selector = pafs.FileSelector(loc.path(relative), recursive=False, allow_not_found=True)
+    return sorted(
+        info.base_name for info in loc.fs.get_file_info(selector)
+        if info.type == pafs.FileType.File
+    )
+
+
+def list_dirs(loc: Location, relative: str) -> list[str]:
+    """Directory names directly under ``relative`` (empty when it does not exist)."""
+    selector = pafs.FileSelector(loc.path(relative), recursive=False, allow_not_found=True)
+    return sorted(
+        info.base_name for info in loc.fs.get_file_info(selector)
+        if info.type == pafs.FileType.Directory
+    )
+
+
+def delete(loc: Location, path: str) -> bool:
+    """Delete the file at absolute ``path``; False when it was already gone."""
+    try:
+        loc.fs.delete_file(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        if loc.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return False
+        raise
+    return True
+
+
+def temporaries(loc: Location, relative: str, older_than_s: float = 0.0) -> list[str]:
+    """Leftover temporary files (from killed writers) under ``relative``, by absolute path."""
+    if not loc.local:
+        return []
+    selector = pafs.FileSelector(loc.path(relative), recursive=True, allow_not_found=True)
+    cutoff = time.time() - older_than_s
+    found = []
+    for info in loc.fs.get_file_info(selector):
+        if (
+            info.type == pafs.FileType.File
+            and info.base_name.startswith(".")
+            and info.base_name.endswith(TEMP_SUFFIX)
+            and (info.mtime is None or info.mtime.timestamp() <= cutoff)
+        ):
+            found.append(info.path)
+    return sorted(found)
