@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -254,7 +255,11 @@ class Store:
             records = self.scan(hw_id=hw, columns=list(PUBLISH_COLUMNS))
             snapshot = best_of(records)
             digest = snapshot_digest(snapshot)
-            current = self.current(hw)
+            try:
+                current = self.current(hw)
+            except SnapshotError as exc:
+                warnings.warn(f"{hw}: replacing a damaged pointer ({exc})", stacklevel=2)
+                current = None
             if current is not None and current.digest == digest:
                 results.append(PublishResult(hw, current.snapshot, current.entries,
                                              records.num_rows, False))
@@ -348,7 +353,8 @@ class Store:
             if len(small) < 2:
                 after += len(fragments)
                 continue
-            tables, _vanished, _damaged = io.read_fragments(self.location, small)
+            tables, _vanished, damaged = io.read_fragments(self.location, small)
+            io.warn_damaged(damaged)
             read = [f for f in small if f.path in tables]
             if len(read) < 2:
                 after += len(fragments)

@@ -195,7 +195,7 @@ def read_fragments(
     return tables, vanished, damaged
 
 
-def _warn_damaged(damaged: Sequence[tuple[Fragment, str]]) -> None:
+def warn_damaged(damaged: Sequence[tuple[Fragment, str]]) -> None:
     for fragment, reason in damaged:
         warnings.warn(
             f"skipping damaged fragment {fragment.path}: {reason} "
@@ -260,7 +260,7 @@ def scan(
         got, vanished, damaged = read_fragments(loc, todo, needed)
         tables.update(got)
         damaged_seen.update(f.path for f, _ in damaged)
-        _warn_damaged(damaged)
+        warn_damaged(damaged)
         if not vanished:
             break
     else:

@@ -1,0 +1,168 @@
+"""Publishing (the best-of rule), snapshots, rollback and the deploy-time Index."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pyarrow as pa
+import pytest
+
+from tunecache.cache.index import Index, SnapshotWarning
+from tunecache.cache.publish import best_of, snapshot_digest
+from tunecache.cache.store import Store, StoreError
+from tunecache.compiler.codegen import CODEGEN_VERSION
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import MatmulSchedule
+from tunecache.datasets.records import Record, records_to_table
+
+HW = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=4, l1d_bytes=32768,
+                  l2_bytes=1 << 20, l3_bytes=8 << 20, cpu_model="Test CPU")
+OP = OpSignature.matmul(256, 256, 256)
+OP2 = OpSignature.batch_matmul(8, 64, 64, 64, trans_b=True)
+A = MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=1024)
+B = MatmulSchedule(mr=4, nr=16, kc=128, mc=64, nc=512)
+C = MatmulSchedule(mr=4, nr=8, kc=128, mc=64, nc=512, threads=2)
+
+
+def rec(op: OpSignature, schedule: MatmulSchedule, median: float, **kw: object) -> Record:
+    return Record.create(op=op, hw=HW, schedule=schedule, status=kw.pop("status", "ok"),
+                         median_s=median, runtimes_s=[median], **kw)
+
+
+def test_median_of_repeats_beats_one_lucky_run():
+    records = [rec(OP, A, m) for m in (1.0, 1.1, 0.2, 1.05, 1.2)]  # A: median 1.05
+    records += [rec(OP, B, m) for m in (0.9, 0.95)]  # B: median 0.925
+    records += [rec(OP, C, 0.01, status="wrong_result")]  # failures never win
+    snapshot = best_of(records_to_table(records))
+    assert snapshot.num_rows == 1
+    row = snapshot.to_pylist()[0]
+    assert row["schedule_id"] == B.schedule_id
+    assert row["median_s"] == pytest.approx(0.925) and row["n_measurements"] == 2
+    assert row["op_text"] == OP.text and row["mr"] == B.mr and row["loop_order"] == "jpi"
+
+
+def test_ties_break_by_schedule_id_and_result_is_order_independent():
+    records = [rec(OP, A, 1.0), rec(OP, B, 1.0), rec(OP2, A, 2.0), rec(OP2, C, 3.0)]
+    expected = min(A.schedule_id, B.schedule_id)
+    digests = set()
+    for seed in range(4):
+        shuffled = records[:]
+        random.Random(seed).shuffle(shuffled)
+        snapshot = best_of(records_to_table(shuffled))
+        assert snapshot.filter(pa.compute.equal(snapshot["op_id"], OP.op_id))[
+            "schedule_id"].to_pylist() == [expected]
+        digests.add(snapshot_digest(snapshot))
+    assert len(digests) == 1
+
+
+def test_one_row_per_codegen_version_and_compiler():
+    records = [rec(OP, A, 1.0, compiler="gcc"), rec(OP, B, 2.0, compiler="clang"),
+               rec(OP, C, 0.5, compiler="gcc", codegen_version="0")]
+    snapshot = best_of(records_to_table(records))
+    rows = {(r["codegen_version"], r["compiler"]): r["schedule_id"] for r in snapshot.to_pylist()}
+    assert rows == {(CODEGEN_VERSION, "gcc"): A.schedule_id,
+                    (CODEGEN_VERSION, "clang"): B.schedule_id, ("0", "gcc"): C.schedule_id}
+
+
+def test_malformed_winner_is_skipped_for_the_next_best():
+    table = records_to_table([rec(OP, A, 1.0), rec(OP, B, 2.0)])
+    col = table.schema.get_field_index("schedule_json")
+    hacked = [json.dumps({"family": "matmul", "mr": "__import__('os')"}), B.to_json()]
+    order = table["schedule_id"].to_pylist()
+    table = table.set_column(col, "schedule_json",
+                             pa.array(hacked if order[0] == A.schedule_id else hacked[::-1]))
+    with pytest.warns(UserWarning, match="not publishing"):
+        snapshot = best_of(table)
+    assert snapshot["schedule_id"].to_pylist() == [B.schedule_id]
+
+
+def test_publish_rollback_and_index(tmp_path):
+    store = Store(tmp_path)
+    store.append([rec(OP, A, 2.0, source="tiler", job_id="n1"), rec(OP2, A, 1.0)])
+    first = store.publish()[0]
+    assert first.changed and first.entries == 2
+    assert not store.publish()[0].changed  # same records: same snapshot, nothing written
+    time.sleep(0.002)
+    store.append([rec(OP, B, 1.0, source="model", job_id="n2")])
+    second = store.publish()[0]
+    assert second.changed and second.snapshot > first.snapshot
+    assert store.snapshots(HW.hw_id) == [first.snapshot, second.snapshot]
+
+    index = Index(tmp_path, HW.hw_id)
+    assert len(index) == 2 and index.snapshot == second.snapshot
+    entry = index.lookup(OP)
+    assert entry is not None
+    assert entry.schedule == B and entry.median_s == 1.0
+    assert (entry.source, entry.job_id, entry.codegen_version) == ("model", "n2", "1")
+    assert entry.n_measurements == 1 and entry.host and len(entry.record_id) == 32
+    bmm = index.lookup(OP2)
+    assert bmm is not None and bmm.schedule == A
+    assert index.lookup(OpSignature.matmul(1, 2, 3)) is None
+
+    pointer = store.rollback(HW.hw_id)
+    assert pointer.snapshot == first.snapshot
+    rolled = Index(tmp_path, HW.hw_id).lookup(OP)
+    assert rolled is not None and rolled.schedule == A
+    with pytest.raises(StoreError, match="no snapshot older"):
+        store.rollback(HW.hw_id)
+    store.rollback(HW.hw_id, to=second.snapshot)
+    assert store.current(HW.hw_id).snapshot == second.snapshot  # type: ignore[union-attr]
+    with pytest.raises(StoreError):
+        store.rollback(HW.hw_id, to="snapshot-20990101T000000000000Z-0123456789abcdef.parquet")
+    with pytest.raises(StoreError):
+        store.rollback(HW.hw_id, to="../../records")
+
+
+def test_index_ignores_what_it_cannot_honour(tmp_path):
+    store = Store(tmp_path)
+    store.append([rec(OP, A, 1.0, compiler="gcc"), rec(OP, B, 0.5, compiler="clang"),
+                  rec(OP2, C, 0.1, codegen_version="999")])
+    store.publish()
+    assert Index(tmp_path, HW.hw_id).lookup(OP).schedule == B  # type: ignore[union-attr]
+    gcc = Index(tmp_path, HW.hw_id, compiler="gcc")
+    assert gcc.lookup(OP).schedule == A  # type: ignore[union-attr]
+    assert gcc.lookup(OP2) is None  # measured with another codegen version
+    assert Index(tmp_path, HW.hw_id, codegen_version="999").lookup(OP2) is not None
+    assert len(Index(tmp_path, HW.hw_id, compiler="icc")) == 0
+    assert len(Index(tmp_path, "other-hw")) == 0  # nothing published: empty, no warning
+
+
+def test_index_skips_rows_from_a_newer_snapshot_version(tmp_path):
+    store = Store(tmp_path)
+    store.append([rec(OP, A, 1.0), rec(OP2, A, 1.0)])
+    store.publish()
+    current = store.current(HW.hw_id)
+    assert current is not None
+    path = tmp_path / "published" / HW.hw_id / current.snapshot
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    versions = pa.array([1, 2], pa.int16())
+    pq.write_table(table.set_column(0, "snapshot_version", versions), path)
+    index = Index(tmp_path, HW.hw_id)
+    assert len(index) == 1 and index.ignored == 1
+
+
+def test_damaged_or_hostile_snapshots_give_an_empty_index(tmp_path):
+    store = Store(tmp_path)
+    store.append([rec(OP, A, 1.0)])
+    store.publish()
+    pointer_file = tmp_path / "published" / HW.hw_id / "CURRENT"
+    snapshot = tmp_path / "published" / HW.hw_id / store.current(HW.hw_id).snapshot  # type: ignore[union-attr]
+    snapshot.write_bytes(snapshot.read_bytes()[:100])
+    with pytest.warns(SnapshotWarning, match="cannot read"):
+        assert Index(tmp_path, HW.hw_id).lookup(OP) is None
+    assert not store.verify().ok
+    pointer_file.write_text(json.dumps({"snapshot": "../../records/x.parquet", "digest": "",
+                                        "entries": 1, "published_at": ""}))
+    with pytest.warns(SnapshotWarning, match="not a snapshot name"):
+        assert len(Index(tmp_path, HW.hw_id)) == 0
+    pointer_file.write_text("{not json")
+    with pytest.warns(SnapshotWarning, match="damaged snapshot pointer"):
+        assert len(Index(tmp_path, HW.hw_id)) == 0
+    with pytest.warns(UserWarning, match="damaged pointer"):
+        store.publish()  # a new publish repairs it
+    assert Index(tmp_path, HW.hw_id).lookup(OP) is not None
