@@ -1,7 +1,140 @@
-"""``tunecache hw`` and ``tunecache bench-op``."""
+"""``tunecache hw`` and ``tunecache bench-op``: the machine, and one kernel against numpy."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import click
 
-COMMANDS: list[click.Command] = []
+from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import default_schedule, schedule_from_json
+from tunecache.tuner.cli_common import emit_json, json_option
+from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
+
+hardware_option = click.option(
+    "--hardware",
+    "hardware",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Hardware spec JSON to use instead of detection ($TUNECACHE_HARDWARE also works).",
+)
+
+
+@click.command("hw")
+@hardware_option
+@json_option
+def hw_command(hardware: Path | None, as_json: bool) -> None:
+    """Show the hardware spec kernels are tuned for (detected, or pinned)."""
+    spec = local_spec(hardware)
+    if as_json:
+        click.echo(spec.to_json())
+        return
+    rows = [
+        ("hw_id", spec.hw_id),
+        ("cpu", spec.cpu_model),
+        ("arch / isa", f"{spec.arch} / {spec.isa} ({spec.vector_bits}-bit, {spec.lanes} fp32 lanes)"),
+        ("cores", str(spec.cores)),
+        ("L1d", f"{spec.l1d_bytes >> 10} KiB, {spec.l1d_ways}-way"),
+        ("L2", f"{spec.l2_bytes >> 10} KiB, {spec.l2_ways}-way"),
+        ("L3", f"{spec.l3_bytes >> 20} MiB, {spec.l3_ways}-way, shared by {spec.l3_shared_by}"),
+        ("cache line", f"{spec.cache_line} B"),
+    ]
+    for key, value in rows:
+        click.echo(f"{key:<11} {value}")
+
+
+def _result_row(result: MeasureResult) -> dict[str, Any]:
+    return {
+        "status": result.status,
+        "error": result.error,
+        "gflops": result.gflops,
+        "median_ms": result.median_s * 1e3 if result.median_s else None,
+        "min_ms": result.min_s * 1e3 if result.min_s else None,
+        "repeats": len(result.runtimes_s),
+    }
+
+
+@click.command("bench-op")
+@click.argument("op_text", metavar="OP")
+@click.option("--schedule", "schedule_text", default=None,
+              help="Schedule as JSON, or @FILE; default: a hand-picked BLIS-style schedule.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads for the kernel and for numpy (default: the schedule's, else 1).")
+@click.option("--min-time", type=click.FloatRange(min=0.0), default=0.3, show_default=True,
+              help="Seconds of timed calls per measurement.")
+@click.option("--no-baseline", is_flag=True, help="Skip timing numpy.")
+@hardware_option
+@json_option
+def bench_op_command(op_text: str, schedule_text: str | None, threads: int | None,
+                     min_time: float, no_baseline: bool, hardware: Path | None,
+                     as_json: bool) -> None:
+    """Build, check and time one kernel for OP, beside numpy on the same shape.
+
+    OP is an op's text form, e.g. "matmul(M=512,N=768,K=768,layout=nn,epilogue=bias+relu)".
+    """
+    spec = local_spec(hardware)
+    op = OpSignature.parse(op_text)
+    if schedule_text:
+        text = schedule_text
+        if schedule_text.startswith("@"):
+            try:
+                text = Path(schedule_text[1:]).read_text()
+            except OSError as exc:
+                raise click.BadParameter(f"cannot read {schedule_text[1:]}: {exc.strerror}",
+                                         param_hint="--schedule") from None
+        schedule = schedule_from_json(text)
+        if threads is not None:
+            schedule = schedule.replace(threads=threads)
+    else:
+        schedule = default_schedule(op, spec, threads or 1)
+    threads = schedule.threads
+    timing = TimingConfig(min_time_s=min_time)
+    with Runner(spec, timing) as runner:
+        if not as_json:
+            click.echo(f"building and timing {op.text} ...", err=True)
+        result = runner.measure([Candidate(op, schedule)])[0]
+        baseline = None if no_baseline else runner.measure_numpy(op, threads)
+    report: dict[str, Any] = {
+        "op": op.text,
+        "op_id": op.op_id,
+        "hw_id": spec.hw_id,
+        "threads": threads,
+        "schedule": schedule.to_dict(),
+        "kernel": _result_row(result),
+        "numpy": _result_row(baseline) if baseline else None,
+        "ratio_to_numpy": (
+            result.gflops / baseline.gflops
+            if baseline and result.gflops and baseline.gflops else None
+        ),
+    }
+    if as_json:
+        emit_json(report)
+    else:
+        _print_bench(report, spec)
+    if not result.ok:
+        raise SystemExit(1)
+
+
+def _print_bench(report: dict[str, Any], spec: HardwareSpec) -> None:
+    click.echo(f"op        {report['op']}")
+    click.echo(f"hardware  {spec.hw_id} ({spec.isa}), {report['threads']} thread(s)")
+    click.echo(f"schedule  {json.dumps(report['schedule'], sort_keys=True)}")
+    for name in ("kernel", "numpy"):
+        row = report[name]
+        if row is None:
+            continue
+        if row["status"] != "ok":
+            click.echo(f"{name:<9} {row['status']}: {row['error']}")
+            continue
+        click.echo(
+            f"{name:<9} {row['gflops']:8.2f} GFLOP/s   median {row['median_ms']:.4f} ms   "
+            f"min {row['min_ms']:.4f} ms   ({row['repeats']} repeats)"
+        )
+    if report["ratio_to_numpy"] is not None:
+        click.echo(f"ratio     {report['ratio_to_numpy']:.3f}x numpy")
+
+
+COMMANDS: list[click.Command] = [hw_command, bench_op_command]

@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tunecache.compiler import hardware
+from tunecache.compiler.errors import HardwareError
+from tunecache.compiler.hardware import HardwareSpec, detect, local_spec
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Test CPU @ 2.00GHz
+flags\t\t: fpu sse sse2 avx avx2 fma {extra}
+
+processor\t: 1
+model name\t: Test CPU @ 2.00GHz
+"""
+
+
+def fake_machine(root: Path, flags: str = "avx512f avx512bw avx512dq avx512vl",
+                 l2: str = "1024K", cpus: str = "0-3") -> Path:
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "cpuinfo").write_text(CPUINFO.format(extra=flags))
+    cpu = root / "sys" / "devices" / "system" / "cpu"
+    (cpu / "online").parent.mkdir(parents=True)
+    (cpu / "online").write_text(cpus + "\n")
+    levels = [("1", "Data", "48K", "12", "0"), ("1", "Instruction", "32K", "8", "0"),
+              ("2", "Unified", l2, "16", "0"), ("3", "Unified", "32768K", "16", cpus)]
+    for i, (level, kind, size, ways, shared) in enumerate(levels):
+        d = cpu / "cpu0" / "cache" / f"index{i}"
+        d.mkdir(parents=True)
+        for name, value in [("level", level), ("type", kind), ("size", size),
+                            ("ways_of_associativity", ways), ("coherency_line_size", "64"),
+                            ("shared_cpu_list", shared)]:
+            (d / name).write_text(value + "\n")
+    return root
+
+
+def test_detect_reads_procfs_and_sysfs(tmp_path: Path) -> None:
+    spec = detect(fake_machine(tmp_path))
+    assert spec.isa == "avx512" and spec.vector_bits == 512 and spec.lanes == 16
+    assert spec.cores == 4
+    assert (spec.l1d_bytes, spec.l2_bytes, spec.l3_bytes) == (48 << 10, 1 << 20, 32 << 20)
+    assert (spec.l1d_ways, spec.l2_ways, spec.l3_shared_by) == (12, 16, 4)
+    assert spec.cpu_model == "Test CPU @ 2.00GHz"
+
+
+def test_isa_levels_follow_flags(tmp_path: Path) -> None:
+    assert detect(fake_machine(tmp_path / "a", flags="")).isa == "avx2"
+    generic = fake_machine(tmp_path / "b", flags="")
+    info = generic / "proc" / "cpuinfo"
+    info.write_text(info.read_text().replace("avx2 fma", ""))
+    assert detect(generic).isa == "generic"
+
+
+def test_hw_id_equal_on_identical_machines_and_sensitive(tmp_path: Path) -> None:
+    a = detect(fake_machine(tmp_path / "a"))
+    b = detect(fake_machine(tmp_path / "b"))
+    assert a == b and a.hw_id == b.hw_id
+    assert detect(fake_machine(tmp_path / "c", flags="")).hw_id != a.hw_id
+    assert detect(fake_machine(tmp_path / "d", l2="2048K")).hw_id != a.hw_id
+    assert detect(fake_machine(tmp_path / "e", cpus="0-7")).hw_id != a.hw_id
+    assert replace(a, l1d_bytes=32 << 10).hw_id != a.hw_id
+    assert all(c.isalnum() or c in "-_" for c in a.hw_id)
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    spec = detect(fake_machine(tmp_path))
+    again = HardwareSpec.from_json(spec.to_json())
+    assert again == spec and again.hw_id == spec.hw_id
+    assert json.loads(spec.to_json())["hw_id"] == spec.hw_id
+
+
+def test_detection_impossible_gives_clear_message(tmp_path: Path) -> None:
+    with pytest.raises(HardwareError, match="TUNECACHE_HARDWARE"):
+        detect(tmp_path)
+    root = fake_machine(tmp_path / "nocache")
+    for index in (root / "sys/devices/system/cpu/cpu0/cache").iterdir():
+        for f in index.iterdir():
+            f.unlink()
+        index.rmdir()
+    with pytest.raises(HardwareError, match="cache sizes"):
+        detect(root)
+
+
+def test_override_from_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned = replace(detect(fake_machine(tmp_path / "m")), isa="avx2", vector_bits=256)
+    path = tmp_path / "spec.json"
+    path.write_text(pinned.to_json())
+    assert local_spec(path) == pinned
+    monkeypatch.setenv(hardware.ENV_VAR, str(path))
+    assert local_spec() == pinned
+    monkeypatch.setenv(hardware.ENV_VAR, pinned.to_json())
+    assert local_spec() == pinned
+
+
+@pytest.mark.parametrize(
+    ("patch", "fragment"),
+    [
+        ({"isa": "sse9"}, "unknown ISA level"),
+        ({"vector_bits": 256}, "does not match"),
+        ({"cores": 0}, "cores must be a positive integer"),
+        ({"turbo": True}, "unknown hardware spec key"),
+        ({"spec_version": 99}, "version 99"),
+    ],
+)
+def test_bad_specs_are_refused(tmp_path: Path, patch: dict, fragment: str) -> None:
+    data = json.loads(detect(fake_machine(tmp_path)).to_json())
+    data.update(patch)
+    with pytest.raises(HardwareError, match=fragment):
+        HardwareSpec.from_json(json.dumps(data))
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(HardwareError, match="cannot read"):
+        HardwareSpec.from_file(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(HardwareError, match="not valid JSON"):
+        HardwareSpec.from_file(tmp_path / "bad.json")
+    data = json.loads(detect(fake_machine(tmp_path / "x")).to_json())
+    del data["l2_bytes"]
+    with pytest.raises(HardwareError, match="missing l2_bytes"):
+        HardwareSpec.from_json(json.dumps(data))
+
+
+def test_local_machine_is_detected() -> None:
+    spec = local_spec()
+    assert spec.cores >= 1 and spec.l1d_bytes > 0
+    assert spec.isa in hardware.ISA_LEVELS

@@ -1,0 +1,461 @@
+"""The runner: build and time candidate kernels safely, every outcome a value.
+
+:class:`Runner` takes a batch of candidates (op + schedule), validates and generates them,
+compiles them in parallel through the artifact cache, then checks and times each one in an
+isolated worker process (:mod:`tunecache.tuner.worker`). A kernel that crashes or hangs kills
+only the worker; the runner records the outcome and starts a fresh worker for the rest.
+
+Outcomes (``MeasureResult.status``): ``ok``, ``invalid`` (schedule rejected before codegen),
+``compile_error``, ``runtime_error`` (crash or exception), ``wrong_result`` (differs from the
+float64 numpy reference), ``timeout``.
+
+Timing protocol: one call checked against the reference, one untimed warm-up, then repeats of
+``number`` back-to-back calls (timed inside the shared object) until ``min_repeats`` repeats
+and ``min_time_s`` in total; every repeat's per-call time is kept, median and min reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tunecache.compiler.build import Artifact, CompilerInfo, build, find_compiler
+from tunecache.compiler.codegen import CODEGEN_VERSION, KernelSource, generate
+from tunecache.compiler.errors import BuildError, ScheduleError, TunecacheError
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import Schedule
+
+STATUSES = ("ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout")
+
+
+@dataclass(frozen=True, slots=True)
+class TimingConfig:
+    """How long and how often to time each kernel, and when to give up on it."""
+
+    min_time_s: float = 0.2
+    min_repeats: int = 5
+    max_repeats: int = 100
+    repeat_s: float = 0.01
+    timeout_s: float = 60.0
+    check: bool = True
+    seed: int = 0
+
+    def request(self) -> dict[str, Any]:
+        return {
+            "min_time_s": self.min_time_s,
+            "min_repeats": self.min_repeats,
+            "max_repeats": self.max_repeats,
+            "repeat_s": self.repeat_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A schedule to measure for an op, and where it came from."""
+
+    op: OpSignature
+    schedule: Schedule
+    source: str = "manual"
+    predicted: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MeasureResult:
+    """The outcome of measuring one candidate (failures included)."""
+
+    op: OpSignature
+    schedule: Schedule | None
+    status: str
+    error: str | None = None
+    runtimes_s: tuple[float, ...] = ()
+    compile_s: float | None = None
+    source_hash: str | None = None
+    flags: str | None = None
+    compiler: str | None = None
+    codegen_version: str = CODEGEN_VERSION
+    source: str = "manual"
+    predicted: float | None = None
+    cached_build: bool = False
+
+    @property
+    def median_s(self) -> float | None:
+        return float(np.median(self.runtimes_s)) if self.runtimes_s else None
+
+    @property
+    def min_s(self) -> float | None:
+        return min(self.runtimes_s) if self.runtimes_s else None
+
+    @property
+    def gflops(self) -> float | None:
+        median = self.median_s
+        return self.op.flops / median / 1e9 if median else None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-friendly view (op and schedule as text)."""
+        data = asdict(self)
+        data.update(
+            op=self.op.text,
+            schedule=self.schedule.to_dict() if self.schedule else None,
+            median_s=self.median_s,
+            min_s=self.min_s,
+            gflops=self.gflops,
+            runtimes_s=list(self.runtimes_s),
+        )
+        return data
+
+
+@dataclass
+class _Job:
+    """One kernel waiting to run, plus what is known about it so far."""
+
+    index: int
+    kernel: KernelSource
+    artifact: Artifact
+    request: dict[str, Any] = field(default_factory=dict)
+
+
+class WorkerCrashed(Exception):
+    """The worker process died while running a request."""
+
+
+class WorkerProcess:
+    """A measurement worker subprocess speaking JSON lines."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        child_env = dict(os.environ)
+        # The float64 reference must not spin BLAS threads that steal cores from timed kernels.
+        child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        child_env.setdefault("OMP_NUM_THREADS", "1")
+        child_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tunecache.tuner.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=child_env,
+            text=True,
+            bufsize=1,
+        )
+        self._selector = selectors.DefaultSelector()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._stderr_fd = self.proc.stderr.fileno()
+        os.set_blocking(self._stderr_fd, False)
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ, "out")
+        self._selector.register(self._stderr_fd, selectors.EVENT_READ, "err")
+        self._stderr_tail = ""
+        ready = self._read(deadline=time.monotonic() + 60.0)
+        if ready is None or ready.get("event") != "ready":
+            self.kill()
+            raise WorkerCrashed(f"measurement worker failed to start: {self.stderr_tail()}")
+
+    def _read(self, deadline: float) -> dict[str, Any] | None:
+        assert self.proc.stdout is not None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            events = self._selector.select(timeout=remaining)
+            if any(key.data == "err" for key, _ in events):
+                self._drain_stderr()
+            if not any(key.data == "out" for key, _ in events):
+                continue
+            line = self.proc.stdout.readline()
+            if not line:
+                raise WorkerCrashed(self._death_message())
+            return dict(json.loads(line))
+
+    def _drain_stderr(self) -> None:
+        if self._stderr_fd < 0:
+            return
+        try:
+            while chunk := os.read(self._stderr_fd, 65536):
+                self._stderr_tail = (self._stderr_tail + chunk.decode(errors="replace"))[-2000:]
+        except (BlockingIOError, OSError, ValueError):
+            return
+        # End of file: the worker closed stderr (it is exiting); stop watching it.
+        try:
+            self._selector.unregister(self._stderr_fd)
+        except (KeyError, ValueError):
+            pass
+        self._stderr_fd = -1
+
+    def request(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """Send ``req``; its answer, or None on timeout (the worker is then killed)."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise WorkerCrashed(self._death_message()) from None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            message = self._read(deadline)
+            if message is None:
+                self.kill()
+                return None
+            if message.get("event") == "done" and message.get("id") == req["id"]:
+                return message
+
+    def stderr_tail(self) -> str:
+        self._drain_stderr()
+        return self._stderr_tail.strip()
+
+    def _death_message(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.returncode
+        if code is not None and code < 0:
+            try:
+                reason = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                reason = f"killed by signal {-code}"
+        else:
+            reason = f"exited with status {code}"
+        tail = self.stderr_tail()
+        return f"worker {reason}" + (f": {tail[-500:]}" if tail else "")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        self._selector.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+Progress = Callable[[MeasureResult], None]
+
+
+class Runner:
+    """Measures candidates on ``hw`` (which must describe this machine).
+
+    Use as a context manager so the worker process is closed::
+
+        with Runner(hw) as runner:
+            results = runner.measure([Candidate(op, schedule)])
+    """
+
+    def __init__(
+        self,
+        hw: HardwareSpec,
+        timing: TimingConfig | None = None,
+        *,
+        build_workers: int | None = None,
+        compiler: CompilerInfo | None = None,
+    ) -> None:
+        self.hw = hw
+        self.timing = timing or TimingConfig()
+        self.build_workers = build_workers or max(1, os.cpu_count() or 1)
+        self._compiler = compiler
+        self._worker: WorkerProcess | None = None
+        self._next_id = 0
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    @property
+    def compiler(self) -> CompilerInfo:
+        if self._compiler is None:
+            self._compiler = find_compiler()
+        return self._compiler
+
+    def _worker_process(self) -> WorkerProcess:
+        if self._worker is None or not self._worker.alive():
+            if self._worker is not None:
+                self._worker.kill()
+            self._worker = WorkerProcess()
+        return self._worker
+
+    def measure(self, candidates: Sequence[Candidate],
+                progress: Progress | None = None) -> list[MeasureResult]:
+        """Validate, generate, build and time every candidate; results in input order."""
+        results: list[MeasureResult | None] = [None] * len(candidates)
+        kernels: list[tuple[int, KernelSource, Candidate]] = []
+        for i, cand in enumerate(candidates):
+            try:
+                kernels.append((i, generate(cand.op, cand.schedule, self.hw), cand))
+            except ScheduleError as exc:
+                results[i] = MeasureResult(cand.op, cand.schedule, "invalid", str(exc),
+                                           source=cand.source, predicted=cand.predicted)
+                if progress:
+                    progress(results[i])  # type: ignore[arg-type]
+        measured = self.measure_kernels(
+            [k for _, k, _ in kernels],
+            sources=[(c.source, c.predicted) for _, _, c in kernels],
+            progress=progress,
+        )
+        for (i, _, _), result in zip(kernels, measured, strict=True):
+            results[i] = result
+        return [r for r in results if r is not None]
+
+    def measure_kernels(
+        self,
+        kernels: Sequence[KernelSource],
+        *,
+        sources: Sequence[tuple[str, float | None]] | None = None,
+        progress: Progress | None = None,
+    ) -> list[MeasureResult]:
+        """Build and time already generated kernels (the seam fault-injection tests use)."""
+        origin = list(sources) if sources is not None else [("manual", None)] * len(kernels)
+        compiler = self.compiler
+        results: list[MeasureResult | None] = [None] * len(kernels)
+
+        def compile_one(k: KernelSource) -> Artifact | BuildError:
+            try:
+                return build(k, compiler=compiler)
+            except BuildError as exc:
+                return exc
+
+        with ThreadPoolExecutor(self.build_workers) as pool:
+            built = list(pool.map(compile_one, kernels))
+        jobs: list[_Job] = []
+        for i, (kernel, art) in enumerate(zip(kernels, built, strict=True)):
+            common = self._common(kernel, origin[i], compiler)
+            if isinstance(art, BuildError):
+                results[i] = MeasureResult(status="compile_error", error=str(art), **common)
+                if progress:
+                    progress(results[i])  # type: ignore[arg-type]
+            else:
+                jobs.append(_Job(i, kernel, art))
+        for job in jobs:
+            result = self._run(job, self._common(job.kernel, origin[job.index], compiler))
+            results[job.index] = result
+            if progress:
+                progress(result)
+        return [r for r in results if r is not None]
+
+    def _common(self, kernel: KernelSource, origin: tuple[str, float | None],
+                compiler: CompilerInfo) -> dict[str, Any]:
+        return {
+            "op": kernel.op,
+            "schedule": kernel.schedule,
+            "source_hash": kernel.source_hash,
+            "flags": " ".join(kernel.flags),
+            "compiler": compiler.identity,
+            "codegen_version": kernel.codegen_version,
+            "source": origin[0],
+            "predicted": origin[1],
+        }
+
+    def _run(self, job: _Job, common: dict[str, Any]) -> MeasureResult:
+        self._next_id += 1
+        request = {
+            "kind": "kernel",
+            "id": self._next_id,
+            "op": job.kernel.op.text,
+            "path": str(job.artifact.path),
+            "timing": self.timing.request(),
+            "check": self.timing.check,
+            "seed": self.timing.seed,
+        }
+        build_info = {"compile_s": job.artifact.compile_seconds, "cached_build": job.artifact.cached}
+        try:
+            worker = self._worker_process()
+            answer = worker.request(request, self.timing.timeout_s)
+        except WorkerCrashed as exc:
+            self._worker = None
+            return MeasureResult(status="runtime_error", error=str(exc), **build_info, **common)
+        if answer is None:
+            self._worker = None
+            return MeasureResult(
+                status="timeout",
+                error=f"no result within {self.timing.timeout_s:g} s; worker killed",
+                **build_info,
+                **common,
+            )
+        return MeasureResult(
+            status=answer["status"],
+            error=answer.get("error"),
+            runtimes_s=tuple(answer.get("runtimes_s", ())),
+            **build_info,
+            **common,
+        )
+
+    def measure_numpy(self, op: OpSignature, threads: int) -> MeasureResult:
+        """Time numpy (its BLAS limited to ``threads``) on ``op``: the same-run baseline."""
+        self._next_id += 1
+        request = {
+            "kind": "numpy",
+            "id": self._next_id,
+            "op": op.text,
+            "threads": threads,
+            "timing": self.timing.request(),
+            "seed": self.timing.seed,
+        }
+        try:
+            answer = self._worker_process().request(request, self.timing.timeout_s)
+        except WorkerCrashed as exc:
+            self._worker = None
+            return MeasureResult(op, None, "runtime_error", str(exc), source="numpy")
+        if answer is None:
+            self._worker = None
+            return MeasureResult(op, None, "timeout", "numpy baseline timed out", source="numpy")
+        return MeasureResult(op, None, answer["status"], answer.get("error"),
+                             tuple(answer.get("runtimes_s", ())), source="numpy")
+
+
+def best(results: Iterable[MeasureResult]) -> MeasureResult | None:
+    """The fastest ``ok`` result by median, or None if none succeeded."""
+    ok = [r for r in results if r.ok and r.median_s is not None]
+    return min(ok, key=lambda r: r.median_s or float("inf")) if ok else None
+
+
+def measure(op: OpSignature, schedules: Sequence[Schedule], hw: HardwareSpec,
+            timing: TimingConfig | None = None) -> list[MeasureResult]:
+    """Convenience: measure ``schedules`` for ``op`` with a throwaway runner."""
+    with Runner(hw, timing) as runner:
+        return runner.measure([Candidate(op, s) for s in schedules])
+
+
+__all__ = [
+    "STATUSES",
+    "Candidate",
+    "MeasureResult",
+    "Runner",
+    "TimingConfig",
+    "TunecacheError",
+    "best",
+    "measure",
+]

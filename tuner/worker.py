@@ -1,0 +1,150 @@
+"""The measurement worker: a separate process that loads kernels, checks them and times them.
+
+Run as ``python -m tunecache.tuner.worker``. It reads one JSON request per line on stdin and
+answers one JSON line per request on the protocol pipe (the original stdout; anything a kernel
+prints goes to stderr instead). A kernel that crashes or hangs takes down only this process;
+the parent (:mod:`tunecache.tuner.measure`) notices, records the outcome and starts another.
+
+Requests:
+
+* ``{"kind": "kernel", "id": .., "op": text, "path": .so, "timing": {...}, "seed": n}``
+* ``{"kind": "numpy", "id": .., "op": text, "threads": n, "timing": {...}, "seed": n}``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
+
+
+class _Inputs:
+    """Inputs and float64 references, cached per (op, seed) for a batch of candidates."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, int], tuple[tuple[np.ndarray, ...], np.ndarray | None]] = {}
+
+    def get(self, op: OpSignature, seed: int, with_reference: bool) -> tuple[
+            tuple[np.ndarray, ...], np.ndarray | None]:
+        key = (op.text, seed)
+        if key not in self._cache:
+            if len(self._cache) > 4:
+                self._cache.clear()
+            self._cache[key] = (random_inputs(op, seed), None)
+        inputs, ref = self._cache[key]
+        if with_reference and ref is None:
+            ref = reference(op, inputs)
+            self._cache[key] = (inputs, ref)
+        return inputs, ref
+
+
+def time_calls(run: Callable[[int], float], timing: dict[str, Any]) -> list[float]:
+    """Per-call seconds of each repeat: ``run(n)`` returns the seconds for ``n`` calls.
+
+    One untimed warm-up, then repeats of ``number`` calls each (``number`` chosen so a repeat
+    lasts about ``repeat_s``) until at least ``min_repeats`` repeats and ``min_time_s`` in
+    total, or ``max_repeats``.
+    """
+    run(1)
+    first = max(run(1), 1e-9)
+    number = max(1, int(timing["repeat_s"] / first))
+    samples: list[float] = []
+    total = 0.0
+    while len(samples) < timing["max_repeats"]:
+        seconds = run(number)
+        samples.append(seconds / number)
+        total += seconds
+        if len(samples) >= timing["min_repeats"] and total >= timing["min_time_s"]:
+            break
+    return samples
+
+
+def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any]:
+    op = OpSignature.parse(req["op"])
+    kernel = load_kernel(op, req["path"])
+    check = bool(req.get("check", True))
+    inputs, ref = inputs_cache.get(op, int(req.get("seed", 0)), with_reference=check)
+    out_shape = op.arguments()[-1].shape
+    out = np.full(out_shape, np.nan, dtype=np.float32)
+    kernel(*inputs, out=out)
+    if check:
+        assert ref is not None
+        problem = check_result(op, inputs, out, ref)
+        if problem is not None:
+            return {"status": "wrong_result", "error": problem}
+    samples = time_calls(lambda n: kernel.time(*inputs, out=out, iters=n), req["timing"])
+    return {"status": "ok", "runtimes_s": samples}
+
+
+def _numpy_runner(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> Callable[[int], float]:
+    a, b = inputs[0], inputs[1]
+    if op.trans_a:
+        a = np.swapaxes(a, -1, -2)
+    if op.trans_b:
+        b = np.swapaxes(b, -1, -2)
+    bias = inputs[2] if "bias" in op.epilogue else None
+    relu = "relu" in op.epilogue
+    out = np.empty(op.arguments()[-1].shape, dtype=np.float32)
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            np.matmul(a, b, out=out)
+            if bias is not None:
+                np.add(out, bias, out=out)
+            if relu:
+                np.maximum(out, 0.0, out=out)
+        return time.perf_counter() - start
+
+    return run
+
+
+def _measure_numpy(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any]:
+    from threadpoolctl import threadpool_limits
+
+    op = OpSignature.parse(req["op"])
+    inputs, _ = inputs_cache.get(op, int(req.get("seed", 0)), with_reference=False)
+    with threadpool_limits(limits=int(req["threads"]), user_api="blas"):
+        samples = time_calls(_numpy_runner(op, inputs), req["timing"])
+    return {"status": "ok", "runtimes_s": samples}
+
+
+def serve(stdin: Any, proto: Any) -> None:
+    """Answer requests until stdin closes."""
+    inputs_cache = _Inputs()
+    handlers = {"kernel": _measure_kernel, "numpy": _measure_numpy}
+    for line in stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        proto.write(json.dumps({"id": req["id"], "event": "started"}) + "\n")
+        proto.flush()
+        try:
+            answer = handlers[req["kind"]](req, inputs_cache)
+        except Exception as exc:  # a failure of this candidate is data, not a worker crash
+            answer = {"status": "runtime_error", "error": f"{type(exc).__name__}: {exc}"}
+        answer.update(id=req["id"], event="done")
+        proto.write(json.dumps(answer) + "\n")
+        proto.flush()
+
+
+def main() -> None:
+    # Keep the protocol on a private copy of stdout; kernels' stray output goes to stderr.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    proto.write(json.dumps({"event": "ready", "pid": os.getpid()}) + "\n")
+    proto.flush()
+    serve(sys.stdin, proto)
+
+
+if __name__ == "__main__":
+    main()
