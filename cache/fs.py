@@ -42,7 +42,7 @@ def write_atomic(loc: Location, relative: str, data: bytes | pa.Buffer) -> str:
         _fsync_dir(directory)
     else:
         with loc.fs.open_output_stream(path) as out:
-            out.write(memoryview(data))
+            out.write(data if isinstance(data, bytes) else data.to_pybytes())
     return path
 
 

@@ -90,10 +90,13 @@ def test_appenders_publisher_compactor_and_reader_at_once(tmp_path):
     ids = store.scan(columns=["record_id"]).column("record_id").to_pylist()
     expected = {record_id(w, b, i) for w in range(APPENDERS) for b in range(BATCHES)
                 for i in range(PER_BATCH)}
-    assert len(ids) == len(expected) and set(ids) == expected
+    assert len(ids) == len(expected)
+    assert set(ids) == expected
     store.compact()
     report = store.verify()
-    assert report.ok and report.rows == len(expected) and report.duplicate_rows == 0
+    assert report.ok
+    assert report.rows == len(expected)
+    assert report.duplicate_rows == 0
     store.publish()
     index = Index(root, HW.hw_id)
     assert len(index) == len(OPS)
@@ -152,7 +155,9 @@ def test_sigkilled_appender_leaves_nothing_partial_and_loses_nothing(tmp_path):
     footer_rows = sum(p["rows"] for p in store.stats()["partitions"])
     assert table.num_rows == footer_rows >= 20_000 * len(committed) // 2
     report = store.verify()
-    assert report.ok and not report.damaged and not report.stray_files
+    assert report.ok
+    assert not report.damaged
+    assert not report.stray_files
 
 
 @pytest.mark.timeout(120)
