@@ -7,7 +7,6 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MatmulSchedule
@@ -36,24 +35,30 @@ def test_schema_has_every_column_group_and_version():
                                      "op_kind", "op_id", "op_text", "status"}
     assert SCHEMA.field("timestamp").type == pa.timestamp("us", tz="UTC")
     assert SCHEMA.field("runtimes_s").type == pa.list_(pa.float64())
-    assert "hw_id" not in FILE_SCHEMA.names and "op_kind" not in FILE_SCHEMA.names
+    assert "hw_id" not in FILE_SCHEMA.names
+    assert "op_kind" not in FILE_SCHEMA.names
 
 
 def test_create_fills_identity_dims_knobs_and_outcome():
     record = Record.create(op=OP, hw=HW, schedule=SCHED, status="ok",
                            runtimes_s=[3e-3, 1e-3, 2e-3], source="tiler", job_id="j1")
-    assert len(record.record_id) == 32 and record.timestamp.tzinfo is not None
+    assert len(record.record_id) == 32
+    assert record.timestamp.tzinfo is not None
     assert (record.hw_id, record.hw_isa, record.hw_cores) == (HW.hw_id, "avx2", 4)
     assert HardwareSpec.from_json(record.hw_json or "") == HW
     assert (record.op_kind, record.op_id, record.op_text) == ("matmul", OP.op_id, OP.text)
     assert (record.dim_batch, record.dim_m, record.dim_n, record.dim_k) == (None, 128, 256, 64)
-    assert record.schedule_id == SCHED.schedule_id and record.schedule_json == SCHED.to_json()
+    assert record.schedule_id == SCHED.schedule_id
+    assert record.schedule_json == SCHED.to_json()
     assert (record.mr, record.nr, record.kc, record.loop_order) == (6, 16, 256, "jpi")
-    assert record.median_s == 2e-3 and record.min_s == 1e-3
+    assert record.median_s == 2e-3
+    assert record.min_s == 1e-3
     assert record.gflops == pytest.approx(OP.flops / 2e-3 / 1e9)
     batch = Record.create(op=OpSignature.batch_matmul(8, 16, 16, 16), hw="h-1",
                           status="timeout")
-    assert batch.dim_batch == 8 and batch.hw_isa is None and batch.median_s is None
+    assert batch.dim_batch == 8
+    assert batch.hw_isa is None
+    assert batch.median_s is None
 
 
 def test_record_rejects_bad_status_unsafe_hw_id_and_naive_time():
@@ -104,7 +109,9 @@ def test_conform_fills_older_and_drops_newer_columns():
     table = conform(old)
     assert table.schema.equals(SCHEMA)
     row = table.to_pylist()[0]
-    assert row["mr"] == 6 and row["gflops"] is None and "future_column" not in row
+    assert row["mr"] == 6
+    assert row["gflops"] is None
+    assert "future_column" not in row
     with pytest.raises(SchemaError, match="status"):
         conform(old.drop_columns(["status"]))
     with pytest.raises(SchemaError, match="null"):

@@ -8,7 +8,6 @@ import time
 
 import pyarrow as pa
 import pytest
-
 from tunecache.cache.index import Index, SnapshotWarning
 from tunecache.cache.publish import best_of, snapshot_digest
 from tunecache.cache.store import Store, StoreError
@@ -40,8 +39,11 @@ def test_median_of_repeats_beats_one_lucky_run():
     assert snapshot.num_rows == 1
     row = snapshot.to_pylist()[0]
     assert row["schedule_id"] == B.schedule_id
-    assert row["median_s"] == pytest.approx(0.925) and row["n_measurements"] == 2
-    assert row["op_text"] == OP.text and row["mr"] == B.mr and row["loop_order"] == "jpi"
+    assert row["median_s"] == pytest.approx(0.925)
+    assert row["n_measurements"] == 2
+    assert row["op_text"] == OP.text
+    assert row["mr"] == B.mr
+    assert row["loop_order"] == "jpi"
 
 
 def test_ties_break_by_schedule_id_and_result_is_order_independent():
@@ -83,29 +85,37 @@ def test_publish_rollback_and_index(tmp_path):
     store = Store(tmp_path)
     store.append([rec(OP, A, 2.0, source="tiler", job_id="n1"), rec(OP2, A, 1.0)])
     first = store.publish()[0]
-    assert first.changed and first.entries == 2
+    assert first.changed
+    assert first.entries == 2
     assert not store.publish()[0].changed  # same records: same snapshot, nothing written
     time.sleep(0.002)
     store.append([rec(OP, B, 1.0, source="model", job_id="n2")])
     second = store.publish()[0]
-    assert second.changed and second.snapshot > first.snapshot
+    assert second.changed
+    assert second.snapshot > first.snapshot
     assert store.snapshots(HW.hw_id) == [first.snapshot, second.snapshot]
 
     index = Index(tmp_path, HW.hw_id)
-    assert len(index) == 2 and index.snapshot == second.snapshot
+    assert len(index) == 2
+    assert index.snapshot == second.snapshot
     entry = index.lookup(OP)
     assert entry is not None
-    assert entry.schedule == B and entry.median_s == 1.0
+    assert entry.schedule == B
+    assert entry.median_s == 1.0
     assert (entry.source, entry.job_id, entry.codegen_version) == ("model", "n2", "1")
-    assert entry.n_measurements == 1 and entry.host and len(entry.record_id) == 32
+    assert entry.n_measurements == 1
+    assert entry.host
+    assert len(entry.record_id) == 32
     bmm = index.lookup(OP2)
-    assert bmm is not None and bmm.schedule == A
+    assert bmm is not None
+    assert bmm.schedule == A
     assert index.lookup(OpSignature.matmul(1, 2, 3)) is None
 
     pointer = store.rollback(HW.hw_id)
     assert pointer.snapshot == first.snapshot
     rolled = Index(tmp_path, HW.hw_id).lookup(OP)
-    assert rolled is not None and rolled.schedule == A
+    assert rolled is not None
+    assert rolled.schedule == A
     with pytest.raises(StoreError, match="no snapshot older"):
         store.rollback(HW.hw_id)
     store.rollback(HW.hw_id, to=second.snapshot)
@@ -143,7 +153,8 @@ def test_index_skips_rows_from_a_newer_snapshot_version(tmp_path):
     versions = pa.array([1, 2], pa.int16())
     pq.write_table(table.set_column(0, "snapshot_version", versions), path)
     index = Index(tmp_path, HW.hw_id)
-    assert len(index) == 1 and index.ignored == 1
+    assert len(index) == 1
+    assert index.ignored == 1
 
 
 def test_damaged_or_hostile_snapshots_give_an_empty_index(tmp_path):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
@@ -95,7 +95,8 @@ def test_filters(tmp_path):
     assert store.scan(since=recent).num_rows == 24
     assert store.scan(columns=["op_id", "median_s"]).column_names == ["op_id", "median_s"]
     df = load(tmp_path, hw_id=HW.hw_id, status=["ok"])
-    assert len(df) == 9 and set(df["status"]) == {"ok"}
+    assert len(df) == 9
+    assert set(df["status"]) == {"ok"}
     with pytest.raises(PathPartError):
         store.scan(hw_id="../x")
 
@@ -105,7 +106,8 @@ def test_plain_pandas_reads_the_records_folder(tmp_path):
     store.append([*_records(), *_records(HW2)])
     df = pd.read_parquet(tmp_path / "records", filters=[("hw_id", "==", HW.hw_id)],
                          dtype_backend="pyarrow")
-    assert len(df) == 12 and set(df["hw_id"].astype(str)) == {HW.hw_id}
+    assert len(df) == 12
+    assert set(df["hw_id"].astype(str)) == {HW.hw_id}
     assert {"op_kind", "median_s", "runtimes_s"} <= set(df.columns)
 
 
@@ -122,7 +124,7 @@ def test_damaged_fragments_are_skipped_and_reported(tmp_path):
     store.append(_records())
     good = store.fragments()
     victim = next(f for f in good if f.op_kind == "matmul")
-    data = open(victim.path, "rb").read()
+    data = Path(victim.path).read_bytes()
     with open(victim.path, "wb") as out:
         out.write(data[: len(data) // 2])  # truncated
     garbage = os.path.join(os.path.dirname(victim.path),
@@ -156,9 +158,12 @@ def test_older_and_newer_schema_files_load(tmp_path):
         {b"tunecache.schema_version": b"2"})
     pq.write_table(newer, directory / ("part-20250501T000000000000Z-" + "2" * 32 + ".parquet"))
     df = store.load()
-    assert len(df) == 2 and list(df.columns) == SCHEMA.names
+    assert len(df) == 2
+    assert list(df.columns) == SCHEMA.names
     row = df[df["record_id"] == "r-old"].iloc[0]
-    assert row["hw_id"] == HW.hw_id and pd.isna(row["gflops"]) and row["median_s"] == 2e-3
+    assert row["hw_id"] == HW.hw_id
+    assert pd.isna(row["gflops"])
+    assert row["median_s"] == 2e-3
 
 
 def test_compact_merges_without_loss_or_duplicates(tmp_path):
@@ -182,12 +187,15 @@ def test_compact_merges_without_loss_or_duplicates(tmp_path):
     stale.write_bytes(b"partial")
     os.utime(stale, (0, 0))
     result = store.compact()
-    assert result.fragments_after == 2 and result.temporaries_removed == 1
+    assert result.fragments_after == 2
+    assert result.temporaries_removed == 1
     assert len(store.fragments()) == 2
     table = store.scan()
     assert sorted(table.column("record_id").to_pylist()) == sorted(ids)
     report = store.verify()
-    assert report.ok and report.duplicate_rows == 0 and report.rows == len(ids)
+    assert report.ok
+    assert report.duplicate_rows == 0
+    assert report.rows == len(ids)
     assert store.compact().records == 0  # nothing left to merge
 
 
@@ -197,7 +205,9 @@ def test_stats(tmp_path):
     store.append(_records())
     stats = store.stats()
     matmul = next(p for p in stats["partitions"] if p["op_kind"] == "matmul")
-    assert matmul["fragments"] == 2 and matmul["rows"] == 18 and matmul["bytes"] > 0
+    assert matmul["fragments"] == 2
+    assert matmul["rows"] == 18
+    assert matmul["bytes"] > 0
     assert stats["published"] == {}
     store.publish()
     assert store.stats()["published"][HW.hw_id]["entries"] == 4

@@ -7,7 +7,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import uuid
@@ -41,8 +40,8 @@ def s3_endpoint() -> Iterator[str]:
                     "no local S3-compatible server to test against")
     port = _free_port()
     server = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, **_CREDENTIALS}, cwd=tempfile.gettempdir())
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env={**os.environ, **_CREDENTIALS})
     endpoint = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
