@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import click
 
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import default_schedule, schedule_from_json
+from tunecache.compiler.schedule import default_schedule, schedule_from_json, validate
 from tunecache.tuner.cli_common import emit_json, json_option
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
 
@@ -66,11 +67,15 @@ def _result_row(result: MeasureResult) -> dict[str, Any]:
 @click.option("--min-time", type=click.FloatRange(min=0.0), default=0.3, show_default=True,
               help="Seconds of timed calls per measurement.")
 @click.option("--no-baseline", is_flag=True, help="Skip timing numpy.")
+@click.option("--record/--no-record", default=True, show_default=True,
+              help="Append the measurement to the store.")
+@click.option("--root", default=None, metavar="PATH|URI",
+              help="Store root (default: $TUNECACHE_HOME, else the user cache directory).")
 @hardware_option
 @json_option
 def bench_op_command(op_text: str, schedule_text: str | None, threads: int | None,
-                     min_time: float, no_baseline: bool, hardware: Path | None,
-                     as_json: bool) -> None:
+                     min_time: float, no_baseline: bool, record: bool, root: str | None,
+                     hardware: Path | None, as_json: bool) -> None:
     """Build, check and time one kernel for OP, beside numpy on the same shape.
 
     OP is an op's text form, e.g. "matmul(M=512,N=768,K=768,layout=nn,epilogue=bias+relu)".
@@ -90,6 +95,7 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
             schedule = schedule.replace(threads=threads)
     else:
         schedule = default_schedule(op, spec, threads or 1)
+    validate(op, schedule, spec)
     threads = schedule.threads
     timing = TimingConfig(min_time_s=min_time)
     with Runner(spec, timing) as runner:
@@ -97,6 +103,14 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
             click.echo(f"building and timing {op.text} ...", err=True)
         result = runner.measure([Candidate(op, schedule)])[0]
         baseline = None if no_baseline else runner.measure_numpy(op, threads)
+    stored = None
+    if record:
+        from tunecache.cache.store import Store
+        from tunecache.tuner.records import to_records
+
+        store = Store(root)
+        store.append(to_records([result], spec, job_id=f"bench-op-{uuid.uuid4().hex[:12]}"))
+        stored = store.root
     report: dict[str, Any] = {
         "op": op.text,
         "op_id": op.op_id,
@@ -105,6 +119,7 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
         "schedule": schedule.to_dict(),
         "kernel": _result_row(result),
         "numpy": _result_row(baseline) if baseline else None,
+        "recorded_in": stored,
         "ratio_to_numpy": (
             result.gflops / baseline.gflops
             if baseline and result.gflops and baseline.gflops else None
@@ -135,6 +150,8 @@ def _print_bench(report: dict[str, Any], spec: HardwareSpec) -> None:
         )
     if report["ratio_to_numpy"] is not None:
         click.echo(f"ratio     {report['ratio_to_numpy']:.3f}x numpy")
+    if report["recorded_in"]:
+        click.echo(f"recorded  in the store at {report['recorded_in']}")
 
 
 COMMANDS: list[click.Command] = [hw_command, bench_op_command]

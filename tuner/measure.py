@@ -138,11 +138,10 @@ class WorkerProcess:
     """A measurement worker subprocess speaking JSON lines."""
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
+        """Start ``python -m tunecache.tuner.worker`` with ``env`` added to ours."""
         child_env = dict(os.environ)
-        # The float64 reference must not spin BLAS threads that steal cores from timed kernels.
-        child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        child_env.setdefault("OMP_NUM_THREADS", "1")
         child_env.update(env or {})
+        child_env = {k: v for k, v in child_env.items() if v is not None}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tunecache.tuner.worker"],
             stdin=subprocess.PIPE,
@@ -259,6 +258,19 @@ class WorkerProcess:
 
 Progress = Callable[[MeasureResult], None]
 
+# Environment per worker role. The kernel worker computes float64 references with a
+# single-threaded BLAS (no spinning BLAS threads beside timed kernels) and pins OpenMP threads
+# to cores unless the user chose otherwise; the numpy worker gets its thread count from
+# threadpoolctl per request and no OpenMP binding.
+_ROLE_ENV: dict[str, dict[str, str]] = {
+    "kernel": {
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_PROC_BIND": os.environ.get("OMP_PROC_BIND", "close"),
+        "OMP_PLACES": os.environ.get("OMP_PLACES", "cores"),
+    },
+    "numpy": {},
+}
+
 
 class Runner:
     """Measures candidates on ``hw`` (which must describe this machine).
@@ -281,7 +293,7 @@ class Runner:
         self.timing = timing or TimingConfig()
         self.build_workers = build_workers or max(1, os.cpu_count() or 1)
         self._compiler = compiler
-        self._worker: WorkerProcess | None = None
+        self._workers: dict[str, WorkerProcess] = {}
         self._next_id = 0
 
     def __enter__(self) -> Runner:
@@ -291,9 +303,9 @@ class Runner:
         self.close()
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
+        for worker in self._workers.values():
+            worker.close()
+        self._workers.clear()
 
     @property
     def compiler(self) -> CompilerInfo:
@@ -301,12 +313,31 @@ class Runner:
             self._compiler = find_compiler()
         return self._compiler
 
-    def _worker_process(self) -> WorkerProcess:
-        if self._worker is None or not self._worker.alive():
-            if self._worker is not None:
-                self._worker.kill()
-            self._worker = WorkerProcess()
-        return self._worker
+    def _worker_process(self, role: str = "kernel") -> WorkerProcess:
+        """The live worker for ``role``, started if needed.
+
+        Kernels and the numpy baseline run in separate processes: OpenMP and OpenBLAS thread
+        pools in one process spin on and steal each other's cores, and OpenMP's binding of
+        the main thread would pin every later BLAS thread to one core.
+        """
+        worker = self._workers.get(role)
+        if worker is None or not worker.alive():
+            if worker is not None:
+                worker.kill()
+            worker = WorkerProcess(_ROLE_ENV[role])
+            self._workers[role] = worker
+        return worker
+
+    def _forget(self, role: str) -> None:
+        worker = self._workers.pop(role, None)
+        if worker is not None:
+            worker.kill()
+
+    @property
+    def worker_pid(self) -> int | None:
+        """PID of the kernel worker process (None before the first measurement)."""
+        worker = self._workers.get("kernel")
+        return worker.proc.pid if worker is not None else None
 
     def measure(self, candidates: Sequence[Candidate],
                 progress: Progress | None = None) -> list[MeasureResult]:
@@ -395,10 +426,10 @@ class Runner:
             worker = self._worker_process()
             answer = worker.request(request, self.timing.timeout_s)
         except WorkerCrashed as exc:
-            self._worker = None
+            self._forget("kernel")
             return MeasureResult(status="runtime_error", error=str(exc), **build_info, **common)
         if answer is None:
-            self._worker = None
+            self._forget("kernel")
             return MeasureResult(
                 status="timeout",
                 error=f"no result within {self.timing.timeout_s:g} s; worker killed",
@@ -425,12 +456,12 @@ class Runner:
             "seed": self.timing.seed,
         }
         try:
-            answer = self._worker_process().request(request, self.timing.timeout_s)
+            answer = self._worker_process("numpy").request(request, self.timing.timeout_s)
         except WorkerCrashed as exc:
-            self._worker = None
+            self._forget("numpy")
             return MeasureResult(op, None, "runtime_error", str(exc), source="numpy")
         if answer is None:
-            self._worker = None
+            self._forget("numpy")
             return MeasureResult(op, None, "timeout", "numpy baseline timed out", source="numpy")
         return MeasureResult(op, None, answer["status"], answer.get("error"),
                              tuple(answer.get("runtimes_s", ())), source="numpy")

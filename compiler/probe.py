@@ -1,0 +1,63 @@
+"""Measure the machine's peak float32 FMA throughput with a generated C kernel.
+
+Peak is what kernels are judged against ("fraction of measured peak"), and it is measured,
+not read off a spec sheet: AVX-512 on some CPUs runs at a lower clock or on one FMA unit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from tunecache.compiler.build import build_source
+from tunecache.compiler.codegen.isa import BASE_FLAGS, dialect
+from tunecache.compiler.hardware import HardwareSpec
+
+CHAINS = 16  # independent accumulators: enough to cover FMA latency x throughput
+
+
+def _source(isa: str) -> str:
+    d = dialect(isa)
+    decl = ", ".join(f"a{i} = VSET1({i + 1}.0f)" for i in range(CHAINS))
+    body = " ".join(f"a{i} = VFMA(a{i}, x, y);" for i in range(CHAINS))
+    total = " + ".join(f"s[{i % d.lanes}] * 0.0f" for i in range(CHAINS))
+    return f"""{d.prelude}
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+static double run(long iters) {{
+  vec {decl};
+  vec x = VSET1(0.999999f), y = VSET1(1e-7f);
+  for (long i = 0; i < iters; i++) {{ {body} __asm__ volatile("" ::: "memory"); }}
+  vec t = {" + ".join(f"a{i}" for i in range(CHAINS))};
+  float s[{d.lanes}]; VSTOREU(s, t);
+  return (double)({total});
+}}
+double tc_peak(long iters, int threads, double *sink) {{
+  struct timespec t0, t1;
+  double acc = 0.0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+#pragma omp parallel for num_threads(threads) reduction(+:acc)
+  for (int t = 0; t < threads; t++) acc += run(iters);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  *sink = acc;
+  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}}
+"""
+
+
+def measure_peak_gflops(hw: HardwareSpec, threads: int = 1, seconds: float = 0.3) -> float:
+    """Best-of-5 FMA throughput of ``threads`` threads at ``hw``'s ISA level, in GFLOP/s."""
+    d = dialect(hw.isa)
+    art = build_source(_source(hw.isa), (*BASE_FLAGS, *d.flags, "-fopenmp"))
+    lib = ctypes.CDLL(str(art.path))
+    fn = lib.tc_peak
+    fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+    fn.restype = ctypes.c_double
+    sink = ctypes.c_double()
+    iters = 100_000
+    while fn(iters, threads, ctypes.byref(sink)) < seconds / 5:
+        iters *= 2
+    best = min(fn(iters, threads, ctypes.byref(sink)) for _ in range(5))
+    flops = 2.0 * CHAINS * d.lanes * iters * threads
+    return flops / best / 1e9

@@ -1,0 +1,101 @@
+"""The runner: real kernels in a real worker process, with injected faults."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from tunecache.compiler.codegen import KernelSource, generate
+from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import default_schedule
+from tunecache.tuner.measure import Candidate, Runner, TimingConfig, best
+
+HW = local_spec()
+OP = OpSignature.matmul(48, 40, 32, epilogue="relu")
+FAST = TimingConfig(min_time_s=0.02, min_repeats=3, timeout_s=20.0)
+
+
+def good() -> KernelSource:
+    return generate(OP, default_schedule(OP, HW), HW)
+
+
+def inject(kernel: KernelSource, old: str, new: str) -> KernelSource:
+    assert old in kernel.code
+    return dataclasses.replace(kernel, code=kernel.code.replace(old, new, 1))
+
+
+ENTRY = "int tc_kernel(void **args) {"
+
+
+def segfaults() -> KernelSource:
+    return inject(good(), ENTRY, ENTRY + " *(volatile int *)0 = 1;")
+
+
+def hangs() -> KernelSource:
+    return inject(good(), ENTRY, ENTRY + " volatile int spin = 1; while (spin) {}")
+
+
+def wrong() -> KernelSource:
+    tail = "  return 0;\n}\n\ndouble tc_time"
+    return inject(good(), tail, "  C[7] += 0.5f;\n" + tail)
+
+
+def broken() -> KernelSource:
+    return inject(good(), ENTRY, "#error injected compile failure\n" + ENTRY)
+
+
+def test_good_kernel_is_timed_with_raw_runtimes() -> None:
+    with Runner(HW, FAST) as runner:
+        [result] = runner.measure([Candidate(OP, default_schedule(OP, HW), source="manual")])
+    assert result.status == "ok", result.error
+    assert len(result.runtimes_s) >= FAST.min_repeats
+    assert result.min_s <= result.median_s
+    assert result.gflops == pytest.approx(OP.flops / result.median_s / 1e9)
+    assert result.compiler and result.source_hash and "-O3" in result.flags
+
+
+def test_faults_are_classified_and_the_caller_survives() -> None:
+    timing = dataclasses.replace(FAST, timeout_s=4.0)
+    kernels = [segfaults(), good(), hangs(), wrong(), broken(), good()]
+    with Runner(HW, timing) as runner:
+        results = runner.measure_kernels(kernels)
+    statuses = [r.status for r in results]
+    assert statuses == ["runtime_error", "ok", "timeout", "wrong_result", "compile_error", "ok"]
+    assert "SIGSEGV" in results[0].error
+    assert "4 s" in results[2].error
+    assert "wrong" in results[3].error and "(0, 7)" in results[3].error
+    assert "injected compile failure" in results[4].error
+    assert best(results) in (results[1], results[5])
+
+
+def test_invalid_schedule_is_a_status_not_an_exception() -> None:
+    bad = default_schedule(OP, HW).replace(mr=99)
+    with Runner(HW, FAST) as runner:
+        results = runner.measure([Candidate(OP, bad, source="tiler", predicted=1.0),
+                                  Candidate(OP, default_schedule(OP, HW))])
+    assert [r.status for r in results] == ["invalid", "ok"]
+    assert "mr=99" in results[0].error
+    assert results[0].source == "tiler" and results[0].predicted == 1.0
+    assert best(results) is results[1]
+
+
+def test_numpy_baseline_and_progress_callback() -> None:
+    seen = []
+    with Runner(HW, FAST) as runner:
+        runner.measure([Candidate(OP, default_schedule(OP, HW))], progress=seen.append)
+        baseline = runner.measure_numpy(OP, threads=1)
+    assert len(seen) == 1 and seen[0].ok
+    assert baseline.status == "ok" and baseline.gflops and baseline.gflops > 0
+
+
+def test_worker_is_restarted_after_a_crash() -> None:
+    with Runner(HW, FAST) as runner:
+        runner.measure_kernels([good()])
+        first_pid = runner.worker_pid
+        runner.measure_kernels([segfaults()])
+        [after] = runner.measure_kernels([good()])
+        assert after.ok and runner.worker_pid not in (None, first_pid)
+    assert os.getpid()  # still here
