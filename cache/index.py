@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -54,9 +54,12 @@ class SnapshotWarning(UserWarning):
     """The current snapshot could not be read; the index is empty."""
 
 
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    """The published best schedule of one op, with its measured latency and provenance."""
+class IndexEntry(NamedTuple):
+    """The published best schedule of one op, with its measured latency and provenance.
+
+    An immutable named tuple rather than a frozen dataclass: building one is the hot part of
+    a lookup, and a tuple is built several times faster.
+    """
 
     op_text: str
     schedule: Schedule
@@ -95,33 +98,25 @@ class _Strings:
     def get(self, i: int) -> str | None:
         if not self._valid[i]:
             return None
-        return self._data[self._offsets[i]:self._offsets[i + 1]].decode()
-
-    def nbytes(self) -> int:
-        return len(self._data) + self._offsets.nbytes + self._valid.nbytes
+        start, end = self._offsets[i:i + 2].tolist()
+        return self._data[start:end].decode()
 
 
 class _Codes:
     """A low-cardinality string column as int32 codes into a tuple of values."""
 
-    __slots__ = ("_codes", "_values")
+    __slots__ = ("codes", "values")
 
     def __init__(self, array: pa.Array) -> None:
         encoded = pc.dictionary_encode(array).combine_chunks() \
             if isinstance(array, pa.ChunkedArray) else pc.dictionary_encode(array)
-        self._values: tuple[str | None, ...] = (*encoded.dictionary.to_pylist(), None)
-        null_code = len(self._values) - 1
-        self._codes = pc.fill_null(encoded.indices, null_code).to_numpy().astype(np.int32)
-
-    def get(self, i: int) -> str | None:
-        return self._values[self._codes[i]]
-
-    def nbytes(self) -> int:
-        return self._codes.nbytes
+        self.values: tuple[str | None, ...] = (*encoded.dictionary.to_pylist(), None)
+        null_code = len(self.values) - 1
+        self.codes = pc.fill_null(encoded.indices, null_code).to_numpy().astype(np.int32)
 
 
-def _float_or_none(value: float) -> float | None:
-    return None if value != value else value
+MEMO_SIZE = 4096
+"""Entries kept after a lookup, so repeated lookups of an op return the same object."""
 
 
 class Index:
@@ -151,6 +146,7 @@ class Index:
         self.snapshot: str | None = None
         self.ignored = 0
         self._pos: dict[str, int] = {}
+        self._memo: dict[str, IndexEntry] = {}
         table = self._read()
         if table is not None:
             self._build(table)
@@ -215,24 +211,34 @@ class Index:
         self._pos = {text: i for i, text in enumerate(texts[r] for r in rows)}
         self.ignored = total - table.num_rows
 
-        self._knobs = np.column_stack([
-            pc.fill_null(table[name], 0).to_numpy().astype(np.int32) for name in KNOB_COLUMNS
-        ]) if table.num_rows else np.zeros((0, len(KNOB_COLUMNS)), np.int32)
-        self._loop_order = _Codes(table["loop_order"])
-        self._parallel = _Codes(table["parallel"])
-        self._matmul = pc.fill_null(pc.equal(table["schedule_family"], "matmul"),
-                                    False).to_numpy(zero_copy_only=False).astype(bool)
-        self._json = None if bool(self._matmul.all()) else _Strings(table["schedule_json"])
-        self._median = table["median_s"].to_numpy().astype(np.float64)
-        self._min = pc.fill_null(table["min_s"], np.nan).to_numpy().astype(np.float64)
-        self._gflops = pc.fill_null(table["gflops"], np.nan).to_numpy().astype(np.float64)
-        self._n = pc.fill_null(table["n_measurements"], 0).to_numpy().astype(np.int32)
-        self._compiler = _Codes(table["compiler"])
-        self._source = _Codes(table["source"])
-        self._job = _Codes(table["job_id"])
-        self._host = _Codes(table["host"])
-        self._record_id = _Strings(table["record_id"])
-        self._measured = pc.cast(table["measured_at"], pa.int64()).to_numpy()
+        n = table.num_rows
+        loop_order = _Codes(table["loop_order"])
+        parallel = _Codes(table["parallel"])
+        self._loop_orders = loop_order.values
+        self._parallels = parallel.values
+        compiler, source = _Codes(table["compiler"]), _Codes(table["source"])
+        job, host = _Codes(table["job_id"]), _Codes(table["host"])
+        self._compilers, self._sources = compiler.values, source.values
+        self._jobs, self._hosts = job.values, host.values
+        self._record_ids = _Strings(table["record_id"])
+        matmul = pc.fill_null(pc.equal(table["schedule_family"], "matmul"), False)
+        self._json = None if pc.all(matmul).as_py() in (True, None) else \
+            _Strings(table["schedule_json"])
+        # Two packed rows per entry (integers, floats): a lookup turns each into Python values
+        # in one call. Microsecond timestamps stay exact in float64 (below 2**53).
+        ints = [pc.fill_null(table[name], 0).to_numpy() for name in KNOB_COLUMNS]
+        ints += [loop_order.codes, parallel.codes, matmul.to_numpy(zero_copy_only=False),
+                 pc.fill_null(table["n_measurements"], 0).to_numpy(), compiler.codes,
+                 source.codes, job.codes, host.codes]
+        self._ints = np.column_stack(ints).astype(np.int32) if n else \
+            np.zeros((0, len(ints)), np.int32)
+        floats = [table["median_s"].to_numpy(),
+                  pc.fill_null(table["min_s"], np.nan).to_numpy(),
+                  pc.fill_null(table["gflops"], np.nan).to_numpy(),
+                  pc.cast(table["measured_at"], pa.int64()).to_numpy().astype(np.float64)]
+        self._floats = np.column_stack(floats).astype(np.float64) if n else \
+            np.zeros((0, len(floats)), np.float64)
+        self._schedules: dict[tuple[int, ...], Schedule] = {}
 
     def __len__(self) -> int:
         return len(self._pos)
@@ -242,36 +248,43 @@ class Index:
 
     def lookup(self, op: OpSignature) -> IndexEntry | None:
         """The published entry for ``op``, or None on a miss."""
-        i = self._pos.get(op.text)
+        text = op.text
+        entry = self._memo.get(text)
+        if entry is not None:
+            return entry
+        i = self._pos.get(text)
         if i is None:
             return None
+        (mr, nr, kc, mc, nc, pack_a, pack_b, unroll, threads, lo, par, matmul, n, compiler,
+         source, job, host) = self._ints[i].tolist()
+        median, min_s, gflops, measured = self._floats[i].tolist()
         schedule: Schedule
-        if self._matmul[i]:
-            mr, nr, kc, mc, nc, pack_a, pack_b, unroll, threads = self._knobs[i].tolist()
-            schedule = MatmulSchedule(mr, nr, kc, mc, nc, pack_a, pack_b,
-                                      self._loop_order.get(i) or "", unroll, threads,
-                                      self._parallel.get(i) or "")
+        if matmul:
+            key = (mr, nr, kc, mc, nc, pack_a, pack_b, unroll, threads, lo, par)
+            cached = self._schedules.get(key)
+            if cached is None:
+                cached = MatmulSchedule(mr, nr, kc, mc, nc, pack_a, pack_b,
+                                        self._loop_orders[lo] or "", unroll, threads,
+                                        self._parallels[par] or "")
+                self._schedules[key] = cached
+            schedule = cached
         else:
             assert self._json is not None
             try:
                 schedule = schedule_from_json(self._json.get(i) or "")
             except TunecacheError:
                 return None
-        return IndexEntry(
-            op_text=op.text,
-            schedule=schedule,
-            median_s=float(self._median[i]),
-            min_s=_float_or_none(float(self._min[i])),
-            gflops=_float_or_none(float(self._gflops[i])),
-            n_measurements=int(self._n[i]),
-            codegen_version=self.codegen_version,
-            compiler=self._compiler.get(i),
-            source=self._source.get(i),
-            job_id=self._job.get(i),
-            host=self._host.get(i),
-            record_id=self._record_id.get(i) or "",
-            measured_at=_EPOCH + timedelta(microseconds=int(self._measured[i])),
+        entry = IndexEntry(
+            text, schedule, median, None if min_s != min_s else min_s,
+            None if gflops != gflops else gflops, n, self.codegen_version,
+            self._compilers[compiler], self._sources[source], self._jobs[job],
+            self._hosts[host], self._record_ids.get(i) or "",
+            _EPOCH + timedelta(microseconds=int(measured)),
         )
+        if len(self._memo) >= MEMO_SIZE:
+            self._memo.clear()
+        self._memo[text] = entry
+        return entry
 
     def ops(self) -> list[str]:
         """The op texts this index serves."""
