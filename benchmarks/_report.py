@@ -31,8 +31,7 @@ def machine_summary() -> str:
         ) or "unknown BLAS"
     except Exception:  # pragma: no cover - informative only
         blas = "unknown BLAS"
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])]
-                                   + sys.argv[1:])
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     return (
         f"Machine: {hw.cpu_model}, {hw.cores} cores, {hw.isa} "
         f"(L1d {hw.l1d_bytes >> 10} KiB, L2 {hw.l2_bytes >> 10} KiB, L3 {hw.l3_bytes >> 20} MiB), "

@@ -20,13 +20,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import git_revision, machine_summary, write_section  # noqa: E402
+from _report import git_revision, machine_summary, write_section
 
-from tunecache.compiler.hardware import HardwareSpec, local_spec  # noqa: E402
-from tunecache.compiler.ops import OpSignature  # noqa: E402
-from tunecache.compiler.probe import measure_peak_gflops  # noqa: E402
-from tunecache.compiler.schedule import MatmulSchedule, problems  # noqa: E402
-from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig, best  # noqa: E402
+from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.probe import measure_peak_gflops
+from tunecache.compiler.schedule import MatmulSchedule, problems
+from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig, best
 
 MM, BMM = OpSignature.matmul, OpSignature.batch_matmul
 # BERT-base encoder layer at sequence length 128, batch 1, and ResNet-50's classifier.
@@ -53,7 +53,7 @@ def hand_picked(op: OpSignature, hw: HardwareSpec, threads: int) -> list[MatmulS
     tiles = {"avx512": [(14, 2 * L), (6, 4 * L), (8, 3 * L), (8, 2 * L)],
              "avx2": [(6, 2 * L), (4, 3 * L)]}.get(hw.isa, [(6, 2 * L)])
     if M <= 16:
-        tiles = [(min(M, 4), 4 * L), (1, 8 * L)] + tiles[:1]
+        tiles = [(min(M, 4), 4 * L), (1, 8 * L), *tiles[:1]]
     kcs = sorted({min(k, K) for k in (256, 512)} | ({K} if K <= 1024 else set()))
     packs_b = [1, 0] if (M <= 64 and not op.trans_b) else [1]
     if op.kind == "batch_matmul":

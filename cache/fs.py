@@ -16,6 +16,7 @@ import uuid
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+
 from tunecache.datasets.location import Location
 
 TEMP_SUFFIX = ".tmp"

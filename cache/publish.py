@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MatmulSchedule, schedule_from_json

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
 from tunecache.cache import fs, paths
 from tunecache.cache.errors import SnapshotError, StoreError
 from tunecache.cache.publish import (

@@ -175,7 +175,7 @@ def _cpuinfo(proc: Path) -> tuple[str, set[str]]:
             f"cannot detect hardware: {proc / 'cpuinfo'} is unreadable (not Linux?); pin a spec "
             f"with {ENV_VAR}=spec.json or --hardware spec.json"
         )
-    model, flags = "", set()
+    model, flags = "", set[str]()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -210,9 +210,9 @@ def detect(root: str | os.PathLike[str] = "/") -> HardwareSpec:
     model, flags = _cpuinfo(base / "proc")
     arch = platform.machine() or "unknown"
     arch = re.sub(r"[^A-Za-z0-9_]", "_", arch)
-    if _AVX512_FLAGS <= flags:
+    if flags >= _AVX512_FLAGS:
         isa = "avx512"
-    elif _AVX2_FLAGS <= flags:
+    elif flags >= _AVX2_FLAGS:
         isa = "avx2"
     else:
         isa = "generic"

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets import location
 from tunecache.datasets.errors import DamagedFragmentWarning, DatasetError, SchemaError

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import platformdirs
 import pyarrow.fs as pafs
+
 from tunecache.datasets.errors import DatasetError
 
 HOME_ENV = "TUNECACHE_HOME"

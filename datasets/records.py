@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
+
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature

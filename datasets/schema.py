@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from tunecache.datasets.errors import SchemaError
 
 SCHEMA_VERSION = 1

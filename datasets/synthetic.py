@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 import pyarrow as pa
+
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature

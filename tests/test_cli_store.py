@@ -7,6 +7,7 @@ import json
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from click.testing import CliRunner
+
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature

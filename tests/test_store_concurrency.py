@@ -13,6 +13,7 @@ import time
 import warnings
 
 import pytest
+
 from tunecache.cache.index import Index
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec

@@ -8,6 +8,7 @@ import time
 
 import pyarrow as pa
 import pytest
+
 from tunecache.cache.index import Index, SnapshotWarning
 from tunecache.cache.publish import best_of, snapshot_digest
 from tunecache.cache.store import Store, StoreError

@@ -10,6 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature

@@ -155,3 +155,40 @@ def _print_bench(report: dict[str, Any], spec: HardwareSpec) -> None:
 
 
 COMMANDS: list[click.Command] = [hw_command, bench_op_command]
+
+
+@click.command("candidates")
+@click.argument("op_text", metavar="OP")
+@click.option("--k", "k", type=click.IntRange(min=1), default=10, show_default=True,
+              help="How many candidates.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Thread count the schedules use (default: every core of the spec).")
+@hardware_option
+@json_option
+def candidates_command(op_text: str, k: int, threads: int | None, hardware: Path | None,
+                       as_json: bool) -> None:
+    """Print the analytical tiler's top-k schedules for OP with their estimates."""
+    from tunecache.tuner.roller import timed_candidates
+
+    spec = local_spec(hardware)
+    op = OpSignature.parse(op_text)
+    found, seconds = timed_candidates(op, spec, k, threads)
+    if as_json:
+        emit_json({
+            "op": op.text, "op_id": op.op_id, "hw_id": spec.hw_id,
+            "generation_ms": seconds * 1e3,
+            "candidates": [
+                {"rank": c.rank, "schedule": c.schedule.to_dict(),
+                 "schedule_id": c.schedule.schedule_id, "estimated_ms": c.estimate.ms,
+                 "estimated_gflops": c.estimate.gflops} for c in found
+            ],
+        })
+        return
+    click.echo(f"{op.text} on {spec.hw_id} ({spec.isa}, {spec.cores} cores): "
+               f"{len(found)} candidates in {seconds * 1e3:.1f} ms")
+    click.echo(f"{'rank':>4}  {'est. ms':>9}  {'est. GFLOP/s':>12}  schedule")
+    for c in found:
+        click.echo(f"{c.rank:>4}  {c.estimate.ms:>9.4f}  {c.estimate.gflops:>12.1f}  {c.schedule}")
+
+
+COMMANDS.append(candidates_command)

@@ -12,6 +12,7 @@ import click
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+
 from tunecache.cache.store import Store
 from tunecache.tuner.cli_common import emit_json, json_option
 

@@ -16,6 +16,7 @@ and ``min_time_s`` in total; every repeat's per-call time is kept, median and mi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -188,10 +189,8 @@ class WorkerProcess:
         except (BlockingIOError, OSError, ValueError):
             return
         # End of file: the worker closed stderr (it is exiting); stop watching it.
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(self._stderr_fd)
-        except (KeyError, ValueError):
-            pass
         self._stderr_fd = -1
 
     def request(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
@@ -240,10 +239,8 @@ class WorkerProcess:
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass
         self._selector.close()
 
     def close(self) -> None:
@@ -421,7 +418,9 @@ class Runner:
             "check": self.timing.check,
             "seed": self.timing.seed,
         }
-        build_info = {"compile_s": job.artifact.compile_seconds, "cached_build": job.artifact.cached}
+        build_info: dict[str, Any] = {
+            "compile_s": job.artifact.compile_seconds, "cached_build": job.artifact.cached,
+        }
         try:
             worker = self._worker_process()
             answer = worker.request(request, self.timing.timeout_s)

@@ -237,6 +237,12 @@ static void merge_tile(float *restrict c, const float *restrict t, long m_cur, l
     b_full = "Bp + jr * NR * k_cur" if s.pack_b else "B + p0 * BPS + (j0 + jr * NR) * BCS"
     a_edge_src = "Ap + ir * MR * k_cur" if s.pack_a else "ea"
     b_edge_src = "Bp + jr * NR * k_cur" if s.pack_b else "eb"
+    edge_a_pack = "" if s.pack_a else (
+        "if (m_full < mp) pack_a_panel(ea, A + (i0 + m_full * MR) * ARS + p0 * APS, "
+        "m_cur - m_full * MR, k_cur);")
+    edge_b_pack = "" if s.pack_b else (
+        "if (n_full < np && jr_hi == np) pack_b_panel(eb, B + p0 * BPS + (j0 + n_full * NR) * BCS, "
+        "n_cur - n_full * NR, k_cur);")
     out.append(
         f"""\
 static void compute_block(float *restrict C, const float *restrict A, const float *restrict B,
@@ -249,8 +255,8 @@ static void compute_block(float *restrict C, const float *restrict A, const floa
   const long m_full = m_cur / MR, n_full = n_cur / NR;
   float *ea = priv + OFF_EDGE_A, *eb = priv + OFF_EDGE_B, *ct = priv + OFF_CTILE;
   (void)ea; (void)eb;
-  {"" if s.pack_a else "if (m_full < mp) pack_a_panel(ea, A + (i0 + m_full * MR) * ARS + p0 * APS, m_cur - m_full * MR, k_cur);"}
-  {"" if s.pack_b else "if (n_full < np && jr_hi == np) pack_b_panel(eb, B + p0 * BPS + (j0 + n_full * NR) * BCS, n_cur - n_full * NR, k_cur);"}
+  {edge_a_pack}
+  {edge_b_pack}
   for (long jr = jr_lo; jr < jr_hi; jr++) {{
     const long j = j0 + jr * NR;
     const long n_here = MIN(NR, n_cur - jr * NR);
@@ -379,7 +385,8 @@ static void gemm_body(const float *restrict A, const float *restrict B, const fl
             body += ("      for (long bi = tid; bi < nblk_m; bi += nth) {\n"
                      "        const long ic = bi * MC, m_cur = MIN(MC, M - ic);\n")
         else:
-            body += "      for (long ic = 0; ic < M; ic += MC) {\n        const long m_cur = MIN(MC, M - ic);\n"
+            body += ("      for (long ic = 0; ic < M; ic += MC) {\n"
+                     "        const long m_cur = MIN(MC, M - ic);\n")
         body += pack_a("        ")
         body += compute("        ")
         if split_n:
