@@ -1,0 +1,386 @@
+"""The analytical tiler: a small, hardware-aligned set of candidate schedules per operator.
+
+Roller's construction carried to a CPU memory hierarchy. Tiles grow level by level:
+
+1. **Registers.** Micro-tiles ``mr x nr`` with ``nr`` a multiple of the vector lanes and
+   accumulators + operand vectors within the register file; ranked by a reuse score (FMAs
+   per load, enough independent accumulators to cover FMA latency) times edge-tile waste.
+2. **L1 / L2 / L3.** For each good micro-tile, the K block ``kc`` (the B micro-panel stays in
+   L1 while A streams), the M block ``mc`` (the packed A block in a share of L2) and the N
+   block ``nc`` (the packed B block in a share of L3) come from the BLIS analytical model and
+   the larger sizes tuned libraries ship, made padding-tolerant (blocks balanced over the
+   dimension) and balanced over threads.
+3. **Roofline estimate.** Every complete schedule gets a time estimate: padded FLOPs at the
+   micro-kernel's efficiency on the busiest thread, against the bytes each level must move
+   (packing, C read-modify-write per K block, capacity spills), plus fixed overheads.
+
+The top-k by estimate (with at most a few per micro-tile, so one bad guess about the
+micro-kernel cannot fill the whole list) are the candidates. Everything is deterministic.
+
+:func:`exhaustive_space` enumerates the legal space on a grid (or a stratified sample of it)
+for evaluating the tiler; it is not used for tuning.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import MAX_MR, MAX_NR_VECTORS, MatmulSchedule, Schedule, problems
+
+DEFAULT_K = 10
+PER_TILE_CAP = 4
+MICRO_TILES_KEPT = 6
+
+# Nominal machine numbers (per core). Only ratios between candidates matter for ranking; the
+# absolute scale makes the estimate readable in milliseconds. FMA: 2 pipes, 4-cycle latency.
+NOMINAL_GHZ = 3.0
+FMA_PIPES = 2
+FMA_LATENCY = 4
+BYTES_PER_CYCLE = {"l1": 64.0, "l2": 32.0, "l3": 16.0}
+DRAM_GBPS_PER_CORE = 10.0
+PACK_GBPS = 12.0  # packing copies per thread (read + write)
+CALL_OVERHEAD_S = 1.5e-6
+FORK_JOIN_S = 3e-6
+BARRIER_S = 4e-7
+BLOCK_OVERHEAD_S = 1e-7
+MERGE_S_PER_ELEMENT = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The tiler's prediction for one schedule."""
+
+    seconds: float
+    gflops: float
+    compute_s: float
+    memory_s: float
+    overhead_s: float
+
+    @property
+    def ms(self) -> float:
+        return self.seconds * 1e3
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredSchedule:
+    """A candidate with its estimate; ``rank`` is 0 for the tiler's top-1."""
+
+    schedule: Schedule
+    estimate: Estimate
+    rank: int
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(x: int, m: int) -> int:
+    return _ceil_div(x, m) * m
+
+
+def peak_gflops_per_core(hw: HardwareSpec) -> float:
+    return hw.lanes * 2 * FMA_PIPES * NOMINAL_GHZ
+
+
+# -- register level ------------------------------------------------------------------------
+
+
+def micro_efficiency(mr: int, nv: int) -> float:
+    """Fraction of FMA peak a ``mr x (nv vectors)`` micro-kernel can sustain.
+
+    Latency: fewer than FMA_PIPES*FMA_LATENCY independent accumulators leave pipes idle.
+    Loads: per k step the kernel loads nv vectors and broadcasts mr scalars for mr*nv FMAs;
+    with two load ports a ratio below one FMA per load starves the FMA pipes.
+    """
+    acc = mr * nv
+    latency = min(1.0, acc / (FMA_PIPES * FMA_LATENCY))
+    loads = min(1.0, acc / (mr + nv))
+    return 0.92 * latency * loads
+
+
+def micro_tiles(op: OpSignature, hw: HardwareSpec) -> list[tuple[int, int]]:
+    """Legal (mr, nr) ranked by micro-efficiency times edge-tile efficiency, best first."""
+    d = op.dims_dict
+    M, N = d["M"], d["N"]
+    lanes, regs = hw.lanes, hw.vector_registers
+    scored = []
+    for nv in range(1, MAX_NR_VECTORS + 1):
+        nr = nv * lanes
+        for mr in range(1, MAX_MR + 1):
+            if mr * nv + nv + 1 > regs:
+                break
+            waste = (M / _round_up(M, mr)) * (N / _round_up(N, nr))
+            # A tile far larger than the matrix buys nothing; prefer the smaller one.
+            score = micro_efficiency(mr, nv) * waste
+            scored.append((-round(score, 6), -(mr * nv), mr, nr))
+    scored.sort()
+    return [(mr, nr) for _, _, mr, nr in scored]
+
+
+# -- cache levels --------------------------------------------------------------------------
+
+
+def _balanced(extent: int, block: int, align: int) -> int:
+    """Padding tolerance: the smallest aligned block giving the same number of blocks."""
+    block = max(align, min(block, _round_up(extent, align)))
+    count = _ceil_div(extent, block)
+    return _round_up(_ceil_div(extent, count), align)
+
+
+def kc_candidates(op: OpSignature, hw: HardwareSpec, mr: int, nr: int) -> list[int]:
+    """K blocks: the BLIS L1 model (B micro-panel resident in L1) and 256/384/512."""
+    K = op.dim("K")
+    line_sets = hw.l1d_bytes // (hw.l1d_ways * hw.cache_line)
+    ways_a = max(1, math.floor((hw.l1d_ways - 1) / (1 + nr / mr)))
+    model = ways_a * line_sets * hw.cache_line // (mr * 4)
+    out = []
+    for kc in (model, 256, 384, 512):
+        kc = _balanced(K, max(8, kc), 8) if K > 8 else K
+        out.append(min(kc, K))
+    return sorted(set(out))
+
+
+def mc_candidates(op: OpSignature, hw: HardwareSpec, mr: int, kc: int, threads: int) -> list[int]:
+    """M blocks: the packed A block in half of L2, and blocks balanced over the threads."""
+    M = op.dim("M")
+    l2_rows = max(mr, (hw.l2_bytes // 2) // (kc * 4) // mr * mr)
+    out = {_balanced(M, l2_rows, mr)}
+    if threads > 1:
+        per_thread = _round_up(_ceil_div(M, threads), mr)
+        out.add(min(per_thread, l2_rows) if per_thread > l2_rows else per_thread)
+    return sorted(out)
+
+
+def nc_candidates(op: OpSignature, hw: HardwareSpec, nr: int, kc: int) -> list[int]:
+    """N blocks: the packed B block in a share of L3 (or all of N when it fits)."""
+    N = op.dim("N")
+    share = hw.l3_bytes // max(1, hw.l3_shared_by)
+    cols = max(nr, (share // 2) // (kc * 4) // nr * nr)
+    return [_balanced(N, min(cols, 8192 // nr * nr), nr)]
+
+
+# -- estimate ------------------------------------------------------------------------------
+
+
+def estimate(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
+    """Roofline-style time estimate for one matmul schedule (see module docstring)."""
+    d = op.dims_dict
+    M, N, K, B = d["M"], d["N"], d["K"], op.batch
+    mr, nr, T = s.mr, s.nr, s.threads
+    kc, mc, nc = min(s.kc, K), min(s.mc, _round_up(M, mr)), min(s.nc, _round_up(N, nr))
+    nv = nr // hw.lanes
+    ghz = NOMINAL_GHZ
+    peak = peak_gflops_per_core(hw) * 1e9
+    # Each micro-kernel call loads and stores its C tile and refills the pipeline: amortised
+    # over kc rank-1 updates (measured here: kc 256 -> 512 gains ~7% on large squares).
+    eff = micro_efficiency(mr, nv) * kc / (kc + 24)
+
+    n_ic, n_jc, n_pc = _ceil_div(M, mc), _ceil_div(N, nc), _ceil_div(K, kc)
+    # Capacity: the B micro-panel must survive in L1, the packed A block in L2, the packed B
+    # block in this core's share of L3; each miss costs the micro-kernel bandwidth.
+    cycles_per_k = mr * nv / FMA_PIPES
+    if (kc * nr + kc * mr) * 4 > hw.l1d_bytes * 0.75:
+        # The B micro-panel streams from L2 on every k step instead of staying in L1.
+        need = nr * 4 / cycles_per_k
+        eff *= min(1.0, BYTES_PER_CYCLE["l2"] / need) * 0.97
+    if mc * kc * 4 > hw.l2_bytes * 0.75:
+        need = mr * 4 / cycles_per_k
+        eff *= min(1.0, BYTES_PER_CYCLE["l3"] / need) * 0.95
+    l3_share = hw.l3_bytes / max(1, hw.l3_shared_by)
+    if kc * nc * 4 > l3_share * 0.75:
+        eff *= 0.9
+    if not s.pack_b:
+        eff *= 0.93  # strided B rows: more cache lines and TLB pages per micro-panel
+    if not s.pack_a:
+        eff *= 0.95
+
+    # Work on the busiest thread, in padded micro-tiles.
+    Mp, Np = _round_up(M, mr), _round_up(N, nr)
+    if T == 1:
+        rows, cols, items = Mp, Np, B
+    elif s.parallel == "batch":
+        rows, cols, items = Mp, Np, _ceil_div(B, T)
+    elif s.parallel == "m":
+        sizes = [_round_up(min(mc, M - i * mc), mr) for i in range(n_ic)]
+        rows = max(sum(sizes[t::T]) for t in range(T)) if sizes else Mp
+        cols, items = Np, B
+    else:
+        panels = [_ceil_div(min(nc, N - j * nc), nr) for j in range(n_jc)]
+        cols = sum(_ceil_div(p, T) for p in panels) * nr
+        rows, items = Mp, B
+    compute_s = 2.0 * items * rows * cols * K / (peak * eff)
+
+    # Bytes each thread moves beyond the micro-kernel's own streams.
+    pack_bytes = 0.0
+    if s.pack_a:
+        repeats = n_jc if s.loop_order == "jpi" else 1
+        share = T if (s.parallel in ("m", "n", "batch") and T > 1) else 1
+        pack_bytes += 8.0 * M * K * repeats * B / share * (1.5 if not op.trans_a else 1.0)
+    if s.pack_b:
+        repeats = 1 if s.loop_order == "jpi" else n_ic
+        share = T if T > 1 else 1
+        pack_bytes += 8.0 * K * N * repeats * B / share * (2.0 if op.trans_b else 1.0)
+    else:
+        pack_bytes += 0.0
+    pack_s = pack_bytes / (PACK_GBPS * 1e9)
+    c_bytes = 8.0 * M * N * n_pc * B / T
+    c_bw = BYTES_PER_CYCLE["l2" if hw.l2_bytes >= M * N * 4 else "l3"] * ghz * 1e9
+    total_bytes = op.min_bytes
+    if total_bytes > l3_share * T:
+        floor_s = total_bytes / (DRAM_GBPS_PER_CORE * 1e9 * T)
+    else:
+        floor_s = total_bytes / (BYTES_PER_CYCLE["l3"] * ghz * 1e9 * T)
+    memory_s = pack_s + c_bytes / c_bw
+
+    edge_elements = (Mp * Np - M * N) if (Mp != M or Np != N) else 0
+    merge_s = MERGE_S_PER_ELEMENT * (edge_elements + (Mp - M) * 0) * n_pc * B / T
+    blocks = n_jc * n_pc * n_ic * B
+    overhead_s = CALL_OVERHEAD_S + BLOCK_OVERHEAD_S * blocks / T + merge_s
+    if T > 1:
+        overhead_s += FORK_JOIN_S
+        if s.parallel != "batch":
+            per_pc = 2 if s.parallel == "m" else 2 + 2 * n_ic
+            overhead_s += BARRIER_S * n_jc * n_pc * per_pc * B
+    seconds = max(compute_s, floor_s) + memory_s + overhead_s
+    return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+# -- candidates ----------------------------------------------------------------------------
+
+
+def _parallel_axes(op: OpSignature, threads: int) -> list[str]:
+    if threads == 1:
+        return ["m"]
+    axes = ["m", "n"]
+    if op.kind == "batch_matmul":
+        axes.insert(0, "batch")
+    return axes
+
+
+def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSchedule]:
+    d = op.dims_dict
+    M, N = d["M"], d["N"]
+    for mr, nr in micro_tiles(op, hw)[:MICRO_TILES_KEPT]:
+        for kc in kc_candidates(op, hw, mr, nr):
+            for mc in mc_candidates(op, hw, mr, kc, threads):
+                for nc in nc_candidates(op, hw, nr, kc):
+                    for par in _parallel_axes(op, threads):
+                        packs_b = [1] if op.trans_b or 4 * mr < M else [1, 0]
+                        packs_a = [1, 0] if 2 * nr >= N else [1]
+                        orders = ["jpi", "ipj"] if nc < N and mc < M else ["jpi"]
+                        for pack_b in packs_b:
+                            for pack_a in packs_a:
+                                for order in orders:
+                                    yield MatmulSchedule(
+                                        mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, pack_a=pack_a,
+                                        pack_b=pack_b, loop_order=order, unroll=1,
+                                        threads=threads, parallel=par,
+                                    )
+
+
+def candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
+               threads: int | None = None) -> list[ScoredSchedule]:
+    """The tiler's top-``k`` legal schedules for ``op`` on ``hw``, best estimate first.
+
+    ``threads`` defaults to all of ``hw``'s cores (what a tuned kernel may use).
+    """
+    if op.kind not in ("matmul", "batch_matmul"):
+        raise ValueError(f"the tiler has no model for op kind {op.kind!r} yet")
+    threads = hw.cores if threads is None else max(1, min(threads, hw.cores))
+    seen: set[MatmulSchedule] = set()
+    scored: list[tuple[float, str, MatmulSchedule, Estimate]] = []
+    for s in _pool(op, hw, threads):
+        if s in seen or problems(op, s, hw):
+            continue
+        seen.add(s)
+        est = estimate(op, s, hw)
+        scored.append((est.seconds, s.schedule_id, s, est))
+    scored.sort(key=lambda item: (item[0], item[1]))
+    chosen: list[tuple[MatmulSchedule, Estimate]] = []
+    per_tile: dict[tuple[int, int], int] = {}
+    for _, _, s, est in scored:
+        if per_tile.get((s.mr, s.nr), 0) < PER_TILE_CAP:
+            chosen.append((s, est))
+            per_tile[(s.mr, s.nr)] = per_tile.get((s.mr, s.nr), 0) + 1
+        if len(chosen) == k:
+            break
+    if len(chosen) < k:
+        picked = {s for s, _ in chosen}
+        chosen += [(s, e) for _, _, s, e in scored if s not in picked][: k - len(chosen)]
+        chosen.sort(key=lambda item: (item[1].seconds, item[0].schedule_id))
+    return [ScoredSchedule(s, est, rank) for rank, (s, est) in enumerate(chosen)]
+
+
+def timed_candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
+                     threads: int | None = None) -> tuple[list[ScoredSchedule], float]:
+    """:func:`candidates` plus the seconds it took (for reports)."""
+    start = time.perf_counter()
+    out = candidates(op, hw, k, threads)
+    return out, time.perf_counter() - start
+
+
+# -- exhaustive reference ------------------------------------------------------------------
+
+
+def exhaustive_space(op: OpSignature, hw: HardwareSpec, threads: int | None = None,
+                     limit: int | None = None, seed: int = 0) -> list[MatmulSchedule]:
+    """The legal schedule grid for ``op`` (for evaluation), or a stratified sample of it.
+
+    The grid covers every legal micro-tile, K blocks 64..1024 and K, M blocks from a quarter
+    of L2 to balanced-over-threads, N blocks from a share of L3 to all of N, both packings,
+    both loop orders, every parallel axis and unroll 1/4. With ``limit``, the sample keeps
+    the same share of every micro-tile (stratified), deterministic for ``seed``.
+    """
+    threads = hw.cores if threads is None else max(1, min(threads, hw.cores))
+    d = op.dims_dict
+    M, N, K = d["M"], d["N"], d["K"]
+    lanes, regs = hw.lanes, hw.vector_registers
+    strata: dict[tuple[int, int], list[MatmulSchedule]] = {}
+    for nv in range(1, MAX_NR_VECTORS + 1):
+        nr = nv * lanes
+        for mr in range(1, MAX_MR + 1):
+            if mr * nv + nv + 1 > regs:
+                break
+            if mr > _round_up(M, 1) and mr > 1:
+                continue
+            group: list[MatmulSchedule] = []
+            kcs = sorted({min(K, kc) for kc in (64, 128, 256, 384, 512, 768, 1024, K)})
+            for kc in kcs:
+                l2_rows = max(mr, (hw.l2_bytes // 4) // (kc * 4) // mr * mr)
+                mcs = sorted({min(_round_up(M, mr), x) for x in
+                              (l2_rows, 2 * l2_rows, _round_up(_ceil_div(M, threads), mr))})
+                ncs = sorted({min(_round_up(N, nr), x) for x in
+                              (nr * 16, nr * 64, _round_up(N, nr))})
+                for mc in mcs:
+                    for nc in ncs:
+                        for par in _parallel_axes(op, threads):
+                            for pack_a in (1, 0):
+                                for pack_b in (1, 0):
+                                    for order in ("jpi", "ipj"):
+                                        for unroll in (1, 4):
+                                            s = MatmulSchedule(
+                                                mr=mr, nr=nr, kc=kc, mc=mc, nc=nc,
+                                                pack_a=pack_a, pack_b=pack_b, loop_order=order,
+                                                unroll=unroll, threads=threads, parallel=par)
+                                            if not problems(op, s, hw):
+                                                group.append(s)
+            if group:
+                strata[(mr, nr)] = group
+    everything = [s for group in strata.values() for s in group]
+    if limit is None or len(everything) <= limit:
+        return everything
+    rng = random.Random(seed)
+    total = len(everything)
+    sample: list[MatmulSchedule] = []
+    for key in sorted(strata):
+        group = strata[key]
+        take = max(1, round(limit * len(group) / total))
+        sample.extend(rng.sample(group, min(take, len(group))))
+    rng.shuffle(sample)
+    return sample[:limit]
