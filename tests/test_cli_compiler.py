@@ -77,3 +77,24 @@ def test_user_errors_are_one_line_without_traceback() -> None:
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert fragment in out.stderr, (args, out.stderr)
         assert "Traceback" not in out.stderr
+
+
+def test_candidates_command(tmp_path: Path) -> None:
+    out = tunecache("candidates", "matmul(M=128,N=768,K=768)", "--k", "5", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [c["rank"] for c in report["candidates"]] == list(range(5))
+    assert report["hw_id"] == local_spec().hw_id
+    estimates = [c["estimated_ms"] for c in report["candidates"]]
+    assert estimates == sorted(estimates)
+    # Another machine's spec, from JSON: AVX2 vector width.
+    from dataclasses import replace
+
+    spec = tmp_path / "avx2.json"
+    spec.write_text(replace(local_spec(), isa="avx2", vector_bits=256, cores=8).to_json())
+    other = json.loads(tunecache("candidates", "matmul(M=64,N=64,K=64)", "--hardware", str(spec),
+                                 "--json").stdout)
+    assert all(c["schedule"]["nr"] % 8 == 0 and c["schedule"]["threads"] == 8
+               for c in other["candidates"])
+    text = tunecache("candidates", "matmul(M=64,N=64,K=64)", "--k", "3")
+    assert "rank" in text.stdout and len(text.stdout.strip().splitlines()) == 5
