@@ -13,7 +13,14 @@ Semantics per kind (row-major float32 arrays):
 * ``batch_matmul``: the same with a leading batch dimension ``B`` on A, B and C.
   ``shared=a`` or ``shared=b`` means that operand has no batch dimension and is used by every
   batch (what ONNX MatMul broadcasting produces).
-* ``epilogue``: applied in order to each output element: ``bias`` adds ``bias[N]``,
+* ``conv2d``: 2-D cross-correlation (ONNX ``Conv``) of ``X[N,C,H,W]`` with
+  ``W[F,C/groups,R,S]`` into ``Y[N,F,P,Q]`` (``layout=nchw``), with integer parameters
+  ``stride_h, stride_w`` (default 1), ``pad_t, pad_l, pad_b, pad_r`` (default 0, asymmetric
+  as ONNX ``pads`` gives them), ``dil_h, dil_w`` (default 1) and ``groups`` (default 1;
+  depthwise when ``groups == C``). ``P = (H + pad_t + pad_b - dil_h*(R-1) - 1) // stride_h + 1``
+  and likewise ``Q``.
+* ``epilogue``: applied in order to each output element: ``bias`` adds ``bias[N]`` (matmul) or
+  ``bias[F]`` (conv2d), ``add`` (conv2d) adds a residual tensor of the output's shape,
   ``relu`` clamps at zero.
 """
 
@@ -21,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,11 +41,53 @@ DTYPE_BYTES = {"float32": 4}
 
 @dataclass(frozen=True, slots=True)
 class KindSpec:
-    """The shape of a kind's signature: dim names, attribute choices, allowed epilogues."""
+    """The shape of a kind's signature.
+
+    ``dims`` are required sizes (``>= 1``); ``params`` are optional integer parameters that
+    follow the dims in :attr:`OpSignature.dims`, each with ``(default, minimum)``;
+    ``attrs`` the attribute choices (the first is the default when parsing text);
+    ``epilogues`` the allowed epilogue steps in their fixed order; ``check`` an optional
+    semantic check run after the structural one, returning problems as messages.
+    """
 
     dims: tuple[str, ...]
     attrs: Mapping[str, tuple[str, ...]]
     epilogues: tuple[str, ...]
+    params: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    check: Callable[[OpSignature], list[str]] | None = None
+
+    @property
+    def all_dims(self) -> tuple[str, ...]:
+        """Dims then params: the names of :attr:`OpSignature.dims`, in order."""
+        return self.dims + tuple(self.params)
+
+
+def _conv_window(size: int, pad_lo: int, pad_hi: int, kernel: int, dil: int,
+                 stride: int) -> tuple[int, int]:
+    """(dilated kernel extent, output size) along one spatial axis."""
+    extent = dil * (kernel - 1) + 1
+    return extent, (size + pad_lo + pad_hi - extent) // stride + 1
+
+
+def _conv2d_problems(op: OpSignature) -> list[str]:
+    d = op.dims_dict
+    found = []
+    g = d["groups"]
+    if d["C"] % g:
+        found.append(f"input channels C={d['C']} are not divisible by groups={g}")
+    if d["F"] % g:
+        found.append(f"output channels F={d['F']} are not divisible by groups={g}")
+    for axis, size, lo, hi, k, dil in (
+        ("height", d["H"], d["pad_t"], d["pad_b"], d["R"], d["dil_h"]),
+        ("width", d["W"], d["pad_l"], d["pad_r"], d["S"], d["dil_w"]),
+    ):
+        extent, _ = _conv_window(size, lo, hi, k, dil, 1)
+        if extent > size + lo + hi:
+            found.append(
+                f"kernel {axis} {k} (dilated to {extent}) is larger than the padded input "
+                f"{axis} {size}+{lo}+{hi}={size + lo + hi}"
+            )
+    return found
 
 
 KINDS: dict[str, KindSpec] = {
@@ -51,6 +100,17 @@ KINDS: dict[str, KindSpec] = {
         dims=("B", "M", "N", "K"),
         attrs={"layout": ("nn", "nt", "tn", "tt"), "shared": ("none", "a", "b")},
         epilogues=("bias", "relu"),
+    ),
+    "conv2d": KindSpec(
+        dims=("N", "C", "H", "W", "F", "R", "S"),
+        attrs={"layout": ("nchw",)},
+        epilogues=("bias", "add", "relu"),
+        params={
+            "stride_h": (1, 1), "stride_w": (1, 1),
+            "pad_t": (0, 0), "pad_l": (0, 0), "pad_b": (0, 0), "pad_r": (0, 0),
+            "dil_h": (1, 1), "dil_w": (1, 1), "groups": (1, 1),
+        },
+        check=_conv2d_problems,
     ),
 }
 
@@ -86,17 +146,18 @@ class OpSignature:
                 f"unknown op kind {self.kind!r}; supported kinds: {', '.join(KINDS)}"
             )
         names = tuple(name for name, _ in self.dims)
-        if names != spec.dims:
+        if names != spec.all_dims:
             raise OpSignatureError(
-                f"{self.kind} needs dims {', '.join(spec.dims)} in that order, got "
+                f"{self.kind} needs dims {', '.join(spec.all_dims)} in that order, got "
                 f"{', '.join(names) or 'none'}"
             )
         for name, value in self.dims:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise OpSignatureError(f"{self.kind} dim {name} must be an integer, got {value!r}")
-            if not 1 <= value <= MAX_DIM:
+            low = spec.params[name][1] if name in spec.params else 1
+            if not low <= value <= MAX_DIM:
                 raise OpSignatureError(
-                    f"{self.kind} dim {name}={value} is out of range; expected 1..{MAX_DIM}"
+                    f"{self.kind} dim {name}={value} is out of range; expected {low}..{MAX_DIM}"
                 )
         if self.dtype not in SUPPORTED_DTYPES:
             raise OpSignatureError(
@@ -115,6 +176,10 @@ class OpSignature:
                     f"{', '.join(spec.attrs[name])}"
                 )
         _check_epilogue(self.kind, self.epilogue, spec.epilogues)
+        if spec.check is not None:
+            found = spec.check(self)
+            if found:
+                raise OpSignatureError(f"invalid {self.kind}: " + "; ".join(found))
         object.__setattr__(self, "_text", self._render())
 
     # -- construction -------------------------------------------------------------------
@@ -164,6 +229,42 @@ class OpSignature:
         )
 
     @classmethod
+    def conv2d(
+        cls,
+        N: int,
+        C: int,
+        H: int,
+        W: int,
+        F: int,
+        R: int,
+        S: int,
+        *,
+        stride: int | tuple[int, int] = 1,
+        pads: int | tuple[int, int, int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        epilogue: tuple[str, ...] | str = (),
+        dtype: str = "float32",
+    ) -> OpSignature:
+        """``Y[N,F,P,Q] = conv(X[N,C,H,W], W[F,C/groups,R,S])``.
+
+        ``stride`` and ``dilation`` are ``(h, w)`` or one int for both; ``pads`` is
+        ``(top, left, bottom, right)`` (ONNX ``pads`` order) or one int for all four.
+        """
+        sh, sw = (stride, stride) if isinstance(stride, int) else stride
+        dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
+        pt, pl, pb, pr = (pads,) * 4 if isinstance(pads, int) else pads
+        return cls(
+            "conv2d",
+            (("N", N), ("C", C), ("H", H), ("W", W), ("F", F), ("R", R), ("S", S),
+             ("stride_h", sh), ("stride_w", sw), ("pad_t", pt), ("pad_l", pl),
+             ("pad_b", pb), ("pad_r", pr), ("dil_h", dh), ("dil_w", dw), ("groups", groups)),
+            dtype,
+            (("layout", "nchw"),),
+            _epilogue_tuple(epilogue),
+        )
+
+    @classmethod
     def parse(cls, text: str) -> OpSignature:
         """Parse ``kind(key=value,...)``; dtype, layout, shared and epilogue have defaults."""
         return parse_op(text)
@@ -197,7 +298,9 @@ class OpSignature:
         for key, value in self.dims:
             if key == name:
                 return value
-        raise KeyError(f"{self.kind} has no dim {name!r}; dims: {', '.join(KINDS[self.kind].dims)}")
+        raise KeyError(
+            f"{self.kind} has no dim {name!r}; dims: {', '.join(KINDS[self.kind].all_dims)}"
+        )
 
     def attr(self, name: str) -> str:
         """The value of attribute ``name``."""
@@ -232,9 +335,24 @@ class OpSignature:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def out_h(self) -> int:
+        """conv2d output height P."""
+        d = self.dims_dict
+        return _conv_window(d["H"], d["pad_t"], d["pad_b"], d["R"], d["dil_h"], d["stride_h"])[1]
+
+    @property
+    def out_w(self) -> int:
+        """conv2d output width Q."""
+        d = self.dims_dict
+        return _conv_window(d["W"], d["pad_l"], d["pad_r"], d["S"], d["dil_w"], d["stride_w"])[1]
+
+    @property
     def flops(self) -> int:
         """Floating-point operations (a multiply-add counts as two; epilogues not counted)."""
         d = self.dims_dict
+        if self.kind == "conv2d":
+            return (2 * d["N"] * d["F"] * self.out_h * self.out_w
+                    * (d["C"] // d["groups"]) * d["R"] * d["S"])
         return 2 * self.batch * d["M"] * d["N"] * d["K"]
 
     @property
@@ -245,6 +363,18 @@ class OpSignature:
     def arguments(self) -> tuple[TensorArg, ...]:
         """The kernel's array arguments in call order: inputs, then the output."""
         d = self.dims_dict
+        if self.kind == "conv2d":
+            out_shape = (d["N"], d["F"], self.out_h, self.out_w)
+            conv = [
+                TensorArg("X", (d["N"], d["C"], d["H"], d["W"]), "input"),
+                TensorArg("W", (d["F"], d["C"] // d["groups"], d["R"], d["S"]), "input"),
+            ]
+            if "bias" in self.epilogue:
+                conv.append(TensorArg("bias", (d["F"],), "input"))
+            if "add" in self.epilogue:
+                conv.append(TensorArg("add", out_shape, "input"))
+            conv.append(TensorArg("Y", out_shape, "output"))
+            return tuple(conv)
         M, N, K = d["M"], d["N"], d["K"]
         a_shape = (K, M) if self.trans_a else (M, K)
         b_shape = (N, K) if self.trans_b else (K, N)
@@ -301,7 +431,6 @@ def _check_epilogue(kind: str, epilogue: tuple[str, ...], allowed: tuple[str, ..
 
 _OP_RE = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*\((.*)\)\s*$", re.DOTALL)
 _ITEM_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([A-Za-z0-9_+\-]+)\s*$")
-_ATTR_DEFAULTS = {"layout": "nn", "shared": "none"}
 
 
 def parse_op(text: str) -> OpSignature:
@@ -332,12 +461,12 @@ def parse_op(text: str) -> OpSignature:
         if key in values:
             raise OpSignatureError(f"cannot parse op {text!r}: {key} given twice")
         values[key] = value
-    known = set(spec.dims) | set(spec.attrs) | {"dtype", "epilogue"}
+    known = set(spec.all_dims) | set(spec.attrs) | {"dtype", "epilogue"}
     unknown = sorted(set(values) - known)
     if unknown:
         raise OpSignatureError(
             f"cannot parse op {text!r}: unknown key(s) {', '.join(unknown)}; {kind} accepts "
-            f"{', '.join(spec.dims)}, dtype, {', '.join(spec.attrs)}, epilogue"
+            f"{', '.join(spec.all_dims)}, dtype, {', '.join(spec.attrs)}, epilogue"
         )
     missing = [name for name in spec.dims if name not in values]
     if missing:
@@ -346,14 +475,19 @@ def parse_op(text: str) -> OpSignature:
             f"{', '.join(spec.dims)}"
         )
     dims = []
-    for name in spec.dims:
-        raw = values[name]
+    for name in spec.all_dims:
+        raw = values.get(name)
+        if raw is None:
+            dims.append((name, spec.params[name][0]))
+            continue
         if not re.fullmatch(r"[0-9]+", raw):
+            kind_of = "non-negative" if name in spec.params and spec.params[name][1] == 0 \
+                else "positive"
             raise OpSignatureError(
-                f"cannot parse op {text!r}: dim {name}={raw!r} is not a positive integer"
+                f"cannot parse op {text!r}: dim {name}={raw!r} is not a {kind_of} integer"
             )
         dims.append((name, int(raw)))
-    attrs = tuple((name, values.get(name, _ATTR_DEFAULTS[name])) for name in spec.attrs)
+    attrs = tuple((name, values.get(name, choices[0])) for name, choices in spec.attrs.items())
     return OpSignature(
         kind,
         tuple(dims),

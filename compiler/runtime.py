@@ -128,6 +128,8 @@ def random_inputs(op: OpSignature, seed: int = 0) -> tuple[np.ndarray, ...]:
 
 def reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     """The op computed by numpy in float64: the ground truth kernels are checked against."""
+    if op.kind == "conv2d":
+        return _conv2d_reference(op, inputs)
     a, b = (x.astype(np.float64) for x in inputs[:2])
     if op.trans_a:
         a = np.swapaxes(a, -1, -2)
@@ -143,13 +145,47 @@ def reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     return c
 
 
+def _conv2d_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Grouped conv2d as im2col + einsum in float64, then the epilogue in order."""
+    d = op.dims_dict
+    x = inputs[0].astype(np.float64)
+    w = inputs[1].astype(np.float64)
+    n, c, g = d["N"], d["C"], d["groups"]
+    sh, sw, dh, dw = d["stride_h"], d["stride_w"], d["dil_h"], d["dil_w"]
+    p, q = op.out_h, op.out_w
+    xp = np.pad(x, ((0, 0), (0, 0), (d["pad_t"], d["pad_b"]), (d["pad_l"], d["pad_r"])))
+    # cols[n, c, r, s, p, q] = xp[n, c, p*sh + r*dh, q*sw + s*dw]
+    cols = np.empty((n, c, d["R"], d["S"], p, q))
+    for r in range(d["R"]):
+        for s in range(d["S"]):
+            h0, w0 = r * dh, s * dw
+            cols[:, :, r, s] = xp[:, :, h0:h0 + sh * (p - 1) + 1:sh, w0:w0 + sw * (q - 1) + 1:sw]
+    cg, fg = c // g, d["F"] // g
+    cols = cols.reshape(n, g, cg, d["R"], d["S"], p, q)
+    wg = w.reshape(g, fg, cg, d["R"], d["S"])
+    y = np.einsum("ngcrspq,gfcrs->ngfpq", cols, wg, optimize=True).reshape(n, d["F"], p, q)
+    rest = list(inputs[2:])
+    for step in op.epilogue:
+        if step == "bias":
+            y = y + rest.pop(0).astype(np.float64)[None, :, None, None]
+        elif step == "add":
+            y = y + rest.pop(0).astype(np.float64)
+        elif step == "relu":
+            y = np.maximum(y, 0.0)
+    return y
+
+
 def tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, float]:
     """(rtol, atol) for comparing a float32 kernel with the float64 reference.
 
     The absolute part grows with the reduction length: float32 rounding error of a K-term
     dot product is bounded by about K·eps·Σ|a·b|.
     """
-    k = op.dim("K")
+    if op.kind == "conv2d":
+        d = op.dims_dict
+        k = d["C"] // d["groups"] * d["R"] * d["S"]
+    else:
+        k = op.dim("K")
     scale = float(np.abs(inputs[0]).max()) * float(np.abs(inputs[1]).max())
     return 1e-4, 1e-6 * k * scale + 1e-6
 

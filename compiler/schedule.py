@@ -17,6 +17,26 @@ Matmul knobs (also used by ``batch_matmul``), following the BLIS five-loop struc
 * ``unroll``: unroll factor of the micro-kernel's k loop.
 * ``threads`` and ``parallel``: OpenMP threads and the loop they split: ``m`` (row blocks),
   ``n`` (column micro-panels) or ``batch``.
+
+Conv2d knobs (:class:`Conv2dSchedule`, family ``conv2d``; see docs/CONV2D.md):
+
+* ``algorithm``: ``direct`` (blocked direct convolution over an NCHW[x]c copy of the input,
+  output channels in vector lanes; depthwise convolutions vectorise over channels instead)
+  or ``gemm`` (implicit GEMM: weights are the A operand, the im2col matrix is built panel by
+  panel at pack time, output pixels in vector lanes, NCHW output written directly).
+* ``oc_block``: output channels per register tile — a multiple of the lanes for ``direct``,
+  the broadcast rows (like matmul ``mr``) for ``gemm``.
+* ``ow_block``: output pixels per register tile — columns of one output row for ``direct``,
+  a multiple of the lanes of flattened output pixels for ``gemm``.
+* ``oh_block``: output rows per register tile (``direct``; 1 for ``gemm``).
+* ``ic_block``: input channels per block — the channel block of the NCHW[x]c layout for
+  ``direct``; the reduction (cache) block, ``ic_block*R*S`` rows of the im2col panel, for
+  ``gemm``. A block larger than the group's channels simply covers them.
+* ``loop_order``: ``fp`` (output-channel blocks outer: a weight block stays hot across
+  pixels) or ``pf`` (output rows outer: input rows stay hot across channel blocks).
+* ``unroll_kw``: fully unroll the kernel-width loop (``direct`` only).
+* ``threads`` and ``parallel``: OpenMP threads and what they split: ``oc`` (output-channel
+  blocks) or ``pixel`` (output rows for ``direct``, pixel panels for ``gemm``).
 """
 
 from __future__ import annotations
@@ -87,9 +107,62 @@ class MatmulSchedule:
         )
 
 
-Schedule = MatmulSchedule
-FAMILY_OF_KIND = {"matmul": "matmul", "batch_matmul": "matmul"}
-_CLASSES: dict[str, type[MatmulSchedule]] = {"matmul": MatmulSchedule}
+CONV_ALGORITHMS = ("direct", "gemm")
+CONV_LOOP_ORDERS = ("fp", "pf")
+CONV_PARALLEL_AXES = ("oc", "pixel")
+MAX_OW_BLOCK = 32
+MAX_OH_BLOCK = 8
+MAX_IC_BLOCK = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Conv2dSchedule:
+    """Knobs of a conv2d kernel (see the module docstring and docs/CONV2D.md)."""
+
+    family: ClassVar[str] = "conv2d"
+
+    oc_block: int
+    ow_block: int
+    ic_block: int
+    oh_block: int = 1
+    algorithm: str = "direct"
+    loop_order: str = "fp"
+    unroll_kw: int = 0
+    threads: int = 1
+    parallel: str = "oc"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, **asdict(self)}
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys, no spaces): what the store keeps."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def schedule_id(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> Conv2dSchedule:
+        data = asdict(self)
+        unknown = sorted(set(changes) - set(data))
+        if unknown:
+            raise ScheduleError(f"unknown conv2d knob(s) {', '.join(unknown)}")
+        data.update(changes)
+        return Conv2dSchedule(**data)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.algorithm} oc{self.oc_block} ow{self.ow_block}xoh{self.oh_block} "
+            f"ic{self.ic_block} {self.loop_order} kw{self.unroll_kw} "
+            f"t{self.threads}{self.parallel}"
+        )
+
+
+Schedule = MatmulSchedule | Conv2dSchedule
+FAMILY_OF_KIND = {"matmul": "matmul", "batch_matmul": "matmul", "conv2d": "conv2d"}
+_CLASSES: dict[str, type[MatmulSchedule] | type[Conv2dSchedule]] = {
+    "matmul": MatmulSchedule, "conv2d": Conv2dSchedule,
+}
 
 
 def schedule_from_dict(data: dict[str, Any]) -> Schedule:
@@ -118,7 +191,7 @@ def schedule_from_dict(data: dict[str, Any]) -> Schedule:
             raise ScheduleError(f"{family} knob {name} must be an integer, got {value!r}")
         if want is str and not isinstance(value, str):
             raise ScheduleError(f"{family} knob {name} must be a string, got {value!r}")
-    return cls(**data)
+    return cls(**data)  # type: ignore[arg-type]
 
 
 def schedule_from_json(text: str) -> Schedule:
@@ -191,7 +264,85 @@ def problems(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> list[str]
         return [f"no schedule space for op kind {op.kind!r}"]
     if schedule.family != family:
         return [f"a {schedule.family} schedule cannot drive a {op.kind} op"]
+    if isinstance(schedule, Conv2dSchedule):
+        return conv2d_problems(op, schedule, hw)
     return matmul_problems(op, schedule, hw)
+
+
+def is_depthwise(op: OpSignature) -> bool:
+    """One input and one output channel per group (MobileNet's depthwise convolutions)."""
+    d = op.dims_dict
+    return d["C"] == d["groups"] and d["F"] == d["groups"]
+
+
+def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
+    """Every reason ``s`` is illegal for the conv2d ``op`` on ``hw`` (empty when legal)."""
+    found: list[str] = []
+    lanes = hw.lanes
+    direct = s.algorithm == "direct"
+    if s.algorithm not in CONV_ALGORITHMS:
+        found.append(f"algorithm={s.algorithm!r}; expected one of {', '.join(CONV_ALGORITHMS)}")
+        return found
+    # The vector dimension is output channels for direct, output pixels for gemm.
+    vec_knob, vec_value = ("oc_block", s.oc_block) if direct else ("ow_block", s.ow_block)
+    bcast_knob, bcast_value, bcast_max = (
+        ("ow_block", s.ow_block, MAX_OW_BLOCK) if direct else ("oc_block", s.oc_block, MAX_MR)
+    )
+    nv = 0
+    if vec_value < 1 or vec_value % lanes:
+        found.append(f"{vec_knob}={vec_value} must be a positive multiple of {lanes} "
+                     f"({hw.isa} lanes) for algorithm={s.algorithm}")
+    elif vec_value // lanes > MAX_NR_VECTORS:
+        found.append(f"{vec_knob}={vec_value} exceeds {MAX_NR_VECTORS} vectors of {lanes} lanes")
+    else:
+        nv = vec_value // lanes
+    if not 1 <= bcast_value <= bcast_max:
+        found.append(f"{bcast_knob}={bcast_value} out of range 1..{bcast_max}")
+    if not 1 <= s.oh_block <= MAX_OH_BLOCK:
+        found.append(f"oh_block={s.oh_block} out of range 1..{MAX_OH_BLOCK}")
+    elif not direct and s.oh_block != 1:
+        found.append("oh_block must be 1 for algorithm=gemm (its tiles are flattened pixels)")
+    if nv and 1 <= bcast_value <= bcast_max and 1 <= s.oh_block <= MAX_OH_BLOCK:
+        rows = bcast_value * (s.oh_block if direct else 1)
+        needed = rows * nv + nv + 1
+        if needed > hw.vector_registers:
+            found.append(
+                f"register tile needs {needed} vector registers ({rows * nv} accumulators + "
+                f"{nv} loaded vectors + 1 broadcast); {hw.isa} has {hw.vector_registers}"
+            )
+    if not 1 <= s.ic_block <= MAX_IC_BLOCK:
+        found.append(f"ic_block={s.ic_block} out of range 1..{MAX_IC_BLOCK}")
+    if s.loop_order not in CONV_LOOP_ORDERS:
+        found.append(f"loop_order={s.loop_order!r}; expected one of {', '.join(CONV_LOOP_ORDERS)}")
+    if s.unroll_kw not in (0, 1):
+        found.append(f"unroll_kw={s.unroll_kw} must be 0 or 1")
+    elif not direct and s.unroll_kw:
+        found.append("unroll_kw applies to algorithm=direct only; use 0 for gemm")
+    if not 1 <= s.threads <= min(hw.cores, MAX_THREADS):
+        found.append(f"threads={s.threads} out of range 1..{min(hw.cores, MAX_THREADS)} "
+                     f"({hw.cores} cores)")
+    if s.parallel not in CONV_PARALLEL_AXES:
+        found.append(f"parallel={s.parallel!r}; expected one of {', '.join(CONV_PARALLEL_AXES)}")
+    if not direct and is_depthwise(op):
+        found.append("algorithm=gemm does not apply to depthwise convolutions (one channel "
+                     "per group leaves nothing to multiply as a matrix); use direct")
+    if not found:
+        d = op.dims_dict
+        cg = d["C"] // d["groups"]
+        icb = min(s.ic_block, cg)
+        if direct:
+            channels = d["C"] if is_depthwise(op) else d["groups"] * -(-cg // icb) * icb
+            padded = (d["N"] * channels * (d["H"] + d["pad_t"] + d["pad_b"])
+                      * (d["W"] + d["pad_l"] + d["pad_r"]))
+        else:
+            padded = s.threads * icb * d["R"] * d["S"] * s.ow_block
+        weights = d["F"] * (-(-cg // icb) * icb) * d["R"] * d["S"] * 2
+        if 4 * (padded + weights) > MAX_PACKED_BYTES:
+            found.append(
+                f"packed buffers would take {4 * (padded + weights) >> 20} MiB "
+                f"(> {MAX_PACKED_BYTES >> 20} MiB)"
+            )
+    return found
 
 
 def validate(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Schedule:
@@ -202,12 +353,60 @@ def validate(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Schedule:
     return schedule
 
 
+def _largest_divisor(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def default_conv2d_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1,
+                            algorithm: str = "direct") -> Conv2dSchedule:
+    """A reasonable hand-picked conv2d schedule (LIBXSMM/TVM-style fallbacks).
+
+    ``direct``: one or two vectors of output channels, as many output columns as the
+    register file allows (a divisor of the output width when one is close), ``ic_block`` the
+    largest divisor of the group's channels up to 64. ``gemm``: a 6-row x 2-vector tile.
+    """
+    d = op.dims_dict
+    lanes, regs = hw.lanes, hw.vector_registers
+    cg, fg = d["C"] // d["groups"], d["F"] // d["groups"]
+    q = op.out_w
+    ic_block = _largest_divisor(cg, 64)
+    parallel = "oc"
+    if algorithm == "gemm":
+        mr = 6 if regs <= 16 else 12
+        nv = 2
+        mr = max(1, min(mr, (regs - nv - 1) // nv, fg))
+        if threads > 1 and fg < mr * threads * 2:
+            parallel = "pixel"
+        return Conv2dSchedule(oc_block=mr, ow_block=nv * lanes, ic_block=min(cg, 128),
+                              algorithm="gemm", threads=threads, parallel=parallel)
+    width = fg if not is_depthwise(op) else d["C"]
+    nv = 2 if width >= 2 * lanes and regs > 16 else 1
+    max_ow = min(MAX_OW_BLOCK, (regs - nv - 1) // nv, 28)
+    ow = min(q, max_ow)
+    if q > max_ow:
+        # Prefer a divisor of Q near the maximum, so no narrow tail tile is needed.
+        div = _largest_divisor(q, max_ow)
+        if div * 2 > max_ow:
+            ow = div
+    oh = 1
+    if q <= max_ow // 2 and op.out_h > 1:
+        oh = max(1, min(MAX_OH_BLOCK, max_ow // ow, op.out_h))
+    blocks = -(-width // (nv * lanes)) * (d["groups"] if not is_depthwise(op) else 1)
+    if threads > 1 and blocks < 2 * threads:
+        parallel = "pixel"
+    return Conv2dSchedule(oc_block=nv * lanes, ow_block=ow, oh_block=oh,
+                          ic_block=1 if is_depthwise(op) else ic_block,
+                          threads=threads, parallel=parallel)
+
+
 def default_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> Schedule:
     """A reasonable hand-picked schedule (BLIS-style blocking) for quick benchmarks.
 
     The analytical tiler proposes better ones; this exists so that a kernel can be built
     without any tuning.
     """
+    if op.kind == "conv2d":
+        return default_conv2d_schedule(op, hw, threads)
     lanes = hw.lanes
     if hw.isa == "avx512":
         mr, nr = 14, 2 * lanes

@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from tunecache.compiler.codegen.conv2d import generate_conv2d
 from tunecache.compiler.codegen.isa import BASE_FLAGS, DIALECTS, dialect
 from tunecache.compiler.codegen.matmul import generate_matmul
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule, Schedule, validate
+from tunecache.compiler.schedule import Conv2dSchedule, MatmulSchedule, Schedule, validate
 
 # Bump whenever generated code can change for the same (op, schedule, hardware): cached
 # schedules measured with another codegen version are not trusted.
@@ -48,6 +49,8 @@ def generate(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> KernelSou
     )
     if op.kind in ("matmul", "batch_matmul") and isinstance(schedule, MatmulSchedule):
         body = generate_matmul(op, schedule, d)
+    elif op.kind == "conv2d" and isinstance(schedule, Conv2dSchedule):
+        body = generate_conv2d(op, schedule, d)
     else:  # pragma: no cover - validate() rejects these first
         raise ValueError(f"no code generator for {op.kind}")
     flags = BASE_FLAGS + d.flags + (("-fopenmp",) if schedule.threads > 1 else ())
