@@ -10,9 +10,10 @@ Roller's construction carried to a CPU memory hierarchy. Tiles grow level by lev
    block ``nc`` (the packed B block in a share of L3) come from the BLIS analytical model and
    the larger sizes tuned libraries ship, made padding-tolerant (blocks balanced over the
    dimension) and balanced over threads.
-3. **Roofline estimate.** Every complete schedule gets a time estimate: padded FLOPs at the
-   micro-kernel's efficiency on the busiest thread, against the bytes each level must move
-   (packing, C read-modify-write per K block, capacity spills), plus fixed overheads.
+3. **Roofline estimate.** Every complete schedule gets a time estimate from
+   :mod:`tunecache.costmodel.analytic`: padded FLOPs at the micro-kernel's efficiency on the
+   busiest thread, against the bytes each level must move (packing, C read-modify-write per K
+   block, capacity spills), plus fixed overheads.
 
 The top-k by estimate (with at most a few per micro-tile, so one bad guess about the
 micro-kernel cannot fill the whole list) are the candidates. Everything is deterministic.
@@ -32,39 +33,11 @@ from dataclasses import dataclass
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MAX_MR, MAX_NR_VECTORS, MatmulSchedule, Schedule, problems
+from tunecache.costmodel.analytic import Estimate, estimate, micro_efficiency
 
 DEFAULT_K = 10
 PER_TILE_CAP = 4
 MICRO_TILES_KEPT = 6
-
-# Nominal machine numbers (per core). Only ratios between candidates matter for ranking; the
-# absolute scale makes the estimate readable in milliseconds. FMA: 2 pipes, 4-cycle latency.
-NOMINAL_GHZ = 3.0
-FMA_PIPES = 2
-FMA_LATENCY = 4
-BYTES_PER_CYCLE = {"l1": 64.0, "l2": 32.0, "l3": 16.0}
-DRAM_GBPS_PER_CORE = 10.0
-PACK_GBPS = 12.0  # packing copies per thread (read + write)
-CALL_OVERHEAD_S = 1.5e-6
-FORK_JOIN_S = 3e-6
-BARRIER_S = 4e-7
-BLOCK_OVERHEAD_S = 1e-7
-MERGE_S_PER_ELEMENT = 1e-9
-
-
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    """The tiler's prediction for one schedule."""
-
-    seconds: float
-    gflops: float
-    compute_s: float
-    memory_s: float
-    overhead_s: float
-
-    @property
-    def ms(self) -> float:
-        return self.seconds * 1e3
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,24 +57,7 @@ def _round_up(x: int, m: int) -> int:
     return _ceil_div(x, m) * m
 
 
-def peak_gflops_per_core(hw: HardwareSpec) -> float:
-    return hw.lanes * 2 * FMA_PIPES * NOMINAL_GHZ
-
-
 # -- register level ------------------------------------------------------------------------
-
-
-def micro_efficiency(mr: int, nv: int) -> float:
-    """Fraction of FMA peak a ``mr x (nv vectors)`` micro-kernel can sustain.
-
-    Latency: fewer than FMA_PIPES*FMA_LATENCY independent accumulators leave pipes idle.
-    Loads: per k step the kernel loads nv vectors and broadcasts mr scalars for mr*nv FMAs;
-    with two load ports a ratio below one FMA per load starves the FMA pipes.
-    """
-    acc = mr * nv
-    latency = min(1.0, acc / (FMA_PIPES * FMA_LATENCY))
-    loads = min(1.0, acc / (mr + nv))
-    return 0.92 * latency * loads
 
 
 def micro_tiles(op: OpSignature, hw: HardwareSpec) -> list[tuple[int, int]]:
@@ -163,92 +119,6 @@ def nc_candidates(op: OpSignature, hw: HardwareSpec, nr: int, kc: int) -> list[i
     share = hw.l3_bytes // max(1, hw.l3_shared_by)
     cols = max(nr, (share // 2) // (kc * 4) // nr * nr)
     return [_balanced(N, min(cols, 8192 // nr * nr), nr)]
-
-
-# -- estimate ------------------------------------------------------------------------------
-
-
-def estimate(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
-    """Roofline-style time estimate for one matmul schedule (see module docstring)."""
-    d = op.dims_dict
-    M, N, K, B = d["M"], d["N"], d["K"], op.batch
-    mr, nr, T = s.mr, s.nr, s.threads
-    kc, mc, nc = min(s.kc, K), min(s.mc, _round_up(M, mr)), min(s.nc, _round_up(N, nr))
-    nv = nr // hw.lanes
-    ghz = NOMINAL_GHZ
-    peak = peak_gflops_per_core(hw) * 1e9
-    # Each micro-kernel call loads and stores its C tile and refills the pipeline: amortised
-    # over kc rank-1 updates (measured here: kc 256 -> 512 gains ~7% on large squares).
-    eff = micro_efficiency(mr, nv) * kc / (kc + 24)
-
-    n_ic, n_jc, n_pc = _ceil_div(M, mc), _ceil_div(N, nc), _ceil_div(K, kc)
-    # Capacity: the B micro-panel must survive in L1, the packed A block in L2, the packed B
-    # block in this core's share of L3; each miss costs the micro-kernel bandwidth.
-    cycles_per_k = mr * nv / FMA_PIPES
-    if (kc * nr + kc * mr) * 4 > hw.l1d_bytes * 0.75:
-        # The B micro-panel streams from L2 on every k step instead of staying in L1.
-        need = nr * 4 / cycles_per_k
-        eff *= min(1.0, BYTES_PER_CYCLE["l2"] / need) * 0.97
-    if mc * kc * 4 > hw.l2_bytes * 0.75:
-        need = mr * 4 / cycles_per_k
-        eff *= min(1.0, BYTES_PER_CYCLE["l3"] / need) * 0.95
-    l3_share = hw.l3_bytes / max(1, hw.l3_shared_by)
-    if kc * nc * 4 > l3_share * 0.75:
-        eff *= 0.9
-    if not s.pack_b:
-        eff *= 0.93  # strided B rows: more cache lines and TLB pages per micro-panel
-    if not s.pack_a:
-        eff *= 0.95
-
-    # Work on the busiest thread, in padded micro-tiles.
-    Mp, Np = _round_up(M, mr), _round_up(N, nr)
-    if T == 1:
-        rows, cols, items = Mp, Np, B
-    elif s.parallel == "batch":
-        rows, cols, items = Mp, Np, _ceil_div(B, T)
-    elif s.parallel == "m":
-        sizes = [_round_up(min(mc, M - i * mc), mr) for i in range(n_ic)]
-        rows = max(sum(sizes[t::T]) for t in range(T)) if sizes else Mp
-        cols, items = Np, B
-    else:
-        panels = [_ceil_div(min(nc, N - j * nc), nr) for j in range(n_jc)]
-        cols = sum(_ceil_div(p, T) for p in panels) * nr
-        rows, items = Mp, B
-    compute_s = 2.0 * items * rows * cols * K / (peak * eff)
-
-    # Bytes each thread moves beyond the micro-kernel's own streams.
-    pack_bytes = 0.0
-    if s.pack_a:
-        repeats = n_jc if s.loop_order == "jpi" else 1
-        share = T if (s.parallel in ("m", "n", "batch") and T > 1) else 1
-        pack_bytes += 8.0 * M * K * repeats * B / share * (1.5 if not op.trans_a else 1.0)
-    if s.pack_b:
-        repeats = 1 if s.loop_order == "jpi" else n_ic
-        share = T if T > 1 else 1
-        pack_bytes += 8.0 * K * N * repeats * B / share * (2.0 if op.trans_b else 1.0)
-    else:
-        pack_bytes += 0.0
-    pack_s = pack_bytes / (PACK_GBPS * 1e9)
-    c_bytes = 8.0 * M * N * n_pc * B / T
-    c_bw = BYTES_PER_CYCLE["l2" if hw.l2_bytes >= M * N * 4 else "l3"] * ghz * 1e9
-    total_bytes = op.min_bytes
-    if total_bytes > l3_share * T:
-        floor_s = total_bytes / (DRAM_GBPS_PER_CORE * 1e9 * T)
-    else:
-        floor_s = total_bytes / (BYTES_PER_CYCLE["l3"] * ghz * 1e9 * T)
-    memory_s = pack_s + c_bytes / c_bw
-
-    edge_elements = (Mp * Np - M * N) if (Mp != M or Np != N) else 0
-    merge_s = MERGE_S_PER_ELEMENT * (edge_elements + (Mp - M) * 0) * n_pc * B / T
-    blocks = n_jc * n_pc * n_ic * B
-    overhead_s = CALL_OVERHEAD_S + BLOCK_OVERHEAD_S * blocks / T + merge_s
-    if T > 1:
-        overhead_s += FORK_JOIN_S
-        if s.parallel != "batch":
-            per_pc = 2 if s.parallel == "m" else 2 + 2 * n_ic
-            overhead_s += BARRIER_S * n_jc * n_pc * per_pc * B
-    seconds = max(compute_s, floor_s) + memory_s + overhead_s
-    return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
 
 
 # -- candidates ----------------------------------------------------------------------------

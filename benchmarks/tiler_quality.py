@@ -1,0 +1,246 @@
+"""How good is the analytical tiler? Its top-k against a (sampled) exhaustive sweep, measured.
+
+For every op: generate the tiler's top-10 (timed), draw a stratified sample of the legal
+schedule grid (``--sample`` per op), build and time all of them on this machine with the real
+runner, and compare the best measured among the tiler's top-1/5/10 with the best measured
+overall. Tuning time with the top-10 (cold builds + measurement) is compared with the
+projected time of sweeping the whole grid. Every measurement is appended to a store
+(``--root``), and ``--fixture`` writes a compact Parquet file of them for tests.
+
+    python benchmarks/tiler_quality.py [--sample 60] [--root DIR] [--fixture PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import git_revision, machine_summary, write_section  # noqa: E402
+
+from tunecache.cache.store import Store  # noqa: E402
+from tunecache.compiler.hardware import local_spec  # noqa: E402
+from tunecache.compiler.ops import OpSignature  # noqa: E402
+from tunecache.tuner import roller  # noqa: E402
+from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig  # noqa: E402
+from tunecache.tuner.records import to_records  # noqa: E402
+
+MM, BMM = OpSignature.matmul, OpSignature.batch_matmul
+
+# (model, op): GEMMs of real models at batch 1 plus odd shapes.
+MATMUL_OPS: list[tuple[str, OpSignature]] = [
+    ("BERT-base", MM(128, 768, 768, epilogue="bias")),
+    ("BERT-base", MM(128, 2304, 768, epilogue="bias")),
+    ("BERT-base", MM(128, 3072, 768, epilogue="bias")),
+    ("BERT-base", MM(128, 768, 3072, epilogue="bias")),
+    ("BERT-base", BMM(12, 128, 128, 64, trans_b=True)),
+    ("BERT-base", BMM(12, 128, 64, 128)),
+    ("BERT-base", MM(1, 768, 768, trans_b=True, epilogue="bias")),
+    ("GPT-2", MM(64, 2304, 768, epilogue="bias")),
+    ("GPT-2", MM(64, 768, 768, epilogue="bias")),
+    ("GPT-2", MM(64, 3072, 768, epilogue="bias")),
+    ("GPT-2", MM(64, 768, 3072, epilogue="bias")),
+    ("GPT-2", BMM(12, 64, 64, 64, trans_b=True)),
+    ("GPT-2", BMM(12, 64, 64, 64)),
+    ("GPT-2 decode", MM(1, 2304, 768, epilogue="bias")),
+    ("GPT-2 decode", MM(1, 3072, 768, epilogue="bias")),
+    ("GPT-2 decode", BMM(12, 1, 64, 128, shared="none")),
+    ("ResNet-50", MM(1, 1000, 2048, trans_b=True, epilogue="bias")),
+    ("ResNet-50 (batch 8)", MM(8, 1000, 2048, trans_b=True, epilogue="bias")),
+    ("MobileNet-v2", MM(1, 1000, 1280, trans_b=True, epilogue="bias")),
+    ("ResNet-50 1x1 as GEMM", MM(3136, 64, 64, epilogue="bias+relu")),
+    ("ResNet-50 1x1 as GEMM", MM(784, 512, 128, epilogue="bias")),
+    ("ResNet-50 1x1 as GEMM", MM(196, 1024, 256, epilogue="bias+relu")),
+    ("MobileNet-v2 1x1 as GEMM", MM(3136, 24, 96, epilogue="bias")),
+    ("MobileNet-v2 1x1 as GEMM", MM(196, 384, 64, epilogue="bias+relu")),
+    ("square", MM(256, 256, 256)),
+    ("square", MM(512, 512, 512)),
+    ("square", MM(1024, 1024, 1024)),
+    ("odd", MM(97, 13, 511, trans_a=True)),
+    ("odd", MM(333, 77, 129, epilogue="relu")),
+    ("odd", MM(7, 4097, 31, trans_b=True)),
+    ("odd", BMM(5, 37, 53, 19, shared="b", epilogue="bias")),
+    ("odd", MM(1000, 1, 500)),
+]
+
+
+@dataclass
+class OpOutcome:
+    model: str
+    op: OpSignature
+    gen_ms: float
+    top1: float | None
+    top5: float | None
+    top10: float | None
+    tiler_best_rank: int | None
+    tune_s: float
+    sample_s_per_schedule: float
+    space_size: int
+    measured: int
+    failures: int
+
+
+def _best_time(results: list[MeasureResult]) -> float | None:
+    times = [r.median_s for r in results if r.ok and r.median_s]
+    return min(times) if times else None
+
+
+def evaluate(op: OpSignature, model: str, sample: int, runner: Runner, store: Store | None,
+             job_id: str) -> tuple[OpOutcome, list[MeasureResult]]:
+    hw = runner.hw
+    top, gen_s = roller.timed_candidates(op, hw)
+    start = time.perf_counter()
+    tiler_results = runner.measure([Candidate(op, c.schedule, "tiler", c.estimate.seconds)
+                                    for c in top])
+    tune_s = time.perf_counter() - start
+    chosen = {c.schedule for c in top}
+    space = roller.exhaustive_space(op, hw)
+    drawn = [s for s in roller.exhaustive_space(op, hw, limit=sample, seed=7) if s not in chosen]
+    start = time.perf_counter()
+    sweep = runner.measure([Candidate(op, s, "exhaustive") for s in drawn])
+    sweep_s = time.perf_counter() - start
+    every = tiler_results + sweep
+    if store is not None:
+        store.append(to_records(every, hw, job_id=job_id))
+    best = _best_time(every)
+
+    def score(k: int) -> float | None:
+        t = _best_time(tiler_results[:k])
+        return best / t if best and t else None
+
+    ranked = [(r.median_s, i) for i, r in enumerate(tiler_results) if r.ok and r.median_s]
+    outcome = OpOutcome(
+        model, op, gen_s * 1e3, score(1), score(5), score(10),
+        min(ranked)[1] if ranked else None, tune_s,
+        sweep_s / max(1, len(drawn)), len(space), len(every),
+        sum(not r.ok for r in every),
+    )
+    return outcome, every
+
+
+def render(outcomes: list[OpOutcome], sample: int, plot: str | None) -> str:
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs) if xs else float("nan")
+
+    top1 = [o.top1 for o in outcomes if o.top1]
+    top5 = [o.top5 for o in outcomes if o.top5]
+    top10 = [o.top10 for o in outcomes if o.top10]
+    gen = [o.gen_ms for o in outcomes]
+    tune = [o.tune_s for o in outcomes]
+    sweep = [o.sample_s_per_schedule * o.space_size for o in outcomes]
+    lines = [
+        machine_summary(), "",
+        f"Revision `{git_revision()}`. {len(outcomes)} ops; per op the tiler's top-10 plus a "
+        f"stratified sample of {sample} schedules of the legal grid, all built and timed here "
+        "(threads = all cores, ≥ 5 repeats, median). Ratio = best measured overall ÷ best "
+        "measured among the tiler's top-k (1.0 = the tiler found the best).", "",
+        "| | median | worst | target |", "|---|---|---|---|",
+        f"| top-1 ratio | {med(top1):.3f} | {min(top1, default=float('nan')):.3f} | ≥ 0.85 median |",
+        f"| top-5 ratio | {med(top5):.3f} | {min(top5, default=float('nan')):.3f} | |",
+        f"| top-10 ratio | {med(top10):.3f} | {min(top10, default=float('nan')):.3f} | "
+        "≥ 0.95 median, ≥ 0.85 worst |",
+        f"| candidate generation | {med(gen):.1f} ms | {max(gen):.1f} ms | < 50 ms |",
+        f"| tune with top-10 (cold build + measure) | {med(tune):.1f} s | {max(tune):.1f} s | "
+        "≤ 10 s |",
+        f"| exhaustive sweep (projected: grid size × measured s/schedule) | {med(sweep) / 60:.0f} "
+        f"min | {max(sweep) / 60:.0f} min | |",
+        "",
+    ]
+    if plot:
+        lines += [f"![tiler ratio distribution]({plot})", ""]
+    lines += ["| model | op | top-1 | top-5 | top-10 | best tiler rank | gen ms | tune s | "
+              "grid size | measured (failed) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        def f(x: float | None) -> str:
+            return f"{x:.3f}" if x else "n/a"
+
+        lines.append(f"| {o.model} | `{o.op.text}` | {f(o.top1)} | {f(o.top5)} | {f(o.top10)} | "
+                     f"{o.tiler_best_rank} | {o.gen_ms:.1f} | {o.tune_s:.1f} | {o.space_size} | "
+                     f"{o.measured} ({o.failures}) |")
+    return "\n".join(lines)
+
+
+def plot_ratios(outcomes: list[OpOutcome], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: pip install 'tunecache[plots]' for the PNG", file=sys.stderr)
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, attr in ((1, "top1"), (5, "top5"), (10, "top10")):
+        values = sorted(getattr(o, attr) or 0.0 for o in outcomes)
+        ax.plot(values, [(i + 1) / len(values) for i in range(len(values))],
+                drawstyle="steps-post", label=f"top-{k}")
+    ax.axvline(0.95, color="grey", linestyle=":", linewidth=1)
+    ax.axvline(0.85, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("best of tiler top-k ÷ best measured (1.0 = found the best)")
+    ax.set_ylabel("fraction of ops (CDF)")
+    ax.set_title(f"Analytical tiler vs sampled exhaustive search, {len(outcomes)} ops")
+    ax.legend(loc="upper left")
+    ax.set_xlim(left=min(0.5, min((o.top1 or 0.5) for o in outcomes)), right=1.01)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sample", type=int, default=60, help="exhaustive sample per op")
+    parser.add_argument("--root", default=None, help="store for the measurements (default: temp)")
+    parser.add_argument("--fixture", type=Path, default=None,
+                        help="write the measurements as one Parquet file (test fixture)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N ops")
+    parser.add_argument("--min-time", type=float, default=0.05)
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    # Cold builds, so "time to tune" includes compiling (and never reuses a user's cache).
+    os.environ["TUNECACHE_BUILD_CACHE"] = tempfile.mkdtemp(prefix="tiler-quality-kernels-")
+    hw = local_spec()
+    ops = MATMUL_OPS[: args.limit] if args.limit else MATMUL_OPS
+    root = args.root or tempfile.mkdtemp(prefix="tiler-quality-")
+    store = Store(root)
+    job_id = f"tiler-quality-{uuid.uuid4().hex[:8]}"
+    timing = TimingConfig(min_time_s=args.min_time, min_repeats=5, timeout_s=60.0)
+    outcomes: list[OpOutcome] = []
+    with Runner(hw, timing) as runner:
+        for i, (model, op) in enumerate(ops):
+            outcome, _ = evaluate(op, model, args.sample, runner, store, job_id)
+            outcomes.append(outcome)
+            print(f"[{i + 1}/{len(ops)}] {op.text}: top1 {outcome.top1} top5 {outcome.top5} "
+                  f"top10 {outcome.top10} gen {outcome.gen_ms:.1f} ms tune {outcome.tune_s:.1f} s",
+                  flush=True)
+    if args.fixture:
+        table = store.scan()
+        import pyarrow.parquet as pq
+
+        args.fixture.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, args.fixture, compression="zstd")
+        print(f"fixture: {args.fixture} ({args.fixture.stat().st_size >> 10} KiB, "
+              f"{table.num_rows} rows)")
+    plot_name = "tiler_quality.png"
+    plotted = plot_ratios(outcomes, Path(__file__).resolve().parent.parent / "docs" / plot_name)
+    text = render(outcomes, args.sample, plot_name if plotted else None)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps([o.__dict__ | {"op": o.op.text} for o in outcomes],
+                                        indent=2))
+    if not args.no_write:
+        write_section("tiler_quality", text)
+
+
+if __name__ == "__main__":
+    main()
