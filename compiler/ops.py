@@ -169,10 +169,10 @@ class OpSignature:
                 f"{self.kind} needs attributes {', '.join(spec.attrs)} in that order, got "
                 f"{', '.join(attr_names) or 'none'}"
             )
-        for name, value in self.attrs:
-            if value not in spec.attrs[name]:
+        for name, choice in self.attrs:
+            if choice not in spec.attrs[name]:
                 raise OpSignatureError(
-                    f"{self.kind} {name}={value!r} is not supported; expected one of "
+                    f"{self.kind} {name}={choice!r} is not supported; expected one of "
                     f"{', '.join(spec.attrs[name])}"
                 )
         _check_epilogue(self.kind, self.epilogue, spec.epilogues)
@@ -376,8 +376,8 @@ class OpSignature:
             conv.append(TensorArg("Y", out_shape, "output"))
             return tuple(conv)
         M, N, K = d["M"], d["N"], d["K"]
-        a_shape = (K, M) if self.trans_a else (M, K)
-        b_shape = (N, K) if self.trans_b else (K, N)
+        a_shape: tuple[int, ...] = (K, M) if self.trans_a else (M, K)
+        b_shape: tuple[int, ...] = (N, K) if self.trans_b else (K, N)
         c_shape: tuple[int, ...] = (M, N)
         if self.kind == "batch_matmul":
             B = d["B"]

@@ -35,6 +35,9 @@ Conv2d knobs (:class:`Conv2dSchedule`, family ``conv2d``; see docs/CONV2D.md):
 * ``loop_order``: ``fp`` (output-channel blocks outer: a weight block stays hot across
   pixels) or ``pf`` (output rows outer: input rows stay hot across channel blocks).
 * ``unroll_kw``: fully unroll the kernel-width loop (``direct`` only).
+* ``pack_w``: repack the weights into ``oc_block``-row panels each call (1), or read full
+  panels in place from ``W[F, C/groups*R*S]`` (0, ``gemm`` only; pays off when there are few
+  pixel panels, e.g. 7x7 feature maps, where repacking costs as much as the convolution).
 * ``threads`` and ``parallel``: OpenMP threads and what they split: ``oc`` (output-channel
   blocks) or ``pixel`` (output rows for ``direct``, pixel panels for ``gemm``).
 """
@@ -128,6 +131,7 @@ class Conv2dSchedule:
     algorithm: str = "direct"
     loop_order: str = "fp"
     unroll_kw: int = 0
+    pack_w: int = 1
     threads: int = 1
     parallel: str = "oc"
 
@@ -153,7 +157,7 @@ class Conv2dSchedule:
     def __str__(self) -> str:
         return (
             f"{self.algorithm} oc{self.oc_block} ow{self.ow_block}xoh{self.oh_block} "
-            f"ic{self.ic_block} {self.loop_order} kw{self.unroll_kw} "
+            f"ic{self.ic_block} {self.loop_order} kw{self.unroll_kw} pw{self.pack_w} "
             f"t{self.threads}{self.parallel}"
         )
 
@@ -191,7 +195,7 @@ def schedule_from_dict(data: dict[str, Any]) -> Schedule:
             raise ScheduleError(f"{family} knob {name} must be an integer, got {value!r}")
         if want is str and not isinstance(value, str):
             raise ScheduleError(f"{family} knob {name} must be a string, got {value!r}")
-    return cls(**data)  # type: ignore[arg-type]
+    return cls(**data)
 
 
 def schedule_from_json(text: str) -> Schedule:
@@ -314,6 +318,10 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
         found.append(f"ic_block={s.ic_block} out of range 1..{MAX_IC_BLOCK}")
     if s.loop_order not in CONV_LOOP_ORDERS:
         found.append(f"loop_order={s.loop_order!r}; expected one of {', '.join(CONV_LOOP_ORDERS)}")
+    if s.pack_w not in (0, 1):
+        found.append(f"pack_w={s.pack_w} must be 0 or 1")
+    elif direct and not s.pack_w:
+        found.append("pack_w=0 applies to algorithm=gemm only (direct needs its blocked weights)")
     if s.unroll_kw not in (0, 1):
         found.append(f"unroll_kw={s.unroll_kw} must be 0 or 1")
     elif not direct and s.unroll_kw:

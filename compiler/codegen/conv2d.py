@@ -267,16 +267,20 @@ static void pack_weights(const float *restrict Wt, float *restrict Wb, long lo, 
   for (long t = lo; t < hi; t++) {
     const long g = t / NFB, fb = t % NFB;
     float *restrict dst = Wb + t * (NCB * R * S * ICB * OCB);
-    for (long o = 0; o < OCB; o++) {
-      const long fo = fb * OCB + o;
-      for (long cb = 0; cb < NCB; cb++)
-        for (long c = 0; c < ICB; c++) {
-          const long ci = cb * ICB + c;
-          for (long rs = 0; rs < R * S; rs++)
-            dst[((cb * R * S + rs) * ICB + c) * OCB + o] =
-                (fo < FG && ci < CG) ? Wt[((g * FG + fo) * CG + ci) * R * S + rs] : 0.0f;
+    /* Write OCB-long runs; the OCB source rows read per step stay in L1 across (c, rs). */
+    const long fvalid = MIN(OCB, FG - fb * OCB);
+    for (long cb = 0; cb < NCB; cb++)
+      for (long c = 0; c < ICB; c++) {
+        const long ci = cb * ICB + c;
+        for (long rs = 0; rs < R * S; rs++) {
+          float *restrict d = dst + ((cb * R * S + rs) * ICB + c) * OCB;
+          const float *restrict src = Wt + ((g * FG + fb * OCB) * CG + ci) * R * S + rs;
+          long o = 0;
+          if (ci < CG)
+            for (; o < fvalid; o++) d[o] = src[o * CG * R * S];
+          for (; o < OCB; o++) d[o] = 0.0f;
         }
-    }
+      }
   }
 }
 #define PACK_ITEMS (NB * G * NCB * HP)
@@ -359,7 +363,7 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
 """)
     out.append("int tc_kernel(void **args) {\n" + _args(op)
                + _parallel_entry(s.threads, "conv_body(X, Wt, bias, add, Y, ws, TID, NTH);",
-                                 "OFF_WB + " + str(_round_up(wb_floats, ALIGN_FLOATS)) + "L"))
+                                 f"{ws_floats}L"))
     out.append(_TIMER)
     return "\n".join(out)
 
@@ -368,8 +372,11 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
 
 
 def _gemm_ukr(name: str, s: Conv2dSchedule, d: IsaDialect, has_bias: bool, has_add: bool,
-              has_relu: bool) -> str:
-    """MR rows (weights, broadcast) x NR pixels (vectors); C rows are ``ldc`` apart."""
+              has_relu: bool, a_ps: str = "MR", a_rs: str = "1") -> str:
+    """MR rows (weights, broadcast) x NR pixels (vectors); C rows are ``ldc`` apart.
+
+    Weight (row r, reduction step p) is ``a[p*a_ps + r*a_rs]``.
+    """
     mr, nv, lanes = s.oc_block, s.ow_block // d.lanes, d.lanes
     lines = [
         f"static inline void {name}(long kc, const float *restrict a, const float *restrict b, "
@@ -384,7 +391,7 @@ def _gemm_ukr(name: str, s: Conv2dSchedule, d: IsaDialect, has_bias: bool, has_a
                                         for v in range(nv)) + ";")
     for r in range(mr):
         fmas = " ".join(f"c{r}_{v} = VFMA(a{r}, b{v}, c{r}_{v});" for v in range(nv))
-        lines.append(f"    {{ vec a{r} = VSET1(a[p * MR + {r}]); {fmas} }}")
+        lines.append(f"    {{ vec a{r} = VSET1(a[p * ({a_ps}) + {r} * ({a_rs})]); {fmas} }}")
     lines.append("  }")
     for r in range(mr):
         for v in range(nv):
@@ -416,7 +423,8 @@ def _generate_gemm(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     nfp = _cdiv(fg, mr)
     pq = op.out_h * op.out_w
     npp = _cdiv(pq, nr)
-    ap_floats = dims["groups"] * nfp * k_total * mr
+    tail = fg % mr != 0
+    ap_floats = dims["groups"] * (nfp if s.pack_w else int(tail)) * k_total * mr
     bp_floats = _round_up(kc * nr, ALIGN_FLOATS)
     off_bp = _round_up(ap_floats, ALIGN_FLOATS)
     has_bias, has_add, has_relu = ("bias" in op.epilogue, "add" in op.epilogue,
@@ -428,25 +436,25 @@ def _generate_gemm(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     out.append(
         f"#define MR {mr}L\n#define NR {nr}L\n#define KTOT {k_total}L\n#define KC {kc}L\n"
         f"#define NFP {nfp}L\n#define PQ {pq}L\n#define NPP {npp}L\n#define OFF_BP {off_bp}L\n"
-        f"#define BP_FLOATS {bp_floats}L\n"
+        f"#define BP_FLOATS {bp_floats}L\n#define PACK_W {s.pack_w}\n"
+        f"#define WPACK_ITEMS {dims['groups'] * nfp if s.pack_w else dims['groups'] * int(tail)}L\n"
     )
     out.append("#define BARRIER() _Pragma(\"omp barrier\")" if s.threads > 1
                else "#define BARRIER() ((void)0)")
     out.append(_WORKSPACE)
     out.append("""\
-/* Ap[g][fp][k][MR], k = (c, r, s) as in W's memory order, zero-padded rows. Items: (g, fp). */
+/* Ap[g][fp][k][MR], k = (c, r, s) as in W's memory order, zero-padded rows. Items: (g, fp);
+ * with pack_w=0 only the last (partial) panel of each group is packed, at Ap[g]. */
 static void pack_weights(const float *restrict Wt, float *restrict Ap, long lo, long hi) {
   for (long t = lo; t < hi; t++) {
-    const long g = t / NFP, fp = t % NFP;
+    const long g = PACK_W ? t / NFP : t, fp = PACK_W ? t % NFP : NFP - 1;
     float *restrict dst = Ap + t * (KTOT * MR);
-    for (long r = 0; r < MR; r++) {
-      const long f = fp * MR + r;
-      if (f < FG) {
-        const float *restrict src = Wt + (g * FG + f) * KTOT;
-        for (long k = 0; k < KTOT; k++) dst[k * MR + r] = src[k];
-      } else {
-        for (long k = 0; k < KTOT; k++) dst[k * MR + r] = 0.0f;
-      }
+    const long mvalid = MIN(MR, FG - fp * MR);
+    const float *restrict src = Wt + (g * FG + fp * MR) * KTOT;
+    for (long k = 0; k < KTOT; k++) {
+      long r = 0;
+      for (; r < mvalid; r++) dst[k * MR + r] = src[r * KTOT + k];
+      for (; r < MR; r++) dst[k * MR + r] = 0.0f;
     }
   }
 }
@@ -490,6 +498,8 @@ static void pack_panel(float *restrict dst, const float *restrict X, long n, lon
 """
     out.append(pack_b)
     out.append(_gemm_ukr("ukr", s, d, has_bias, has_add, has_relu))
+    if not s.pack_w:
+        out.append(_gemm_ukr("ukr_d", s, d, has_bias, has_add, has_relu, "1", "KTOT"))
     epi = _epilogue_scalar(op, "v", "f", "off")
     out.append(f"""\
 static void merge_tile(float *restrict Y, const float *restrict ct, const float *restrict bias,
@@ -516,13 +526,34 @@ static void merge_tile(float *restrict Y, const float *restrict ct, const float 
                   "  long fp_lo, fp_hi; split_range(NFP, tid, nth, &fp_lo, &fp_hi);")
     bias_row = "bias + f0" if has_bias else "NULL"
     add_row = "add + (n * F + f0) * PQ + j0" if has_add else "NULL"
+    y_at = "Y + (n * F + f0) * PQ + j0"
+    if s.pack_w:
+        block = f"""const float *a = Ap + (g * NFP + fp) * (KTOT * MR) + pc * MR;
+        if (m_cur == MR && n_cur == NR) {{
+          ukr(k_cur, a, Bp, {y_at}, PQ, first, last, {bias_row}, {add_row});
+        }} else {{
+          ukr(k_cur, a, Bp, ct, NR, 1, 0, NULL, NULL);
+          merge_tile(Y, ct, bias, add, n, f0, m_cur, j0, n_cur, first, last);
+        }}"""
+    else:
+        block = f"""if (m_cur == MR) {{
+          const float *a = Wt + f0 * KTOT + pc;
+          if (n_cur == NR) ukr_d(k_cur, a, Bp, {y_at}, PQ, first, last, {bias_row}, {add_row});
+          else {{
+            ukr_d(k_cur, a, Bp, ct, NR, 1, 0, NULL, NULL);
+            merge_tile(Y, ct, bias, add, n, f0, m_cur, j0, n_cur, first, last);
+          }}
+        }} else {{
+          ukr(k_cur, Ap + g * (KTOT * MR) + pc * MR, Bp, ct, NR, 1, 0, NULL, NULL);
+          merge_tile(Y, ct, bias, add, n, f0, m_cur, j0, n_cur, first, last);
+        }}"""
     out.append(f"""\
 static void conv_body(const float *restrict X, const float *restrict Wt,
                       const float *restrict bias, const float *restrict add, float *restrict Y,
                       float *ws, int tid, int nth) {{
   float *Ap = ws, *Bp = ws + OFF_BP + tid * BP_FLOATS;
   float ct[MR * NR] __attribute__((aligned(64)));
-  {{ long lo, hi; split_range(G * NFP, tid, nth, &lo, &hi); pack_weights(Wt, Ap, lo, hi); }}
+  {{ long lo, hi; split_range(WPACK_ITEMS, tid, nth, &lo, &hi); pack_weights(Wt, Ap, lo, hi); }}
   BARRIER();
   {ranges}
   if (fp_lo >= fp_hi) return;
@@ -535,13 +566,7 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
       pack_panel(Bp, X, n, g, pc, k_cur, j0);
       for (long fp = fp_lo; fp < fp_hi; fp++) {{
         const long f0 = g * FG + fp * MR, m_cur = MIN(MR, FG - fp * MR);
-        const float *a = Ap + (g * NFP + fp) * (KTOT * MR) + pc * MR;
-        if (m_cur == MR && n_cur == NR) {{
-          ukr(k_cur, a, Bp, Y + (n * F + f0) * PQ + j0, PQ, first, last, {bias_row}, {add_row});
-        }} else {{
-          ukr(k_cur, a, Bp, ct, NR, 1, 0, NULL, NULL);
-          merge_tile(Y, ct, bias, add, n, f0, m_cur, j0, n_cur, first, last);
-        }}
+        {block}
       }}
     }}
   }}
