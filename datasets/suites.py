@@ -1,0 +1,131 @@
+"""Named workload suites: the kernel-worthy ops of real models, with shapes and counts.
+
+A :class:`Suite` is a tuple of :class:`Workload` values (op signature, how many times the
+model runs it, and where). Nightly jobs tune a suite's distinct ops; benchmarks report them.
+
+Convolution suites are batch 1 at 224x224 with batch-norm folded into the convolution (hence
+``bias``), ReLU fused (MobileNet-v2's ReLU6 is listed as ``relu``: the clamp at 6 is not an
+epilogue we generate yet), and the residual add fused into the convolution that precedes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunecache.compiler.ops import OpSignature
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One distinct op of a model: the signature, its count per inference, and a label."""
+
+    op: OpSignature
+    count: int
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Suite:
+    """A named list of workloads (one per distinct op signature)."""
+
+    name: str
+    description: str
+    workloads: tuple[Workload, ...]
+
+    @property
+    def ops(self) -> tuple[OpSignature, ...]:
+        return tuple(w.op for w in self.workloads)
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of one inference over the suite's ops (counts included)."""
+        return sum(w.op.flops * w.count for w in self.workloads)
+
+
+def _merge(name: str, description: str, items: list[tuple[str, OpSignature, int]]) -> Suite:
+    merged: dict[OpSignature, Workload] = {}
+    for label, op, count in items:
+        if op in merged:
+            old = merged[op]
+            merged[op] = Workload(op, old.count + count, f"{old.label}; {label}")
+        else:
+            merged[op] = Workload(op, count, label)
+    return Suite(name, description, tuple(merged.values()))
+
+
+def _conv(c: int, hw: int, f: int, k: int, stride: int = 1, groups: int = 1,
+          epilogue: str = "bias+relu") -> OpSignature:
+    pad = k // 2
+    return OpSignature.conv2d(1, c, hw, hw, f, k, k, stride=stride, pads=pad, groups=groups,
+                              epilogue=epilogue)
+
+
+def _resnet50() -> Suite:
+    items: list[tuple[str, OpSignature, int]] = [
+        ("conv1 7x7/2", _conv(3, 224, 64, 7, 2), 1),
+    ]
+    # (stage, input size, in channels of the stage, bottleneck width, out channels, blocks)
+    stages = [(1, 56, 64, 64, 256, 3), (2, 56, 256, 128, 512, 4), (3, 28, 512, 256, 1024, 6),
+              (4, 14, 1024, 512, 2048, 3)]
+    for stage, size, cin, width, cout, blocks in stages:
+        stride = 1 if stage == 1 else 2
+        out = size // stride
+        tag = f"layer{stage}"
+        # torchvision ResNet-50 v1.5: the stride sits on the 3x3 convolution.
+        items += [
+            (f"{tag}.0 conv1 1x1", _conv(cin, size, width, 1), 1),
+            (f"{tag}.0 conv2 3x3/{stride}", _conv(width, size, width, 3, stride), 1),
+            (f"{tag}.0 conv3 1x1 +residual", _conv(width, out, cout, 1, epilogue="bias+add+relu"),
+             1),
+            (f"{tag}.0 downsample 1x1/{stride}", _conv(cin, size, cout, 1, stride, epilogue="bias"),
+             1),
+        ]
+        if blocks > 1:
+            n = blocks - 1
+            items += [
+                (f"{tag}.1+ conv1 1x1", _conv(cout, out, width, 1), n),
+                (f"{tag}.1+ conv2 3x3", _conv(width, out, width, 3), n),
+                (f"{tag}.1+ conv3 1x1 +residual",
+                 _conv(width, out, cout, 1, epilogue="bias+add+relu"), n),
+            ]
+    return _merge("resnet50", "ResNet-50 v1.5 convolutions, batch 1, 224x224", items)
+
+
+def _mobilenet_v2() -> Suite:
+    items: list[tuple[str, OpSignature, int]] = [
+        ("stem 3x3/2", _conv(3, 224, 32, 3, 2), 1),
+    ]
+    size, cin = 112, 32
+    # (expansion t, out channels c, repeats n, first stride s) from the paper's table 2.
+    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                (6, 160, 3, 2), (6, 320, 1, 1)]
+    for block, (t, c, n, s) in enumerate(settings):
+        for i in range(n):
+            stride = s if i == 0 else 1
+            hidden = cin * t
+            tag = f"block{block}.{i}"
+            if t != 1:
+                items.append((f"{tag} expand 1x1", _conv(cin, size, hidden, 1), 1))
+            items.append((f"{tag} depthwise 3x3/{stride}",
+                          _conv(hidden, size, hidden, 3, stride, groups=hidden), 1))
+            size //= stride
+            residual = stride == 1 and cin == c
+            items.append((f"{tag} project 1x1" + (" +residual" if residual else ""),
+                          _conv(hidden, size, c, 1, epilogue="bias+add" if residual else "bias"),
+                          1))
+            cin = c
+    items.append(("last 1x1", _conv(cin, size, 1280, 1), 1))
+    return _merge("mobilenet_v2", "MobileNet-v2 (width 1.0) convolutions, batch 1, 224x224",
+                  items)
+
+
+SUITES: dict[str, Suite] = {s.name: s for s in (_resnet50(), _mobilenet_v2())}
+"""Every named suite, by name."""
+
+
+def get_suite(name: str) -> Suite:
+    """The suite called ``name`` (KeyError listing the known names otherwise)."""
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise KeyError(f"unknown suite {name!r}; known: {', '.join(SUITES)}") from None
