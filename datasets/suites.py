@@ -1,7 +1,11 @@
 """Named workload suites: the kernel-worthy ops of real models, with shapes and counts.
 
 A :class:`Suite` is a tuple of :class:`Workload` values (op signature, how many times the
-model runs it, and where). Nightly jobs tune a suite's distinct ops; benchmarks report them.
+model runs it, and where). Nightly jobs tune a suite's distinct ops
+(``tunecache tune --suite bert_base``), weighting the time budget by FLOPs x count;
+benchmarks report them.
+
+Transformer suites are batch 1 with the sequence length in their description.
 
 Convolution suites are batch 1 at 224x224 with batch-norm folded into the convolution (hence
 ``bias``), ReLU fused (MobileNet-v2's ReLU6 is listed as ``relu``: the clamp at 6 is not an
@@ -12,7 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.ops import OpSignature
+
+
+class UnknownSuiteError(TunecacheError, KeyError):
+    """No suite has this name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown suite"
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +34,11 @@ class Workload:
     op: OpSignature
     count: int
     label: str
+
+    @property
+    def weight(self) -> float:
+        """Expected benefit of tuning it: FLOPs per inference spent in this op."""
+        return float(self.op.flops * self.count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +105,10 @@ def _resnet50() -> Suite:
                 (f"{tag}.1+ conv3 1x1 +residual",
                  _conv(width, out, cout, 1, epilogue="bias+add+relu"), n),
             ]
-    return _merge("resnet50", "ResNet-50 v1.5 convolutions, batch 1, 224x224", items)
+    items.append(("fc 2048->1000 (Gemm transB)",
+                  OpSignature.matmul(1, 1000, 2048, trans_b=True, epilogue="bias"), 1))
+    return _merge("resnet50", "ResNet-50 v1.5 convolutions and classifier, batch 1, 224x224",
+                  items)
 
 
 def _mobilenet_v2() -> Suite:
@@ -115,17 +135,71 @@ def _mobilenet_v2() -> Suite:
                           1))
             cin = c
     items.append(("last 1x1", _conv(cin, size, 1280, 1), 1))
-    return _merge("mobilenet_v2", "MobileNet-v2 (width 1.0) convolutions, batch 1, 224x224",
-                  items)
+    items.append(("classifier 1280->1000 (Gemm transB)",
+                  OpSignature.matmul(1, 1000, 1280, trans_b=True, epilogue="bias"), 1))
+    return _merge("mobilenet_v2",
+                  "MobileNet-v2 (width 1.0) convolutions and classifier, batch 1, 224x224", items)
 
 
-SUITES: dict[str, Suite] = {s.name: s for s in (_resnet50(), _mobilenet_v2())}
+MM, BMM = OpSignature.matmul, OpSignature.batch_matmul
+
+
+def _transformer(name: str, description: str, seq: int, hidden: int, heads: int, ffn: int,
+                 layers: int) -> Suite:
+    head = hidden // heads
+    items: list[tuple[str, OpSignature, int]] = [
+        ("Q/K/V/output projections", MM(seq, hidden, hidden, epilogue="bias"), 4 * layers),
+        ("attention Q·Kᵀ", BMM(heads, seq, seq, head, trans_b=True), layers),
+        ("attention P·V", BMM(heads, seq, head, seq), layers),
+        ("FFN up", MM(seq, ffn, hidden, epilogue="bias"), layers),
+        ("FFN down", MM(seq, hidden, ffn, epilogue="bias"), layers),
+    ]
+    return _merge(name, description, items)
+
+
+def _gpt2() -> Suite:
+    items: list[tuple[str, OpSignature, int]] = [
+        ("attention QKV (fused)", MM(64, 2304, 768, epilogue="bias"), 12),
+        ("attention Q·Kᵀ", BMM(12, 64, 64, 64, trans_b=True), 12),
+        ("attention P·V", BMM(12, 64, 64, 64), 12),
+        ("attention output", MM(64, 768, 768, epilogue="bias"), 12),
+        ("MLP up", MM(64, 3072, 768, epilogue="bias"), 12),
+        ("MLP down", MM(64, 768, 3072, epilogue="bias"), 12),
+        ("decode QKV", MM(1, 2304, 768, epilogue="bias"), 12),
+        ("decode MLP up", MM(1, 3072, 768, epilogue="bias"), 12),
+        ("decode MLP down", MM(1, 768, 3072, epilogue="bias"), 12),
+    ]
+    return _merge("gpt2", "GPT-2 small (12 layers, hidden 768, 12 heads): a 64-token prompt and "
+                  "the per-token decode GEMMs, batch 1", items)
+
+
+def _smoke() -> Suite:
+    return _merge("smoke", "Four small GEMMs that tune in seconds (quickstart, CI)", [
+        ("small dense + relu", MM(64, 128, 96, epilogue="bias+relu"), 4),
+        ("small dense, Wᵀ", MM(32, 256, 64, trans_b=True, epilogue="bias"), 2),
+        ("small attention scores", BMM(4, 32, 32, 16, trans_b=True), 2),
+        ("vector × matrix", MM(1, 256, 128, epilogue="bias"), 1),
+    ])
+
+
+SUITES: dict[str, Suite] = {s.name: s for s in (
+    _resnet50(),
+    _mobilenet_v2(),
+    _transformer("bert_base", "BERT-base encoder (12 layers, hidden 768, 12 heads, FFN 3072), "
+                 "sequence 128, batch 1", 128, 768, 12, 3072, 12),
+    _transformer("bert_layer", "One BERT-base encoder layer, sequence 128, batch 1",
+                 128, 768, 12, 3072, 1),
+    _gpt2(),
+    _smoke(),
+)}
 """Every named suite, by name."""
 
 
 def get_suite(name: str) -> Suite:
-    """The suite called ``name`` (KeyError listing the known names otherwise)."""
+    """The suite called ``name``; :class:`UnknownSuiteError` lists the known names."""
     try:
         return SUITES[name]
     except KeyError:
-        raise KeyError(f"unknown suite {name!r}; known: {', '.join(SUITES)}") from None
+        raise UnknownSuiteError(
+            f"unknown suite {name!r}; known suites: {', '.join(sorted(SUITES))}"
+        ) from None
