@@ -13,7 +13,7 @@ import pytest
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import problems
-from tunecache.tuner.roller import candidates, estimate, exhaustive_space
+from tunecache.tuner.roller import SMALL_OP_FLOPS, candidates, estimate, exhaustive_space
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=32 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="test", l3_shared_by=2)
@@ -46,7 +46,9 @@ def test_every_candidate_is_legal_and_within_limits(op: OpSignature, hw: Hardwar
         nv = s.nr // hw.lanes
         assert s.nr % hw.lanes == 0
         assert s.mr * nv + nv + 1 <= hw.vector_registers
-        assert s.threads == hw.cores
+        assert 1 <= s.threads <= hw.cores
+        if op.flops >= SMALL_OP_FLOPS * hw.cores:
+            assert s.threads == hw.cores
         # Cache blocks: packed B block within L3, A block within L2 (the tiler sizes them so).
         assert s.kc * s.nc * 4 <= hw.l3_bytes
         assert min(s.mc, op.dim("M")) * min(s.kc, op.dim("K")) * 4 <= hw.l2_bytes
@@ -91,6 +93,14 @@ def test_spec_changes_candidates_sensibly() -> None:
     many = candidates(op, MANY_CORES)
     assert all(c.schedule.threads == 16 for c in many)
     assert many[0].estimate.seconds < wide[0].estimate.seconds / 4
+
+
+def test_small_ops_consider_fewer_threads() -> None:
+    tiny = OpSignature.matmul(1, 256, 128, epilogue="bias")
+    found = candidates(tiny, MANY_CORES)
+    assert found[0].schedule.threads < MANY_CORES.cores
+    big = candidates(OpSignature.matmul(1024, 1024, 1024), MANY_CORES)
+    assert all(c.schedule.threads == MANY_CORES.cores for c in big)
 
 
 def test_thread_count_can_be_pinned() -> None:

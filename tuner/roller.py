@@ -38,6 +38,8 @@ from tunecache.costmodel.analytic import Estimate, estimate, micro_efficiency
 DEFAULT_K = 10
 PER_TILE_CAP = 4
 MICRO_TILES_KEPT = 6
+# Below this many FLOPs per core, fewer threads are candidates too (fork/join costs µs).
+SMALL_OP_FLOPS = 20_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,20 @@ def _parallel_axes(op: OpSignature, threads: int) -> list[str]:
     return axes
 
 
+def thread_options(op: OpSignature, hw: HardwareSpec, threads: int | None) -> list[int]:
+    """Thread counts worth trying: the one asked for, else every core and, for ops too small
+    to amortise a fork/join, fewer (down to one)."""
+    if threads is not None:
+        return [max(1, min(threads, hw.cores))]
+    options = {hw.cores}
+    if op.flops < SMALL_OP_FLOPS * hw.cores:
+        t = hw.cores
+        while t > 1:
+            t //= 2
+            options.add(max(1, t))
+    return sorted(options, reverse=True)
+
+
 def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSchedule]:
     d = op.dims_dict
     M, N = d["M"], d["N"]
@@ -158,14 +174,15 @@ def candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
                threads: int | None = None) -> list[ScoredSchedule]:
     """The tiler's top-``k`` legal schedules for ``op`` on ``hw``, best estimate first.
 
-    ``threads`` defaults to all of ``hw``'s cores (what a tuned kernel may use).
+    ``threads`` pins the thread count; by default schedules use every core of ``hw``, and
+    for small ops fewer threads compete too (the estimate charges fork/join overhead).
     """
     if op.kind not in ("matmul", "batch_matmul"):
         raise ValueError(f"the tiler has no model for op kind {op.kind!r} yet")
-    threads = hw.cores if threads is None else max(1, min(threads, hw.cores))
     seen: set[MatmulSchedule] = set()
     scored: list[tuple[float, str, MatmulSchedule, Estimate]] = []
-    for s in _pool(op, hw, threads):
+    pool = (s for t in thread_options(op, hw, threads) for s in _pool(op, hw, t))
+    for s in pool:
         if s in seen or problems(op, s, hw):
             continue
         seen.add(s)

@@ -1,0 +1,150 @@
+"""Nightly jobs end to end: real kernels, real store, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tunecache.cache.store import Store
+from tunecache.cache.wanted import add_wanted
+from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.ops import OpSignature
+from tunecache.datasets.suites import Workload
+from tunecache.tuner.jobs import JobOptions, collect_workloads, merge_workloads, run_job
+from tunecache.tuner.measure import Runner, TimingConfig
+
+HW = local_spec()
+FAST = TimingConfig(min_time_s=0.01, min_repeats=3, timeout_s=30.0)
+A = OpSignature.matmul(24, 48, 16, epilogue="bias+relu")
+B = OpSignature.batch_matmul(2, 8, 16, 8, trans_b=True)
+C = OpSignature.matmul(1, 64, 32)
+
+
+def tunecache(*args: str, root: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tunecache.tuner.cli", *args, "--root", str(root)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_tunes_ops_end_to_end_and_records_everything(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with Runner(HW, FAST) as runner:
+        summary = run_job([Workload(A, 3, "a"), Workload(B, 1, "b")], HW, store,
+                          JobOptions(trials=3, refine=True, baseline=True), runner=runner)
+    assert [o.status for o in summary.ops] == ["tuned", "tuned"]
+    frame = store.load()
+    assert set(frame["op_text"]) == {A.text, B.text}
+    assert set(frame["job_id"]) == {summary.job_id}
+    assert frame["record_id"].is_unique
+    per_op = frame.groupby("op_text")["schedule_id"].nunique().to_dict()
+    assert all(n >= 3 for n in per_op.values())
+    assert set(frame["source"]) <= {"tiler", "refine", "model"}
+    a = next(o for o in summary.ops if o.op == A)
+    assert a.best_gflops and a.baseline == "numpy" and a.ratio
+    fastest = frame[frame["op_text"] == A.text]["median_s"].min()
+    assert a.best_gflops == pytest.approx(A.flops / fastest / 1e9)
+
+
+def test_skip_and_retune(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    options = JobOptions(trials=2, refine=False, baseline=False)
+    with Runner(HW, FAST) as runner:
+        first = run_job([Workload(C, 1, "c")], HW, store, options, runner=runner)
+        again = run_job([Workload(C, 1, "c")], HW, store, options, runner=runner)
+        retuned = run_job([Workload(C, 1, "c")], HW, store,
+                          JobOptions(trials=2, refine=False, baseline=False, retune=True),
+                          runner=runner)
+    assert first.ops[0].status == "tuned" and first.ops[0].trials == 2
+    assert again.ops[0].status == "skipped" and "already tuned" in again.ops[0].note
+    assert retuned.ops[0].status == "tuned" and retuned.ops[0].trials == 2
+    assert len(store.load()) == 4
+
+
+def test_budget_is_respected_and_split_by_benefit(tmp_path: Path) -> None:
+    big = OpSignature.matmul(96, 96, 96)
+    workloads = [Workload(big, 10, "big"), Workload(A, 1, "a"), Workload(C, 1, "c")]
+    budget = 6.0
+    start = time.monotonic()
+    with Runner(HW, FAST) as runner:
+        summary = run_job(workloads, HW, Store(tmp_path),
+                          JobOptions(budget_s=budget, trials=50, baseline=False), runner=runner)
+    elapsed = time.monotonic() - start
+    # One batch (two builds + measurements) may finish after an op's deadline.
+    assert elapsed <= budget + 4.0
+    assert summary.ops[0].op == big  # heaviest first
+    assert summary.ops[0].trials >= summary.ops[-1].trials
+
+
+def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    args = ["tune", "--op", A.text, "--op", B.text, "--trials", "6", "--no-refine",
+            "--no-baseline", "--quiet", "--job-id", "nightly"]
+    proc = subprocess.Popen([sys.executable, "-m", "tunecache.tuner.cli", *args,
+                             "--root", str(tmp_path)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    store = Store(tmp_path)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(store.fragments()) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = store.load()
+    assert 3 <= len(before) < 12, "the kill should land mid-job"
+    out = tunecache(*args, root=tmp_path)
+    assert out.returncode == 0, out.stderr
+    after = store.load()
+    assert set(before["record_id"]) <= set(after["record_id"])
+    assert after["record_id"].is_unique
+    pairs = after[["op_text", "schedule_id"]]
+    assert not pairs.duplicated().any(), "a schedule was measured twice"
+    assert after.groupby("op_text")["schedule_id"].nunique().to_dict() == {A.text: 6, B.text: 6}
+
+
+def test_bad_sources_are_reported_and_the_rest_proceeds(tmp_path: Path) -> None:
+    out = tunecache("tune", "--suite", "no-such-suite", "--op", "matmul(M=2,N=3)", "--op", C.text,
+                    "--trials", "1", "--no-refine", "--no-baseline", "--json", root=tmp_path)
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)
+    assert [o["status"] for o in report["ops"]] == ["tuned"]
+    problems = " ".join(report["problems"])
+    assert "unknown suite 'no-such-suite'" in problems and "missing dim(s) K" in problems
+    assert "Traceback" not in out.stderr
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    for args, fragment in [((), "nothing to tune"), (("--op", C.text, "--budget", "soon"),
+                                                     "not a duration"),
+                           (("--suite", "nope"), "nothing left to tune")]:
+        out = tunecache("tune", *args, root=tmp_path)
+        assert out.returncode == 2 and fragment in out.stderr, (args, out.stderr)
+        assert "Traceback" not in out.stderr
+
+
+def test_wanted_list_feeds_the_job(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    add_wanted(store.location, HW.hw_id, [(C, 7, "model.onnx"), (A, 1, None)])
+    add_wanted(store.location, HW.hw_id, [(C, 3, "other.onnx")])
+    workloads, problems = collect_workloads(wanted=True, store=store, hw=HW)
+    assert not problems
+    counts = {w.op: w.count for w in workloads}
+    assert counts == {C: 10, A: 1}
+    assert "model.onnx" in next(w.label for w in workloads if w.op == C)
+
+
+def test_merge_workloads_sums_counts() -> None:
+    merged = merge_workloads([Workload(A, 1, "x"), Workload(C, 2, "y"), Workload(A, 2, "z")])
+    assert [(w.op, w.count) for w in merged] == [(A, 3), (C, 2)]
+    assert merged[0].label == "x; z"
+
+
+def test_cli_summary_and_publish(tmp_path: Path) -> None:
+    out = tunecache("tune", "--op", C.text, "--trials", "2", "--no-refine", "--publish",
+                    root=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "tuned" in out.stdout and "published" in out.stdout
+    assert os.listdir(tmp_path / "published")

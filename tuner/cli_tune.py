@@ -1,0 +1,208 @@
+"""``tunecache tune``: the nightly tuning job."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tunecache.cache.store import Store
+from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.hardware import local_spec
+from tunecache.datasets.suites import SUITES, Workload
+from tunecache.tuner.cli_common import emit_json, json_option
+from tunecache.tuner.cli_compiler import hardware_option
+from tunecache.tuner.jobs import JobOptions, JobSummary, OpSummary, collect_workloads, run_job
+from tunecache.tuner.measure import MeasureResult
+
+log = logging.getLogger("tunecache.tune")
+
+EXIT_INTERRUPTED = 130
+EXIT_PARTIAL = 1
+
+
+class BudgetError(TunecacheError):
+    """A --budget value that is not a duration."""
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``15m``, ``1.5h`` or ``1h30m``."""
+    match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*",
+                         text)
+    if not text.strip() or match is None or not any(match.groups()):
+        raise BudgetError(f"--budget {text!r} is not a duration; use e.g. 600, 90s, 15m, 1h30m")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise BudgetError(f"--budget {text!r} must be positive")
+    return total
+
+
+class _Progress:
+    """Progress on stderr: a tqdm bar on a terminal, plain log lines otherwise."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar: Any = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="op", file=sys.stderr, dynamic_ncols=True)
+
+    def op_started(self, index: int, total: int, workload: Workload, budget_s: float | None
+                   ) -> None:
+        budget = f", budget {budget_s:.0f} s" if budget_s is not None else ""
+        if self.bar is not None:
+            self.bar.set_description(workload.op.text[:60])
+        elif not self.quiet:
+            log.info("[%d/%d] tuning %s (x%d%s)", index + 1, total, workload.op.text,
+                     workload.count, budget)
+
+    def measured(self, result: MeasureResult) -> None:
+        if self.bar is not None:
+            gflops = f"{result.gflops:.1f} GFLOP/s" if result.gflops else result.status
+            self.bar.set_postfix_str(gflops)
+
+    def op_finished(self, summary: OpSummary) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+        elif not self.quiet:
+            best = f"best {summary.best_gflops:.1f} GFLOP/s" if summary.best_gflops else \
+                summary.status
+            log.info("    %s: %s, %d trials, %.1f s%s", summary.op.op_id, best, summary.trials,
+                     summary.seconds, f" ({summary.note})" if summary.note else "")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _print_summary(summary: JobSummary) -> None:
+    click.echo(f"job {summary.job_id} on {summary.hw_id}: {len(summary.ops)} ops, "
+               f"{summary.trials} trials, {summary.seconds:.1f} s"
+               + (" (interrupted)" if summary.interrupted else ""))
+    header = f"{'op':<62} {'x':>4} {'status':<11} {'GFLOP/s':>8} {'baseline':>14} {'ratio':>6} " \
+             f"{'trials':>6} {'time':>7}"
+    click.echo(header)
+    click.echo("-" * len(header))
+    for o in summary.ops:
+        op = o.op.text if len(o.op.text) <= 62 else o.op.text[:59] + "..."
+        gflops = f"{o.best_gflops:.1f}" if o.best_gflops else "-"
+        base = f"{o.baseline} {o.baseline_gflops:.1f}" if o.baseline_gflops else "-"
+        ratio = f"{o.ratio:.2f}x" if o.ratio else "-"
+        click.echo(f"{op:<62} {o.count:>4} {o.status:<11} {gflops:>8} {base:>14} {ratio:>6} "
+                   f"{o.trials:>6} {o.seconds:>6.1f}s")
+        if o.note and o.status != "tuned":
+            click.echo(f"    {o.note}")
+    for problem in summary.problems:
+        click.echo(f"problem: {problem}")
+    if summary.published:
+        click.echo(f"published: {', '.join(summary.published)}")
+    click.echo(f"store: {summary.store}  (next: tunecache cache stats --root {summary.store})")
+
+
+@click.command("tune")
+@click.option("--suite", "suites", multiple=True, metavar="NAME",
+              help=f"A named suite of real-model ops ({', '.join(sorted(SUITES))}). Repeatable.")
+@click.option("--op", "ops", multiple=True, metavar="OP", help="An op text. Repeatable.")
+@click.option("--model", "models", multiple=True, type=click.Path(path_type=Path),
+              help="An ONNX model: every kernel-worthy node, counted. Repeatable.")
+@click.option("--wanted", is_flag=True, help="The ops deployments missed in the cache.")
+@click.option("--budget", default=None, metavar="DURATION",
+              help="Wall time for the whole job (600, 90s, 15m, 1h30m), split by benefit.")
+@click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Ranked candidates measured per op (plus refinement).")
+@click.option("--retune", is_flag=True, help="Measure ops again even if already tuned.")
+@click.option("--no-refine", is_flag=True, help="Skip the local search around the best.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads per kernel (default: every core).")
+@click.option("--no-baseline", is_flag=True, help="Skip timing numpy for the summary ratio.")
+@click.option("--publish", is_flag=True, help="Publish the cache for this hardware at the end.")
+@click.option("--train", is_flag=True, help="Retrain the cost model at the end.")
+@click.option("--root", default=None, metavar="PATH|URI",
+              help="Store root (default: $TUNECACHE_HOME, else the user cache directory).")
+@click.option("--job-id", default=None, help="Name for this job's records (default: generated).")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+@hardware_option
+@json_option
+def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Path, ...],
+                 wanted: bool, budget: str | None, trials: int, retune: bool, no_refine: bool,
+                 threads: int | None, no_baseline: bool, publish: bool, train: bool,
+                 root: str | None, job_id: str | None, quiet: bool, hardware: Path | None,
+                 as_json: bool) -> None:
+    """Tune ops on this machine into the store: the nightly job.
+
+    Every measurement (failures included) is appended to the store as soon as it is made;
+    rerunning an interrupted job continues where it stopped.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    budget_s = parse_duration(budget) if budget is not None else None
+    if not (suites or ops or models or wanted):
+        raise click.UsageError("nothing to tune: give --suite, --op, --model or --wanted")
+    hw = local_spec(hardware)
+    store = Store(root)
+    workloads, problems = collect_workloads(suites=suites, ops=ops, models=models,
+                                            wanted=wanted, store=store, hw=hw)
+    for problem in problems:
+        click.echo(f"warning: {problem}", err=True)
+    if not workloads:
+        raise TunecacheError("nothing left to tune: " + "; ".join(problems))
+    model = _current_model(store, hw)
+    progress = _Progress(len(workloads), quiet or as_json)
+    options = JobOptions(budget_s=budget_s, trials=trials, retune=retune, refine=not no_refine,
+                         threads=threads, baseline=not no_baseline, job_id=job_id)
+    try:
+        summary = run_job(workloads, hw, store, options, model=model, progress=progress)
+    finally:
+        progress.close()
+    summary.problems.extend(problems)
+    if not summary.interrupted:
+        if train:
+            summary.trained = _train(store)
+        if publish:
+            results = store.publish(hw.hw_id)
+            summary.published = [f"{r.hw_id}: {r.entries} ops in {r.snapshot}" for r in results]
+    if as_json:
+        emit_json(summary.to_dict())
+    else:
+        _print_summary(summary)
+    if summary.interrupted:
+        raise SystemExit(EXIT_INTERRUPTED)
+    if problems or any(o.status in ("unsupported", "no_result") for o in summary.ops):
+        raise SystemExit(EXIT_PARTIAL)
+
+
+def _current_model(store: Store, hw: Any) -> Any:
+    """The store's current cost model, or None (the tiler's estimate ranks then)."""
+    try:
+        from tunecache.costmodel import model as costmodel
+    except ImportError:
+        return None
+    loader = getattr(costmodel, "load_current", None)
+    if loader is None:
+        return None
+    try:
+        return loader(store.location)
+    except TunecacheError as exc:
+        log.warning("not using the cost model: %s", exc)
+        return None
+
+
+def _train(store: Store) -> str | None:
+    try:
+        from tunecache.costmodel import model as costmodel
+    except ImportError as exc:
+        log.warning("cannot train the cost model: %s", exc)
+        return None
+    trainer = getattr(costmodel, "train_and_save", None)
+    if trainer is None:
+        log.warning("cannot train: this tunecache has no cost-model trainer")
+        return None
+    return str(trainer(store.location))
+
+
+COMMANDS: list[click.Command] = [tune_command]

@@ -1,0 +1,314 @@
+"""Nightly tuning jobs: gather workloads, split a time budget, tune, record, summarise.
+
+A job tunes the distinct ops of its workloads (suites, op texts, ONNX models, the wanted list)
+on this machine, most expected benefit first (FLOPs x occurrences). With a wall-time budget,
+each op gets the remaining time in proportion to its weight among the ops still to do, so time
+an op does not use flows to the rest. Every measurement is appended to the store as soon as
+it exists; ops already tuned for this hardware and codegen version (at least ``trials``
+schedules measured) are skipped unless ``retune``; a rerun after Ctrl-C or SIGKILL continues
+where the job stopped. At the end the job can retrain the cost model and publish the cache.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow.compute as pc
+
+from tunecache.cache.store import Store
+from tunecache.cache.wanted import load_wanted
+from tunecache.compiler.codegen import CODEGEN_VERSION
+from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.ops import OpSignature
+from tunecache.datasets.suites import Workload, get_suite
+from tunecache.tuner.measure import MeasureResult, Runner, TimingConfig
+from tunecache.tuner.records import to_records
+from tunecache.tuner.search import OpTuneResult, Ranker, TuneConfig, tune_op
+
+BASELINE_KINDS = ("matmul", "batch_matmul")
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """How a job runs. ``budget_s`` is wall time for the whole job (None: no limit)."""
+
+    budget_s: float | None = None
+    trials: int = 10
+    retune: bool = False
+    refine: bool = True
+    threads: int | None = None
+    baseline: bool = True
+    job_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpSummary:
+    """One line of the job's summary table."""
+
+    op: OpSignature
+    label: str
+    count: int
+    status: str  # tuned, skipped, unsupported, no_result, interrupted
+    trials: int
+    seconds: float
+    best_gflops: float | None = None
+    best_schedule: str | None = None
+    baseline: str | None = None
+    baseline_gflops: float | None = None
+    note: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.best_gflops and self.baseline_gflops:
+            return self.best_gflops / self.baseline_gflops
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op.text, "op_id": self.op.op_id, "label": self.label,
+            "count": self.count, "status": self.status, "trials": self.trials,
+            "seconds": round(self.seconds, 3), "best_gflops": self.best_gflops,
+            "best_schedule": self.best_schedule, "baseline": self.baseline,
+            "baseline_gflops": self.baseline_gflops, "ratio_to_baseline": self.ratio,
+            "note": self.note,
+        }
+
+
+@dataclass
+class JobSummary:
+    """What a job did."""
+
+    job_id: str
+    hw_id: str
+    store: str
+    ops: list[OpSummary] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    interrupted: bool = False
+    published: list[str] = field(default_factory=list)
+    trained: str | None = None
+
+    @property
+    def trials(self) -> int:
+        return sum(o.trials for o in self.ops)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id, "hw_id": self.hw_id, "store": self.store,
+            "seconds": round(self.seconds, 3), "interrupted": self.interrupted,
+            "trials": self.trials, "problems": self.problems, "published": self.published,
+            "trained_model": self.trained, "ops": [o.to_dict() for o in self.ops],
+        }
+
+
+class JobProgress(Protocol):
+    """Hooks a front end implements to show progress (all optional no-ops by default)."""
+
+    def op_started(self, index: int, total: int, workload: Workload, budget_s: float | None
+                   ) -> None: ...
+
+    def measured(self, result: MeasureResult) -> None: ...
+
+    def op_finished(self, summary: OpSummary) -> None: ...
+
+
+class SilentProgress:
+    """A :class:`JobProgress` that shows nothing."""
+
+    def op_started(self, index: int, total: int, workload: Workload, budget_s: float | None
+                   ) -> None:
+        return None
+
+    def measured(self, result: MeasureResult) -> None:
+        return None
+
+    def op_finished(self, summary: OpSummary) -> None:
+        return None
+
+
+# -- workloads -----------------------------------------------------------------------------
+
+
+def merge_workloads(workloads: Iterable[Workload]) -> list[Workload]:
+    """One workload per distinct op (counts summed, labels joined), heaviest first."""
+    merged: dict[OpSignature, Workload] = {}
+    for w in workloads:
+        old = merged.get(w.op)
+        merged[w.op] = w if old is None else Workload(
+            w.op, old.count + w.count, f"{old.label}; {w.label}")
+    return sorted(merged.values(), key=lambda w: (-w.weight, w.op.text))
+
+
+def collect_workloads(
+    *,
+    suites: Sequence[str] = (),
+    ops: Sequence[str] = (),
+    models: Sequence[str | Path] = (),
+    wanted: bool = False,
+    store: Store | None = None,
+    hw: HardwareSpec | None = None,
+) -> tuple[list[Workload], list[str]]:
+    """Workloads from every source, and one message per source that could not be used.
+
+    A bad source (unknown suite, malformed op text, unreadable model) is reported and
+    skipped; the others are still used.
+    """
+    found: list[Workload] = []
+    problems: list[str] = []
+    for name in suites:
+        try:
+            suite = get_suite(name)
+        except TunecacheError as exc:
+            problems.append(str(exc))
+            continue
+        found += [Workload(w.op, w.count, f"{name}: {w.label}") for w in suite.workloads]
+    for text in ops:
+        try:
+            found.append(Workload(OpSignature.parse(text), 1, "--op"))
+        except TunecacheError as exc:
+            problems.append(str(exc))
+    for path in models:
+        try:
+            found += model_workloads(path)
+        except TunecacheError as exc:
+            problems.append(f"model {path}: {exc}")
+    if wanted:
+        if store is None or hw is None:
+            raise ValueError("the wanted list needs a store and a hardware spec")
+        wanted_ops = load_wanted(store.location, hw.hw_id)
+        if not wanted_ops:
+            problems.append(f"the wanted list of {hw.hw_id} in {store.root} is empty")
+        found += [Workload(w.op, w.count, "wanted" + (f" by {', '.join(w.models)}"
+                                                      if w.models else ""))
+                  for w in wanted_ops]
+    return merge_workloads(found), problems
+
+
+def model_workloads(path: str | Path) -> list[Workload]:
+    """The kernel-worthy ops of an ONNX model, counted (needs ``tunecache[onnx]``)."""
+    from tunecache.compiler import frontend
+
+    return [Workload(op, count, f"{Path(path).name}: {label}")
+            for op, count, label in frontend.kernel_ops(path)]
+
+
+# -- the job -------------------------------------------------------------------------------
+
+
+def measured_schedules(store: Store, hw: HardwareSpec, ops: Sequence[OpSignature]
+                       ) -> dict[str, set[str]]:
+    """Schedule ids already measured per op_id on ``hw`` with the running codegen version."""
+    if not ops:
+        return {}
+    table = store.scan(hw_id=hw.hw_id, op=list(ops),
+                       columns=["op_id", "schedule_id", "codegen_version"])
+    table = table.filter(pc.and_(pc.equal(table["codegen_version"], CODEGEN_VERSION),
+                                 pc.is_valid(table["schedule_id"])))
+    out: dict[str, set[str]] = {}
+    for op_id, schedule_id in zip(table["op_id"].to_pylist(), table["schedule_id"].to_pylist(),
+                                  strict=True):
+        out.setdefault(op_id, set()).add(schedule_id)
+    return out
+
+
+def run_job(
+    workloads: Sequence[Workload],
+    hw: HardwareSpec,
+    store: Store,
+    options: JobOptions | None = None,
+    *,
+    model: Ranker | None = None,
+    progress: JobProgress | None = None,
+    runner: Runner | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> JobSummary:
+    """Tune ``workloads`` on ``hw`` into ``store``; returns the summary (also when interrupted).
+
+    A KeyboardInterrupt stops the job after recording what was measured; the summary says
+    ``interrupted``. Pass ``runner`` to reuse a worker (tests); otherwise one is made.
+    """
+    options = options or JobOptions()
+    progress = progress or SilentProgress()
+    job_id = options.job_id or f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    summary = JobSummary(job_id, hw.hw_id, store.root)
+    start = clock()
+    end = start + options.budget_s if options.budget_s is not None else None
+    todo = merge_workloads(workloads)
+    measured = {} if options.retune else measured_schedules(store, hw, [w.op for w in todo])
+    config = TuneConfig(trials=options.trials, refine=options.refine, threads=options.threads)
+    model_version = getattr(model, "version", None) if model is not None else None
+    own_runner = runner is None
+    runner = runner or Runner(hw, TimingConfig(min_time_s=0.1, min_repeats=5))
+
+    def sink(result: MeasureResult) -> None:
+        store.append(to_records([result], hw, job_id=job_id, model_version=model_version))
+        progress.measured(result)
+
+    try:
+        for index, workload in enumerate(todo):
+            op = workload.op
+            already = measured.get(op.op_id, set())
+            if not options.retune and len(already) >= options.trials:
+                item = OpSummary(op, workload.label, workload.count, "skipped", 0, 0.0,
+                                 note=f"already tuned: {len(already)} schedules measured "
+                                      f"(--retune to measure again)")
+                summary.ops.append(item)
+                progress.op_finished(item)
+                continue
+            deadline = None
+            share = None
+            if end is not None:
+                now = clock()
+                remaining_weight = sum(w.weight for w in todo[index:]) or 1.0
+                share = max(0.0, (end - now) * workload.weight / remaining_weight)
+                deadline = now + share
+            progress.op_started(index, len(todo), workload, share)
+            try:
+                result = tune_op(op, hw, runner, config=config, model=model, sink=sink,
+                                 measured=already, deadline=deadline)
+            except KeyboardInterrupt:
+                summary.interrupted = True
+                item = OpSummary(op, workload.label, workload.count, "interrupted", 0, 0.0)
+                summary.ops.append(item)
+                break
+            item = _summarise(workload, result, runner, options)
+            summary.ops.append(item)
+            progress.op_finished(item)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+    finally:
+        if own_runner:
+            runner.close()
+        summary.seconds = clock() - start
+    return summary
+
+
+def _summarise(workload: Workload, result: OpTuneResult, runner: Runner,
+               options: JobOptions) -> OpSummary:
+    op = workload.op
+    if result.error is not None:
+        return OpSummary(op, workload.label, workload.count, "unsupported", 0, result.seconds,
+                         note=result.error)
+    best = result.best
+    if best is None:
+        failures = {r.status for r in result.results}
+        note = ("no candidate ran" if not result.results else
+                "every candidate failed: " + ", ".join(sorted(failures)))
+        if result.stopped_by:
+            note += f" (stopped by {result.stopped_by})"
+        return OpSummary(op, workload.label, workload.count, "no_result", result.trials,
+                         result.seconds, note=note)
+    baseline_name = baseline_gflops = None
+    if options.baseline and op.kind in BASELINE_KINDS and best.schedule is not None:
+        base = runner.measure_numpy(op, best.schedule.threads)
+        if base.ok:
+            baseline_name, baseline_gflops = "numpy", base.gflops
+    note = f"stopped by {result.stopped_by}" if result.stopped_by else None
+    return OpSummary(op, workload.label, workload.count, "tuned", result.trials, result.seconds,
+                     best.gflops, str(best.schedule), baseline_name, baseline_gflops, note)

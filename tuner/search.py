@@ -1,0 +1,163 @@
+"""Tuning one op: tiler pool → ranking (cost model or tiler estimate) → measure → refine.
+
+:func:`tune_op` measures the most promising candidates one at a time, appending every
+measurement (failures included) to the store as soon as it exists, so an interrupted job
+loses nothing it measured and a rerun continues where it stopped (schedules already measured
+for the op, hardware and codegen version are skipped). After the ranked candidates, an
+optional local refinement measures neighbours of the best (other K/M blocks, unroll, the
+other parallel axis).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import MatmulSchedule, Schedule, problems
+from tunecache.tuner import roller
+from tunecache.tuner.measure import Candidate, MeasureResult, Runner
+
+POOL_SIZE = 40
+
+
+class Ranker(Protocol):
+    """What the tuner needs of a cost model: scores (higher = faster) and a version."""
+
+    version: str
+
+    def predict(self, op: OpSignature, schedules: Sequence[Schedule],
+                hw: HardwareSpec) -> Sequence[float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TuneConfig:
+    """How hard to tune one op."""
+
+    trials: int = 10
+    refine: bool = True
+    refine_trials: int = 4
+    threads: int | None = None
+    pool: int = POOL_SIZE
+    batch: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class OpTuneResult:
+    """What tuning one op produced in this run (earlier runs' measurements not included)."""
+
+    op: OpSignature
+    results: tuple[MeasureResult, ...]
+    seconds: float
+    previously_measured: int = 0
+    stopped_by: str | None = None
+    error: str | None = None
+
+    @property
+    def best(self) -> MeasureResult | None:
+        ok = [r for r in self.results if r.ok and r.median_s]
+        return min(ok, key=lambda r: r.median_s or float("inf")) if ok else None
+
+    @property
+    def trials(self) -> int:
+        return len(self.results)
+
+
+def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
+                      model: Ranker | None = None) -> list[Candidate]:
+    """The tiler's pool, ordered by the cost model when one is given, else by estimate."""
+    pool = roller.candidates(op, hw, k=config.pool, threads=config.threads)
+    if model is None:
+        return [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in pool]
+    scores = list(model.predict(op, [c.schedule for c in pool], hw))
+    order = sorted(range(len(pool)), key=lambda i: (-scores[i], pool[i].rank))
+    return [Candidate(op, pool[i].schedule, "model", float(scores[i])) for i in order]
+
+
+def neighbours(op: OpSignature, best: Schedule, hw: HardwareSpec) -> list[Schedule]:
+    """Legal schedules one step away from ``best``: blocks x/÷ ~1.5, unroll, other axis."""
+    if not isinstance(best, MatmulSchedule):
+        return []
+    K = op.dim("K")
+    out: list[MatmulSchedule] = []
+    for kc in (int(best.kc * 1.5), int(best.kc / 1.5), K):
+        out.append(best.replace(kc=max(8, min(kc, K))))
+    for factor in (2.0, 0.5):
+        mc = max(best.mr, int(best.mc * factor) // best.mr * best.mr)
+        out.append(best.replace(mc=mc))
+    out.append(best.replace(unroll=4 if best.unroll == 1 else 1))
+    if best.threads > 1:
+        axes = ["m", "n"] + (["batch"] if op.kind == "batch_matmul" else [])
+        out += [best.replace(parallel=a) for a in axes if a != best.parallel]
+    if not op.trans_b:
+        out.append(best.replace(pack_b=1 - best.pack_b))
+    seen: set[MatmulSchedule] = set()
+    legal = []
+    for s in out:
+        if s != best and s not in seen and not problems(op, s, hw):
+            seen.add(s)
+            legal.append(s)
+    return legal
+
+
+def tune_op(
+    op: OpSignature,
+    hw: HardwareSpec,
+    runner: Runner,
+    *,
+    config: TuneConfig | None = None,
+    model: Ranker | None = None,
+    sink: Callable[[MeasureResult], None] | None = None,
+    measured: Iterable[str] = (),
+    deadline: float | None = None,
+) -> OpTuneResult:
+    """Tune ``op``: measure up to ``config.trials`` ranked candidates, then refine.
+
+    ``measured`` holds schedule ids already measured for this op (they are skipped);
+    ``sink`` receives every result as soon as it is measured; measurement stops at
+    ``deadline`` (a ``time.monotonic()`` value). Unsupported op kinds give a result with
+    ``error`` set rather than an exception, so a job can go on with other ops.
+    """
+    config = config or TuneConfig()
+    start = time.monotonic()
+    done = set(measured)
+    try:
+        ranked = ranked_candidates(op, hw, config, model)
+    except ValueError as exc:
+        return OpTuneResult(op, (), 0.0, len(done), error=str(exc))
+    results: list[MeasureResult] = []
+    stopped: str | None = None
+    budget = max(0, config.trials - len(done))
+
+    def run(candidates: list[Candidate]) -> bool:
+        # Small batches: the runner compiles a batch in parallel, and the deadline is
+        # checked between batches; every result reaches the sink as soon as it exists.
+        nonlocal stopped
+        for i in range(0, len(candidates), config.batch):
+            if deadline is not None and time.monotonic() >= deadline:
+                stopped = "budget"
+                return False
+            batch = candidates[i:i + config.batch]
+
+            def record(result: MeasureResult) -> None:
+                results.append(result)
+                if sink is not None:
+                    sink(result)
+
+            runner.measure(batch, progress=record)
+            done.update(c.schedule.schedule_id for c in batch)
+        return True
+
+    todo = [c for c in ranked if c.schedule.schedule_id not in done][:budget]
+    if run(todo) and config.refine and results:
+        best = min((r for r in results if r.ok and r.median_s), default=None,
+                   key=lambda r: r.median_s or float("inf"))
+        if best is not None and best.schedule is not None:
+            extra = [Candidate(op, s, "refine") for s in neighbours(op, best.schedule, hw)
+                     if s.schedule_id not in done][: config.refine_trials]
+            run(extra)
+    return OpTuneResult(op, tuple(results), time.monotonic() - start,
+                        len(set(measured)), stopped)
