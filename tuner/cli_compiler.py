@@ -66,7 +66,8 @@ def _result_row(result: MeasureResult) -> dict[str, Any]:
               help="Threads for the kernel and for numpy (default: the schedule's, else 1).")
 @click.option("--min-time", type=click.FloatRange(min=0.0), default=0.3, show_default=True,
               help="Seconds of timed calls per measurement.")
-@click.option("--no-baseline", is_flag=True, help="Skip timing numpy.")
+@click.option("--no-baseline", is_flag=True,
+              help="Skip the baseline (numpy for matmul; onnxruntime, when installed, for conv2d).")
 @click.option("--record/--no-record", default=True, show_default=True,
               help="Append the measurement to the store.")
 @click.option("--root", default=None, metavar="PATH|URI",
@@ -102,7 +103,11 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
         if not as_json:
             click.echo(f"building and timing {op.text} ...", err=True)
         result = runner.measure([Candidate(op, schedule)])[0]
-        baseline = None if no_baseline else runner.measure_numpy(op, threads)
+        baseline = None
+        if not no_baseline and op.kind == "conv2d":
+            baseline = _onnxruntime_baseline(op, threads, timing)
+        elif not no_baseline:
+            baseline = runner.measure_numpy(op, threads)
     stored = None
     if record:
         from tunecache.cache.store import Store
@@ -118,11 +123,16 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
         "threads": threads,
         "schedule": schedule.to_dict(),
         "kernel": _result_row(result),
-        "numpy": _result_row(baseline) if baseline else None,
+        "numpy": _result_row(baseline) if baseline and op.kind != "conv2d" else None,
+        "onnxruntime": _result_row(baseline) if baseline and op.kind == "conv2d" else None,
         "recorded_in": stored,
         "ratio_to_numpy": (
             result.gflops / baseline.gflops
-            if baseline and result.gflops and baseline.gflops else None
+            if baseline and op.kind != "conv2d" and result.gflops and baseline.gflops else None
+        ),
+        "ratio_to_onnxruntime": (
+            result.gflops / baseline.gflops
+            if baseline and op.kind == "conv2d" and result.gflops and baseline.gflops else None
         ),
     }
     if as_json:
@@ -133,11 +143,27 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
         raise SystemExit(1)
 
 
+def _onnxruntime_baseline(op: OpSignature, threads: int,
+                          timing: TimingConfig) -> MeasureResult | None:
+    """onnxruntime on a one-node Conv model, or None when onnx/onnxruntime are not installed.
+
+    Epilogue steps other than ``bias`` are left out of the model: the figure is for the
+    convolution itself (numpy has no convolution, so there is no numpy baseline for conv2d).
+    """
+    try:
+        from tunecache.tuner.onnx_baseline import time_onnxruntime_conv
+    except ImportError:
+        return None
+    samples = time_onnxruntime_conv(op, threads, timing.request(), seed=timing.seed)
+    return MeasureResult(op=op, schedule=None, status="ok", runtimes_s=tuple(samples),
+                         source="onnxruntime")
+
+
 def _print_bench(report: dict[str, Any], spec: HardwareSpec) -> None:
     click.echo(f"op        {report['op']}")
     click.echo(f"hardware  {spec.hw_id} ({spec.isa}), {report['threads']} thread(s)")
     click.echo(f"schedule  {json.dumps(report['schedule'], sort_keys=True)}")
-    for name in ("kernel", "numpy"):
+    for name in ("kernel", "numpy", "onnxruntime"):
         row = report[name]
         if row is None:
             continue
@@ -150,6 +176,8 @@ def _print_bench(report: dict[str, Any], spec: HardwareSpec) -> None:
         )
     if report["ratio_to_numpy"] is not None:
         click.echo(f"ratio     {report['ratio_to_numpy']:.3f}x numpy")
+    if report["ratio_to_onnxruntime"] is not None:
+        click.echo(f"ratio     {report['ratio_to_onnxruntime']:.3f}x onnxruntime")
     if report["recorded_in"]:
         click.echo(f"recorded  in the store at {report['recorded_in']}")
 
