@@ -1,0 +1,146 @@
+"""Models kept in a store root: ``models/<version>/`` plus an atomically replaced pointer.
+
+::
+
+    <root>/models/<model_version>/model.json    XGBoost JSON
+    <root>/models/<model_version>/meta.json     written after model.json: marks it complete
+    <root>/models/CURRENT                       {"model_version": "..."} — the current model
+
+The root is a local directory or any URI pyarrow's filesystems understand (like the records).
+Locally files are written under a hidden temporary name, fsynced and renamed; on object
+stores each file is one PUT, which is all-or-nothing. Saving a model and making it current
+are two steps, so a crash in between leaves the previous model current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import uuid
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.costmodel.model import META_FILE, MODEL_FILE, CostModel, ModelLoadError
+from tunecache.datasets import location
+from tunecache.datasets.location import Location
+
+MODELS_DIR = "models"
+POINTER = "CURRENT"
+_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _check_version(version: str) -> str:
+    if not _VERSION_RE.fullmatch(version) or ".." in version:
+        raise ModelLoadError(f"{version!r} is not a model version name")
+    return version
+
+
+def _write_atomic(loc: Location, relative: str, data: bytes) -> None:
+    path = loc.path(relative)
+    if not loc.local:
+        with loc.fs.open_output_stream(path) as out:
+            out.write(data)
+        return
+    directory, _, name = path.rpartition("/")
+    os.makedirs(directory, exist_ok=True)
+    temp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        with open(temp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def _read(loc: Location, relative: str) -> bytes | None:
+    try:
+        with loc.fs.open_input_stream(loc.path(relative)) as handle:
+            return bytes(handle.read())
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    except OSError:
+        info = loc.fs.get_file_info(loc.path(relative))
+        if info.type != pafs.FileType.File:
+            return None
+        raise
+
+
+def save(model: CostModel, root: str | os.PathLike[str] | Location | None = None, *,
+         make_current: bool = True) -> str:
+    """Store ``model`` under ``models/<version>/`` (and point ``CURRENT`` at it); its version."""
+    loc = location.resolve(root)
+    version = _check_version(model.version)
+    _write_atomic(loc, f"{MODELS_DIR}/{version}/{MODEL_FILE}", model.model_bytes())
+    _write_atomic(loc, f"{MODELS_DIR}/{version}/{META_FILE}", model.meta_bytes())
+    if make_current:
+        set_current(root if not isinstance(root, Location) else loc, version)
+    return version
+
+
+def set_current(root: str | os.PathLike[str] | Location | None, version: str) -> None:
+    """Point ``CURRENT`` at a stored model (which must exist and load)."""
+    loc = location.resolve(root)
+    load_version(loc, version)
+    pointer = json.dumps({"model_version": _check_version(version)}, sort_keys=True) + "\n"
+    _write_atomic(loc, f"{MODELS_DIR}/{POINTER}", pointer.encode())
+
+
+def current_version(root: str | os.PathLike[str] | Location | None = None) -> str | None:
+    """The version ``CURRENT`` names, or None when no model was made current."""
+    loc = location.resolve(root)
+    raw = _read(loc, f"{MODELS_DIR}/{POINTER}")
+    if raw is None:
+        return None
+    try:
+        data: Any = json.loads(raw)
+        version = data["model_version"]
+    except (ValueError, KeyError, TypeError):
+        raise ModelLoadError(f"{loc.uri}: {MODELS_DIR}/{POINTER} is damaged") from None
+    if not isinstance(version, str):
+        raise ModelLoadError(f"{loc.uri}: {MODELS_DIR}/{POINTER} is damaged")
+    return _check_version(version)
+
+
+def load_version(root: str | os.PathLike[str] | Location | None, version: str) -> CostModel:
+    """Load ``models/<version>/`` from a store (validated like :meth:`CostModel.load`)."""
+    loc = location.resolve(root)
+    version = _check_version(version)
+    where = f"{loc.uri}/{MODELS_DIR}/{version}"
+    model_raw = _read(loc, f"{MODELS_DIR}/{version}/{MODEL_FILE}")
+    meta_raw = _read(loc, f"{MODELS_DIR}/{version}/{META_FILE}")
+    if model_raw is None or meta_raw is None:
+        missing = MODEL_FILE if model_raw is None else META_FILE
+        raise ModelLoadError(f"{where}: {missing} is missing; not a complete model")
+    return CostModel.from_bytes(model_raw, meta_raw, where)
+
+
+def load_current(root: str | os.PathLike[str] | Location | None = None,
+                 hw: HardwareSpec | str | None = None) -> CostModel | None:
+    """The current model, or None when there is none (or, with ``hw``, none trained on it).
+
+    A damaged pointer or model, or one of another feature version, raises
+    :class:`ModelLoadError` (a subclass names the feature-version case).
+    """
+    version = current_version(root)
+    if version is None:
+        return None
+    model = load_version(root, version)
+    if hw is not None and not model.covers(hw):
+        return None
+    return model
+
+
+def list_versions(root: str | os.PathLike[str] | Location | None = None) -> list[str]:
+    """Versions stored under ``models/`` (complete or not), sorted."""
+    loc = location.resolve(root)
+    selector = pafs.FileSelector(loc.path(MODELS_DIR), recursive=False, allow_not_found=True)
+    return sorted(info.base_name for info in loc.fs.get_file_info(selector)
+                  if info.type == pafs.FileType.Directory and _VERSION_RE.fullmatch(info.base_name))
