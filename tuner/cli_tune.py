@@ -126,14 +126,16 @@ def _print_summary(summary: JobSummary) -> None:
 @click.option("--root", default=None, metavar="PATH|URI",
               help="Store root (default: $TUNECACHE_HOME, else the user cache directory).")
 @click.option("--job-id", default=None, help="Name for this job's records (default: generated).")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="Spread ops over a Ray farm (needs tunecache[farm]; --root must be shared).")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 @hardware_option
 @json_option
 def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Path, ...],
                  wanted: bool, budget: str | None, trials: int, retune: bool, no_refine: bool,
                  threads: int | None, no_baseline: bool, publish: bool, train: bool,
-                 root: str | None, job_id: str | None, quiet: bool, hardware: Path | None,
-                 as_json: bool) -> None:
+                 root: str | None, job_id: str | None, ray_address: str | None, quiet: bool,
+                 hardware: Path | None, as_json: bool) -> None:
     """Tune ops on this machine into the store: the nightly job.
 
     Every measurement (failures included) is appended to the store as soon as it is made;
@@ -156,7 +158,13 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
     options = JobOptions(budget_s=budget_s, trials=trials, retune=retune, refine=not no_refine,
                          threads=threads, baseline=not no_baseline, job_id=job_id)
     try:
-        summary = run_job(workloads, hw, store, options, model=model, progress=progress)
+        if ray_address:
+            from tunecache.tuner.farm import FarmPlan, run_farm_job
+
+            [summary] = run_farm_job(ray_address, [FarmPlan(hw, tuple(workloads))], store.root,
+                                     options, progress=progress, timeout_s=budget_s)
+        else:
+            summary = run_job(workloads, hw, store, options, model=model, progress=progress)
     finally:
         progress.close()
     summary.problems.extend(problems)
@@ -205,4 +213,27 @@ def _train(store: Store) -> str | None:
     return str(trainer(store.location))
 
 
-COMMANDS: list[click.Command] = [tune_command]
+@click.group("farm")
+def farm_group() -> None:
+    """Run a tuning farm on Ray (needs tunecache[farm])."""
+
+
+@farm_group.command("worker")
+@click.option("--address", required=True, metavar="HOST:PORT", help="The Ray head's address.")
+@click.option("--no-block", is_flag=True, help="Return once the node has joined.")
+@click.option("--dry-run", is_flag=True, help="Print the ray command instead of running it.")
+@hardware_option
+def farm_worker_command(address: str, no_block: bool, dry_run: bool,
+                        hardware: Path | None) -> None:
+    """Join this machine to the farm, offering one measurement slot for its hw_id."""
+    from tunecache.tuner.farm import join_farm, worker_command
+
+    hw = local_spec(hardware)
+    if dry_run:
+        click.echo(" ".join(worker_command(address, hw, block=not no_block)))
+        return
+    click.echo(f"joining {address} as {hw.hw_id}", err=True)
+    raise SystemExit(join_farm(address, hw, block=not no_block))
+
+
+COMMANDS: list[click.Command] = [tune_command, farm_group]
