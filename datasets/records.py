@@ -15,10 +15,16 @@ import pyarrow as pa
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule, Schedule
+from tunecache.compiler.schedule import Conv2dSchedule, MatmulSchedule, Schedule
 from tunecache.datasets.errors import SchemaError
 from tunecache.datasets.paths import check_part
-from tunecache.datasets.schema import DIM_COLUMNS, SCHEMA, SCHEMA_VERSION, STATUSES
+from tunecache.datasets.schema import (
+    CONV_KNOB_COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    STATUSES,
+    dim_columns,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +79,28 @@ class Record:
     source: str | None = None
     predicted: float | None = None
     model_version: str | None = None
+    dim_c: int | None = None
+    dim_h: int | None = None
+    dim_w: int | None = None
+    dim_f: int | None = None
+    dim_r: int | None = None
+    dim_s: int | None = None
+    stride_h: int | None = None
+    stride_w: int | None = None
+    pad_t: int | None = None
+    pad_l: int | None = None
+    pad_b: int | None = None
+    pad_r: int | None = None
+    dil_h: int | None = None
+    dil_w: int | None = None
+    groups: int | None = None
+    algorithm: str | None = None
+    oc_block: int | None = None
+    ow_block: int | None = None
+    oh_block: int | None = None
+    ic_block: int | None = None
+    unroll_kw: int | None = None
+    pack_w: int | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -118,7 +146,7 @@ class Record:
         else:
             values["hw_id"] = hw
         dims = op.dims_dict
-        for name, column in DIM_COLUMNS.items():
+        for name, column in dim_columns(op.kind).items():
             values[column] = dims.get(name)
         if schedule is not None:
             values.update(schedule_json=schedule.to_json(), schedule_id=schedule.schedule_id)
@@ -129,6 +157,10 @@ class Record:
                     loop_order=schedule.loop_order, unroll=schedule.unroll,
                     threads=schedule.threads, parallel=schedule.parallel,
                 )
+            elif isinstance(schedule, Conv2dSchedule):
+                values.update({name: getattr(schedule, name) for name in CONV_KNOB_COLUMNS})
+                values.update(algorithm=schedule.algorithm, loop_order=schedule.loop_order,
+                              threads=schedule.threads, parallel=schedule.parallel)
         runtimes = tuple(float(r) for r in runtimes_s) if runtimes_s is not None else None
         if runtimes:
             median_s = statistics.median(runtimes) if median_s is None else median_s

@@ -28,6 +28,22 @@ PARTITION_COLUMNS = ("hw_id", "op_kind")
 KNOB_COLUMNS = ("mr", "nr", "kc", "mc", "nc", "pack_a", "pack_b", "unroll", "threads")
 KNOB_TEXT_COLUMNS = ("loop_order", "parallel")
 DIM_COLUMNS = {"B": "dim_batch", "M": "dim_m", "N": "dim_n", "K": "dim_k"}
+"""Op dim -> column for matmul and batch_matmul."""
+CONV_DIM_COLUMNS = {
+    "N": "dim_batch", "C": "dim_c", "H": "dim_h", "W": "dim_w", "F": "dim_f", "R": "dim_r",
+    "S": "dim_s", "stride_h": "stride_h", "stride_w": "stride_w", "pad_t": "pad_t",
+    "pad_l": "pad_l", "pad_b": "pad_b", "pad_r": "pad_r", "dil_h": "dil_h", "dil_w": "dil_w",
+    "groups": "groups",
+}
+"""Op dim -> column for conv2d (its batch N goes to ``dim_batch``, not ``dim_n``)."""
+CONV_KNOB_COLUMNS = ("oc_block", "ow_block", "oh_block", "ic_block", "unroll_kw", "pack_w")
+"""Integer conv2d knob columns; ``algorithm`` is text, and conv2d schedules also fill the
+shared ``loop_order``, ``threads`` and ``parallel`` columns."""
+
+
+def dim_columns(kind: str) -> dict[str, str]:
+    """Which column each dim of an op of ``kind`` is stored in."""
+    return CONV_DIM_COLUMNS if kind == "conv2d" else DIM_COLUMNS
 
 _S = pa.string()
 _I32 = pa.int32()
@@ -80,6 +96,12 @@ _FIELDS: list[pa.Field] = [
     pa.field("source", _S),
     pa.field("predicted", _F64),
     pa.field("model_version", _S),
+    # conv2d (added after v1's first release: nullable, null for other kinds and older files)
+    *(pa.field(name, _I64) for name in ("dim_c", "dim_h", "dim_w", "dim_f", "dim_r", "dim_s")),
+    *(pa.field(name, _I32) for name in ("stride_h", "stride_w", "pad_t", "pad_l", "pad_b",
+                                        "pad_r", "dil_h", "dil_w", "groups")),
+    pa.field("algorithm", _S),
+    *(pa.field(name, _I32) for name in CONV_KNOB_COLUMNS),
 ]
 
 SCHEMA: pa.Schema = pa.schema(

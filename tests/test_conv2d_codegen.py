@@ -1,0 +1,214 @@
+"""Generated conv2d kernels against the float64 numpy reference, on every runnable ISA.
+
+Layer *configurations* of ResNet-50 and MobileNet-v2 (channels, kernel, stride, groups) run
+at reduced spatial sizes; two real layers run at full size on the host ISA only. Outputs
+start NaN-poisoned, so an unwritten element fails the check.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from tunecache.compiler.build import Artifact, build
+from tunecache.compiler.codegen import generate
+from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
+from tunecache.compiler.schedule import Conv2dSchedule, default_conv2d_schedule, problems
+
+HW = local_spec()
+ISAS = runnable_isas(HW)
+T2 = min(2, HW.cores)
+conv = OpSignature.conv2d
+
+
+def direct(nv: int, ow: int, ic: int, oh: int = 1, **kw: object) -> Callable[[HardwareSpec],
+                                                                              Conv2dSchedule]:
+    def make(hw: HardwareSpec) -> Conv2dSchedule:
+        # Keep the tile inside the register file of the narrowest ISA (16 registers).
+        n = nv if hw.vector_registers > 16 else 1
+        w = ow if hw.vector_registers > 16 else min(ow, 6)
+        h = oh if hw.vector_registers > 16 else 1
+        return Conv2dSchedule(oc_block=n * hw.lanes, ow_block=w, oh_block=h, ic_block=ic,
+                              **kw)  # type: ignore[arg-type]
+    return make
+
+
+def gemm(mr: int, nv: int, ic: int, **kw: object) -> Callable[[HardwareSpec], Conv2dSchedule]:
+    def make(hw: HardwareSpec) -> Conv2dSchedule:
+        n = nv if hw.vector_registers > 16 else min(nv, 2)
+        m = mr if hw.vector_registers > 16 else min(mr, (16 - n - 1) // n)
+        return Conv2dSchedule(oc_block=m, ow_block=n * hw.lanes, ic_block=ic, algorithm="gemm",
+                              **kw)  # type: ignore[arg-type]
+    return make
+
+
+Make = Callable[[HardwareSpec], Conv2dSchedule]
+# (what it covers, op, schedules); each schedule builder spreads the knobs over the cases.
+CASES: list[tuple[str, OpSignature, list[Make]]] = [
+    ("resnet stem 7x7/2 pad 3", conv(1, 3, 23, 21, 64, 7, 7, stride=2, pads=3, epilogue="bias+relu"),
+     [direct(2, 14, 3), gemm(12, 2, 3, threads=T2, parallel="pixel")]),
+    ("resnet 3x3 64", conv(1, 64, 9, 9, 64, 3, 3, pads=1, epilogue="bias+relu"),
+     [direct(2, 5, 16, unroll_kw=1, loop_order="pf"), gemm(6, 4, 64, pack_w=0)]),
+    ("resnet 1x1 256->64 residual", conv(1, 256, 7, 7, 64, 1, 1, epilogue="bias+add+relu"),
+     [direct(1, 7, 64, oh=3, threads=T2, parallel="pixel"), gemm(12, 2, 100, threads=T2)]),
+    ("resnet 3x3/2 128", conv(1, 128, 10, 10, 128, 3, 3, stride=2, pads=1, epilogue="bias"),
+     [direct(2, 3, 48, threads=T2), gemm(5, 2, 128, pack_w=0, threads=T2, parallel="pixel")]),
+    ("resnet downsample 1x1/2", conv(1, 256, 8, 8, 512, 1, 1, stride=2, epilogue="bias"),
+     [direct(2, 4, 64), gemm(12, 2, 256, pack_w=0, threads=T2)]),
+    ("mobilenet depthwise 3x3", conv(1, 144, 9, 9, 144, 3, 3, pads=1, groups=144,
+                                     epilogue="bias+relu"),
+     [direct(1, 9, 1, oh=2), direct(2, 4, 1, threads=T2, parallel="pixel", unroll_kw=1)]),
+    ("mobilenet depthwise 3x3/2", conv(1, 96, 11, 13, 96, 3, 3, stride=2, pads=1, groups=96,
+                                       epilogue="bias+relu"),
+     [direct(2, 6, 1, loop_order="pf", threads=T2)]),
+    ("mobilenet expand 1x1", conv(1, 24, 6, 6, 144, 1, 1, epilogue="bias+relu"),
+     [direct(1, 6, 24, oh=2), gemm(6, 2, 8)]),
+    ("mobilenet project 1x1 residual", conv(1, 144, 5, 5, 24, 1, 1, epilogue="bias+add"),
+     [direct(2, 5, 144, oh=2, loop_order="pf"), gemm(4, 1, 144, threads=T2, parallel="oc")]),
+    ("dilation 2", conv(1, 8, 12, 10, 16, 3, 3, pads=2, dilation=2, epilogue="relu"),
+     [direct(1, 4, 3, oh=2), gemm(3, 1, 5)]),
+    ("dilation (2,3) stride (2,1)", conv(2, 4, 13, 15, 6, 3, 2, stride=(2, 1), pads=(2, 1, 1, 2),
+                                         dilation=(2, 3)),
+     [direct(1, 5, 4, threads=T2, parallel="pixel"), gemm(2, 2, 1)]),
+    ("groups 2", conv(1, 8, 7, 9, 12, 3, 3, pads=1, groups=2, epilogue="bias"),
+     [direct(1, 4, 3), gemm(4, 1, 4, threads=T2, parallel="pixel")]),
+    ("groups 4, asymmetric pads, stride 2", conv(2, 16, 9, 8, 8, 3, 3, stride=2,
+                                                  pads=(0, 1, 1, 0), groups=4,
+                                                  epilogue="bias+add+relu"),
+     [direct(1, 3, 2, oh=2, threads=T2), gemm(2, 1, 4, pack_w=0)]),
+    ("1x1 input, 3x3 padded kernel", conv(1, 32, 1, 1, 40, 3, 3, pads=1, epilogue="bias+relu"),
+     [direct(2, 1, 32), gemm(12, 1, 32, pack_w=0)]),
+    ("1x1 input, 1x1 kernel", conv(2, 17, 1, 1, 19, 1, 1, epilogue="add"),
+     [direct(1, 1, 17, threads=T2), gemm(3, 1, 17)]),
+    ("H != W, odd everything", conv(2, 5, 13, 4, 7, 2, 3, pads=(1, 0, 0, 2), epilogue="bias+relu"),
+     [direct(1, 3, 2, oh=2, loop_order="pf"), gemm(5, 1, 3, threads=T2)]),
+]
+
+# Full-size layers (host ISA only): ResNet-50 layer4 3x3 and a MobileNet-v2 depthwise 3x3/2.
+FULL: list[tuple[str, OpSignature, list[Make]]] = [
+    ("resnet layer4 3x3 512 @7", conv(1, 512, 7, 7, 512, 3, 3, pads=1, epilogue="bias+relu"),
+     [lambda hw: default_conv2d_schedule(conv(1, 512, 7, 7, 512, 3, 3, pads=1), hw, T2),
+      gemm(12, 2, 128, pack_w=0)]),
+    ("mobilenet depthwise 3x3/2 144 @56", conv(1, 144, 56, 56, 144, 3, 3, stride=2, pads=1,
+                                               groups=144, epilogue="bias+relu"),
+     [direct(1, 14, 1, threads=T2)]),
+]
+
+Case = tuple[str, OpSignature, Conv2dSchedule, HardwareSpec]
+
+
+def _cases() -> list[Case]:
+    out: list[Case] = []
+    for isa in ISAS:
+        hw = HW.with_isa(isa)
+        for what, op, makers in CASES + (FULL if isa == HW.isa else []):
+            for make in makers:
+                out.append((what, op, make(hw), hw))
+    return out
+
+
+CASES_ALL = _cases()
+
+
+def _build_all(cases: list[Case]) -> list[Artifact]:
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda c: build(generate(c[1], c[2], c[3])), cases))
+
+
+def _check(op: OpSignature, artifact: Artifact) -> str | None:
+    kernel = load_kernel(op, artifact)
+    inputs = random_inputs(op, seed=3)
+    out = np.full(op.arguments()[-1].shape, np.nan, dtype=np.float32)
+    kernel(*inputs, out=out)
+    problem = check_result(op, inputs, out, reference(op, inputs))
+    if problem:
+        return problem
+    again = kernel(*inputs)
+    return None if np.array_equal(again, out) else "second call differs from the first"
+
+
+def test_every_case_is_legal() -> None:
+    for what, op, s, hw in CASES_ALL:
+        assert not problems(op, s, hw), (what, hw.isa, str(s), problems(op, s, hw))
+
+
+def test_kernels_match_the_reference_on_every_isa() -> None:
+    failures = []
+    for (what, op, s, hw), art in zip(CASES_ALL, _build_all(CASES_ALL), strict=True):
+        problem = _check(op, art)
+        if problem:
+            failures.append(f"{hw.isa} {what} {s}: {problem}")
+    assert not failures, "\n".join(failures)
+
+
+def test_random_shapes_and_schedules() -> None:
+    rng = random.Random(4)
+    cases: list[Case] = []
+    while len(cases) < 16:
+        hw = HW.with_isa(rng.choice(ISAS))
+        g = rng.choice([1, 1, 2, 3])
+        depthwise = rng.random() < 0.2
+        c = rng.randint(1, 9) * g
+        f = rng.randint(1, 9) * g
+        if depthwise:
+            g = c = f = rng.randint(1, 20)
+        r, s_ = rng.randint(1, 4), rng.randint(1, 4)
+        try:
+            op = conv(rng.randint(1, 2), c, rng.randint(1, 12), rng.randint(1, 12), f, r, s_,
+                      stride=(rng.randint(1, 3), rng.randint(1, 3)),
+                      pads=tuple(rng.randint(0, 2) for _ in range(4)),  # type: ignore[arg-type]
+                      dilation=(rng.randint(1, 2), rng.randint(1, 2)), groups=g,
+                      epilogue=rng.choice(["none", "bias", "add+relu", "bias+add+relu"]))
+        except ValueError:
+            continue
+        if rng.random() < 0.5 and not depthwise:
+            sched = Conv2dSchedule(
+                oc_block=rng.randint(1, 6), ow_block=hw.lanes * rng.randint(1, 2),
+                ic_block=rng.randint(1, 8), algorithm="gemm", pack_w=rng.randint(0, 1),
+                threads=rng.randint(1, T2), parallel=rng.choice(["oc", "pixel"]))
+        else:
+            sched = Conv2dSchedule(
+                oc_block=hw.lanes * rng.randint(1, 2), ow_block=rng.randint(1, 5),
+                oh_block=rng.randint(1, 2), ic_block=rng.randint(1, 8),
+                loop_order=rng.choice(["fp", "pf"]), unroll_kw=rng.randint(0, 1),
+                threads=rng.randint(1, T2), parallel=rng.choice(["oc", "pixel"]))
+        if not problems(op, sched, hw):
+            cases.append((f"random {len(cases)}", op, sched, hw))
+    failures = []
+    for (what, op, s, hw), art in zip(cases, _build_all(cases), strict=True):
+        problem = _check(op, art)
+        if problem:
+            failures.append(f"{hw.isa} {what} {op.text} {s}: {problem}")
+    assert not failures, "\n".join(failures)
+
+
+def test_epilogue_order_is_bias_add_relu() -> None:
+    op = conv(1, 4, 5, 5, 16, 3, 3, pads=1, epilogue="bias+add+relu")
+    x, w, bias, add = random_inputs(op, seed=1)
+    y = load_kernel(op, build(generate(op, default_conv2d_schedule(op, HW), HW)))(x, w, bias, add)
+    plain = conv(1, 4, 5, 5, 16, 3, 3, pads=1)
+    y0 = load_kernel(plain, build(generate(plain, default_conv2d_schedule(plain, HW), HW)))(x, w)
+    expected = np.maximum(y0 + bias[None, :, None, None] + add, 0)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    assert (y == 0).any() and (y > 0).any()
+
+
+def test_layout_conversion_happens_inside_the_kernel() -> None:
+    # The kernel takes plain NCHW / OIHW arrays and returns NCHW: no caller-side blocking.
+    op = conv(1, 20, 6, 6, 24, 3, 3, pads=1)
+    source = generate(op, default_conv2d_schedule(op, HW), HW).code
+    assert "pack_input" in source and "pack_weights" in source and "tc_time" in source
+
+
+@pytest.mark.skipif(HW.isa != "avx512", reason="checks the AVX-512 register tile")
+def test_direct_tile_is_fully_unrolled_in_registers() -> None:
+    op = conv(1, 64, 14, 14, 64, 3, 3, pads=1)
+    s = Conv2dSchedule(oc_block=32, ow_block=14, ic_block=64)
+    code = generate(op, s, HW).code
+    assert code.count(" = VFMA(") == 28 and "a0_13_1" in code

@@ -1,0 +1,111 @@
+"""Conv2d schedules: JSON round trip, ids, validation against (op, hardware), defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tunecache.compiler.codegen import generate
+from tunecache.compiler.errors import ScheduleError
+from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import (
+    Conv2dSchedule,
+    MatmulSchedule,
+    default_conv2d_schedule,
+    default_schedule,
+    problems,
+    schedule_from_json,
+    validate,
+)
+from tunecache.datasets.suites import SUITES
+
+HW = local_spec()
+AVX512 = HW.with_isa("avx512") if HW.isa == "avx512" else None
+CONV = OpSignature.conv2d(1, 64, 14, 14, 64, 3, 3, pads=1, epilogue="bias+relu")
+DW = OpSignature.conv2d(1, 32, 14, 14, 32, 3, 3, pads=1, groups=32)
+
+
+def test_json_round_trip_and_id() -> None:
+    s = Conv2dSchedule(oc_block=32, ow_block=14, ic_block=64, oh_block=2, algorithm="direct",
+                       loop_order="pf", unroll_kw=1, threads=2, parallel="pixel")
+    text = s.to_json()
+    assert '"family":"conv2d"' in text
+    back = schedule_from_json(text)
+    assert back == s and isinstance(back, Conv2dSchedule) and back.schedule_id == s.schedule_id
+    assert s.replace(threads=1).schedule_id != s.schedule_id
+    with pytest.raises(ScheduleError, match="unknown conv2d knob"):
+        s.replace(mr=4)
+    with pytest.raises(ScheduleError, match="missing knob"):
+        schedule_from_json('{"family":"conv2d","oc_block":16}')
+    with pytest.raises(ScheduleError, match="must be an integer"):
+        schedule_from_json('{"family":"conv2d","oc_block":"16","ow_block":4,"ic_block":4}')
+
+
+def test_families_do_not_mix() -> None:
+    mm = MatmulSchedule(mr=4, nr=HW.lanes, kc=32, mc=8, nc=HW.lanes)
+    assert problems(CONV, mm, HW) == ["a matmul schedule cannot drive a conv2d op"]
+    conv = default_conv2d_schedule(CONV, HW)
+    assert problems(OpSignature.matmul(8, 8, 8), conv, HW) == [
+        "a conv2d schedule cannot drive a matmul op"]
+
+
+@pytest.mark.skipif(AVX512 is None, reason="needs an AVX-512 machine for its register count")
+def test_every_problem_is_listed() -> None:
+    assert AVX512 is not None
+    s = Conv2dSchedule(oc_block=20, ow_block=40, ic_block=0, oh_block=9, algorithm="direct",
+                       loop_order="xy", unroll_kw=2, pack_w=0, threads=99, parallel="m")
+    found = " | ".join(problems(CONV, s, AVX512))
+    for part in ("oc_block=20 must be a positive multiple of 16", "ow_block=40 out of range",
+                 "oh_block=9 out of range", "ic_block=0 out of range", "loop_order='xy'",
+                 "unroll_kw=2", "pack_w=0 applies to algorithm=gemm only", "threads=99",
+                 "parallel='m'"):
+        assert part in found
+    with pytest.raises(ScheduleError, match="illegal schedule for conv2d"):
+        validate(CONV, s, AVX512)
+
+
+@pytest.mark.skipif(AVX512 is None, reason="needs an AVX-512 machine for its register count")
+def test_register_budget_and_algorithm_rules() -> None:
+    assert AVX512 is not None
+    ok = Conv2dSchedule(oc_block=32, ow_block=14, ic_block=64)  # 28 acc + 2 + 1 = 31
+    assert problems(CONV, ok, AVX512) == []
+    too_many = ok.replace(ow_block=7, oh_block=3)  # 42 accumulators
+    assert "needs 45 vector registers" in " ".join(problems(CONV, too_many, AVX512))
+    gemm = Conv2dSchedule(oc_block=12, ow_block=32, ic_block=64, algorithm="gemm", pack_w=0)
+    assert problems(CONV, gemm, AVX512) == []
+    assert "ow_block=24 must be a positive multiple of 16" in " ".join(
+        problems(CONV, gemm.replace(ow_block=24), AVX512))
+    assert "oh_block must be 1 for algorithm=gemm" in " ".join(
+        problems(CONV, gemm.replace(oh_block=2), AVX512))
+    assert "unroll_kw applies to algorithm=direct only" in " ".join(
+        problems(CONV, gemm.replace(unroll_kw=1), AVX512))
+    assert "does not apply to depthwise" in " ".join(problems(DW, gemm, AVX512))
+    assert "algorithm='winograd'" in " ".join(
+        problems(CONV, gemm.replace(algorithm="winograd"), AVX512))
+    # AVX2 has 16 registers and 8 lanes: the AVX-512 tile no longer fits.
+    assert problems(CONV, ok, AVX512.with_isa("avx2"))
+
+
+def test_generate_refuses_an_illegal_schedule() -> None:
+    with pytest.raises(ScheduleError):
+        generate(CONV, Conv2dSchedule(oc_block=3, ow_block=4, ic_block=4), HW)
+
+
+def test_defaults_are_legal_for_every_suite_conv_on_every_isa() -> None:
+    ops = [w.op for suite in SUITES.values() for w in suite.workloads if w.op.kind == "conv2d"]
+    ops += [CONV, DW, OpSignature.conv2d(2, 6, 1, 1, 10, 3, 3, pads=1, groups=2),
+            OpSignature.conv2d(1, 5, 13, 4, 7, 2, 3, pads=(1, 0, 0, 2))]
+    assert len(ops) > 40
+    for isa in ("avx512", "avx2", "generic"):
+        hw = dataclasses.replace(HW.with_isa(isa), cores=2)
+        for op in ops:
+            for threads in (1, 2):
+                for algorithm in ("direct", "gemm"):
+                    s = default_conv2d_schedule(op, hw, threads, algorithm)
+                    found = problems(op, s, hw)
+                    if algorithm == "gemm" and "does not apply to depthwise" in " ".join(found):
+                        continue
+                    assert not found, (isa, op.text, s, found)
+        assert isinstance(default_schedule(CONV, hw), Conv2dSchedule)
