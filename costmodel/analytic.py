@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule
+from tunecache.compiler.schedule import Conv2dSchedule, MatmulSchedule, Schedule
 
 # Nominal machine numbers (per core). Only ratios between candidates matter for ranking; the
 # absolute scale makes the estimate readable in milliseconds. FMA: 2 pipes, 4-cycle latency.
@@ -69,8 +69,15 @@ def micro_efficiency(mr: int, nv: int) -> float:
     return 0.92 * latency * loads
 
 
-def estimate(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
-    """Roofline-style time estimate for one matmul schedule (see module docstring)."""
+def estimate(op: OpSignature, s: Schedule, hw: HardwareSpec) -> Estimate:
+    """Roofline-style time estimate for one schedule of ``op`` on ``hw``."""
+    if isinstance(s, Conv2dSchedule):
+        return estimate_conv2d(op, s, hw)
+    return estimate_matmul(op, s, hw)
+
+
+def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
+    """Roofline-style time estimate for one matmul / batch_matmul schedule."""
     d = op.dims_dict
     M, N, K, B = d["M"], d["N"], d["K"], op.batch
     mr, nr, T = s.mr, s.nr, s.threads
@@ -152,3 +159,72 @@ def estimate(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
 
 
+
+
+def _conv_dims(op: OpSignature) -> tuple[int, int, int, int, int, int, int, bool]:
+    d = op.dims_dict
+    groups = d["groups"]
+    depthwise = groups == d["C"] and d["F"] == d["C"]
+    return (d["N"], groups, d["C"] // groups, d["F"] // groups, op.out_h, op.out_w,
+            d["R"] * d["S"], depthwise)
+
+
+def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Estimate:
+    """Roofline-style estimate for a conv2d schedule, seen as the GEMM it computes.
+
+    Per image and group the convolution is a GEMM of output channels x output pixels x
+    (input channels x R x S). ``direct`` keeps pixels in the broadcast dimension and output
+    channels in vector lanes (plus converting the input to the blocked layout); ``gemm``
+    the other way round (plus building the im2col panels). Depthwise convolutions have one
+    input channel per output channel: vector lanes hold channels, and they are bound by
+    memory traffic, not FMAs.
+    """
+    n, groups, cg, fg, p, q, rs, depthwise = _conv_dims(op)
+    d = op.dims_dict
+    lanes = hw.lanes
+    T = s.threads
+    peak = peak_gflops_per_core(hw) * 1e9
+    pack_bw = PACK_GBPS * 1e9
+    direct = s.algorithm == "direct"
+    pixels = p * q
+    if depthwise:
+        nv = max(1, s.oc_block // lanes)
+        rows = s.ow_block * s.oh_block
+        # Each FMA needs its own input vector: loads ~ FMAs, so at most half of peak.
+        eff = micro_efficiency(rows, nv) * 0.5
+        channels = _round_up(d["C"], s.oc_block)
+        flops = 2.0 * n * channels * _round_up(q, s.ow_block) * _round_up(p, s.oh_block) * rs
+        units = n * (channels // s.oc_block if s.parallel == "oc" else p)
+    elif direct:
+        nv = max(1, s.oc_block // lanes)
+        rows = s.ow_block * s.oh_block
+        kc = min(s.ic_block, cg) * rs
+        eff = micro_efficiency(rows, nv) * kc / (kc + 24)
+        flops = (2.0 * n * groups * _round_up(fg, s.oc_block) * _round_up(q, s.ow_block)
+                 * _round_up(p, s.oh_block) * cg * rs)
+        units = n * groups * (_ceil_div(fg, s.oc_block) if s.parallel == "oc" else p)
+    else:
+        nv = max(1, s.ow_block // lanes)
+        kc = min(s.ic_block, cg) * rs
+        eff = micro_efficiency(s.oc_block, nv) * kc / (kc + 24)
+        flops = (2.0 * n * groups * _round_up(fg, s.oc_block) * _round_up(pixels, s.ow_block)
+                 * cg * rs)
+        units = n * groups * (_ceil_div(fg, s.oc_block) if s.parallel == "oc"
+                              else _ceil_div(pixels, s.ow_block))
+    busy = min(T, max(1, units))
+    balance = units / (_ceil_div(units, busy) * busy) if units else 1.0
+    compute_s = flops / (peak * eff * busy * balance)
+    in_elems = n * d["C"] * (d["H"] + d["pad_t"] + d["pad_b"]) * (d["W"] + d["pad_l"] + d["pad_r"])
+    out_elems = n * d["F"] * pixels
+    weights = d["F"] * cg * rs
+    if direct:
+        pack_bytes = 8.0 * in_elems + 8.0 * weights
+    else:
+        pack_bytes = 8.0 * n * groups * cg * rs * pixels + (8.0 * weights if s.pack_w else 0.0)
+    memory_s = pack_bytes / (pack_bw * busy) + 8.0 * out_elems / (BYTES_PER_CYCLE["l3"]
+                                                                   * NOMINAL_GHZ * 1e9 * busy)
+    if depthwise:
+        memory_s += 4.0 * in_elems / (BYTES_PER_CYCLE["l3"] * NOMINAL_GHZ * 1e9 * busy)
+    overhead_s = CALL_OVERHEAD_S + (FORK_JOIN_S if T > 1 else 0.0)
+    seconds = compute_s + memory_s + overhead_s
+    return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)

@@ -143,3 +143,39 @@ def test_unknown_kind_is_refused() -> None:
 
     with pytest.raises(ValueError, match="no model"):
         candidates(Fake(), AVX512)  # type: ignore[arg-type]
+
+
+CONVS = [
+    OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, pads=1, epilogue="bias+relu"),
+    OpSignature.conv2d(1, 96, 112, 112, 96, 3, 3, stride=2, pads=1, groups=96,
+                       epilogue="bias+relu"),
+    OpSignature.conv2d(1, 256, 14, 14, 1024, 1, 1, epilogue="bias+add+relu"),
+    OpSignature.conv2d(1, 3, 224, 224, 64, 7, 7, stride=2, pads=3, epilogue="bias+relu"),
+    OpSignature.conv2d(1, 8, 9, 5, 12, 3, 3, dilation=2, pads=(2, 1, 2, 1), groups=4),
+]
+
+
+@pytest.mark.parametrize("hw", [AVX512, AVX2, MANY_CORES], ids=lambda h: h.hw_id)
+@pytest.mark.parametrize("op", CONVS, ids=lambda o: o.op_id)
+def test_conv_candidates_are_legal_and_fit_registers(op: OpSignature, hw: HardwareSpec) -> None:
+    from tunecache.compiler.schedule import is_depthwise
+
+    found = candidates(op, hw)
+    assert 1 <= len(found) <= 10 and len({c.schedule for c in found}) == len(found)
+    for c in found:
+        s = c.schedule
+        assert not problems(op, s, hw)
+        if is_depthwise(op):
+            assert s.algorithm == "direct"
+        vec = s.oc_block if s.algorithm == "direct" else s.ow_block
+        assert vec % hw.lanes == 0
+    assert [c.estimate.seconds for c in found] == sorted(c.estimate.seconds for c in found)
+
+
+def test_conv_exhaustive_space_is_legal() -> None:
+    op = CONVS[0]
+    space = exhaustive_space(op, AVX512)
+    assert len(space) > 500
+    assert {s.algorithm for s in space} == {"direct", "gemm"}
+    assert all(not problems(op, s, AVX512) for s in space[::25])
+    assert {s.algorithm for s in exhaustive_space(CONVS[1], AVX512)} == {"direct"}

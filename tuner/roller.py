@@ -27,12 +27,21 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MAX_MR, MAX_NR_VECTORS, MatmulSchedule, Schedule, problems
+from tunecache.compiler.schedule import (
+    MAX_MR,
+    MAX_NR_VECTORS,
+    MAX_OW_BLOCK,
+    Conv2dSchedule,
+    MatmulSchedule,
+    Schedule,
+    is_depthwise,
+    problems,
+)
 from tunecache.costmodel.analytic import Estimate, estimate, micro_efficiency
 
 DEFAULT_K = 10
@@ -170,6 +179,56 @@ def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSch
                                     )
 
 
+def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv2dSchedule]:
+    """Conv2d candidates: direct register tiles (pixels x channel vectors) and, unless
+    depthwise, implicit-GEMM tiles (channels x pixel vectors), with channel blocks sized
+    so a block's weights stay in L1/L2 and reduction depths like matmul's kc."""
+    d = op.dims_dict
+    lanes, regs = hw.lanes, hw.vector_registers
+    groups = d["groups"]
+    cg, fg = d["C"] // groups, d["F"] // groups
+    p, q, rs = op.out_h, op.out_w, d["R"] * d["S"]
+    depthwise = is_depthwise(op)
+    width = d["C"] if depthwise else fg
+    pars = ["oc", "pixel"] if threads > 1 else ["oc"]
+    for nv in (1, 2):
+        if nv > 1 and width <= lanes:
+            break
+        max_rows = min(MAX_OW_BLOCK, (regs - nv - 1) // nv)
+        ows = {min(q, max_rows), _balanced(q, max_rows, 1), _balanced(q, max(1, max_rows // 2), 1)}
+        for ow in sorted(ows):
+            for oh in (1, 2, 4):
+                if ow * oh > max_rows or (oh > 1 and (oh > p or q > max_rows // 2)):
+                    continue
+                ics = [1] if depthwise else sorted({min(cg, b) for b in (lanes, 64, 256)})
+                for ic in ics:
+                    for order in ("fp", "pf"):
+                        for unroll in ((0, 1) if d["S"] > 1 else (0,)):
+                            for par in pars:
+                                yield Conv2dSchedule(
+                                    oc_block=nv * lanes, ow_block=ow, oh_block=oh, ic_block=ic,
+                                    algorithm="direct", loop_order=order, unroll_kw=unroll,
+                                    threads=threads, parallel=par)
+    if depthwise:
+        return
+    for nv in (1, 2, 4):
+        max_mr = min(MAX_MR, (regs - nv - 1) // nv)
+        for mr in sorted({max_mr, max(1, max_mr // 2), min(max_mr, _round_up(min(fg, 8), 1))}):
+            for depth in (256, 512):
+                ic = max(1, min(cg, depth // rs))
+                for pack_w in (1, 0):
+                    for par in pars:
+                        yield Conv2dSchedule(
+                            oc_block=mr, ow_block=nv * lanes, ic_block=ic, algorithm="gemm",
+                            pack_w=pack_w, threads=threads, parallel=par)
+
+
+def _tile_key(s: Schedule) -> tuple[object, ...]:
+    if isinstance(s, Conv2dSchedule):
+        return (s.algorithm, s.oc_block, s.ow_block, s.oh_block)
+    return (s.mr, s.nr)
+
+
 def candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
                threads: int | None = None) -> list[ScoredSchedule]:
     """The tiler's top-``k`` legal schedules for ``op`` on ``hw``, best estimate first.
@@ -177,11 +236,15 @@ def candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
     ``threads`` pins the thread count; by default schedules use every core of ``hw``, and
     for small ops fewer threads compete too (the estimate charges fork/join overhead).
     """
-    if op.kind not in ("matmul", "batch_matmul"):
-        raise ValueError(f"the tiler has no model for op kind {op.kind!r} yet")
-    seen: set[MatmulSchedule] = set()
-    scored: list[tuple[float, str, MatmulSchedule, Estimate]] = []
-    pool = (s for t in thread_options(op, hw, threads) for s in _pool(op, hw, t))
+    if op.kind in ("matmul", "batch_matmul"):
+        make: Callable[[OpSignature, HardwareSpec, int], Iterator[Schedule]] = _pool
+    elif op.kind == "conv2d":
+        make = _conv_pool
+    else:
+        raise ValueError(f"the tiler has no model for op kind {op.kind!r}")
+    seen: set[Schedule] = set()
+    scored: list[tuple[float, str, Schedule, Estimate]] = []
+    pool = (s for t in thread_options(op, hw, threads) for s in make(op, hw, t))
     for s in pool:
         if s in seen or problems(op, s, hw):
             continue
@@ -189,12 +252,13 @@ def candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
         est = estimate(op, s, hw)
         scored.append((est.seconds, s.schedule_id, s, est))
     scored.sort(key=lambda item: (item[0], item[1]))
-    chosen: list[tuple[MatmulSchedule, Estimate]] = []
-    per_tile: dict[tuple[int, int], int] = {}
+    chosen: list[tuple[Schedule, Estimate]] = []
+    per_tile: dict[tuple[object, ...], int] = {}
     for _, _, s, est in scored:
-        if per_tile.get((s.mr, s.nr), 0) < PER_TILE_CAP:
+        key = _tile_key(s)
+        if per_tile.get(key, 0) < PER_TILE_CAP:
             chosen.append((s, est))
-            per_tile[(s.mr, s.nr)] = per_tile.get((s.mr, s.nr), 0) + 1
+            per_tile[key] = per_tile.get(key, 0) + 1
         if len(chosen) == k:
             break
     if len(chosen) < k:
@@ -216,7 +280,81 @@ def timed_candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
 
 
 def exhaustive_space(op: OpSignature, hw: HardwareSpec, threads: int | None = None,
-                     limit: int | None = None, seed: int = 0) -> list[MatmulSchedule]:
+                     limit: int | None = None, seed: int = 0) -> list[Schedule]:
+    """The legal schedule grid for ``op`` (for evaluation), or a stratified sample of it.
+
+    Matmul: every legal micro-tile, K blocks 64..1024 and K, M blocks from a quarter of L2 to
+    balanced-over-threads, N blocks from a share of L3 to all of N, both packings, both loop
+    orders, every parallel axis and unroll 1/4. Conv2d: both algorithms, every legal
+    register tile on a grid of widths, channel blocks, loop orders, kernel-width unrolling,
+    weight packing and parallel axes. With ``limit``, the sample keeps the same share of
+    every register tile (stratified), deterministic for ``seed``.
+    """
+    if op.kind == "conv2d":
+        return _stratified(_conv_strata(op, hw, threads), limit, seed)
+    return _matmul_exhaustive(op, hw, threads, limit, seed)
+
+
+def _stratified(strata: dict[tuple[object, ...], list[Schedule]], limit: int | None,
+                seed: int) -> list[Schedule]:
+    everything = [s for group in strata.values() for s in group]
+    if limit is None or len(everything) <= limit:
+        return everything
+    rng = random.Random(seed)
+    total = len(everything)
+    sample: list[Schedule] = []
+    for key in sorted(strata, key=repr):
+        group = strata[key]
+        take = max(1, round(limit * len(group) / total))
+        sample.extend(rng.sample(group, min(take, len(group))))
+    rng.shuffle(sample)
+    return sample[:limit]
+
+
+def _conv_strata(op: OpSignature, hw: HardwareSpec, threads: int | None
+                 ) -> dict[tuple[object, ...], list[Schedule]]:
+    threads = hw.cores if threads is None else max(1, min(threads, hw.cores))
+    d = op.dims_dict
+    lanes, regs = hw.lanes, hw.vector_registers
+    cg = d["C"] // d["groups"]
+    rs = d["R"] * d["S"]
+    pars = ["oc", "pixel"] if threads > 1 else ["oc"]
+    strata: dict[tuple[object, ...], list[Schedule]] = {}
+
+    def add(s: Conv2dSchedule) -> None:
+        if not problems(op, s, hw):
+            strata.setdefault(_tile_key(s), []).append(s)
+
+    for nv in range(1, 5):
+        max_rows = min(MAX_OW_BLOCK, (regs - nv - 1) // nv)
+        for ow in sorted({1, 2, 4, 7, 8, 12, 14, 16, 28, max_rows} & set(range(1, max_rows + 1))):
+            for oh in (1, 2, 4):
+                if ow * oh > max_rows:
+                    continue
+                for ic in sorted({1, lanes, 32, 64, 128, cg} & set(range(1, cg + 1))):
+                    for order in ("fp", "pf"):
+                        for unroll in (0, 1):
+                            for par in pars:
+                                add(Conv2dSchedule(oc_block=nv * lanes, ow_block=ow, oh_block=oh,
+                                                   ic_block=ic, algorithm="direct",
+                                                   loop_order=order, unroll_kw=unroll,
+                                                   threads=threads, parallel=par))
+    if not is_depthwise(op):
+        for nv in range(1, 5):
+            max_mr = min(MAX_MR, (regs - nv - 1) // nv)
+            for mr in sorted({1, 2, 4, 6, 8, 12, 14, 16, 24, max_mr} & set(range(1, max_mr + 1))):
+                for depth in (64, 128, 256, 512, 1024):
+                    for pack_w in (1, 0):
+                        for par in pars:
+                            add(Conv2dSchedule(oc_block=mr, ow_block=nv * lanes,
+                                               ic_block=max(1, min(cg, depth // rs)),
+                                               algorithm="gemm", pack_w=pack_w, threads=threads,
+                                               parallel=par))
+    return {k: list(dict.fromkeys(v)) for k, v in strata.items()}
+
+
+def _matmul_exhaustive(op: OpSignature, hw: HardwareSpec, threads: int | None = None,
+                       limit: int | None = None, seed: int = 0) -> list[Schedule]:
     """The legal schedule grid for ``op`` (for evaluation), or a stratified sample of it.
 
     The grid covers every legal micro-tile, K blocks 64..1024 and K, M blocks from a quarter
@@ -259,15 +397,4 @@ def exhaustive_space(op: OpSignature, hw: HardwareSpec, threads: int | None = No
                                                 group.append(s)
             if group:
                 strata[(mr, nr)] = group
-    everything = [s for group in strata.values() for s in group]
-    if limit is None or len(everything) <= limit:
-        return everything
-    rng = random.Random(seed)
-    total = len(everything)
-    sample: list[MatmulSchedule] = []
-    for key in sorted(strata):
-        group = strata[key]
-        take = max(1, round(limit * len(group) / total))
-        sample.extend(rng.sample(group, min(take, len(group))))
-    rng.shuffle(sample)
-    return sample[:limit]
+    return _stratified(dict(strata), limit, seed)
