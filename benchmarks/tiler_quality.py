@@ -25,45 +25,32 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import git_revision, machine_summary, write_section  # noqa: E402
+from _report import git_revision, machine_summary, write_section
 
-from tunecache.cache.store import Store  # noqa: E402
-from tunecache.compiler.hardware import local_spec  # noqa: E402
-from tunecache.compiler.ops import OpSignature  # noqa: E402
-from tunecache.tuner import roller  # noqa: E402
-from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig  # noqa: E402
-from tunecache.tuner.records import to_records  # noqa: E402
+from tunecache.cache.store import Store
+from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.ops import OpSignature
+from tunecache.datasets.suites import SUITES
+from tunecache.tuner import roller
+from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
+from tunecache.tuner.records import to_records
 
 MM, BMM = OpSignature.matmul, OpSignature.batch_matmul
 
-# (model, op): GEMMs of real models at batch 1 plus odd shapes.
+# (model, op): GEMMs and convolutions of real models at batch 1, plus odd shapes.
 MATMUL_OPS: list[tuple[str, OpSignature]] = [
     ("BERT-base", MM(128, 768, 768, epilogue="bias")),
-    ("BERT-base", MM(128, 2304, 768, epilogue="bias")),
     ("BERT-base", MM(128, 3072, 768, epilogue="bias")),
     ("BERT-base", MM(128, 768, 3072, epilogue="bias")),
     ("BERT-base", BMM(12, 128, 128, 64, trans_b=True)),
     ("BERT-base", BMM(12, 128, 64, 128)),
-    ("BERT-base", MM(1, 768, 768, trans_b=True, epilogue="bias")),
     ("GPT-2", MM(64, 2304, 768, epilogue="bias")),
-    ("GPT-2", MM(64, 768, 768, epilogue="bias")),
-    ("GPT-2", MM(64, 3072, 768, epilogue="bias")),
-    ("GPT-2", MM(64, 768, 3072, epilogue="bias")),
     ("GPT-2", BMM(12, 64, 64, 64, trans_b=True)),
-    ("GPT-2", BMM(12, 64, 64, 64)),
-    ("GPT-2 decode", MM(1, 2304, 768, epilogue="bias")),
     ("GPT-2 decode", MM(1, 3072, 768, epilogue="bias")),
-    ("GPT-2 decode", BMM(12, 1, 64, 128, shared="none")),
+    ("GPT-2 decode", MM(1, 768, 3072, epilogue="bias")),
     ("ResNet-50", MM(1, 1000, 2048, trans_b=True, epilogue="bias")),
-    ("ResNet-50 (batch 8)", MM(8, 1000, 2048, trans_b=True, epilogue="bias")),
     ("MobileNet-v2", MM(1, 1000, 1280, trans_b=True, epilogue="bias")),
-    ("ResNet-50 1x1 as GEMM", MM(3136, 64, 64, epilogue="bias+relu")),
-    ("ResNet-50 1x1 as GEMM", MM(784, 512, 128, epilogue="bias")),
-    ("ResNet-50 1x1 as GEMM", MM(196, 1024, 256, epilogue="bias+relu")),
-    ("MobileNet-v2 1x1 as GEMM", MM(3136, 24, 96, epilogue="bias")),
-    ("MobileNet-v2 1x1 as GEMM", MM(196, 384, 64, epilogue="bias+relu")),
     ("square", MM(256, 256, 256)),
-    ("square", MM(512, 512, 512)),
     ("square", MM(1024, 1024, 1024)),
     ("odd", MM(97, 13, 511, trans_a=True)),
     ("odd", MM(333, 77, 129, epilogue="relu")),
@@ -71,6 +58,15 @@ MATMUL_OPS: list[tuple[str, OpSignature]] = [
     ("odd", BMM(5, 37, 53, 19, shared="b", epilogue="bias")),
     ("odd", MM(1000, 1, 500)),
 ]
+# Suite entries by index (see datasets/suites.py): stem, 1x1, 3x3 and strided convs of every
+# ResNet-50 stage; MobileNet-v2's stem, depthwise (strided and not), expand and project.
+CONV_PICKS = {"resnet50": (0, 1, 2, 3, 7, 9, 11, 17, 20, 23),
+              "mobilenet_v2": (0, 1, 4, 12, 20, 22, 29)}
+CONV_OPS: list[tuple[str, OpSignature]] = [
+    (f"{name}: {SUITES[name].workloads[i].label.split(';')[0]}", SUITES[name].workloads[i].op)
+    for name, picks in CONV_PICKS.items() for i in picks
+]
+OPS = MATMUL_OPS + CONV_OPS
 
 
 @dataclass
@@ -203,6 +199,7 @@ def main() -> None:
     parser.add_argument("--fixture", type=Path, default=None,
                         help="write the measurements as one Parquet file (test fixture)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N ops")
+    parser.add_argument("--only", choices=("matmul", "conv"), default=None)
     parser.add_argument("--min-time", type=float, default=0.05)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
@@ -210,7 +207,8 @@ def main() -> None:
     # Cold builds, so "time to tune" includes compiling (and never reuses a user's cache).
     os.environ["TUNECACHE_BUILD_CACHE"] = tempfile.mkdtemp(prefix="tiler-quality-kernels-")
     hw = local_spec()
-    ops = MATMUL_OPS[: args.limit] if args.limit else MATMUL_OPS
+    ops = {None: OPS, "matmul": MATMUL_OPS, "conv": CONV_OPS}[args.only]
+    ops = ops[: args.limit] if args.limit else ops
     root = args.root or tempfile.mkdtemp(prefix="tiler-quality-")
     store = Store(root)
     job_id = f"tiler-quality-{uuid.uuid4().hex[:8]}"
