@@ -85,6 +85,9 @@ def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any
 
 
 def _numpy_runner(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> Callable[[int], float]:
+    if op.kind not in ("matmul", "batch_matmul"):
+        raise ValueError(f"numpy has no {op.kind} baseline (for conv2d, onnxruntime is the "
+                         "baseline: tunecache.tuner.onnx_baseline)")
     a, b = inputs[0], inputs[1]
     if op.trans_a:
         a = np.swapaxes(a, -1, -2)
