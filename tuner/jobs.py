@@ -289,6 +289,24 @@ def run_job(
     return summary
 
 
+def _baseline(op: OpSignature, threads: int, runner: Runner) -> tuple[str | None, float | None]:
+    """numpy for matmul kinds; onnxruntime (when installed) for conv2d; same thread count."""
+    if op.kind in BASELINE_KINDS:
+        base = runner.measure_numpy(op, threads)
+        return ("numpy", base.gflops) if base.ok and base.gflops else (None, None)
+    if op.kind == "conv2d":
+        try:
+            from tunecache.tuner.onnx_baseline import time_onnxruntime_conv
+        except ImportError:
+            return None, None
+        samples = time_onnxruntime_conv(op, threads, runner.timing.request(),
+                                        seed=runner.timing.seed)
+        if samples:
+            median = sorted(samples)[len(samples) // 2]
+            return "onnxruntime", op.flops / median / 1e9
+    return None, None
+
+
 def _summarise(workload: Workload, result: OpTuneResult, runner: Runner,
                options: JobOptions) -> OpSummary:
     op = workload.op
@@ -304,11 +322,9 @@ def _summarise(workload: Workload, result: OpTuneResult, runner: Runner,
             note += f" (stopped by {result.stopped_by})"
         return OpSummary(op, workload.label, workload.count, "no_result", result.trials,
                          result.seconds, note=note)
-    baseline_name = baseline_gflops = None
-    if options.baseline and op.kind in BASELINE_KINDS and best.schedule is not None:
-        base = runner.measure_numpy(op, best.schedule.threads)
-        if base.ok:
-            baseline_name, baseline_gflops = "numpy", base.gflops
+    baseline_name, baseline_gflops = None, None
+    if options.baseline and best.schedule is not None:
+        baseline_name, baseline_gflops = _baseline(op, best.schedule.threads, runner)
     note = f"stopped by {result.stopped_by}" if result.stopped_by else None
     return OpSummary(op, workload.label, workload.count, "tuned", result.trials, result.seconds,
                      best.gflops, str(best.schedule), baseline_name, baseline_gflops, note)
