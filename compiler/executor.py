@@ -1,0 +1,225 @@
+"""Run a loaded :class:`~tunecache.compiler.frontend.Graph`: kernels for kernel nodes, numpy
+for the rest.
+
+An :class:`Executor` is built once per graph and set of kernels and then run many times. A
+kernel node calls the kernel given for it (a generated kernel from
+:func:`tunecache.compiler.runtime.compile_kernel`, or any callable with the same contract)
+or, when none is given, :func:`numpy_kernel` of its op. Kernel arguments are the node's
+tensors reshaped to ``op.arguments()`` shapes, float32 and C-contiguous (constants are
+prepared once, at construction); the kernel's result is reshaped to the node's ONNX output
+shape. Intermediate tensors are released after their last use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tunecache.compiler import onnx_ops
+from tunecache.compiler.frontend import FLOAT32, Graph, KernelNode, ModelError, OnnxNode
+from tunecache.compiler.ops import OpSignature
+
+__all__ = ["Executor", "Kernel", "numpy_kernel"]
+
+Kernel = Callable[..., np.ndarray]
+"""Called with the op's input arrays (``op.arguments()`` order and shapes, float32,
+C-contiguous); returns the output array of the op's output shape."""
+
+_Env = dict[str, Any]
+
+
+def numpy_kernel(op: OpSignature) -> Kernel:
+    """A float32 numpy implementation of a kernel op (matmul, batch_matmul, conv2d + epilogue)."""
+    if op.kind == "conv2d":
+        d = op.dims_dict
+        stride = (d["stride_h"], d["stride_w"])
+        pads = (d["pad_t"], d["pad_l"], d["pad_b"], d["pad_r"])
+        dilation = (d["dil_h"], d["dil_w"])
+        groups = d["groups"]
+        has_bias, has_add = "bias" in op.epilogue, "add" in op.epilogue
+        relu = "relu" in op.epilogue
+
+        def conv(*arrays: np.ndarray) -> np.ndarray:
+            x, w = arrays[0], arrays[1]
+            bias = arrays[2] if has_bias else None
+            y = onnx_ops.conv2d(x, w, bias, stride, pads, dilation, groups)
+            if has_add:
+                y += arrays[-1]
+            if relu:
+                np.maximum(y, np.float32(0), out=y)
+            return y
+        return conv
+
+    trans_a, trans_b = op.trans_a, op.trans_b
+    has_bias, relu = "bias" in op.epilogue, "relu" in op.epilogue
+
+    def matmul(*arrays: np.ndarray) -> np.ndarray:
+        a, b = arrays[0], arrays[1]
+        if trans_a:
+            a = np.swapaxes(a, -1, -2)
+        if trans_b:
+            b = np.swapaxes(b, -1, -2)
+        c = np.matmul(a, b)
+        if has_bias:
+            c += arrays[2]
+        if relu:
+            np.maximum(c, np.float32(0), out=c)
+        return np.ascontiguousarray(c, dtype=FLOAT32)
+    return matmul
+
+
+class Executor:
+    """Runs a graph; build once, call :meth:`run` many times.
+
+    ``kernels`` maps :attr:`KernelNode.name` to a kernel; kernel nodes without one run
+    :func:`numpy_kernel` of their op (the reference path).
+    """
+
+    def __init__(self, graph: Graph, kernels: Mapping[str, Kernel] | None = None) -> None:
+        self.graph = graph
+        kernels = dict(kernels or {})
+        names = {node.name for node in graph.kernel_nodes}
+        unknown = sorted(set(kernels) - names)
+        if unknown:
+            raise ModelError(f"kernels given for {', '.join(map(repr, unknown))}, which "
+                             f"{'is' if len(unknown) == 1 else 'are'} not a kernel node of "
+                             f"{graph.name!r}; its kernel nodes: {', '.join(sorted(names))}")
+        self._constants = dict(graph.constants)
+        self._outputs = {o.name for o in graph.outputs}
+        self._steps: list[Callable[[_Env], None]] = []
+        for step in graph.steps:
+            if isinstance(step, KernelNode):
+                self._steps.append(self._kernel_step(step, kernels.get(step.name)))
+            else:
+                self._steps.append(self._onnx_step(step))
+        self._release = self._last_uses()
+
+    # -- preparation ----------------------------------------------------------------------
+
+    def _kernel_step(self, node: KernelNode, kernel: Kernel | None) -> Callable[[_Env], None]:
+        fn = kernel if kernel is not None else numpy_kernel(node.op)
+        shapes = [a.shape for a in node.op.arguments() if a.role == "input"]
+        # Constant arguments are reshaped and made contiguous float32 once, here.
+        fixed: list[np.ndarray | None] = []
+        for name, shape in zip(node.inputs, shapes, strict=True):
+            value = self._constants.get(name)
+            fixed.append(None if value is None else _argument(value, shape))
+        plan = list(zip(node.inputs, shapes, fixed, strict=True))
+        out_name, out_shape = node.output, node.output_shape
+        label = f"kernel node {node.name!r} ({node.op.text})"
+
+        def run(env: _Env) -> None:
+            args = [f if f is not None else _argument(env[n], s) for n, s, f in plan]
+            try:
+                result = fn(*args)
+            except Exception as exc:
+                raise ModelError(f"{label} failed: {exc}") from exc
+            env[out_name] = result.reshape(out_shape)
+        return run
+
+    def _onnx_step(self, node: OnnxNode) -> Callable[[_Env], None]:
+        impl = onnx_ops.OPS[node.op_type]
+        attrs, opset = node.attrs, self.graph.opset
+        inputs, outputs = node.inputs, node.outputs
+        label = f"node {node.name!r} ({node.op_type})"
+
+        def run(env: _Env) -> None:
+            try:
+                values = impl([env[n] if n else None for n in inputs], attrs, opset)
+            except Exception as exc:
+                raise ModelError(f"{label} failed: {type(exc).__name__}: {exc}") from exc
+            for name, value in zip(outputs, values, strict=False):
+                if name:
+                    env[name] = value
+        return run
+
+    def _last_uses(self) -> list[tuple[str, ...]]:
+        """Per step, the intermediate tensors no later step needs."""
+        last: dict[str, int] = {}
+        for index, step in enumerate(self.graph.steps):
+            for name in step.inputs:
+                if name:
+                    last[name] = index
+        release: list[list[str]] = [[] for _ in self.graph.steps]
+        for name, index in last.items():
+            if name not in self._constants and name not in self._outputs:
+                release[index].append(name)
+        return [tuple(r) for r in release]
+
+    # -- running --------------------------------------------------------------------------
+
+    def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the graph; returns ``{output name: array}`` in the model's output order.
+
+        ``inputs`` is a mapping by input name or a sequence in the model's input order; names,
+        shapes and dtypes must match the graph's inputs exactly (:class:`ModelError` saying
+        what was expected otherwise).
+        """
+        env: _Env = dict(self._constants)
+        env.update(self._check_inputs(inputs))
+        for step, release in zip(self._steps, self._release, strict=True):
+            step(env)
+            for name in release:
+                env.pop(name, None)
+        result = {}
+        for info in self.graph.outputs:
+            value = env[info.name]
+            # A constant output is shared, read-only state; hand out a copy.
+            result[info.name] = value.copy() if info.name in self._constants else value
+        return result
+
+    def __call__(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
+                 ) -> dict[str, np.ndarray]:
+        return self.run(inputs)
+
+    def _check_inputs(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
+                      ) -> dict[str, np.ndarray]:
+        expected = self.graph.inputs
+        names = [i.name for i in expected]
+        if isinstance(inputs, Mapping):
+            missing = [n for n in names if n not in inputs]
+            extra = sorted(set(inputs) - set(names))
+            if missing or extra:
+                parts = []
+                if missing:
+                    parts.append(f"missing {', '.join(map(repr, missing))}")
+                if extra:
+                    parts.append(f"unknown {', '.join(map(repr, extra))}")
+                raise ModelError(f"inputs for {self.graph.name!r} do not match: "
+                                 f"{'; '.join(parts)}; the model's inputs are "
+                                 f"{_describe(expected)}")
+            given = dict(inputs)
+        else:
+            if isinstance(inputs, np.ndarray) or len(inputs) != len(expected):
+                count = 1 if isinstance(inputs, np.ndarray) else len(inputs)
+                raise ModelError(f"{self.graph.name!r} takes {len(expected)} input(s) "
+                                 f"({_describe(expected)}), got {count}"
+                                 + (" (pass a list or a dict of arrays)"
+                                    if isinstance(inputs, np.ndarray) else ""))
+            given = dict(zip(names, inputs, strict=True))
+        checked = {}
+        for info in expected:
+            value = given[info.name]
+            if not isinstance(value, np.ndarray):
+                raise ModelError(f"input {info.name!r} must be a numpy array, got "
+                                 f"{type(value).__name__}")
+            if value.dtype != info.dtype:
+                raise ModelError(f"input {info.name!r} has dtype {value.dtype}; the model expects "
+                                 f"{info.dtype} (convert with .astype(np.{info.dtype}))")
+            if value.shape != info.shape:
+                raise ModelError(f"input {info.name!r} has shape {list(value.shape)}; the model "
+                                 f"expects {list(info.shape)}")
+            checked[info.name] = value
+        return checked
+
+
+def _argument(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    if value.dtype != FLOAT32:
+        value = value.astype(FLOAT32)
+    return np.ascontiguousarray(value.reshape(shape))
+
+
+def _describe(infos: Sequence[Any]) -> str:
+    return ", ".join(f"{i.name!r} {i.dtype} {list(i.shape)}" for i in infos) or "none"

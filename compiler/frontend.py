@@ -1,0 +1,820 @@
+"""Read ONNX models into a :class:`Graph` of kernel calls and numpy-run nodes.
+
+:func:`load_graph` reads a model (a path, with external data resolved relative to the model's
+folder, or a loaded ``onnx.ModelProto``), fixes dynamic input dimensions from
+``input_shapes``, infers every tensor's shape with ONNX shape inference (``data_prop`` on),
+folds constant subgraphs (``Constant`` nodes, ``Shape`` of static shapes and everything
+computed only from constants), and turns ``Conv``, ``MatMul`` and ``Gemm`` nodes into
+:class:`KernelNode` s — one :class:`~tunecache.compiler.ops.OpSignature` each, with foldable
+neighbours fused in:
+
+* ``Conv`` (2-D) + ``BatchNormalization`` (folded into new weights and bias) + ``Add`` of a
+  per-channel constant (into the bias) + residual ``Add`` (epilogue ``add``) + ``Relu``;
+* ``MatMul``/``Gemm`` + ``Add`` of a bias over the last axis (epilogue ``bias``) + ``Relu``.
+
+A neighbour is fused only when the intermediate tensor has exactly one use and is not a graph
+output. Every other node becomes an :class:`OnnxNode`, run by the executor with numpy; a node
+whose op the executor cannot run is an error here, at load time, naming the node and op type.
+See docs/ONNX.md for the op set, opset handling and fusion rules.
+
+Needs the ``onnx`` package (``pip install tunecache[onnx]``); it is imported on first use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tunecache.compiler import onnx_ops
+from tunecache.compiler.errors import OpSignatureError, TunecacheError
+from tunecache.compiler.ops import OpSignature
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = [
+    "MIN_OPSET", "Graph", "KernelNode", "ModelError", "OnnxNode", "TensorInfo", "kernel_ops",
+    "load_graph", "supported_ops",
+]
+
+# Opsets 7 and 8 differ from 9 only in ops we do not run or in ways the implementations
+# already accept (BatchNormalization's `spatial`); before 7, Add/Mul used legacy broadcasting.
+MIN_OPSET = 7
+KERNEL_OP_TYPES = ("Conv", "MatMul", "Gemm")
+FLOAT32 = np.dtype(np.float32)
+# Initializers up to this many elements (and every integer one) go to shape inference with
+# their values, so that data propagation sees Reshape targets, Slice bounds, etc.; larger
+# ones go as typed inputs, which keeps inference from copying the weights.
+_INFERENCE_VALUE_LIMIT = 1024
+
+
+class ModelError(TunecacheError):
+    """An ONNX model cannot be read or run: malformed file, unsupported op, bad inputs."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A graph input or output: name, shape (``-1`` for a dimension left unknown), dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class KernelNode:
+    """One generated-kernel call, fusing one or more ONNX nodes.
+
+    ``inputs`` name the tensors for the kernel's input arguments in
+    ``op.arguments()`` order (A, B, [bias] for matmuls; X, W, [bias], [add] for conv2d);
+    constants among them are entries of :attr:`Graph.constants`. The executor reshapes each
+    to its argument's shape (same element count) and the kernel's output to ``output_shape``.
+    """
+
+    name: str
+    nodes: tuple[str, ...]
+    op: OpSignature
+    inputs: tuple[str, ...]
+    output: str
+    output_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OnnxNode:
+    """A node run with numpy (:mod:`tunecache.compiler.onnx_ops`).
+
+    ``inputs``/``outputs`` keep ONNX's positions (``""`` for an omitted optional one).
+    ``note`` says why a ``Conv``/``MatMul``/``Gemm`` node did not become a kernel (empty
+    otherwise).
+    """
+
+    name: str
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = field(compare=False, hash=False)
+    note: str = ""
+
+
+Step = KernelNode | OnnxNode
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A loaded model: static inputs and outputs, constants, and steps in execution order."""
+
+    name: str
+    opset: int
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    constants: Mapping[str, np.ndarray]
+    steps: tuple[Step, ...]
+
+    @property
+    def kernel_nodes(self) -> tuple[KernelNode, ...]:
+        """The steps that call generated kernels, in execution order."""
+        return tuple(s for s in self.steps if isinstance(s, KernelNode))
+
+    @property
+    def onnx_nodes(self) -> tuple[OnnxNode, ...]:
+        """The steps run with numpy, in execution order."""
+        return tuple(s for s in self.steps if isinstance(s, OnnxNode))
+
+
+def supported_ops() -> tuple[str, ...]:
+    """The ONNX op types (default domain) a model may use, sorted."""
+    return tuple(sorted(onnx_ops.OPS))
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def _import_onnx() -> Any:
+    try:
+        import onnx
+        import onnx.numpy_helper
+        import onnx.shape_inference
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ModelError(
+            "reading ONNX models needs the onnx package: pip install 'tunecache[onnx]'"
+        ) from exc
+    return onnx
+
+
+def load_graph(path_or_model: str | Path | onnx.ModelProto,
+               input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+    """Read an ONNX model into a :class:`Graph`.
+
+    ``path_or_model`` is a file (external data is read relative to its folder) or a loaded
+    ``ModelProto`` (its external data must already be loaded). ``input_shapes`` fixes input
+    dimensions the model leaves dynamic (and must agree with the static ones); every input
+    dimension must be known in the end. Raises :class:`ModelError` for an unreadable or
+    malformed model, an op outside :func:`supported_ops`, or bad ``input_shapes``.
+    """
+    onnx = _import_onnx()
+    if isinstance(path_or_model, (str, Path)):
+        path = Path(path_or_model)
+        if not path.is_file():
+            raise ModelError(f"ONNX model {str(path)!r} does not exist or is not a file")
+        try:
+            # External data is read per initializer by numpy_helper.to_array (relative to the
+            # model's folder), straight into arrays, instead of into the proto and then again.
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:
+            raise ModelError(f"cannot read ONNX model {str(path)!r}: not a valid ONNX protobuf "
+                             f"({type(exc).__name__}: {exc})") from exc
+        base_dir, default_name = str(path.parent), path.stem
+    elif isinstance(path_or_model, onnx.ModelProto):
+        model, base_dir, default_name = path_or_model, "", "model"
+    else:
+        raise ModelError(f"load_graph needs a path or an onnx.ModelProto, got "
+                         f"{type(path_or_model).__name__}")
+    return _Loader(onnx, model, base_dir, default_name, input_shapes).load()
+
+
+def kernel_ops(path: str | Path | onnx.ModelProto,
+               input_shapes: Mapping[str, Sequence[int]] | None = None
+               ) -> list[tuple[OpSignature, int, str]]:
+    """The distinct kernel ops of a model: ``(op, count, label)`` in first-use order.
+
+    ``label`` names the kernel nodes using the op (the first few, then how many more).
+    """
+    graph = load_graph(path, input_shapes)
+    users: dict[OpSignature, list[str]] = {}
+    for node in graph.kernel_nodes:
+        users.setdefault(node.op, []).append(node.name)
+    out = []
+    for op, names in users.items():
+        label = ", ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+        out.append((op, len(names), label))
+    return out
+
+
+@dataclass
+class _Node:
+    """A node being loaded: its original position and plain-Python attributes."""
+
+    index: int
+    name: str
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Any]
+    proto: Any
+
+
+def _attr_value(onnx: Any, attr: Any) -> Any:
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return tuple(v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value)
+    return value
+
+
+def _dims(type_proto: Any) -> tuple[int | None, ...] | None:
+    """The dims of a tensor type, None for an unknown dim, or None for an unknown rank."""
+    tensor = type_proto.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+
+
+def _fmt_shape(shape: Sequence[int | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+class _Loader:
+    """One load: reads, infers shapes, folds constants, fuses, and builds the Graph."""
+
+    def __init__(self, onnx: Any, model: Any, base_dir: str, default_name: str,
+                 input_shapes: Mapping[str, Sequence[int]] | None) -> None:
+        self.onnx = onnx
+        self.model = model
+        self.base_dir = base_dir
+        self.name = model.graph.name or default_name
+        self.input_shapes = dict(input_shapes or {})
+        self.constants: dict[str, np.ndarray] = {}
+        self.shapes: dict[str, tuple[int | None, ...]] = {}
+        self.dtypes: dict[str, np.dtype] = {}
+        self.step_names: set[str] = set()
+
+    # -- the pipeline ---------------------------------------------------------------------
+
+    def load(self) -> Graph:
+        model = self.model
+        if not model.HasField("graph") or not model.opset_import:
+            raise ModelError(f"{self.name!r} is not an ONNX model: it has no graph or no opset "
+                             "import (an empty or truncated file?)")
+        self.opset = self._opset()
+        nodes = self._nodes()
+        self._read_initializers()
+        inputs = self._inputs()
+        nodes = self._sorted(nodes, inputs)
+        self._infer_shapes(inputs, nodes)
+        nodes = self._fold_constants(nodes)
+        for _ in range(3):
+            # ONNX data propagation covers only some op versions (e.g. not Reshape targets
+            # built by Concat at opset 13); inferring again over the folded graph, where
+            # such targets are constants, fills the gaps.
+            if not self._missing_shapes(nodes):
+                break
+            self._infer_shapes(inputs, nodes)
+            nodes = self._fold_constants(nodes)
+        outputs = self._outputs()
+        nodes = self._live(nodes, {o.name for o in outputs})
+        steps = self._fuse(nodes, {o.name for o in outputs})
+        for array in self.constants.values():
+            array.flags.writeable = False
+        return Graph(self.name, self.opset, tuple(inputs), tuple(outputs),
+                     MappingProxyType(self.constants), tuple(steps))
+
+    def _opset(self) -> int:
+        versions = {imp.domain: imp.version for imp in self.model.opset_import}
+        opset = versions.get("", versions.get("ai.onnx"))
+        if opset is None:
+            raise ModelError(f"model {self.name!r} imports no default-domain (ai.onnx) opset")
+        if opset < MIN_OPSET:
+            raise ModelError(f"model {self.name!r} uses opset {opset}; tunecache reads opset "
+                             f"{MIN_OPSET} and later (convert it with "
+                             "onnx.version_converter.convert_version)")
+        return int(opset)
+
+    def _nodes(self) -> list[_Node]:
+        nodes = []
+        unknown: list[str] = []
+        seen: set[str] = set()
+        for index, proto in enumerate(self.model.graph.node):
+            name = proto.name or f"node{index}"
+            if name in seen:
+                name = f"{name}#{index}"
+            seen.add(name)
+            domain = proto.domain if proto.domain != "ai.onnx" else ""
+            if domain or proto.op_type not in onnx_ops.OPS:
+                op = f"{domain}.{proto.op_type}" if domain else proto.op_type
+                unknown.append(f"node {name!r} has op type {op!r}")
+                continue
+            try:
+                attrs = {a.name: _attr_value(self.onnx, a) for a in proto.attribute}
+            except Exception as exc:
+                raise ModelError(f"node {name!r} ({proto.op_type}) has an unreadable attribute: "
+                                 f"{exc}") from exc
+            node = _Node(index, name, proto.op_type, tuple(proto.input), tuple(proto.output),
+                         attrs, proto)
+            self._check_node(node)
+            nodes.append(node)
+        if unknown:
+            more = f" (and {len(unknown) - 1} more unsupported node(s))" if len(unknown) > 1 else ""
+            raise ModelError(f"{unknown[0]}, which tunecache cannot run{more}; supported op "
+                             f"types: {', '.join(supported_ops())} (see docs/ONNX.md)")
+        return nodes
+
+    def _check_node(self, node: _Node) -> None:
+        """Load-time rejection of supported op types used in ways the executor cannot run."""
+        where = f"node {node.name!r} ({node.op_type})"
+        if node.op_type == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
+            raise ModelError(f"{where}: the Indices output is not supported")
+        if node.op_type in ("BatchNormalization", "Dropout") and (
+                node.attrs.get("training_mode", 0)):
+            raise ModelError(f"{where}: training mode is not supported (inference only)")
+        if node.op_type == "Constant" and ("sparse_value" in node.attrs
+                                           or "value_string" in node.attrs
+                                           or "value_strings" in node.attrs):
+            raise ModelError(f"{where}: sparse and string constants are not supported")
+        if node.op_type == "Pad" and node.attrs.get("mode", "constant") not in (
+                "constant", "reflect", "edge", "wrap"):
+            raise ModelError(f"{where}: mode {node.attrs['mode']!r} is not supported")
+        if node.op_type == "Split" and "num_outputs" not in node.attrs:
+            # Without `split`, the outputs split the axis evenly; the implementation needs
+            # their count.
+            node.attrs["num_outputs"] = len(node.outputs)
+
+    def _read_initializers(self) -> None:
+        graph = self.model.graph
+        if len(graph.sparse_initializer):
+            raise ModelError(f"model {self.name!r} has sparse initializers, which are not "
+                             "supported")
+        numpy_helper = self.onnx.numpy_helper
+        for init in graph.initializer:
+            try:
+                array = numpy_helper.to_array(init, base_dir=self.base_dir)
+            except Exception as exc:
+                where = (f" (external data is read relative to {self.base_dir!r})"
+                         if self.base_dir else
+                         " (pass the model's path, or load it with its external data)")
+                raise ModelError(f"cannot read initializer {init.name!r}{where}: {exc}") from exc
+            self._set_constant(init.name, array)
+
+    def _set_constant(self, name: str, array: np.ndarray) -> None:
+        self.constants[name] = array
+        self.shapes[name] = tuple(array.shape)
+        self.dtypes[name] = array.dtype
+
+    def _inputs(self) -> list[TensorInfo]:
+        infos = []
+        declared = [vi for vi in self.model.graph.input if vi.name not in self.constants]
+        names = {vi.name for vi in declared}
+        extra = sorted(set(self.input_shapes) - names)
+        if extra:
+            raise ModelError(f"input_shapes names {', '.join(map(repr, extra))}, which "
+                             f"{'is' if len(extra) == 1 else 'are'} not an input of model "
+                             f"{self.name!r}; its inputs: {', '.join(sorted(names)) or 'none'}")
+        for vi in declared:
+            elem = vi.type.tensor_type.elem_type
+            dtype = onnx_ops.ONNX_DTYPES.get(elem)
+            if dtype is None:
+                raise ModelError(f"input {vi.name!r} has element type "
+                                 f"{self.onnx.TensorProto.DataType.Name(elem)}, which is not "
+                                 "supported")
+            dims = _dims(vi.type)
+            override = self.input_shapes.get(vi.name)
+            if override is not None:
+                wanted = tuple(int(d) for d in override)
+                if dims is not None and (len(dims) != len(wanted) or any(
+                        d is not None and d != w for d, w in zip(dims, wanted, strict=True))):
+                    raise ModelError(f"input_shapes gives input {vi.name!r} shape "
+                                     f"{list(wanted)}, but the model declares "
+                                     f"{_fmt_shape(dims)}")
+                if any(w < 0 for w in wanted):
+                    raise ModelError(f"input_shapes gives input {vi.name!r} a negative "
+                                     f"dimension: {list(wanted)}")
+                dims = wanted
+            if dims is None or any(d is None for d in dims):
+                labels = [str(d.dim_param or "?") for d in vi.type.tensor_type.shape.dim
+                          if not d.HasField("dim_value")] if dims is not None else []
+                shown = _fmt_shape(dims) if dims is not None else "unknown rank"
+                raise ModelError(
+                    f"input {vi.name!r} has dynamic shape {shown}"
+                    + (f" (dims {', '.join(labels)})" if labels else "")
+                    + f"; give its shape with input_shapes={{{vi.name!r}: [...]}}"
+                )
+            shape = tuple(int(d) for d in dims if d is not None)
+            self.shapes[vi.name] = shape
+            self.dtypes[vi.name] = dtype
+            infos.append(TensorInfo(vi.name, shape, dtype))
+        return infos
+
+    def _missing_shapes(self, nodes: list[_Node]) -> bool:
+        for node in nodes:
+            for name in node.outputs:
+                shape = self.shapes.get(name) if name else ()
+                if shape is None or None in shape:
+                    return True
+        return False
+
+    def _infer_shapes(self, inputs: list[TensorInfo], nodes: list[_Node]) -> None:
+        onnx = self.onnx
+        helper, numpy_helper = onnx.helper, onnx.numpy_helper
+        light = onnx.ModelProto()
+        light.ir_version = max(int(self.model.ir_version), 4)
+        light.opset_import.extend(self.model.opset_import)
+        graph = light.graph
+        graph.name = self.name
+        graph.node.extend(n.proto for n in nodes)
+        for info in inputs:
+            graph.input.append(helper.make_tensor_value_info(
+                info.name, helper.np_dtype_to_tensor_dtype(info.dtype), list(info.shape)))
+        for name, array in self.constants.items():
+            if array.dtype.kind in "iub" or array.size <= _INFERENCE_VALUE_LIMIT:
+                graph.initializer.append(numpy_helper.from_array(array, name))
+            else:
+                graph.input.append(helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape)))
+        for out in self.model.graph.output:
+            vi = graph.output.add()
+            vi.name = out.name
+            vi.type.tensor_type.elem_type = out.type.tensor_type.elem_type
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+        except Exception as exc:
+            raise ModelError(f"shape inference failed on model {self.name!r}: {exc}") from exc
+        for vi in (*inferred.graph.value_info, *inferred.graph.output):
+            if vi.name in self.constants or not vi.type.HasField("tensor_type"):
+                continue
+            dims = _dims(vi.type)
+            if dims is not None:
+                self.shapes[vi.name] = dims
+            dtype = onnx_ops.ONNX_DTYPES.get(vi.type.tensor_type.elem_type)
+            if dtype is not None:
+                self.dtypes[vi.name] = dtype
+
+    def _sorted(self, nodes: list[_Node], inputs: list[TensorInfo]) -> list[_Node]:
+        """The nodes in a topological order (ONNX requires one; exporters sometimes slip)."""
+        available = {i.name for i in inputs} | set(self.constants) | {""}
+        if all(self._ready(n, available, add=True) for n in nodes):
+            return nodes
+        available = {i.name for i in inputs} | set(self.constants) | {""}
+        pending, ordered = list(nodes), []
+        while pending:
+            ready = [n for n in pending if self._ready(n, available, add=False)]
+            if not ready:
+                node = pending[0]
+                missing = [t for t in node.inputs if t not in available]
+                raise ModelError(f"node {node.name!r} ({node.op_type}) uses tensor "
+                                 f"{missing[0]!r}, which is not a model input, an initializer or "
+                                 "the output of another node (or the graph has a cycle)")
+            for node in ready:
+                available.update(node.outputs)
+                ordered.append(node)
+            pending = [n for n in pending if n not in ready]
+        return ordered
+
+    @staticmethod
+    def _ready(node: _Node, available: set[str], add: bool) -> bool:
+        ok = all(t in available for t in node.inputs)
+        if ok and add:
+            available.update(node.outputs)
+        return ok
+
+    def _fold_constants(self, nodes: list[_Node]) -> list[_Node]:
+        """Evaluate nodes computed from constants alone (and Shape/Size of static shapes)."""
+        kept = []
+        for node in nodes:
+            values: list[np.ndarray] | None = None
+            if node.op_type in ("Shape", "Size") and node.inputs[0] not in self.constants:
+                shape = self.shapes.get(node.inputs[0])
+                if shape is not None and all(d is not None for d in shape):
+                    static = tuple(int(d) for d in shape if d is not None)
+                    values = ([onnx_ops.shape_of(static, node.attrs)] if node.op_type == "Shape"
+                              else [np.asarray(math.prod(static), dtype=np.int64)])
+            elif all(t == "" or t in self.constants for t in node.inputs):
+                impl = onnx_ops.OPS[node.op_type]
+                try:
+                    values = impl([self.constants[t] if t else None for t in node.inputs],
+                                  node.attrs, self.opset)
+                except Exception as exc:
+                    raise ModelError(f"node {node.name!r} ({node.op_type}) computes from "
+                                     f"constants only but failed: {exc}") from exc
+            if values is None:
+                kept.append(node)
+                continue
+            for name, value in zip(node.outputs, values, strict=False):
+                if name:
+                    self._set_constant(name, np.asarray(value))
+        return kept
+
+    def _outputs(self) -> list[TensorInfo]:
+        infos = []
+        for vi in self.model.graph.output:
+            shape = self.shapes.get(vi.name)
+            dtype = self.dtypes.get(vi.name) or onnx_ops.ONNX_DTYPES.get(
+                vi.type.tensor_type.elem_type, FLOAT32)
+            infos.append(TensorInfo(vi.name, tuple(-1 if d is None else d for d in shape or ()),
+                                    dtype))
+        return infos
+
+    @staticmethod
+    def _live(nodes: list[_Node], outputs: set[str]) -> list[_Node]:
+        """Drop nodes whose outputs nothing needs (left behind by constant folding)."""
+        needed = set(outputs)
+        live = []
+        for node in reversed(nodes):
+            if any(o in needed for o in node.outputs if o):
+                live.append(node)
+                needed.update(t for t in node.inputs if t)
+        return live[::-1]
+
+    # -- fusion ---------------------------------------------------------------------------
+
+    def _fuse(self, nodes: list[_Node], outputs: set[str]) -> list[Step]:
+        self.uses: dict[str, int] = {}
+        self.consumer: dict[str, int] = {}
+        for position, node in enumerate(nodes):
+            for t in node.inputs:
+                if t:
+                    self.uses[t] = self.uses.get(t, 0) + 1
+                    self.consumer[t] = position
+        self.graph_outputs = outputs
+        self.nodes = nodes
+        self.taken = [False] * len(nodes)
+        slots: list[Step | None] = [None] * len(nodes)
+        for position, node in enumerate(nodes):
+            if self.taken[position]:
+                continue
+            note = ""
+            if node.op_type in KERNEL_OP_TYPES:
+                built = self._kernel(position)
+                if isinstance(built, tuple):
+                    kernel, last = built
+                    slots[last] = kernel
+                    continue
+                note = built
+            slots[position] = OnnxNode(node.name, node.op_type, node.inputs, node.outputs,
+                                       MappingProxyType(node.attrs), note)
+        return [s for s in slots if s is not None]
+
+    def _next(self, tensor: str) -> int | None:
+        """The position of the only node using ``tensor``, if fusing it away is safe."""
+        if self.uses.get(tensor) != 1 or tensor in self.graph_outputs:
+            return None
+        position = self.consumer[tensor]
+        return None if self.taken[position] else position
+
+    def _shape(self, name: str) -> tuple[int, ...] | None:
+        shape = self.shapes.get(name)
+        if shape is None or any(d is None for d in shape):
+            return None
+        return tuple(int(d) for d in shape if d is not None)
+
+    def _float32(self, name: str) -> bool:
+        return self.dtypes.get(name) == FLOAT32
+
+    def _new_constant(self, base: str, array: np.ndarray) -> str:
+        name = base
+        n = 1
+        while name in self.constants or name in self.shapes:
+            n += 1
+            name = f"{base}{n}"
+        self._set_constant(name, np.ascontiguousarray(array, dtype=FLOAT32))
+        return name
+
+    def _kernel(self, position: int) -> tuple[KernelNode, int] | str:
+        """A kernel for the node at ``position`` and its fused followers, or why not."""
+        node = self.nodes[position]
+        for t in node.inputs:
+            if t and not self._float32(t):
+                return f"input {t!r} is not float32"
+        try:
+            if node.op_type == "Conv":
+                return self._conv(position)
+            return self._matmul(position)
+        except OpSignatureError as exc:
+            return f"no kernel signature: {exc}"
+
+    def _finish(self, position: int, fused: list[int], sig: OpSignature, inputs: list[str],
+                output: str) -> tuple[KernelNode, int] | str:
+        out_shape = self._shape(output)
+        if out_shape is None:
+            raise ModelError(f"cannot determine the shape of {output!r}, the output of node "
+                             f"{self.nodes[fused[-1]].name!r}; give static input shapes")
+        produced = next(a.shape for a in sig.arguments() if a.role == "output")
+        if math.prod(produced) != math.prod(out_shape):  # pragma: no cover - defensive
+            return f"kernel output {produced} does not match the ONNX output {out_shape}"
+        for p in fused:
+            self.taken[p] = True
+        node = KernelNode(self.nodes[position].name, tuple(self.nodes[p].name for p in fused),
+                          sig, tuple(inputs), output, out_shape)
+        return node, fused[-1]
+
+    def _channel_constant(self, name: str, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+        """A constant broadcast along ``axis`` of ``out_shape`` only, as a 1-D vector, or None."""
+        value = self.constants.get(name)
+        if value is None or value.dtype != FLOAT32 or value.ndim > len(out_shape):
+            return None
+        padded = (1,) * (len(out_shape) - value.ndim) + value.shape
+        for i, (v, o) in enumerate(zip(padded, out_shape, strict=True)):
+            if (i == axis and v not in (1, o)) or (i != axis and v != 1):
+                return None
+        return np.broadcast_to(value.reshape(padded[axis]), (out_shape[axis],))
+
+    def _conv(self, position: int) -> tuple[KernelNode, int] | str:
+        node = self.nodes[position]
+        x, w = node.inputs[0], node.inputs[1]
+        bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+        x_shape, w_shape = self._shape(x), self._shape(w)
+        if x_shape is None or w_shape is None:
+            raise ModelError(f"cannot determine the input shapes of node {node.name!r} (Conv); "
+                             "give static input shapes")
+        if len(x_shape) != 4:
+            return f"{len(x_shape) - 2}-D convolution (kernels are 2-D)"
+        p = onnx_ops.conv_params(node.attrs, x_shape, w_shape)
+        n, c, h, wd = x_shape
+        f, _, r, s = w_shape
+        epilogue: list[str] = ["bias"] if bias else []
+        fused = [position]
+        add_input: str | None = None
+        weight_name = w
+        out = node.outputs[0]
+        while True:
+            nxt = self._next(out)
+            if nxt is None:
+                break
+            follower = self.nodes[nxt]
+            if follower.op_type == "BatchNormalization" and "add" not in epilogue and (
+                    "relu" not in epilogue):
+                folded = self._fold_bn(follower, weight_name, bias, f)
+                if folded is None:
+                    break
+                weight_name, bias = folded
+                epilogue = ["bias"]
+            elif follower.op_type == "Add" and "relu" not in epilogue:
+                other = follower.inputs[1] if follower.inputs[0] == out else follower.inputs[0]
+                out_shape = self._shape(follower.outputs[0])
+                vector = (self._channel_constant(other, out_shape, 1)
+                          if out_shape is not None and out_shape == self._shape(out) else None)
+                if vector is not None and (bias is None or bias in self.constants):
+                    total = vector if bias is None else self.constants[bias] + vector
+                    bias = self._new_constant(f"{node.name}/bias", total)
+                    if "bias" not in epilogue:
+                        epilogue.insert(0, "bias")
+                elif ("add" not in epilogue and self._float32(other)
+                      and self._shape(other) is not None
+                      and self._shape(other) == self._shape(out) == out_shape):
+                    add_input = other
+                    epilogue = [e for e in epilogue if e == "bias"] + ["add"]
+                else:
+                    break
+            elif follower.op_type == "Relu":
+                epilogue.append("relu")
+            else:
+                break
+            fused.append(nxt)
+            out = follower.outputs[0]
+            if follower.op_type == "Relu":
+                break
+        sig = OpSignature.conv2d(n, c, h, wd, f, r, s, stride=p.stride, pads=p.pads,
+                                 dilation=p.dilation, groups=p.groups, epilogue=tuple(epilogue))
+        inputs = [x, weight_name] + ([bias] if bias else []) + ([add_input] if add_input else [])
+        return self._finish(position, fused, sig, inputs, out)
+
+    def _fold_bn(self, bn: _Node, weight: str, bias: str | None,
+                 channels: int) -> tuple[str, str] | None:
+        """New (weight, bias) constants with an inference BatchNormalization folded in."""
+        params = [self.constants.get(t) for t in bn.inputs[1:5]]
+        w = self.constants.get(weight)
+        b = self.constants.get(bias) if bias else None
+        if w is None or (bias and b is None) or any(
+                v is None or v.size != channels for v in params):
+            return None
+        if any(o and (self.uses.get(o) or o in self.graph_outputs) for o in bn.outputs[1:]):
+            return None  # the running statistics outputs are used
+        scale, beta, mean, var = (np.asarray(v, dtype=np.float64).reshape(-1) for v in params
+                                  if v is not None)
+        factor = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+        # The factor is computed in float64, the weights scaled in float32 (one pass, no
+        # float64 copy of large weights).
+        new_w = w * factor.astype(np.float32).reshape(-1, 1, 1, 1)
+        new_b = ((b.astype(np.float64) if b is not None else 0.0) - mean) * factor + beta
+        return (self._new_constant(f"{bn.name}/folded_weight", new_w),
+                self._new_constant(f"{bn.name}/folded_bias", new_b))
+
+    def _matmul(self, position: int) -> tuple[KernelNode, int] | str:
+        node = self.nodes[position]
+        a, b = node.inputs[0], node.inputs[1]
+        a_shape, b_shape = self._shape(a), self._shape(b)
+        if a_shape is None or b_shape is None:
+            raise ModelError(f"cannot determine the input shapes of node {node.name!r} "
+                             f"({node.op_type}); give static input shapes")
+        bias: str | None = None
+        trans_a = trans_b = False
+        # With a 1-D B the output has no N axis, so a following Add is not a bias over N.
+        bias_ok = len(b_shape) != 1
+        if node.op_type == "Gemm":
+            built = self._gemm_operands(node, a_shape, b_shape)
+            if isinstance(built, str):
+                return built
+            a, b, bias, trans_a, trans_b = built
+            m = a_shape[1] if trans_a else a_shape[0]
+            k = a_shape[0] if trans_a else a_shape[1]
+            nn = b_shape[0] if trans_b else b_shape[1]
+            batch, shared = 1, "plain"
+        else:
+            a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
+            b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
+            m, k, nn = a2[-2], a2[-1], b2[-1]
+            if b2[-2] != k:
+                raise ModelError(f"node {node.name!r} (MatMul) multiplies {list(a_shape)} by "
+                                 f"{list(b_shape)}: inner dimensions differ")
+            a_batch, b_batch = a2[:-2], b2[:-2]
+            rank = max(len(a_batch), len(b_batch))
+            a_pad = (1,) * (rank - len(a_batch)) + a_batch
+            b_pad = (1,) * (rank - len(b_batch)) + b_batch
+            if math.prod(b_batch) == 1:
+                # [b..., M, K] . [K, N] is one matmul over the flattened rows.
+                m, batch, shared = m * math.prod(a_batch), 1, "plain"
+            elif math.prod(a_batch) == 1:
+                batch, shared = math.prod(b_batch), "a"
+            elif a_pad == b_pad:
+                batch, shared = math.prod(a_batch), "none"
+            else:
+                return (f"broadcast batch dimensions {list(a_batch)} x {list(b_batch)} "
+                        "(kernels need equal batch dimensions or one 2-D operand)")
+        fused = [position]
+        out = node.outputs[0]
+        relu = False
+        while True:
+            nxt = self._next(out)
+            if nxt is None:
+                break
+            follower = self.nodes[nxt]
+            if follower.op_type == "Add" and not relu and bias_ok:
+                other = follower.inputs[1] if follower.inputs[0] == out else follower.inputs[0]
+                merged = self._matmul_bias(other, out, follower.outputs[0], nn, bias,
+                                           f"{node.name}/bias")
+                if merged is None:
+                    break
+                bias = merged
+            elif follower.op_type == "Relu":
+                relu = True
+            else:
+                break
+            fused.append(nxt)
+            out = follower.outputs[0]
+            if relu:
+                break
+        epilogue = tuple(e for e, on in (("bias", bias is not None), ("relu", relu)) if on)
+        if shared == "plain":
+            sig = OpSignature.matmul(m, nn, k, trans_a=trans_a, trans_b=trans_b, epilogue=epilogue)
+        else:
+            sig = OpSignature.batch_matmul(batch, m, nn, k, shared=shared, epilogue=epilogue)
+        return self._finish(position, fused, sig, [a, b] + ([bias] if bias else []), out)
+
+    def _matmul_bias(self, other: str, product: str, result: str, n: int, bias: str | None,
+                     base: str) -> str | None:
+        """The bias tensor after adding ``other`` to a matmul's output, or None if not a bias."""
+        out_shape = self._shape(result)
+        if out_shape is None or out_shape != self._shape(product) or not self._float32(other):
+            return None
+        vector = self._channel_constant(other, out_shape, len(out_shape) - 1)
+        if vector is not None:
+            if bias is None:
+                return other if self._shape(other) == (n,) else self._new_constant(base, vector)
+            if bias in self.constants:
+                return self._new_constant(base, self.constants[bias] + vector)
+            return None
+        shape = self._shape(other)
+        if bias is None and shape is not None and len(shape) <= len(out_shape) and shape and (
+                shape[-1] == n and math.prod(shape) == n):
+            return other  # a computed bias vector, passed to the kernel as is
+        return None
+
+    def _gemm_operands(self, node: _Node, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
+                       ) -> tuple[str, str, str | None, bool, bool] | str:
+        """(A, B, bias, transA, transB) for a Gemm, pre-scaling constants for alpha/beta."""
+        a, b = node.inputs[0], node.inputs[1]
+        c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+        trans_a, trans_b = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
+        alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+        if len(a_shape) != 2 or len(b_shape) != 2:
+            return "Gemm operands are not 2-D"
+        n = b_shape[0] if trans_b else b_shape[1]
+        m = a_shape[1] if trans_a else a_shape[0]
+        if alpha != 1.0:
+            if b in self.constants:
+                b = self._new_constant(f"{node.name}/B_scaled", self.constants[b] * alpha)
+            elif a in self.constants:
+                a = self._new_constant(f"{node.name}/A_scaled", self.constants[a] * alpha)
+            else:
+                return f"alpha={alpha:g} with neither operand constant"
+        bias: str | None = None
+        if c is not None and beta != 0.0:
+            vector = self._channel_constant(c, (m, n), 1)
+            if vector is not None and beta == 1.0 and self._shape(c) == (n,):
+                bias = c  # already the kernel's bias vector
+            elif vector is not None:
+                bias = self._new_constant(f"{node.name}/bias",
+                                          vector * beta if beta != 1.0 else vector)
+            elif beta == 1.0 and self._shape(c) in ((n,), (1, n)):
+                bias = c
+            else:
+                return (f"C of shape {list(self._shape(c) or ())} (beta={beta:g}) is not a bias "
+                        f"over N={n}")
+        return a, b, bias, trans_a, trans_b

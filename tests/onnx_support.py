@@ -1,0 +1,282 @@
+"""ONNX models built with onnx.helper for the frontend/executor tests, and comparison helpers.
+
+Small spatial sizes keep the tests fast; every model is deterministic for its seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+F32 = TensorProto.FLOAT
+I64 = TensorProto.INT64
+
+
+class Builder:
+    """Collects nodes and initializers; ``model()`` makes the ModelProto."""
+
+    def __init__(self, opset: int, seed: int = 0) -> None:
+        self.opset = opset
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.count = 0
+
+    def name(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def input(self, name: str, shape: Sequence[int | str], dtype: int = F32) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, dtype, list(shape)))
+        return name
+
+    def const(self, array: np.ndarray, prefix: str = "c") -> str:
+        name = self.name(prefix)
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def weight(self, *shape: int, scale: float | None = None, prefix: str = "w") -> str:
+        fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
+        std = scale if scale is not None else 1.0 / math.sqrt(fan_in)
+        return self.const((self.rng.standard_normal(shape) * std).astype(np.float32), prefix)
+
+    def ints(self, values: Sequence[int]) -> str:
+        return self.const(np.asarray(values, dtype=np.int64), "i")
+
+    def node(self, op: str, inputs: Sequence[str], n_out: int = 1, name: str | None = None,
+             **attrs: Any) -> Any:
+        name = name or self.name(op.lower())
+        outs = [f"{name}_out{i}" if i else f"{name}_out" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op, list(inputs), outs, name=name, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    # -- composite pieces -------------------------------------------------------------------
+
+    def bn(self, x: str, channels: int, name: str | None = None) -> str:
+        r = self.rng
+        scale = self.const((1 + 0.2 * r.standard_normal(channels)).astype(np.float32), "gamma")
+        bias = self.const((0.1 * r.standard_normal(channels)).astype(np.float32), "beta")
+        mean = self.const((0.1 * r.standard_normal(channels)).astype(np.float32), "mean")
+        var = self.const((0.5 + r.random(channels)).astype(np.float32), "var")
+        return self.node("BatchNormalization", [x, scale, bias, mean, var], name=name,
+                         epsilon=1e-5)
+
+    def conv(self, x: str, c_in: int, c_out: int, k: int, *, stride: int = 1, pad: int | None = None,
+             groups: int = 1, bias: bool = False, name: str | None = None, **attrs: Any) -> str:
+        w = self.weight(c_out, c_in // groups, k, k)
+        inputs = [x, w]
+        if bias:
+            inputs.append(self.const((0.1 * self.rng.standard_normal(c_out)).astype(np.float32), "b"))
+        if pad is None and "auto_pad" not in attrs:
+            pad = k // 2
+        if pad is not None:
+            attrs["pads"] = [pad] * 4
+        return self.node("Conv", inputs, name=name, kernel_shape=[k, k], strides=[stride, stride],
+                         group=groups, **attrs)
+
+    def unsqueeze(self, x: str, axes: Sequence[int]) -> str:
+        if self.opset >= 13:
+            return self.node("Unsqueeze", [x, self.ints(axes)])
+        return self.node("Unsqueeze", [x], axes=list(axes))
+
+    def reduce_mean(self, x: str, axes: Sequence[int]) -> str:
+        if self.opset >= 18:
+            return self.node("ReduceMean", [x, self.ints(axes)], keepdims=1)
+        return self.node("ReduceMean", [x], axes=list(axes), keepdims=1)
+
+    def clip(self, x: str, lo: float, hi: float) -> str:
+        if self.opset >= 11:
+            return self.node("Clip", [x, self.const(np.float32(lo)), self.const(np.float32(hi))])
+        return self.node("Clip", [x], min=lo, max=hi)
+
+    def model(self, outputs: Sequence[str], name: str = "test") -> onnx.ModelProto:
+        outs = [helper.make_tensor_value_info(o, F32, None) for o in outputs]
+        graph = helper.make_graph(self.nodes, name, self.inputs, outs, self.inits)
+        # IR 8 is read by every onnxruntime this project supports, whatever the opset.
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
+                                 ir_version=8)
+
+
+# -- models --------------------------------------------------------------------------------
+
+
+def resnet_model(opset: int = 13, batch: int = 1) -> onnx.ModelProto:
+    """A tiny ResNet: stem conv+BN+Relu, MaxPool, an identity block, a projection block with
+    stride 2, GlobalAveragePool, Flatten, Gemm (transB)."""
+    b = Builder(opset, seed=1)
+    x = b.input("image", [batch, 3, 16, 16])
+    y = b.node("Relu", [b.bn(b.conv(x, 3, 8, 3, stride=2, name="stem"), 8, name="stem_bn")],
+               name="stem_relu")
+    y = b.node("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    # identity block: conv-bn-relu, conv-bn, add, relu
+    t = b.node("Relu", [b.bn(b.conv(y, 8, 8, 3, name="b1_conv1"), 8, name="b1_bn1")],
+               name="b1_relu1")
+    t = b.bn(b.conv(t, 8, 8, 3, name="b1_conv2"), 8, name="b1_bn2")
+    y = b.node("Relu", [b.node("Add", [t, y], name="b1_add")], name="b1_relu2")
+    # projection block: stride-2 conv with bias, shortcut 1x1 conv + BN
+    t = b.node("Relu", [b.bn(b.conv(y, 8, 16, 3, stride=2, bias=True, name="b2_conv1"), 16,
+                             name="b2_bn1")], name="b2_relu1")
+    t = b.bn(b.conv(t, 16, 16, 3, name="b2_conv2"), 16, name="b2_bn2")
+    s = b.bn(b.conv(y, 8, 16, 1, stride=2, pad=0, name="b2_short"), 16, name="b2_short_bn")
+    y = b.node("Relu", [b.node("Add", [s, t], name="b2_add")], name="b2_relu2")
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [y])], axis=1)
+    w = b.weight(10, 16, prefix="fc_w")
+    logits = b.node("Gemm", [y, w, b.const(np.linspace(-1, 1, 10, dtype=np.float32), "fc_b")],
+                    name="fc", transB=1)
+    return b.model([logits], "tiny_resnet")
+
+
+def mobilenet_model(opset: int = 13) -> onnx.ModelProto:
+    """MobileNet-v2-style inverted residual blocks: 1x1 expand + BN + ReLU6 (Clip), 3x3
+    depthwise + BN + ReLU6, 1x1 project + BN (+ residual Add), and a SAME_UPPER strided
+    depthwise with a channel multiplier."""
+    b = Builder(opset, seed=2)
+    x = b.input("x", [1, 8, 10, 10])
+    t = b.clip(b.bn(b.conv(x, 8, 24, 1, pad=0, name="expand"), 24), 0.0, 6.0)
+    t = b.clip(b.bn(b.conv(t, 24, 24, 3, groups=24, name="dw"), 24), 0.0, 6.0)
+    t = b.bn(b.conv(t, 24, 8, 1, pad=0, name="project"), 8, name="project_bn")
+    y = b.node("Add", [x, t], name="residual")
+    t = b.node("Relu", [b.bn(b.conv(y, 8, 16, 3, stride=2, groups=8, name="dw2",
+                                    auto_pad="SAME_UPPER"), 16)], name="dw2_relu")
+    t = b.conv(t, 16, 16, 3, pad=None, groups=16, name="dw3", auto_pad="VALID", bias=True)
+    return b.model([y, t], "tiny_mobilenet")
+
+
+def bert_layer_model(opset: int = 17, layer_norm_op: bool = True, batch: int = 2, seq: int = 8,
+                     hidden: int = 32, heads: int = 4) -> onnx.ModelProto:
+    """A BERT encoder layer: QKV projections, multi-head attention with an additive mask,
+    softmax, output projection, residual + layer norm, GELU (Erf) feed-forward, residual +
+    layer norm. ``layer_norm_op`` uses LayerNormalization (opset >= 17), else the
+    ReduceMean/Sub/Pow/Sqrt/Div decomposition exporters emit for older opsets."""
+    b = Builder(opset, seed=3)
+    dh = hidden // heads
+    x = b.input("hidden", [batch, seq, hidden])
+    mask = b.input("mask", [batch, 1, 1, seq])
+
+    def linear(t: str, n_in: int, n_out: int, name: str) -> str:
+        mm = b.node("MatMul", [t, b.weight(n_in, n_out)], name=name)
+        bias = b.const((0.1 * b.rng.standard_normal(n_out)).astype(np.float32), f"{name}_bias")
+        return b.node("Add", [mm, bias], name=f"{name}_add")
+
+    # [batch, -1, heads, dh] from the input's batch size (a Shape/Gather/Concat chain, folded)
+    batch_dim = b.unsqueeze(b.node("Gather", [b.node("Shape", [x]),
+                                              b.const(np.array(0, dtype=np.int64))], axis=0), [0])
+    split_shape = b.node("Concat", [batch_dim, b.ints([-1, heads, dh])], axis=0)
+
+    def heads_of(t: str, perm: Sequence[int]) -> str:
+        return b.node("Transpose", [b.node("Reshape", [t, split_shape])], perm=list(perm))
+
+    q = heads_of(linear(x, hidden, hidden, "query"), [0, 2, 1, 3])
+    k = heads_of(linear(x, hidden, hidden, "key"), [0, 2, 3, 1])
+    v = heads_of(linear(x, hidden, hidden, "value"), [0, 2, 1, 3])
+    scores = b.node("MatMul", [q, k], name="scores")
+    scores = b.node("Div", [scores, b.const(np.float32(math.sqrt(dh)))])
+    scores = b.node("Add", [scores, mask])
+    probs = b.node("Softmax", [scores], axis=3 if opset < 13 else -1)
+    ctx = b.node("MatMul", [probs, v], name="context")
+    ctx = b.node("Transpose", [ctx], perm=[0, 2, 1, 3])
+    ctx = b.node("Reshape", [ctx, b.node("Shape", [x])])
+
+    def layer_norm(t: str, name: str) -> str:
+        gamma = b.const((1 + 0.1 * b.rng.standard_normal(hidden)).astype(np.float32), "ln_g")
+        beta = b.const((0.1 * b.rng.standard_normal(hidden)).astype(np.float32), "ln_b")
+        if layer_norm_op:
+            return b.node("LayerNormalization", [t, gamma, beta], name=name, axis=-1,
+                          epsilon=1e-12)
+        mean = b.reduce_mean(t, [-1])
+        d = b.node("Sub", [t, mean])
+        var = b.reduce_mean(b.node("Pow", [d, b.const(np.float32(2.0))]), [-1])
+        std = b.node("Sqrt", [b.node("Add", [var, b.const(np.float32(1e-12))])])
+        return b.node("Add", [b.node("Mul", [b.node("Div", [d, std]), gamma]), beta], name=name)
+
+    attn = layer_norm(b.node("Add", [linear(ctx, hidden, hidden, "attn_out"), x]), "ln1")
+    h = linear(attn, hidden, 4 * hidden, "ffn_in")
+    gelu = b.node("Mul", [b.node("Mul", [h, b.const(np.float32(0.5))]),
+                          b.node("Add", [b.const(np.float32(1.0)), b.node(
+                              "Erf", [b.node("Div", [h, b.const(np.float32(math.sqrt(2)))])])])])
+    out = layer_norm(b.node("Add", [linear(gelu, 4 * hidden, hidden, "ffn_out"), attn]), "ln2")
+    return b.model([out], "bert_layer")
+
+
+def mlp_model(opset: int = 9) -> onnx.ModelProto:
+    """Gemm variants: transB with a bias + Relu, alpha/beta with constants (pre-scaled),
+    transA with a computed A, a Gemm whose C is a full matrix (numpy fallback), Dropout,
+    Sigmoid, Tanh and a 2-D Softmax."""
+    b = Builder(opset, seed=4)
+    x = b.input("x", [4, 2, 3, 4])
+    t = b.node("Flatten", [x], axis=1)                                      # [4, 24]
+    t = b.node("Relu", [b.node("Gemm", [t, b.weight(16, 24), b.weight(16, scale=0.1)],
+                               name="fc1", transB=1)], name="fc1_relu")
+    t = b.node("Dropout", [t], ratio=0.3) if opset < 12 else b.node("Dropout", [t])
+    t = b.node("Gemm", [t, b.weight(16, 12), b.weight(1, 12, scale=0.1)], name="fc2",
+               alpha=0.5, beta=2.0)
+    t = b.node("Sigmoid", [t])                                               # [4, 12]
+    tt = b.node("Transpose", [t], perm=[1, 0])                               # [12, 4]
+    u = b.node("Gemm", [tt, b.weight(12, 6), b.const(np.float32(0.25))], name="fc3",
+               transA=1, beta=0.5)                                           # [4, 6]
+    u = b.node("Gemm", [u, b.weight(6, 6), b.weight(4, 6, scale=0.1)], name="fc4")
+    u = b.node("Tanh", [u])
+    return b.model([b.node("Softmax", [u], axis=1)], "mlp")
+
+
+def ort_run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime's outputs for ``feeds`` (basic optimisations, one thread)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, dict(feeds))
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Standard-normal float32 inputs for every declared model input (static shapes)."""
+    rng = np.random.default_rng(seed)
+    init = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def assert_close(actual: Mapping[str, np.ndarray], expected: Sequence[np.ndarray],
+                 names: Sequence[str], rtol: float = 1e-4, atol: float = 1e-4) -> None:
+    assert list(actual) == list(names)
+    for name, want in zip(names, expected, strict=True):
+        got = actual[name]
+        assert got.shape == want.shape, (name, got.shape, want.shape)
+        assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=name)
+
+
+def resnet50_model(batch: int = 1, size: int = 224) -> onnx.ModelProto:
+    """ResNet-50 v1.5 (torchvision layout, opset 13): 53 convs with BatchNorm, ~25.6M
+    parameters of random weights; for load-time measurements."""
+    b = Builder(13, seed=5)
+    x = b.input("image", [batch, 3, size, size])
+    y = b.node("Relu", [b.bn(b.conv(x, 3, 64, 7, stride=2), 64)])
+    y = b.node("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    c_in = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            s = stride if i == 0 else 1
+            t = b.node("Relu", [b.bn(b.conv(y, c_in, width, 1, pad=0), width)])
+            t = b.node("Relu", [b.bn(b.conv(t, width, width, 3, stride=s), width)])
+            t = b.bn(b.conv(t, width, 4 * width, 1, pad=0), 4 * width)
+            short = y if i else b.bn(b.conv(y, c_in, 4 * width, 1, stride=s, pad=0), 4 * width)
+            y = b.node("Relu", [b.node("Add", [t, short])])
+            c_in = 4 * width
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [y])], axis=1)
+    y = b.node("Gemm", [y, b.weight(1000, 2048), b.weight(1000, scale=0.01)], transB=1)
+    return b.model([y], "resnet50")
