@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from tunecache.compiler.errors import TunecacheError
-from tunecache.tuner import cli_compiler, cli_model, cli_store, cli_tune
+from tunecache.tuner import cli_compiler, cli_deploy, cli_model, cli_store, cli_tune
 from tunecache.tuner.cli_common import EXIT_USER_ERROR
 
 
@@ -34,7 +34,7 @@ def main() -> None:
     """tunecache: offline autotuning and a compile cache for tensor kernels."""
 
 
-for _module in (cli_compiler, cli_store, cli_tune, cli_model):
+for _module in (cli_compiler, cli_store, cli_tune, cli_model, cli_deploy):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

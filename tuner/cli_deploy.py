@@ -1,0 +1,190 @@
+"""``tunecache compile`` and ``tunecache run``: deploy-time compilation against the cache."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from tunecache.cache.store import Store
+from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.hardware import local_spec
+from tunecache.tuner.cli_common import emit_json, json_option
+from tunecache.tuner.cli_compiler import hardware_option
+from tunecache.tuner.cli_tune import parse_duration
+from tunecache.tuner.deploy import CompiledModel, compile_model
+from tunecache.tuner.policy import POLICIES
+
+
+class InputShapeError(TunecacheError):
+    """A malformed --input-shape."""
+
+
+def _shapes(values: tuple[str, ...]) -> dict[str, list[int]] | None:
+    shapes: dict[str, list[int]] = {}
+    for value in values:
+        name, sep, dims = value.partition("=")
+        try:
+            shape = [int(d) for d in dims.split(",")] if sep and dims else []
+        except ValueError:
+            shape = []
+        if not name or not shape or any(d < 1 for d in shape):
+            raise InputShapeError(f"--input-shape {value!r}: expected NAME=D1,D2,... with "
+                                  "positive integers, e.g. input=1,3,224,224")
+        shapes[name] = shape
+    return shapes or None
+
+
+def _common(func: Any) -> Any:
+    options = [
+        click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path)),
+        click.option("--policy", type=click.Choice(POLICIES), default="balanced",
+                     show_default=True, help="What to do on a cache miss."),
+        click.option("--expected-calls", type=click.IntRange(min=0), default=1000,
+                     show_default=True, help="Calls the deployment expects (weighs tuning)."),
+        click.option("--deadline", default=None, metavar="DURATION",
+                     help="Compile-time budget for measuring misses (e.g. 30s)."),
+        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D1,D2,...",
+                     help="Fix a dynamic input's shape. Repeatable."),
+        click.option("--root", default=None, metavar="PATH|URI",
+                     help="Store root (default: $TUNECACHE_HOME, else the user cache directory)."),
+        hardware_option,
+        json_option,
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _compile(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
+             input_shapes: tuple[str, ...], root: str | None, hardware: Path | None
+             ) -> CompiledModel:
+    return compile_model(
+        model_path, store=Store(root), policy=policy, expected_calls=expected_calls,
+        deadline_s=parse_duration(deadline) if deadline else None, hw=local_spec(hardware),
+        input_shapes=_shapes(input_shapes))
+
+
+@click.command("compile")
+@_common
+def compile_command(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
+                    input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
+                    as_json: bool) -> None:
+    """Compile an ONNX model against the cache and print the plan: per kernel node the op,
+    the decision and why, the expected latency and where the schedule came from."""
+    compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
+                        hardware)
+    if as_json:
+        emit_json(compiled.summary())
+        return
+    click.echo(f"{compiled.graph.name or model_path.name} on {compiled.hw.hw_id}: "
+               f"{len(compiled.plan)} kernel nodes, compiled in "
+               f"{compiled.timings['total_s']:.2f} s (policy {policy})")
+    for entry in compiled.plan:
+        expected = f"{entry.expected_s * 1e3:.3f} ms" if entry.expected_s else "-"
+        fused = "+".join(entry.fused) if len(entry.fused) > 1 else entry.node
+        click.echo(f"  {fused}: {entry.op.text}")
+        click.echo(f"      {entry.action:<8} {entry.source:<9} {expected:>12}  {entry.reason}")
+    counts = compiled.summary()["actions"]
+    click.echo("decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+
+
+def _random_inputs(compiled: CompiledModel, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for info in compiled.graph.inputs:
+        if np.issubdtype(info.dtype, np.floating):
+            out[info.name] = rng.standard_normal(info.shape).astype(info.dtype)
+        else:
+            out[info.name] = rng.integers(0, 2, size=info.shape).astype(info.dtype)
+    return out
+
+
+def _load_inputs(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise InputShapeError(f"cannot read inputs from {path}: {exc}") from None
+
+
+def _time(fn: Any, repeat: int) -> list[float]:
+    fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+@click.command("run")
+@_common
+@click.option("--inputs", "inputs_path", type=click.Path(path_type=Path), default=None,
+              help="An .npz of named inputs (default: random, seeded).")
+@click.option("--compare", type=click.Choice(["onnxruntime"]), default=None,
+              help="Also run onnxruntime: max abs/rel error and the latency ratio.")
+@click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Timed runs (median reported).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="onnxruntime intra-op threads (default: every core).")
+def run_command(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
+                input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
+                as_json: bool, inputs_path: Path | None, compare: str | None, repeat: int,
+                threads: int | None) -> None:
+    """Compile and run an ONNX model; with --compare onnxruntime, check and time it against
+    onnxruntime on the same inputs and thread count."""
+    compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
+                        hardware)
+    inputs = _load_inputs(inputs_path) if inputs_path else _random_inputs(compiled, 0)
+    outputs = compiled.run(inputs)
+    ours = _time(lambda: compiled.run(inputs), repeat)
+    report: dict[str, Any] = {
+        "model": str(model_path), "hw_id": compiled.hw.hw_id,
+        "compile_s": compiled.timings["total_s"], "latency_ms": statistics.median(ours) * 1e3,
+        "outputs": {k: list(v.shape) for k, v in outputs.items()},
+    }
+    if compare == "onnxruntime":
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise TunecacheError("--compare onnxruntime needs onnxruntime: "
+                                 "pip install 'tunecache[onnxruntime]'") from None
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or compiled.hw.cores
+        session = ort.InferenceSession(str(model_path), options,
+                                       providers=["CPUExecutionProvider"])
+        feed = {i.name: inputs[i.name] for i in session.get_inputs()}
+        names = [o.name for o in session.get_outputs()]
+        expected = dict(zip(names, session.run(names, feed), strict=True))
+        theirs = _time(lambda: session.run(names, feed), repeat)
+        errors = {}
+        for name, value in outputs.items():
+            ref = expected[name].astype(np.float64)
+            diff = np.abs(value.astype(np.float64) - ref)
+            errors[name] = {"max_abs": float(diff.max()) if diff.size else 0.0,
+                            "max_rel": float((diff / np.maximum(np.abs(ref), 1e-6)).max())
+                            if diff.size else 0.0}
+        report["onnxruntime"] = {"latency_ms": statistics.median(theirs) * 1e3,
+                                 "threads": options.intra_op_num_threads, "errors": errors}
+        report["latency_ratio"] = statistics.median(ours) / statistics.median(theirs)
+    if as_json:
+        emit_json(report)
+        return
+    click.echo(f"{model_path.name}: compiled in {report['compile_s']:.2f} s, latency "
+               f"{report['latency_ms']:.3f} ms (median of {repeat})")
+    if compare:
+        ort_report = report["onnxruntime"]
+        click.echo(f"onnxruntime ({ort_report['threads']} threads): "
+                   f"{ort_report['latency_ms']:.3f} ms; ours / onnxruntime = "
+                   f"{report['latency_ratio']:.2f}x")
+        for name, err in ort_report["errors"].items():
+            click.echo(f"  {name}: max abs error {err['max_abs']:.3g}, max rel error "
+                       f"{err['max_rel']:.3g}")
+
+
+COMMANDS: list[click.Command] = [compile_command, run_command]
