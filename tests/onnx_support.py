@@ -280,3 +280,62 @@ def resnet50_model(batch: int = 1, size: int = 224) -> onnx.ModelProto:
     y = b.node("Flatten", [b.node("GlobalAveragePool", [y])], axis=1)
     y = b.node("Gemm", [y, b.weight(1000, 2048), b.weight(1000, scale=0.01)], transB=1)
     return b.model([y], "resnet50")
+
+
+def fusion_cases_model(opset: int = 13) -> onnx.ModelProto:
+    """Convolutions and matmuls whose neighbours fuse, or must not:
+
+    * ``c_dil``: dilation 2, asymmetric pads, stride (1, 2), bias, + per-channel constant Add
+      (folded into the bias) + Relu;
+    * ``c_grp``: SAME_LOWER stride 2, groups 2, + BN + residual Add whose other operand
+      (``c_side``) is computed after ``c_grp`` in node order;
+    * ``c_twice``: output used twice (no fusion); ``c_out``: output is a graph output
+      (its Relu stays separate);
+    * ``mm_rows``: [2,3,5,4] . [4,6] -> one matmul (M=30) + bias (1,1,6) + Relu;
+    * ``mm_shared_a``: constant [5,4] . batched [2,4,6] -> batch_matmul shared=a;
+    * ``mm_shared_b``: batched [2,5,4] . computed [4,6] -> matmul over rows;
+    * ``mm_vec``: [2,5,4] . [4] (no bias fusion: the output has no N axis);
+    * ``mm_bcast``: [2,1,5,4] . [1,3,4,6] -> numpy fallback;
+    * ``gemm_alpha``: alpha with no constant operand -> numpy fallback.
+    """
+    b = Builder(opset, seed=6)
+    x = b.input("x", [1, 6, 9, 8])
+    m = b.input("m", [2, 3, 5, 4])
+    w = b.weight(4, 6, 3, 3)
+    bias = b.const(np.linspace(-0.2, 0.2, 4, dtype=np.float32), "b")
+    t = b.node("Conv", [x, w, bias], name="c_dil", kernel_shape=[3, 3], dilations=[2, 2],
+               pads=[0, 1, 2, 1], strides=[1, 2])                                  # [1,4,5,4]
+    t = b.node("Add", [t, b.const(np.float32([0.1, -0.1, 0.2, 0.0]).reshape(1, 4, 1, 1))],
+               name="c_dil_add")
+    dil = b.node("Relu", [t], name="c_dil_relu")
+    g = b.conv(x, 6, 4, 3, stride=2, groups=2, pad=None, auto_pad="SAME_LOWER", name="c_grp")
+    g = b.bn(g, 4, name="c_grp_bn")                                                # [1,4,5,4]
+    side = b.conv(x, 6, 4, 3, stride=2, name="c_side")                            # [1,4,5,4]
+    res = b.node("Add", [side, g], name="c_grp_add")
+    twice = b.conv(dil, 4, 4, 1, pad=0, name="c_twice")
+    twice = b.node("Mul", [b.node("Relu", [twice], name="c_twice_relu"), twice])
+    out = b.conv(res, 4, 4, 1, pad=0, name="c_out")
+    out_relu = b.node("Relu", [out], name="c_out_relu")
+
+    rows = b.node("MatMul", [m, b.weight(4, 6)], name="mm_rows")
+    rows = b.node("Add", [rows, b.const(np.linspace(0, 1, 6, dtype=np.float32).reshape(1, 1, 6))],
+                  name="mm_rows_add")
+    rows = b.node("Relu", [rows], name="mm_rows_relu")                             # [2,3,5,6]
+    m3 = b.node("Reshape", [m, b.ints([6, 5, 4])])
+    at = b.node("Transpose", [m3], perm=[0, 2, 1])                                 # [6,4,5]
+    shared_a = b.node("MatMul", [b.weight(5, 4), at], name="mm_shared_a")          # [6,5,5]
+    col = b.node("Reshape", [b.node("ReduceMax", [m], axes=[0, 1, 2], keepdims=0),
+                             b.ints([4, 1])])
+    computed_b = b.node("Mul", [col, b.weight(4, 6)])                              # [4,6]
+    shared_b = b.node("MatMul", [m3, computed_b], name="mm_shared_b")             # [6,5,6]
+    vec = b.node("MatMul", [m3, b.weight(4)], name="mm_vec")                        # [6,5]
+    vec = b.node("Add", [vec, b.weight(5)], name="mm_vec_add")
+    bcast = b.node("MatMul", [b.node("Reshape", [m, b.ints([2, 3, 5, 4])]),
+                              b.weight(1, 3, 4, 6)], name="mm_bcast")
+    bcast2 = b.node("MatMul", [b.node("Reshape", [m, b.ints([6, 1, 5, 4])]),
+                               b.weight(1, 3, 4, 6)], name="mm_bcast2")            # [6,3,5,6]
+    flat = b.node("Reshape", [m, b.ints([6, 20])])
+    alpha = b.node("Gemm", [flat, b.node("Transpose", [flat], perm=[1, 0])], name="gemm_alpha",
+                   alpha=0.5)
+    return b.model([dil, out, out_relu, twice, rows, shared_a, shared_b, vec, bcast, bcast2,
+                    alpha], "fusion_cases")
