@@ -1,0 +1,99 @@
+"""Compile-time policy decisions: deterministic under a fake clock, and explained."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import default_schedule
+from tunecache.tuner.policy import Policy, PolicyConfig, PolicyError
+
+HW = local_spec()
+BIG = OpSignature.matmul(512, 512, 512)
+SMALL = OpSignature.matmul(8, 16, 8)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeModel:
+    version = "fake-1"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def predict(self, op, schedules, hw):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        # Prefer the schedule the tiler ranks last: visible in the decision.
+        return [float(i) for i in range(len(schedules))]
+
+
+def decide(name: str, op: OpSignature, clock: FakeClock | None = None, **kw):  # type: ignore[no-untyped-def]
+    return Policy(PolicyConfig(name=name, **kw), HW, clock=clock or FakeClock()).decide(op, None)
+
+
+def test_hit_is_used_and_explained() -> None:
+    hit = default_schedule(BIG, HW)
+    d = Policy(PolicyConfig(), HW, clock=FakeClock()).decide(BIG, hit, 0.004, ": measured 4 ms")
+    assert (d.action, d.source, d.schedule, d.expected_s) == ("cache", "cache", hit, 0.004)
+    assert "cache hit" in d.reason
+
+
+def test_unusable_hit_is_a_miss() -> None:
+    bad = default_schedule(BIG, HW).replace(threads=HW.cores + 1)
+    d = Policy(PolicyConfig(name="analytic"), HW, clock=FakeClock()).decide(BIG, bad)
+    assert d.action == "guess" and "unusable here" in d.reason
+
+
+def test_named_policies_on_a_miss() -> None:
+    assert decide("cache-only", BIG).action == "numpy"
+    analytic = decide("analytic", BIG)
+    assert analytic.action == "guess" and analytic.source == "tiler"
+    assert decide("tune", SMALL).action == "measure"
+    # balanced: a big op called a million times pays for tuning; a tiny one called once not.
+    assert decide("balanced", BIG, expected_calls=1_000_000).action == "measure"
+    cheap = decide("balanced", SMALL, expected_calls=1)
+    assert cheap.action == "guess" and "<= tuning cost" in cheap.reason
+
+
+def test_deadline_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    policy = Policy(PolicyConfig(name="tune", deadline_s=5.0), HW, clock=clock)
+    first = policy.decide(BIG, None)
+    assert first.action == "measure" and first.tuning_cost_s <= 5.0
+    clock.now += 4.9
+    late = policy.decide(BIG, None)
+    assert late.action == "guess" and "does not fit the deadline" in late.reason
+    # Same inputs, same clock: same decision.
+    assert policy.decide(BIG, None) == late
+
+
+def test_decisions_are_deterministic() -> None:
+    a = [decide(p, op, expected_calls=10_000) for p in ("analytic", "balanced") for op in (BIG, SMALL)]
+    b = [decide(p, op, expected_calls=10_000) for p in ("analytic", "balanced") for op in (BIG, SMALL)]
+    assert a == b
+
+
+def test_model_ranks_the_guess_unless_analytic() -> None:
+    model = FakeModel()
+    balanced = Policy(PolicyConfig(expected_calls=0), HW, model=model, clock=FakeClock())
+    d = balanced.decide(BIG, None)
+    assert d.source == "model" and model.calls == 1
+    analytic = Policy(PolicyConfig(name="analytic"), HW, model=model, clock=FakeClock())
+    assert analytic.decide(BIG, None).source == "tiler" and model.calls == 1
+    assert d.schedule != analytic.decide(BIG, None).schedule
+
+
+@pytest.mark.parametrize(("kw", "fragment"), [({"name": "greedy"}, "unknown policy"),
+                                              ({"expected_calls": -1}, "expected calls"),
+                                              ({"deadline_s": -1.0}, "deadline"),
+                                              ({"trials": 0}, "trials")])
+def test_bad_settings(kw, fragment) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(PolicyError, match=fragment):
+        PolicyConfig(**kw)
