@@ -25,9 +25,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _report import git_revision, machine_summary, write_section
 from onnx_support import bert_layer_model, random_feeds, resnet50_model
@@ -38,6 +37,8 @@ from tunecache.compiler.hardware import local_spec
 from tunecache.datasets.suites import Workload
 from tunecache.tuner.deploy import CompiledModel, compile_model
 from tunecache.tuner.jobs import JobOptions, run_job
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def median_ms(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
@@ -105,7 +106,7 @@ def main() -> None:
         t = time.perf_counter()
         compile_model(path, store=store, policy="analytic", record_wanted=False)
         warm_s = time.perf_counter() - t
-        untuned_ms = median_ms(lambda c=untuned: c.run(feeds), args.repeat)
+        untuned_ms = median_ms(lambda c=untuned, f=feeds: c.run(f), args.repeat)
         ops = kernel_ops(path)
         t = time.perf_counter()
         summary = run_job([Workload(op, count, lbl) for op, count, lbl in ops], hw, store,
@@ -116,13 +117,13 @@ def main() -> None:
         tuned = compile_model(path, store=store, policy="balanced", record_wanted=False)
         tuned_compile_s = time.perf_counter() - t
         hits = sum(e.action == "cache" for e in tuned.plan)
-        ours_ms = median_ms(lambda c=tuned: c.run(feeds), args.repeat)
+        ours_ms = median_ms(lambda c=tuned, f=feeds: c.run(f), args.repeat)
         share = kernel_share(tuned, feeds, max(3, args.repeat // 4))
         options = ort.SessionOptions()
         options.intra_op_num_threads = hw.cores
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
-        ort_ms = median_ms(lambda: session.run(names, feeds), args.repeat)
+        ort_ms = median_ms(lambda s=session, n=names, f=feeds: s.run(n, f), args.repeat)
         expected = session.run(names, feeds)
         got = tuned.run(feeds)
         err = max(float(np.max(np.abs(got[n] - e))) for n, e in zip(names, expected, strict=True))
