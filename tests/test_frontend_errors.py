@@ -1,0 +1,194 @@
+"""Clear errors: unreadable models, unsupported ops and opsets, dynamic shapes, bad inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+import onnx
+import onnx_support as models
+from onnx import helper
+
+from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.executor import Executor
+from tunecache.compiler.frontend import ModelError, load_graph
+
+
+def tiny(opset: int = 13, op: str = "Relu", domain: str = "", name: str = "act") -> onnx.ModelProto:
+    b = models.Builder(opset)
+    x = b.input("x", [2, 3])
+    b.nodes.append(helper.make_node(op, [x], ["y"], name=name, domain=domain))
+    return b.model(["y"])
+
+
+def test_model_error_is_a_tunecache_error() -> None:
+    assert issubclass(ModelError, TunecacheError)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=r"does not exist"):
+        load_graph(tmp_path / "nope.onnx")
+    with pytest.raises(ModelError, match=r"not a file"):
+        load_graph(tmp_path)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\x01garbage\xff" * 50, b"not an onnx model"],
+                         ids=["empty", "garbage", "text"])
+def test_malformed_file(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(content)
+    with pytest.raises(ModelError, match=r"cannot read ONNX model|is not an ONNX model"):
+        load_graph(path)
+
+
+def test_truncated_file(tmp_path: Path) -> None:
+    data = models.resnet_model(13).SerializeToString()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelError, match=r"cut\.onnx"):
+        load_graph(path)
+
+
+def test_not_a_model_object() -> None:
+    with pytest.raises(ModelError, match=r"path or an onnx.ModelProto, got int"):
+        load_graph(42)  # type: ignore[arg-type]
+
+
+def test_unknown_op_names_node_and_op() -> None:
+    with pytest.raises(ModelError, match=r"node 'act' has op type 'NonMaxSuppression', which "
+                                         r"tunecache cannot run; supported op types: .*Relu"):
+        load_graph(tiny(op="NonMaxSuppression"))
+
+
+def test_unknown_ops_are_counted_and_custom_domains_named() -> None:
+    model = tiny(op="FusedConv", domain="com.microsoft")
+    model.graph.node.append(helper.make_node("Unique", ["y"], ["z"], name="u"))
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with pytest.raises(ModelError, match=r"node 'act' has op type 'com.microsoft.FusedConv'.*"
+                                         r"\(and 1 more unsupported node\(s\)\)"):
+        load_graph(model)
+
+
+def test_unnamed_node_gets_its_index() -> None:
+    with pytest.raises(ModelError, match=r"node 'node0' has op type 'TopK'"):
+        load_graph(tiny(op="TopK", name=""))
+
+
+def test_old_opset_is_refused() -> None:
+    with pytest.raises(ModelError, match=r"opset 6; tunecache reads opset 7 and later"):
+        load_graph(tiny(opset=6))
+
+
+def test_maxpool_indices_output_is_refused() -> None:
+    b = models.Builder(13)
+    x = b.input("x", [1, 2, 4, 4])
+    y, idx = b.node("MaxPool", [x], n_out=2, name="pool", kernel_shape=[2, 2])
+    with pytest.raises(ModelError, match=r"node 'pool' \(MaxPool\): the Indices output"):
+        load_graph(b.model([y, idx]))
+
+
+def test_undefined_tensor() -> None:
+    b = models.Builder(13)
+    b.input("x", [2])
+    y = b.node("Relu", ["ghost"], name="r")
+    with pytest.raises(ModelError, match=r"node 'r' \(Relu\) uses tensor 'ghost', which is not"):
+        load_graph(b.model([y]))
+
+
+def dynamic_model() -> onnx.ModelProto:
+    model = models.mlp_model(13)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    return model
+
+
+def test_dynamic_input_needs_input_shapes() -> None:
+    with pytest.raises(ModelError, match=r"input 'x' has dynamic shape \[\?, 2, 3, 4\] \(dims "
+                                         r"batch\); give its shape with input_shapes="):
+        load_graph(dynamic_model())
+    graph = load_graph(dynamic_model(), {"x": (5, 2, 3, 4)})
+    assert graph.inputs[0].shape == (5, 2, 3, 4)
+    assert graph.kernel_nodes[0].op.dim("M") == 5
+
+
+def test_bad_input_shapes() -> None:
+    with pytest.raises(ModelError, match=r"input_shapes names 'y', which is not an input of "
+                                         r"model 'mlp'; its inputs: x"):
+        load_graph(dynamic_model(), {"x": (5, 2, 3, 4), "y": (1,)})
+    with pytest.raises(ModelError, match=r"gives input 'x' shape \[5, 2, 3, 5\], but the model "
+                                         r"declares \[\?, 2, 3, 4\]"):
+        load_graph(dynamic_model(), {"x": (5, 2, 3, 5)})
+    with pytest.raises(ModelError, match=r"declares"):
+        load_graph(dynamic_model(), {"x": (5, 2, 3)})
+
+
+def test_missing_external_data(tmp_path: Path) -> None:
+    model = models.mlp_model(13)
+    path = tmp_path / "mlp.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location="mlp.bin",
+                    size_threshold=0)
+    (tmp_path / "mlp.bin").unlink()
+    with pytest.raises(ModelError, match=r"cannot read initializer 'w\d+' \(external data is "
+                                         r"read relative to"):
+        load_graph(path)
+    # a ModelProto whose external data was not loaded
+    bare = onnx.load(str(path), load_external_data=False)
+    with pytest.raises(ModelError, match=r"pass the model's path"):
+        load_graph(bare)
+
+
+@pytest.fixture(scope="module")
+def mlp() -> Executor:
+    return Executor(load_graph(models.mlp_model(13)))
+
+
+def test_input_name_errors(mlp: Executor) -> None:
+    x = np.zeros((4, 2, 3, 4), np.float32)
+    with pytest.raises(ModelError, match=r"missing 'x'; unknown 'X'; the model's inputs are "
+                                         r"'x' float32 \[4, 2, 3, 4\]"):
+        mlp.run({"X": x})
+    with pytest.raises(ModelError, match=r"unknown 'extra'"):
+        mlp.run({"x": x, "extra": x})
+    with pytest.raises(ModelError, match=r"takes 1 input\(s\) .*, got 2"):
+        mlp.run([x, x])
+    with pytest.raises(ModelError, match=r"got 1 \(pass a list or a dict of arrays\)"):
+        mlp.run(x)  # type: ignore[arg-type]
+
+
+def test_input_dtype_and_shape_errors(mlp: Executor) -> None:
+    with pytest.raises(ModelError, match=r"input 'x' has dtype float64; the model expects float32 "
+                                         r"\(convert with \.astype\(np\.float32\)\)"):
+        mlp.run({"x": np.zeros((4, 2, 3, 4))})
+    with pytest.raises(ModelError, match=r"input 'x' has shape \[1, 2, 3, 4\]; the model expects "
+                                         r"\[4, 2, 3, 4\]"):
+        mlp.run({"x": np.zeros((1, 2, 3, 4), np.float32)})
+    with pytest.raises(ModelError, match=r"input 'x' must be a numpy array, got list"):
+        mlp.run({"x": [[0.0]]})  # type: ignore[dict-item]
+
+
+def test_kernels_for_unknown_nodes() -> None:
+    graph = load_graph(models.mlp_model(13))
+    with pytest.raises(ModelError, match=r"kernels given for 'nope', which is not a kernel node "
+                                         r"of 'mlp'; its kernel nodes: fc1, fc2, fc3"):
+        Executor(graph, {"nope": lambda *a: a[0]})
+
+
+def test_failing_kernel_and_step_name_the_node() -> None:
+    graph = load_graph(models.mlp_model(13))
+
+    def broken(*arrays: np.ndarray) -> np.ndarray:
+        raise RuntimeError("boom")
+
+    with pytest.raises(ModelError, match=r"kernel node 'fc2' \(matmul\(M=4,N=12,K=16,.*\) "
+                                         r"failed: boom"):
+        Executor(graph, {"fc2": broken}).run([np.zeros((4, 2, 3, 4), np.float32)])
+    b = models.Builder(13)
+    x = b.input("x", [2, 3])
+    s = b.input("s", [2], dtype=models.I64)
+    y = b.node("Reshape", [x, s], name="reshape_it")
+    executor = Executor(load_graph(b.model([y])))
+    with pytest.raises(ModelError, match=r"node 'reshape_it' \(Reshape\) failed: ValueError"):
+        executor.run({"x": np.zeros((2, 3), np.float32), "s": np.array([4, 4], np.int64)})

@@ -1,0 +1,223 @@
+"""What load_graph turns into kernels: op signatures, fused nodes, folded constants."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+import onnx_support as models
+from onnx import helper
+
+from tunecache.compiler.executor import Executor
+from tunecache.compiler.frontend import KernelNode, OnnxNode, kernel_ops, load_graph
+
+
+def kernels_by_name(graph) -> dict[str, KernelNode]:
+    return {n.name: n for n in graph.kernel_nodes}
+
+
+def onnx_steps(graph) -> dict[str, OnnxNode]:
+    return {n.name: n for n in graph.onnx_nodes}
+
+
+def test_resnet_conv_bn_relu_and_residual_fusion() -> None:
+    graph = load_graph(models.resnet_model(13))
+    k = kernels_by_name(graph)
+    assert k["stem"].nodes == ("stem", "stem_bn", "stem_relu")
+    assert k["stem"].op.text == (
+        "conv2d(N=1,C=3,H=16,W=16,F=8,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,pad_b=1,"
+        "pad_r=1,dil_h=1,dil_w=1,groups=1,dtype=float32,layout=nchw,epilogue=bias+relu)")
+    assert k["b1_conv1"].nodes == ("b1_conv1", "b1_bn1", "b1_relu1")
+    assert k["b1_conv2"].nodes == ("b1_conv2", "b1_bn2", "b1_add", "b1_relu2")
+    assert k["b1_conv2"].op.epilogue == ("bias", "add", "relu")
+    # the residual operand is the MaxPool output, the fourth kernel argument
+    maxpool = next(s for s in graph.onnx_nodes if s.op_type == "MaxPool")
+    assert k["b1_conv2"].inputs[3] == maxpool.outputs[0]
+    assert k["b2_conv1"].op.epilogue == ("bias", "relu")  # the conv's own bias, BN-folded
+    assert k["b2_short"].nodes == ("b2_short", "b2_short_bn")
+    assert k["b2_short"].op.epilogue == ("bias",)
+    assert k["b2_conv2"].nodes == ("b2_conv2", "b2_bn2", "b2_add", "b2_relu2")
+    assert k["b2_conv2"].inputs[3] == k["b2_short"].output
+    assert k["fc"].op.text == "matmul(M=1,N=10,K=16,dtype=float32,layout=nt,epilogue=bias)"
+    assert k["fc"].output_shape == (1, 10)
+    # only pooling and flattening are left to numpy; no BatchNormalization, Add or Relu
+    assert [s.op_type for s in graph.onnx_nodes] == ["MaxPool", "GlobalAveragePool", "Flatten"]
+    # steps run in an order where every kernel's inputs already exist
+    order = [s.name for s in graph.steps]
+    assert order.index("b2_short") < order.index("b2_conv2")
+
+
+def test_bn_folding_makes_new_read_only_constants() -> None:
+    model = models.resnet_model(13)
+    original = {i.name: models.numpy_helper.to_array(i).copy() for i in model.graph.initializer}
+    graph = load_graph(model)
+    stem = kernels_by_name(graph)["stem"]
+    w_name, b_name = stem.inputs[1], stem.inputs[2]
+    assert w_name not in original and b_name not in original
+    w, b = graph.constants[w_name], graph.constants[b_name]
+    assert w.dtype == np.float32 and w.shape == (8, 3, 3, 3) and b.shape == (8,)
+    assert not w.flags.writeable
+    conv = next(n for n in model.graph.node if n.name == "stem")
+    bn = next(n for n in model.graph.node if n.name == "stem_bn")
+    scale, beta, mean, var = (original[t] for t in bn.input[1:])
+    factor = scale / np.sqrt(var + 1e-5)
+    np.testing.assert_allclose(w, original[conv.input[1]] * factor[:, None, None, None],
+                               rtol=1e-6)
+    np.testing.assert_allclose(b, beta - mean * factor, rtol=1e-5, atol=1e-7)
+    for name, value in original.items():  # the model's own weights are untouched
+        np.testing.assert_array_equal(models.numpy_helper.to_array(
+            next(i for i in model.graph.initializer if i.name == name)), value)
+
+
+def test_depthwise_blocks() -> None:
+    graph = load_graph(models.mobilenet_model(13))
+    k = kernels_by_name(graph)
+    assert k["dw"].op.dim("groups") == 24 and k["dw"].op.epilogue == ("bias",)
+    # ReLU6 (Clip) is not an epilogue: it stays a numpy step after the kernel
+    assert [s.op_type for s in graph.onnx_nodes] == ["Clip", "Clip"]
+    assert k["project"].nodes == ("project", "project_bn", "residual")
+    assert k["project"].op.epilogue == ("bias", "add")
+    assert k["project"].inputs[3] == "x"
+    dw2 = k["dw2"].op.dims_dict  # SAME_UPPER, stride 2 on 10x10: the extra pad at the end
+    assert (dw2["pad_t"], dw2["pad_l"], dw2["pad_b"], dw2["pad_r"]) == (0, 0, 1, 1)
+    assert dw2["groups"] == 8 and dw2["F"] == 16  # channel multiplier 2
+    assert k["dw3"].op.dims_dict["pad_t"] == 0  # VALID
+
+
+@pytest.mark.parametrize(("opset", "layer_norm_op"), [(17, True), (13, False)])
+def test_bert_layer(opset: int, layer_norm_op: bool) -> None:
+    graph = load_graph(models.bert_layer_model(opset, layer_norm_op=layer_norm_op))
+    k = kernels_by_name(graph)
+    for name in ("query", "key", "value", "attn_out"):
+        assert k[name].nodes == (name, f"{name}_add")
+        assert k[name].op.text == "matmul(M=16,N=32,K=32,dtype=float32,layout=nn,epilogue=bias)"
+    assert k["ffn_in"].op.text == "matmul(M=16,N=128,K=32,dtype=float32,layout=nn,epilogue=bias)"
+    assert k["ffn_out"].op.dims_dict == {"M": 16, "N": 32, "K": 128}
+    assert k["scores"].op.text == (
+        "batch_matmul(B=8,M=8,N=8,K=8,dtype=float32,layout=nn,shared=none,epilogue=none)")
+    assert k["context"].op == k["scores"].op
+    assert k["context"].output_shape == (2, 4, 8, 8)
+    types = [s.op_type for s in graph.onnx_nodes]
+    # the Shape/Gather/Unsqueeze/Concat chains became constants
+    assert not {"Shape", "Gather", "Unsqueeze", "Concat"} & set(types)
+    assert "Softmax" in types and "Erf" in types
+    assert ("LayerNormalization" in types) == layer_norm_op
+
+
+def test_matmul_and_gemm_mapping_and_fallbacks() -> None:
+    graph = load_graph(models.fusion_cases_model(13))
+    k, n = kernels_by_name(graph), onnx_steps(graph)
+    assert k["c_dil"].nodes == ("c_dil", "c_dil_add", "c_dil_relu")
+    d = k["c_dil"].op.dims_dict
+    assert (d["pad_t"], d["pad_l"], d["pad_b"], d["pad_r"]) == (0, 1, 2, 1)
+    assert (d["stride_h"], d["stride_w"], d["dil_h"], d["dil_w"]) == (1, 2, 2, 2)
+    # the per-channel constant Add is folded into the conv's bias
+    np.testing.assert_allclose(graph.constants[k["c_dil"].inputs[2]],
+                               np.linspace(-0.2, 0.2, 4) + np.array([0.1, -0.1, 0.2, 0.0]),
+                               rtol=1e-6)
+    assert k["c_grp"].nodes == ("c_grp", "c_grp_bn", "c_grp_add")
+    assert k["c_grp"].inputs[3] == k["c_side"].output
+    order = [s.name for s in graph.steps]
+    assert order.index("c_side") < order.index("c_grp")  # placed at its last fused node
+    assert k["c_twice"].nodes == ("c_twice",)   # output used twice
+    assert k["c_out"].nodes == ("c_out",)       # output is a graph output
+    assert "c_out_relu" in n and "c_twice_relu" in n
+    assert k["mm_rows"].nodes == ("mm_rows", "mm_rows_add", "mm_rows_relu")
+    assert k["mm_rows"].op.text == "matmul(M=30,N=6,K=4,dtype=float32,layout=nn,epilogue=bias+relu)"
+    assert k["mm_shared_a"].op.text == (
+        "batch_matmul(B=6,M=5,N=5,K=4,dtype=float32,layout=nn,shared=a,epilogue=none)")
+    assert k["mm_shared_b"].op.text == "matmul(M=30,N=6,K=4,dtype=float32,layout=nn,epilogue=none)"
+    assert k["mm_vec"].op.dims_dict == {"M": 30, "N": 1, "K": 4}
+    assert k["mm_vec"].nodes == ("mm_vec",)
+    assert "broadcast batch dimensions [2, 3] x [1, 3]" in n["mm_bcast"].note
+    assert n["gemm_alpha"].note == "alpha=0.5 with neither operand constant"
+    assert n["mm_vec_add"].note == ""
+
+
+def test_gemm_attributes() -> None:
+    model = models.mlp_model(9)
+    inits = {i.name: models.numpy_helper.to_array(i) for i in model.graph.initializer}
+    node = {n.name: n for n in model.graph.node}
+    graph = load_graph(model)
+    k, n = kernels_by_name(graph), onnx_steps(graph)
+    assert k["fc1"].nodes == ("fc1", "fc1_relu")
+    assert k["fc1"].op.text == "matmul(M=4,N=16,K=24,dtype=float32,layout=nt,epilogue=bias+relu)"
+    assert k["fc1"].inputs[1:] == tuple(node["fc1"].input[1:])  # used as they are, no copy
+    # alpha=0.5 pre-scales the constant B; beta=2 pre-scales the constant C
+    fc2 = k["fc2"]
+    np.testing.assert_allclose(graph.constants[fc2.inputs[1]], inits[node["fc2"].input[1]] * 0.5)
+    np.testing.assert_allclose(graph.constants[fc2.inputs[2]],
+                               inits[node["fc2"].input[2]].reshape(-1) * 2.0)
+    assert k["fc3"].op.attr("layout") == "tn"
+    np.testing.assert_allclose(graph.constants[k["fc3"].inputs[2]], np.full(6, 0.125))
+    assert "C of shape [4, 6]" in n["fc4"].note
+
+
+def test_kernel_ops_counts_and_labels(tmp_path) -> None:
+    path = tmp_path / "bert.onnx"
+    models.onnx.save(models.bert_layer_model(17), str(path))
+    ops = kernel_ops(path)
+    counts = {op.text: (count, label) for op, count, label in ops}
+    qkv = "matmul(M=16,N=32,K=32,dtype=float32,layout=nn,epilogue=bias)"
+    assert counts[qkv] == (4, "query, key, value (+1 more)")
+    bmm = "batch_matmul(B=8,M=8,N=8,K=8,dtype=float32,layout=nn,shared=none,epilogue=none)"
+    assert counts[bmm] == (2, "scores, context")
+    assert sum(c for c, _ in counts.values()) == 8
+    assert ops[0][0].text == qkv  # first-use order
+
+
+def test_unsorted_nodes_are_ordered() -> None:
+    model = models.resnet_model(13)
+    nodes = list(model.graph.node)
+    random.Random(0).shuffle(nodes)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    graph = load_graph(model)
+    feeds = models.random_feeds(model)
+    expected = Executor(load_graph(models.resnet_model(13))).run(feeds)
+    got = Executor(graph).run(feeds)
+    np.testing.assert_allclose(got[graph.outputs[0].name], expected[graph.outputs[0].name],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_constant_only_subgraphs_are_folded_and_dead_nodes_dropped() -> None:
+    b = models.Builder(13)
+    x = b.input("x", [2, 6])
+    w = b.node("Transpose", [b.weight(4, 6)], perm=[1, 0])       # folded: a constant [6, 4]
+    unused = b.node("Relu", [x])                                 # feeds nothing
+    del unused
+    y = b.node("MatMul", [x, w], name="mm")
+    graph = load_graph(b.model([y]))
+    assert [s.name for s in graph.steps] == ["mm"]
+    mm = graph.kernel_nodes[0]
+    assert graph.constants[mm.inputs[1]].shape == (6, 4)
+
+
+def test_resnet50_sized_load_is_fast() -> None:
+    model = models.resnet50_model()
+    params = sum(int(np.prod(i.dims)) for i in model.graph.initializer)
+    assert 25_000_000 < params < 26_000_000
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        graph = load_graph(model)
+        best = min(best, time.perf_counter() - start)
+    assert len(graph.kernel_nodes) == 54  # 53 convs (all BN-folded) and the classifier
+    assert all(len(n.nodes) >= 2 for n in graph.kernel_nodes if n.op.kind == "conv2d")
+    assert best < 1.0, f"load_graph took {best:.2f} s"
+
+
+def test_graph_output_that_is_a_constant_or_an_input() -> None:
+    b = models.Builder(13)
+    x = b.input("x", [3])
+    c = b.node("Constant", [], value=helper.make_tensor("v", models.F32, [2], [1.0, 2.0]))
+    graph = load_graph(b.model([c, x]))
+    out = Executor(graph).run({"x": np.ones(3, np.float32)})
+    np.testing.assert_array_equal(out[c], [1.0, 2.0])
+    out[c][0] = 5.0  # a copy: the graph's constant is unchanged
+    assert Executor(graph).run([np.zeros(3, np.float32)])[c][0] == 1.0
