@@ -148,3 +148,18 @@ def test_cli_summary_and_publish(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "tuned" in out.stdout and "published" in out.stdout
     assert os.listdir(tmp_path / "published")
+
+
+def test_train_then_the_next_job_ranks_with_the_model(tmp_path: Path) -> None:
+    out = tunecache("tune", "--op", A.text, "--op", C.text, "--trials", "3", "--no-refine",
+                    "--no-baseline", "--train", "--json", root=tmp_path)
+    assert out.returncode == 0, out.stderr
+    version = json.loads(out.stdout)["trained_model"]
+    assert version
+    other = OpSignature.matmul(16, 32, 16)
+    again = tunecache("tune", "--op", other.text, "--trials", "2", "--no-refine",
+                      "--no-baseline", root=tmp_path)
+    assert again.returncode == 0, again.stderr
+    frame = Store(tmp_path).load()
+    rows = frame[frame["op_text"] == other.text]
+    assert set(rows["source"]) == {"model"} and set(rows["model_version"]) == {version}

@@ -185,32 +185,28 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
 
 
 def _current_model(store: Store, hw: Any) -> Any:
-    """The store's current cost model, or None (the tiler's estimate ranks then)."""
+    """The store's current cost model trained on this hardware, or None (the tiler's
+    estimate ranks then). A damaged or incompatible model is reported, not fatal."""
+    from tunecache.costmodel import registry
+
     try:
-        from tunecache.costmodel import model as costmodel
-    except ImportError:
-        return None
-    loader = getattr(costmodel, "load_current", None)
-    if loader is None:
-        return None
-    try:
-        return loader(store.location)
+        return registry.load_current(store.location, hw)
     except TunecacheError as exc:
         log.warning("not using the cost model: %s", exc)
         return None
 
 
 def _train(store: Store) -> str | None:
+    """Retrain the cost model on every record in the store and make it current."""
+    from tunecache.costmodel import registry
+    from tunecache.costmodel.model import CostModel
+
     try:
-        from tunecache.costmodel import model as costmodel
-    except ImportError as exc:
-        log.warning("cannot train the cost model: %s", exc)
+        model = CostModel.fit(store.load())
+        return registry.save(model, store.location)
+    except TunecacheError as exc:
+        log.warning("cost model not retrained: %s", exc)
         return None
-    trainer = getattr(costmodel, "train_and_save", None)
-    if trainer is None:
-        log.warning("cannot train: this tunecache has no cost-model trainer")
-        return None
-    return str(trainer(store.location))
 
 
 @click.group("farm")

@@ -111,6 +111,7 @@ def compile_model(
     model: Ranker | None = None,
     clock: Callable[[], float] = time.monotonic,
     record_wanted: bool = True,
+    use_model: bool = True,
 ) -> CompiledModel:
     """Compile the ONNX model at ``path`` against ``store``'s cache (see the module doc)."""
     t0 = time.perf_counter()
@@ -121,6 +122,8 @@ def compile_model(
     graph = frontend.load_graph(path, input_shapes)
     t_load = time.perf_counter()
     index = _index(store, hw)
+    if model is None and use_model and config.name in ("balanced", "tune"):
+        model = _current_model(store, hw)
     decider = Policy(config, hw, model=model, clock=clock)
     plan: list[PlanEntry] = []
     misses: dict[OpSignature, int] = {}
@@ -158,6 +161,16 @@ def compile_model(
     compiled.timings = {"load_s": t_load - t0, "decide_s": t_decide - t_load,
                         "build_s": t_build - t_decide, "total_s": t_build - t0}
     return compiled
+
+
+def _current_model(store: Store, hw: HardwareSpec) -> Ranker | None:
+    """The store's current cost model for ``hw``; None if absent or unusable (never fatal)."""
+    from tunecache.costmodel import registry
+
+    try:
+        return registry.load_current(store.location, hw)
+    except Exception:  # a damaged model must not break a deploy; the tiler ranks instead
+        return None
 
 
 def _measure_now(op: OpSignature, hw: HardwareSpec, store: Store, runner: Runner,
