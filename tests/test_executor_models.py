@@ -20,6 +20,7 @@ from tunecache.compiler.frontend import Graph, load_graph  # noqa: E402
 from tunecache.compiler.ops import OpSignature  # noqa: E402
 
 MODELS: dict[str, Callable[[], Any]] = {
+    "resnet-opset8": lambda: models.resnet_model(8),
     "resnet-opset9": lambda: models.resnet_model(9),
     "resnet-opset13-batch2": lambda: models.resnet_model(13, batch=2),
     "mobilenet-opset9": lambda: models.mobilenet_model(9),
@@ -28,6 +29,7 @@ MODELS: dict[str, Callable[[], Any]] = {
     "bert-opset11-decomposed": lambda: models.bert_layer_model(11, layer_norm_op=False),
     "bert-opset13-decomposed": lambda: models.bert_layer_model(13, layer_norm_op=False),
     "bert-opset18-decomposed": lambda: models.bert_layer_model(18, layer_norm_op=False),
+    "mlp-opset7": lambda: models.mlp_model(7),
     "mlp-opset9": lambda: models.mlp_model(9),
     "mlp-opset13": lambda: models.mlp_model(13),
     "fusion-cases": lambda: models.fusion_cases_model(13),
