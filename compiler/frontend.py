@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -270,7 +270,8 @@ class _Loader:
             self._infer_shapes(inputs, nodes)
             nodes = self._fold_constants(nodes)
         outputs = self._outputs()
-        nodes = self._live(nodes, {o.name for o in outputs})
+        nodes = self._elide(self._live(nodes, {o.name for o in outputs}),
+                            {o.name for o in outputs})
         steps = self._fuse(nodes, {o.name for o in outputs})
         for array in self.constants.values():
             array.flags.writeable = False
@@ -521,6 +522,23 @@ class _Loader:
                 live.append(node)
                 needed.update(t for t in node.inputs if t)
         return live[::-1]
+
+    @staticmethod
+    def _elide(nodes: list[_Node], outputs: set[str]) -> list[_Node]:
+        """Drop inference no-ops (Identity, Dropout) so that fusion sees through them."""
+        used = {t for node in nodes for t in node.inputs}
+        alias: dict[str, str] = {}
+        kept = []
+        for node in nodes:
+            if any(t in alias for t in node.inputs):
+                node = replace(node, inputs=tuple(alias.get(t, t) for t in node.inputs))
+            out = node.outputs[0]
+            if node.op_type in ("Identity", "Dropout") and out not in outputs and not any(
+                    o and (o in used or o in outputs) for o in node.outputs[1:]):
+                alias[out] = node.inputs[0]
+                continue
+            kept.append(node)
+        return kept
 
     # -- fusion ---------------------------------------------------------------------------
 

@@ -221,3 +221,21 @@ def test_graph_output_that_is_a_constant_or_an_input() -> None:
     np.testing.assert_array_equal(out[c], [1.0, 2.0])
     out[c][0] = 5.0  # a copy: the graph's constant is unchanged
     assert Executor(graph).run([np.zeros(3, np.float32)])[c][0] == 1.0
+
+
+def test_identity_and_dropout_do_not_block_fusion() -> None:
+    b = models.Builder(13)
+    x = b.input("x", [2, 6])
+    y = b.node("MatMul", [x, b.weight(6, 4)], name="mm")
+    y = b.node("Identity", [y])
+    y = b.node("Add", [y, b.weight(4)], name="mm_add")
+    y = b.node("Dropout", [y])
+    y = b.node("Relu", [y], name="mm_relu")
+    kept = b.node("Identity", [y], name="last")  # a graph output: kept
+    model = b.model([kept])
+    graph = load_graph(model)
+    assert graph.kernel_nodes[0].nodes == ("mm", "mm_add", "mm_relu")
+    assert [s.op_type for s in graph.onnx_nodes] == ["Identity"]
+    feeds = models.random_feeds(model)
+    got = Executor(graph).run(feeds)
+    np.testing.assert_allclose(got[kept], models.ort_run(model, feeds)[0], rtol=1e-5, atol=1e-6)
