@@ -135,4 +135,6 @@ def synthetic_records(
         "predicted": pa.array(rng.uniform(0, 1, n)),
         "model_version": null_text,
     }
-    return pa.Table.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA)
+    # Columns this generator does not model (e.g. conv2d dims for matmul rows) are null.
+    arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)

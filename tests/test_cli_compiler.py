@@ -92,8 +92,8 @@ def test_candidates_command(tmp_path: Path) -> None:
 
     spec = tmp_path / "avx2.json"
     spec.write_text(replace(local_spec(), isa="avx2", vector_bits=256, cores=8).to_json())
-    other = json.loads(tunecache("candidates", "matmul(M=64,N=64,K=64)", "--hardware", str(spec),
-                                 "--json").stdout)
+    other = json.loads(tunecache("candidates", "matmul(M=512,N=512,K=512)", "--hardware",
+                                 str(spec), "--json").stdout)
     assert all(c["schedule"]["nr"] % 8 == 0 and c["schedule"]["threads"] == 8
                for c in other["candidates"])
     text = tunecache("candidates", "matmul(M=64,N=64,K=64)", "--k", "3")
