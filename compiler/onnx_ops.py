@@ -84,7 +84,7 @@ def _unary(fn: Callable[[Array], Any]) -> OpImpl:
 
 
 def _erf(x: Array) -> Array:
-    from scipy.special import erf  # type: ignore[import-untyped]
+    from scipy.special import erf
 
     return np.asarray(erf(x))
 

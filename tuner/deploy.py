@@ -28,10 +28,10 @@ from tunecache.cache.wanted import add_wanted
 from tunecache.compiler import frontend
 from tunecache.compiler.build import build
 from tunecache.compiler.codegen import generate
-from tunecache.compiler.executor import Executor, numpy_kernel
+from tunecache.compiler.executor import Executor, Kernel, numpy_kernel
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.runtime import Kernel, load_kernel
+from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule
 from tunecache.tuner.measure import Runner, TimingConfig
 from tunecache.tuner.policy import Decision, Policy, PolicyConfig
@@ -168,9 +168,10 @@ def _current_model(store: Store, hw: HardwareSpec) -> Ranker | None:
     from tunecache.costmodel import registry
 
     try:
-        return registry.load_current(store.location, hw)
+        model: Ranker | None = registry.load_current(store.location, hw)
     except Exception:  # a damaged model must not break a deploy; the tiler ranks instead
         return None
+    return model
 
 
 def _measure_now(op: OpSignature, hw: HardwareSpec, store: Store, runner: Runner,
@@ -188,7 +189,7 @@ def _measure_now(op: OpSignature, hw: HardwareSpec, store: Store, runner: Runner
                         decision.reason + "; every measured candidate failed, using the guess",
                         decision.expected_s, decision.tuning_cost_s)
     return Decision("measure", best.schedule, "measured",
-                    decision.reason + f"; best measured {best.median_s * 1e3:.3f} ms "
+                    decision.reason + f"; best measured {(best.median_s or 0.0) * 1e3:.3f} ms "
                     f"of {result.trials}", best.median_s, decision.tuning_cost_s)
 
 

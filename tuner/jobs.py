@@ -322,9 +322,10 @@ def _summarise(workload: Workload, result: OpTuneResult, runner: Runner,
             note += f" (stopped by {result.stopped_by})"
         return OpSummary(op, workload.label, workload.count, "no_result", result.trials,
                          result.seconds, note=note)
-    baseline_name, baseline_gflops = None, None
+    baseline_name: str | None = None
+    baseline_gflops: float | None = None
     if options.baseline and best.schedule is not None:
         baseline_name, baseline_gflops = _baseline(op, best.schedule.threads, runner)
-    note = f"stopped by {result.stopped_by}" if result.stopped_by else None
+    stopped = f"stopped by {result.stopped_by}" if result.stopped_by else None
     return OpSummary(op, workload.label, workload.count, "tuned", result.trials, result.seconds,
-                     best.gflops, str(best.schedule), baseline_name, baseline_gflops, note)
+                     best.gflops, str(best.schedule), baseline_name, baseline_gflops, stopped)

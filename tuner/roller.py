@@ -366,7 +366,7 @@ def _matmul_exhaustive(op: OpSignature, hw: HardwareSpec, threads: int | None = 
     d = op.dims_dict
     M, N, K = d["M"], d["N"], d["K"]
     lanes, regs = hw.lanes, hw.vector_registers
-    strata: dict[tuple[int, int], list[MatmulSchedule]] = {}
+    strata: dict[tuple[object, ...], list[Schedule]] = {}
     for nv in range(1, MAX_NR_VECTORS + 1):
         nr = nv * lanes
         for mr in range(1, MAX_MR + 1):
@@ -374,7 +374,7 @@ def _matmul_exhaustive(op: OpSignature, hw: HardwareSpec, threads: int | None = 
                 break
             if mr > _round_up(M, 1) and mr > 1:
                 continue
-            group: list[MatmulSchedule] = []
+            group: list[Schedule] = []
             kcs = sorted({min(K, kc) for kc in (64, 128, 256, 384, 512, 768, 1024, K)})
             for kc in kcs:
                 l2_rows = max(mr, (hw.l2_bytes // 4) // (kc * 4) // mr * mr)
@@ -397,4 +397,4 @@ def _matmul_exhaustive(op: OpSignature, hw: HardwareSpec, threads: int | None = 
                                                 group.append(s)
             if group:
                 strata[(mr, nr)] = group
-    return _stratified(dict(strata), limit, seed)
+    return _stratified(strata, limit, seed)

@@ -27,10 +27,11 @@ POOL_SIZE = 40
 class Ranker(Protocol):
     """What the tuner needs of a cost model: scores (higher = faster) and a version."""
 
-    version: str
+    @property
+    def version(self) -> str: ...
 
     def predict(self, op: OpSignature, schedules: Sequence[Schedule],
-                hw: HardwareSpec) -> Sequence[float]: ...
+                hw: HardwareSpec) -> Iterable[float]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,7 @@ def neighbours(op: OpSignature, best: Schedule, hw: HardwareSpec) -> list[Schedu
     if not op.trans_b:
         out.append(best.replace(pack_b=1 - best.pack_b))
     seen: set[MatmulSchedule] = set()
-    legal = []
+    legal: list[Schedule] = []
     for s in out:
         if s != best and s not in seen and not problems(op, s, hw):
             seen.add(s)
