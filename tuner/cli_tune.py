@@ -168,6 +168,9 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
     finally:
         progress.close()
     summary.problems.extend(problems)
+    if not summary.interrupted and not ray_address:
+        # Each measurement was its own fragment (nothing lost on a kill); merge them now.
+        store.compact(hw.hw_id)
     if not summary.interrupted:
         if train:
             summary.trained = _train(store)
