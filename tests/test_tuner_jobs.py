@@ -163,3 +163,23 @@ def test_train_then_the_next_job_ranks_with_the_model(tmp_path: Path) -> None:
     frame = Store(tmp_path).load()
     rows = frame[frame["op_text"] == other.text]
     assert set(rows["source"]) == {"model"} and set(rows["model_version"]) == {version}
+
+
+def test_model_workloads_are_counted_and_unreadable_models_reported(tmp_path: Path) -> None:
+    import onnx
+    from onnx_support import mlp_model
+
+    from tunecache.compiler.frontend import kernel_ops
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(), path)
+    ops = kernel_ops(path)
+    workloads, problems = collect_workloads(models=[path, tmp_path / "missing.onnx"])
+    assert {w.op for w in workloads} == {op for op, _, _ in ops}
+    assert sum(w.count for w in workloads) == sum(count for _, count, _ in ops)
+    assert all(w.label.startswith("mlp.onnx:") for w in workloads)
+    assert len(problems) == 1 and "missing.onnx" in problems[0]
+    out = tunecache("tune", "--model", str(path), "--trials", "1", "--no-refine",
+                    "--no-baseline", "--json", root=tmp_path / "store")
+    assert out.returncode == 0, out.stderr
+    assert {o["status"] for o in json.loads(out.stdout)["ops"]} == {"tuned"}
