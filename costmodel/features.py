@@ -316,7 +316,7 @@ def _estimate_part(op: OpSignature, s: Schedule, hw: HardwareSpec) -> tuple[floa
     if isinstance(s, Conv2dSchedule) and not CONV_ESTIMATE:
         return (NAN,) * 9
     try:
-        est = analytic.estimate(op, s, hw)  # type: ignore[arg-type]
+        est = analytic.estimate(op, s, hw)
     except (ZeroDivisionError, ValueError, KeyError, TypeError):
         return (NAN,) * 9
     threads = max(1, s.threads)
@@ -377,8 +377,8 @@ def _parse_hw(text: str) -> HardwareSpec:
     return HardwareSpec.from_json(text)
 
 
-def _parse_all(values: np.ndarray, parse: Any, what: str) -> list[Any]:
-    out = []
+def _parse_all(values: np.ndarray, parse: Any) -> list[Any]:
+    out: list[Any] = []
     for value in values:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             out.append(None)
@@ -408,7 +408,7 @@ def feature_matrix(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
                           ("hw_json", _parse_hw)):
         code, uniques = pd.factorize(df[column].astype(object), use_na_sentinel=True)
         codes.append(code)
-        parsed.append(_parse_all(np.asarray(uniques, dtype=object), parse, column))
+        parsed.append(_parse_all(np.asarray(uniques, dtype=object), parse))
     op_c, s_c, hw_c = codes
     ok = (op_c >= 0) & (s_c >= 0) & (hw_c >= 0)
     ops, schedules, hws = parsed

@@ -24,7 +24,7 @@ import os
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,7 @@ def prepare(df: pd.DataFrame) -> TrainingSet:
     frame = pd.DataFrame({c: df[c].astype(object) for c in REQUIRED_COLUMNS if c != "median_s"})
     median = _float_column(df["median_s"])
     ok = (frame["status"] == "ok").to_numpy(dtype=bool) & np.isfinite(median) & (median > 0)
-    frame["m"] = np.where(ok, median, np.nan)
+    frame["m"] = pd.Series(np.where(ok, median, np.nan), index=frame.index)
     no_schedule = frame["schedule_json"].isna().to_numpy()
     if no_schedule.any():
         dropped["no schedule"] = int(no_schedule.sum())
@@ -134,14 +134,15 @@ def prepare(df: pd.DataFrame) -> TrainingSet:
     usable = (best.notna() & (size >= 2)).to_numpy()
     if not usable.all():
         dropped["groups without an ok row or with one schedule"] = int((~usable).sum())
-    agg, X, best = agg.loc[usable].reset_index(drop=True), X[usable], best[usable].to_numpy()
+    agg, X = agg.loc[usable].reset_index(drop=True), X[usable]
+    best_s = best[usable].to_numpy(dtype=np.float64)
     if agg.empty:
         raise CostModelError(
             "no training data: no (op, hardware) group has an ok measurement and at least two "
             "schedules"
         )
     m = agg["m"].to_numpy(dtype=np.float64)
-    label = np.where(np.isnan(m), 0.0, best / np.where(np.isnan(m), 1.0, m))
+    label = np.where(np.isnan(m), 0.0, best_s / np.where(np.isnan(m), 1.0, m))
     gcode, _ = pd.factorize(pd.MultiIndex.from_frame(agg[["hw_id", "op_id"]]), sort=False)
     rows = pd.DataFrame({
         "group": gcode, "hw_id": agg["hw_id"], "op_id": agg["op_id"], "op_text": agg["op_text"],
@@ -165,7 +166,7 @@ def prepare(df: pd.DataFrame) -> TrainingSet:
 class TrainParams:
     """XGBoost settings (defaults chosen by by-operator cross-validation, see COSTMODEL.md)."""
 
-    objective: str = "rank:pairwise"
+    objective: str = "rank:ndcg"
     rounds: int = 200
     max_depth: int = 6
     eta: float = 0.1
@@ -173,8 +174,9 @@ class TrainParams:
     subsample: float = 0.8
     colsample_bytree: float = 0.8
     reg_lambda: float = 1.0
-    pair_method: str = "mean"
+    pair_method: str = "topk"
     pairs_per_sample: int = 8
+    prior_weight: float = 3.0
     seed: int = 0
     nthread: int = 0
 
@@ -196,6 +198,11 @@ class TrainParams:
             params["lambdarank_num_pair_per_sample"] = self.pairs_per_sample
         return params
 
+    @property
+    def prior(self) -> float:
+        """The analytic prior's weight in effect (ranking objectives only)."""
+        return self.prior_weight if self.objective.startswith("rank:") else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -210,11 +217,32 @@ def _targets(labels: np.ndarray, objective: str) -> np.ndarray:
     return labels
 
 
+def prior_margin(X: np.ndarray, weight: float) -> np.ndarray:
+    """The analytic estimate as the starting score: ``weight * -log2(estimated seconds)``.
+
+    Boosting starts from the tiler's ranking and the trees learn corrections to it, so with
+    little data the model falls back to the analytic order instead of to noise. Rows without
+    an estimate (illegal schedules; conv2d until the analytic model covers it) start as if
+    they took 2^64 s — within one op either all rows have an estimate or none.
+    """
+    est = X[:, _EST].astype(np.float64)
+    return weight * -np.where(np.isnan(est), 64.0, est)
+
+
+def _dmatrix(X: np.ndarray, prior_weight: float, labels: np.ndarray | None = None,
+             qid: np.ndarray | None = None) -> Any:
+    import xgboost as xgb
+
+    margin = prior_margin(X, prior_weight) if prior_weight else None
+    return xgb.DMatrix(np.ascontiguousarray(X, dtype=np.float32), label=labels, qid=qid,
+                       base_margin=margin, feature_names=list(F.FEATURE_NAMES))
+
+
 def _train_booster(data: TrainingSet, params: TrainParams) -> Any:
     import xgboost as xgb
 
-    dtrain = xgb.DMatrix(data.X, label=_targets(data.labels, params.objective),
-                         qid=data.group, feature_names=list(F.FEATURE_NAMES))
+    dtrain = _dmatrix(data.X, params.prior, _targets(data.labels, params.objective),
+                      data.group)
     return xgb.train(params.xgb_params(), dtrain, num_boost_round=params.rounds)
 
 
@@ -374,6 +402,14 @@ class CostModel:
     def __init__(self, booster: Any, meta: ModelMeta) -> None:
         self._booster = booster
         self.meta = meta
+        self.version: str = meta.model_version
+        """The model's version id (``f<feature version>-<hash of model.json>``)."""
+        known = {f.name for f in fields(TrainParams)}
+        prior = TrainParams(**{k: v for k, v in meta.params.items() if k in known}).prior
+        if isinstance(prior, bool) or not isinstance(prior, (int, float)):
+            raise ModelLoadError(f"model {meta.model_version}: meta.json params.prior_weight "
+                                 f"must be a number, got {prior!r}")
+        self._prior = float(prior)
 
     # -- training -------------------------------------------------------------------------
 
@@ -413,10 +449,6 @@ class CostModel:
 
     # -- use ------------------------------------------------------------------------------
 
-    @property
-    def version(self) -> str:
-        return self.meta.model_version
-
     def covers(self, hw: HardwareSpec | str) -> bool:
         """Whether the training data held measurements from this hardware."""
         hw_id = hw if isinstance(hw, str) else hw.hw_id
@@ -426,10 +458,7 @@ class CostModel:
         """Scores for feature rows (``features.feature_matrix`` / ``features.matrix``)."""
         if X.shape[0] == 0:
             return np.zeros(0, dtype=np.float64)
-        import xgboost as xgb
-
-        dm = xgb.DMatrix(np.ascontiguousarray(X, dtype=np.float32),
-                         feature_names=list(F.FEATURE_NAMES))
+        dm = _dmatrix(X, self._prior)
         return np.asarray(self._booster.predict(dm), dtype=np.float64)
 
     def predict(self, op: OpSignature, schedules: Sequence[Schedule],
@@ -544,8 +573,5 @@ def cross_validate(df: pd.DataFrame | TrainingSet, folds: int = 5,
         train = data.subset(fold != k)
         booster = _train_booster(train, params)
         held = row_fold == k
-        import xgboost as xgb
-
-        dm = xgb.DMatrix(data.X[held], feature_names=list(F.FEATURE_NAMES))
-        scores[held] = booster.predict(dm)
+        scores[held] = booster.predict(_dmatrix(data.X[held], params.prior))
     return _evaluate_scores(data, scores, f"{folds}-fold by operator ({n_ops} ops)")

@@ -1,0 +1,89 @@
+"""``tunecache model train | eval | show`` end to end, in real subprocesses."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+from costmodel_support import FIXTURE, fixture_frame
+
+from tunecache.cache.store import Store
+
+
+def tc(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tunecache.tuner.cli", *args],
+                          capture_output=True, text=True, env=dict(os.environ), timeout=120)
+
+
+def test_train_show_eval_end_to_end(tmp_path):
+    fixture_frame()  # fails loudly when the fixture is missing
+    root = str(tmp_path / "store")
+    Store(root).append(pq.read_table(FIXTURE))
+
+    empty = tc("model", "show", "--root", root, "--json")
+    assert empty.returncode == 0, empty.stderr
+    assert json.loads(empty.stdout) == {"current": None, "stored": []}
+
+    trained = tc("model", "train", "--root", root, "--folds", "2", "--json")
+    assert trained.returncode == 0, trained.stderr
+    info = json.loads(trained.stdout)
+    version = info["model_version"]
+    assert info["current"] and info["training"]["groups"] >= 2
+    assert info["metrics"]["model"]["top5"] > 0
+
+    shown = tc("model", "show", "--root", root, "--json")
+    assert shown.returncode == 0, shown.stderr
+    meta = json.loads(shown.stdout)
+    assert meta["current"]["model_version"] == version and meta["stored"] == [version]
+    human = tc("model", "show", "--root", root)
+    assert version in human.stdout and "feature version" in human.stdout
+
+    evaluated = tc("model", "eval", "--data", str(FIXTURE), "--model", "current", "--root", root,
+                   "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    report = json.loads(evaluated.stdout)
+    assert report["split"] == "given data"
+    assert {"top1", "top5", "pairwise", "spearman"} <= set(report["model"])
+
+    out = tmp_path / "copy"
+    saved = tc("model", "train", "--root", root, "--folds", "0", "--out", str(out), "--json")
+    assert saved.returncode == 0, saved.stderr
+    assert json.loads(saved.stdout)["current"] is False and (out / "meta.json").exists()
+    from_dir = tc("model", "show", "--model", str(out))
+    assert from_dir.returncode == 0 and "model f" in from_dir.stdout
+
+
+def test_cross_validated_eval_and_plot(tmp_path):
+    fixture_frame()
+    png = tmp_path / "scatter.png"
+    result = tc("model", "eval", "--data", str(FIXTURE), "--folds", "2", "--png", str(png))
+    if importlib.util.find_spec("matplotlib") is None:
+        assert result.returncode == 2 and "tunecache[plots]" in result.stderr
+        return
+    assert result.returncode == 0, result.stderr
+    assert "by operator" in result.stdout and "analytic" in result.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_user_errors_are_one_line(tmp_path):
+    nothing = tc("model", "train", "--root", str(tmp_path / "empty"))
+    assert nothing.returncode == 2
+    assert nothing.stderr.startswith("error: no measurement records")
+    assert "Traceback" not in nothing.stderr
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.json").write_text("{}")
+    (broken / "meta.json").write_text("{not json")
+    refused = tc("model", "show", "--model", str(broken))
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: ") and "meta.json" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+    no_model = tc("model", "eval", "--data", str(FIXTURE), "--model", "current",
+                  "--root", str(tmp_path / "empty"))
+    assert no_model.returncode == 2 and "no current model" in no_model.stderr

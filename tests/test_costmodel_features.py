@@ -1,0 +1,133 @@
+"""Cost-model features: fixed layout, stable values, the same numbers per row and in bulk."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+import pytest
+from costmodel_support import fixture_frame
+
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import MatmulSchedule, default_conv2d_schedule
+from tunecache.costmodel import features as F
+
+# One entry per FEATURE_VERSION: the hash of the names (layout) and of golden values. When
+# either check fails, the features changed: bump FEATURE_VERSION (saved models then refuse
+# to load and must be retrained) and add the new version's digests here.
+LAYOUT_DIGESTS = {1: "69330a51579c4cf9"}
+VALUE_DIGESTS = {1: "7a4bbf887cdf0eca"}
+
+AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=48 << 10,
+                      l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="Golden CPU",
+                      l3_shared_by=2)
+AVX2 = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=8, l1d_bytes=32 << 10,
+                    l2_bytes=256 << 10, l3_bytes=16 << 20, cpu_model="Golden CPU 2")
+
+
+def golden_inputs() -> list[tuple[OpSignature, object, HardwareSpec]]:
+    mm = OpSignature.matmul(128, 768, 768, epilogue="bias")
+    bmm = OpSignature.batch_matmul(12, 128, 64, 128, trans_b=True)
+    odd = OpSignature.matmul(97, 13, 511, trans_a=True)
+    conv = OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, pads=1, epilogue="bias+relu")
+    return [
+        (mm, MatmulSchedule(mr=14, nr=32, kc=384, mc=126, nc=768, threads=2), AVX512),
+        (mm, MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=768, pack_a=0, loop_order="ipj",
+                            unroll=4, threads=8, parallel="n"), AVX2),
+        (bmm, MatmulSchedule(mr=8, nr=16, kc=128, mc=128, nc=64, threads=2, parallel="batch"),
+         AVX512),
+        (odd, MatmulSchedule(mr=5, nr=16, kc=64, mc=100, nc=16, threads=2), AVX512),
+        # illegal (register file overflow): still a full row, flagged illegal
+        (mm, MatmulSchedule(mr=30, nr=64, kc=256, mc=120, nc=768), AVX2),
+        (conv, default_conv2d_schedule(conv, AVX512, 2, "direct"), AVX512),
+        (conv, default_conv2d_schedule(conv, AVX2, 8, "gemm"), AVX2),
+    ]
+
+
+def _digest(rows: np.ndarray) -> str:
+    # 5 significant digits: stable across numpy/libm builds, sensitive to any real change.
+    text = "\n".join(",".join("nan" if np.isnan(x) else f"{x:.5g}" for x in row) for row in rows)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def test_layout_is_versioned():
+    assert len(set(F.FEATURE_NAMES)) == len(F.FEATURE_NAMES)
+    assert F.FEATURE_VERSION in LAYOUT_DIGESTS, (
+        f"FEATURE_VERSION {F.FEATURE_VERSION} has no recorded layout digest; add "
+        f"{F.FEATURE_VERSION}: {F.names_digest()!r}")
+    assert LAYOUT_DIGESTS[F.FEATURE_VERSION] == F.names_digest(), (
+        "FEATURE_NAMES changed without a FEATURE_VERSION bump: bump it and record "
+        f"{F.names_digest()!r} for the new version")
+
+
+def test_values_are_versioned():
+    rows = np.stack([F.features(op, s, hw) for op, s, hw in golden_inputs()])
+    assert VALUE_DIGESTS.get(F.FEATURE_VERSION) == _digest(rows), (
+        "feature values changed (features.py or costmodel.analytic) without a FEATURE_VERSION "
+        f"bump: bump it and record {_digest(rows)!r} for the new version")
+
+
+def test_same_input_same_vector():
+    for op, s, hw in golden_inputs():
+        a = F.features(op, s, hw)
+        b = F.features(OpSignature.parse(op.text), s.replace(), HardwareSpec.from_json(hw.to_json()))
+        assert a.dtype == np.float32 and a.shape == (len(F.FEATURE_NAMES),)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_families_share_one_layout():
+    rows = {F.FEATURE_NAMES[i]: i for i in range(len(F.FEATURE_NAMES))}
+    (mm, s, hw), *_ = golden_inputs()
+    conv_op, conv_s, conv_hw = golden_inputs()[5]
+    m = F.features(mm, s, hw)
+    c = F.features(conv_op, conv_s, conv_hw)
+    assert m[rows["kind_matmul"]] == 1 and c[rows["kind_conv2d"]] == 1
+    assert np.isnan(m[rows["oc_block"]]) and np.isnan(c[rows["mr"]])
+    assert m[rows["legal"]] == 1 and c[rows["legal"]] == 1
+    # the tiler's estimate: present for matmul, missing for conv2d until the analytic model
+    # covers it
+    assert np.isfinite(m[rows["est_log_s"]])
+    assert np.isnan(c[rows["est_log_s"]]) != F.CONV_ESTIMATE
+    assert 0 < c[rows["register_pressure"]] <= 1
+    illegal = F.features(*golden_inputs()[4])
+    assert illegal[rows["legal"]] == 0 and np.isnan(illegal[rows["est_log_s"]])
+
+
+def test_edge_and_balance_features_follow_the_shape():
+    idx = F.FEATURE_NAMES.index
+    op = OpSignature.matmul(97, 13, 511)
+    s = MatmulSchedule(mr=8, nr=16, kc=128, mc=96, nc=16, threads=2)
+    v = F.features(op, s, AVX512)
+    assert v[idx("edge_eff_m")] == pytest.approx(97 / 104)
+    assert v[idx("edge_eff_n")] == pytest.approx(13 / 16)
+    assert v[idx("parallel_balance")] == pytest.approx((96 + 8) / 2 / 96)
+
+
+def test_matrix_matches_rows_on_real_measurements():
+    df = fixture_frame()
+    X, ok = F.feature_matrix(df)
+    assert ok.all() and X.shape == (len(df), len(F.FEATURE_NAMES))
+    from tunecache.compiler.schedule import schedule_from_json
+
+    for i in range(0, len(df), max(1, len(df) // 25)):
+        row = df.iloc[i]
+        one = F.features(OpSignature.parse(row.op_text), schedule_from_json(row.schedule_json),
+                         HardwareSpec.from_json(row.hw_json))
+        np.testing.assert_array_equal(one, X[i])
+
+
+def test_unreadable_rows_are_flagged_not_fatal():
+    op, s, hw = golden_inputs()[0]
+    df = pd.DataFrame({
+        "op_text": [op.text, "matmul(M=oops)", op.text, op.text],
+        "schedule_json": [s.to_json(), s.to_json(), None, s.to_json()],
+        "hw_json": [hw.to_json(), hw.to_json(), hw.to_json(), "{not json"],
+    })
+    X, ok = F.feature_matrix(df)
+    assert ok.tolist() == [True, False, False, False]
+    assert np.isnan(X[1:]).all()
+    np.testing.assert_array_equal(X[0], F.features(op, s, hw))
+    with pytest.raises(F.FeatureError, match="hw_json"):
+        F.feature_matrix(df.drop(columns=["hw_json"]))
