@@ -74,6 +74,15 @@ def hand_picked(op: OpSignature, hw: HardwareSpec, threads: int) -> list[MatmulS
                                        pack_b=pack_b, threads=threads, parallel=par)
                     if not problems(op, s, hw) and s not in out:
                         out.append(s)
+    if op.attr("layout") == "nt" and M <= 16:
+        # Matrix-vector products with transposed weights: dot products along K, no packing.
+        for nv in (2, 4, 8):
+            for par in (["n"] if threads > 1 else ["m"]):
+                s = MatmulSchedule(mr=1, nr=nv * L, kc=min(K, 512), mc=1,
+                                   nc=_round_up(N, nv * L), pack_a=0, pack_b=0,
+                                   loop_order="dot", threads=threads, parallel=par)
+                if not problems(op, s, hw):
+                    out.append(s)
     return out
 
 

@@ -13,7 +13,10 @@ Matmul knobs (also used by ``batch_matmul``), following the BLIS five-loop struc
   ``nr``); a block larger than its dimension simply covers it.
 * ``pack_a``, ``pack_b``: copy A / B blocks into aligned, zero-padded panels (1) or read
   them in place (0; B in place needs B stored untransposed). Edge panels are always packed.
-* ``loop_order``: ``jpi`` (BLIS: B block outermost, shared) or ``ipj`` (A block outermost).
+* ``loop_order``: ``jpi`` (BLIS: B block outermost, shared), ``ipj`` (A block outermost), or
+  ``dot`` for ``C = A·Bᵀ`` (layout ``nt``): dot products along K with ``mr`` rows of A times
+  ``nr/lanes`` rows of B in registers, nothing packed (``pack_a=pack_b=0``; ``kc``/``mc``
+  unused, ``nc`` rows of B per cache block) — matrix-vector products' path.
 * ``unroll``: unroll factor of the micro-kernel's k loop.
 * ``threads`` and ``parallel``: OpenMP threads and the loop they split: ``m`` (row blocks),
   ``n`` (column micro-panels) or ``batch``.
@@ -60,7 +63,7 @@ MAX_KC = 8192
 MAX_BLOCK = 1 << 16
 MAX_PACKED_BYTES = 256 << 20
 UNROLLS = (1, 2, 4, 8)
-LOOP_ORDERS = ("jpi", "ipj")
+LOOP_ORDERS = ("jpi", "ipj", "dot")
 PARALLEL_AXES = ("m", "n", "batch")
 MAX_THREADS = 256
 
@@ -237,7 +240,13 @@ def matmul_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> lis
         problems.append(f"nc={s.nc} must be a multiple of nr={s.nr} in 1..{MAX_BLOCK}")
     if s.pack_a not in (0, 1) or s.pack_b not in (0, 1):
         problems.append(f"pack_a={s.pack_a}, pack_b={s.pack_b}: each must be 0 or 1")
-    if s.pack_b == 0 and op.trans_b:
+    if s.loop_order == "dot":
+        if op.attr("layout") != "nt":
+            problems.append("loop_order=dot needs layout nt (A untransposed, B transposed); "
+                            f"this op has layout {op.attr('layout')}")
+        if s.pack_a or s.pack_b:
+            problems.append("loop_order=dot reads A and B in place: use pack_a=0, pack_b=0")
+    elif s.pack_b == 0 and op.trans_b:
         problems.append("pack_b=0 needs B stored untransposed (layout ?n); this op has B transposed")
     if s.loop_order not in LOOP_ORDERS:
         problems.append(f"loop_order={s.loop_order!r}; expected one of {', '.join(LOOP_ORDERS)}")

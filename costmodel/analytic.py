@@ -76,8 +76,45 @@ def estimate(op: OpSignature, s: Schedule, hw: HardwareSpec) -> Estimate:
     return estimate_matmul(op, s, hw)
 
 
+def estimate_dot(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
+    """Estimate for ``loop_order="dot"``: vector dot products along K, nothing packed.
+
+    Per k step a tile loads mr + nv vectors for mr*nv FMAs (two loads per cycle); each output
+    ends with a horizontal sum; B streams from wherever it fits, once per row block of A.
+    """
+    d = op.dims_dict
+    M, N, K, B = d["M"], d["N"], d["K"], op.batch
+    T = s.threads
+    nv = s.nr // hw.lanes
+    peak = peak_gflops_per_core(hw) * 1e9
+    loads_per_fma = (s.mr + nv) / (s.mr * nv)
+    eff = 0.9 * min(1.0, 1.0 / max(loads_per_fma, 1e-9) / 1.0) * min(1.0, s.mr * nv / 8)
+    k_pad = _round_up(K, hw.lanes)
+    flops = 2.0 * B * _round_up(M, s.mr) * _round_up(N, nv) * k_pad
+    if s.parallel == "batch":
+        units = B
+    elif s.parallel == "m":
+        units = _ceil_div(M, s.mr)
+    else:
+        units = _ceil_div(N, nv)
+    busy = min(T, max(1, units))
+    compute_s = flops / (peak * eff * busy)
+    hsum_s = 12.0 * B * M * N / (NOMINAL_GHZ * 1e9 * busy)
+    b_bytes = 4.0 * N * K * (B if op.shared != "b" else 1)
+    passes = 1 if 4.0 * min(s.nc, N) * K <= hw.l2_bytes * 0.5 else _ceil_div(M, s.mr)
+    l3_share = hw.l3_bytes / max(1, hw.l3_shared_by)
+    bw = (BYTES_PER_CYCLE["l3"] * NOMINAL_GHZ * 1e9 if b_bytes <= l3_share * busy
+          else DRAM_GBPS_PER_CORE * 1e9)
+    memory_s = b_bytes * passes / (bw * busy)
+    overhead_s = CALL_OVERHEAD_S + (FORK_JOIN_S if T > 1 else 0.0)
+    seconds = max(compute_s, memory_s) + hsum_s + overhead_s
+    return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
 def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
     """Roofline-style time estimate for one matmul / batch_matmul schedule."""
+    if s.loop_order == "dot":
+        return estimate_dot(op, s, hw)
     d = op.dims_dict
     M, N, K, B = d["M"], d["N"], d["K"], op.batch
     mr, nr, T = s.mr, s.nr, s.threads

@@ -56,6 +56,17 @@ CASES = [
     (BM(2, 21, 5, 40, shared="b", trans_a=True, epilogue="relu"),
      lambda h: sched(h, 5, 1, 16, threads=2, parallel="n", pack_b=0)),
     (BM(5, 1, 1, 1), lambda h: sched(h, 1, 1, 1, threads=2, parallel="batch")),
+    # loop_order=dot: C = A·Bᵀ as dot products along K (K not a multiple of the lanes).
+    (M(1, 1000, 37, trans_b=True, epilogue="bias"),
+     lambda h: sched(h, 1, 4, 8, pack_a=0, pack_b=0, loop_order="dot")),
+    (M(7, 45, 70, trans_b=True, epilogue="bias+relu"),
+     lambda h: sched(h, 3, 2, 8, pack_a=0, pack_b=0, loop_order="dot", threads=2, parallel="n")),
+    (M(9, 13, 5, trans_b=True, epilogue="relu"),
+     lambda h: sched(h, 2, 3, 8, pack_a=0, pack_b=0, loop_order="dot", threads=2, parallel="m",
+                     unroll=4)),
+    (BM(3, 5, 17, 33, trans_b=True, shared="b", epilogue="bias"),
+     lambda h: sched(h, 2, 2, 8, pack_a=0, pack_b=0, loop_order="dot", threads=2,
+                     parallel="batch")),
 ]
 
 

@@ -108,3 +108,11 @@ def test_malformed_schedule_json(text, fragment) -> None:
     with pytest.raises(ScheduleError, match=None) as info:
         schedule_from_json(text)
     assert fragment in str(info.value)
+
+
+def test_dot_loop_order_rules(hw) -> None:
+    nt = OpSignature.matmul(1, 64, 64, trans_b=True)
+    dot = base(hw, loop_order="dot", pack_a=0, pack_b=0)
+    assert not problems(nt, dot, hw)
+    assert any("layout nt" in p for p in problems(OP, dot, hw))
+    assert any("pack_a=0, pack_b=0" in p for p in problems(nt, dot.replace(pack_b=1), hw))

@@ -179,3 +179,10 @@ def test_conv_exhaustive_space_is_legal() -> None:
     assert {s.algorithm for s in space} == {"direct", "gemm"}
     assert all(not problems(op, s, AVX512) for s in space[::25])
     assert {s.algorithm for s in exhaustive_space(CONVS[1], AVX512)} == {"direct"}
+
+
+def test_matrix_vector_with_transposed_weights_gets_dot_products() -> None:
+    fc = OpSignature.matmul(1, 1000, 2048, trans_b=True, epilogue="bias")
+    assert candidates(fc, AVX512)[0].schedule.loop_order == "dot"
+    assert {s.loop_order for s in exhaustive_space(fc, AVX512)} >= {"dot", "jpi"}
+    assert all(c.schedule.loop_order != "dot" for c in candidates(OPS[0], AVX512))

@@ -179,6 +179,27 @@ def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSch
                                     )
 
 
+def _dot_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSchedule]:
+    """``C = A·Bᵀ`` as dot products (layout nt): tiles of mr rows of A x nv rows of B."""
+    if op.attr("layout") != "nt":
+        return
+    d = op.dims_dict
+    lanes, regs = hw.lanes, hw.vector_registers
+    l2_rows = max(1, (hw.l2_bytes // 2) // (4 * d["K"]))
+    for mr in (1, 2, 4):
+        if mr > 1 and mr > d["M"]:
+            break
+        for nv in (2, 4, 8):
+            if mr * nv + nv + 1 > regs:
+                continue
+            nr = nv * lanes
+            for rows in sorted({_round_up(min(d["N"], l2_rows), nr), _round_up(d["N"], nr)}):
+                for par in _parallel_axes(op, threads):
+                    yield MatmulSchedule(mr=mr, nr=nr, kc=min(d["K"], 512), mc=mr,
+                                         nc=min(rows, 65536 // nr * nr), pack_a=0, pack_b=0,
+                                         loop_order="dot", threads=threads, parallel=par)
+
+
 def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv2dSchedule]:
     """Conv2d candidates: direct register tiles (pixels x channel vectors) and, unless
     depthwise, implicit-GEMM tiles (channels x pixel vectors), with channel blocks sized
@@ -223,10 +244,20 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
                             pack_w=pack_w, threads=threads, parallel=par)
 
 
+def _matmul_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Schedule]:
+    yield from _pool(op, hw, threads)
+    yield from _dot_pool(op, hw, threads)
+
+
+_POOLS: dict[str, Callable[[OpSignature, HardwareSpec, int], Iterator[Schedule]]] = {
+    "matmul": _matmul_pool, "batch_matmul": _matmul_pool, "conv2d": _conv_pool,
+}
+
+
 def _tile_key(s: Schedule) -> tuple[object, ...]:
     if isinstance(s, Conv2dSchedule):
         return (s.algorithm, s.oc_block, s.ow_block, s.oh_block)
-    return (s.mr, s.nr)
+    return (s.loop_order == "dot", s.mr, s.nr)
 
 
 def candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
@@ -236,11 +267,8 @@ def candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
     ``threads`` pins the thread count; by default schedules use every core of ``hw``, and
     for small ops fewer threads compete too (the estimate charges fork/join overhead).
     """
-    if op.kind in ("matmul", "batch_matmul"):
-        make: Callable[[OpSignature, HardwareSpec, int], Iterator[Schedule]] = _pool
-    elif op.kind == "conv2d":
-        make = _conv_pool
-    else:
+    make = _POOLS.get(op.kind)
+    if make is None:
         raise ValueError(f"the tiler has no model for op kind {op.kind!r}")
     seen: set[Schedule] = set()
     scored: list[tuple[float, str, Schedule, Estimate]] = []
@@ -397,4 +425,15 @@ def _matmul_exhaustive(op: OpSignature, hw: HardwareSpec, threads: int | None = 
                                                 group.append(s)
             if group:
                 strata[(mr, nr)] = group
+    if op.attr("layout") == "nt":
+        for mr in (1, 2, 4, 8):
+            for nv in range(1, MAX_NR_VECTORS + 1):
+                nr = nv * lanes
+                for nc in sorted({min(_round_up(N, nr), x) for x in (nr, nr * 8, _round_up(N, nr))}):
+                    for par in _parallel_axes(op, threads):
+                        s = MatmulSchedule(mr=mr, nr=nr, kc=min(K, 512), mc=mr, nc=nc, pack_a=0,
+                                           pack_b=0, loop_order="dot", threads=threads,
+                                           parallel=par)
+                        if not problems(op, s, hw):
+                            strata.setdefault(("dot", mr, nr), []).append(s)
     return _stratified(strata, limit, seed)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from tunecache.compiler.codegen.conv2d import generate_conv2d
 from tunecache.compiler.codegen.isa import BASE_FLAGS, DIALECTS, dialect
 from tunecache.compiler.codegen.matmul import generate_matmul
+from tunecache.compiler.codegen.matmul_dot import generate_matmul_dot
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Conv2dSchedule, MatmulSchedule, Schedule, validate
@@ -48,7 +49,10 @@ def generate(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> KernelSou
         f" * op: {op.text}\n * schedule: {schedule.to_json()}\n * isa: {hw.isa} */\n"
     )
     if op.kind in ("matmul", "batch_matmul") and isinstance(schedule, MatmulSchedule):
-        body = generate_matmul(op, schedule, d)
+        if schedule.loop_order == "dot":
+            body = generate_matmul_dot(op, schedule, d)
+        else:
+            body = generate_matmul(op, schedule, d)
     elif op.kind == "conv2d" and isinstance(schedule, Conv2dSchedule):
         body = generate_conv2d(op, schedule, d)
     else:  # pragma: no cover - validate() rejects these first

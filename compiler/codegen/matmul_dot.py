@@ -1,0 +1,160 @@
+"""C code for matmuls whose B is stored transposed, as dot products along K.
+
+``loop_order="dot"`` (``C = A · Bᵀ`` with ``A[M,K]`` and ``B[N,K]``, both K-contiguous): each
+register tile holds ``mr`` rows of A times ``nr/lanes`` rows of B as vector accumulators
+along K, reduced horizontally at the end. Nothing is packed, so B is read exactly once per
+row block of A — what matrix-vector products (batch-1 classifiers, decode steps) need, where
+the BLIS path would transpose all of B into panels on every call. Row blocks of ``nc`` rows
+of B are kept hot in cache while every tile of A passes over them.
+"""
+
+from __future__ import annotations
+
+from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import MatmulSchedule
+
+_HSUM = {
+    "avx512": "static inline float hsum(vec v) { return _mm512_reduce_add_ps(v); }",
+    "avx2": (
+        "static inline float hsum(vec v) {\n"
+        "  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));\n"
+        "  x = _mm_hadd_ps(x, x); x = _mm_hadd_ps(x, x); return _mm_cvtss_f32(x);\n}"
+    ),
+    "generic": "static inline float hsum(vec v) { return v[0] + v[1] + v[2] + v[3]; }",
+}
+
+
+def _tile(mr: int, nv: int, lanes: int, unroll: int, has_bias: bool, has_relu: bool) -> str:
+    lines = [
+        "static inline void dot_tile(const float *restrict a, const float *restrict b, "
+        "const float *restrict bias, float *restrict c) {",
+    ]
+    for r in range(mr):
+        lines.append("  vec " + ", ".join(f"c{r}_{q} = VZERO()" for q in range(nv)) + ";")
+    lines.append("  long k = 0;")
+    if unroll > 1:
+        lines.append(f"#pragma GCC unroll {unroll}")
+    lines.append(f"  for (; k + {lanes} <= K; k += {lanes}) {{")
+    lines.append("    vec " + ", ".join(f"b{q} = VLOADU(b + {q} * K + k)" for q in range(nv)) + ";")
+    for r in range(mr):
+        fmas = " ".join(f"c{r}_{q} = VFMA(a{r}, b{q}, c{r}_{q});" for q in range(nv))
+        lines.append(f"    {{ vec a{r} = VLOADU(a + {r} * K + k); {fmas} }}")
+    lines.append("  }")
+    for r in range(mr):
+        lines.append("  float " + ", ".join(f"s{r}_{q} = hsum(c{r}_{q})" for q in range(nv)) + ";")
+    lines.append("  for (; k < K; k++) {")
+    for r in range(mr):
+        lines.append("    " + " ".join(f"s{r}_{q} += a[{r} * K + k] * b[{q} * K + k];"
+                                       for q in range(nv)))
+    lines.append("  }")
+    for r in range(mr):
+        for q in range(nv):
+            v = f"s{r}_{q}"
+            if has_bias:
+                lines.append(f"  {v} += bias[{q}];")
+            if has_relu:
+                lines.append(f"  if ({v} < 0.0f) {v} = 0.0f;")
+            lines.append(f"  c[{r} * N + {q}] = {v};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def generate_matmul_dot(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
+    """The C translation unit for ``op`` (layout ``nt``) under a ``dot`` schedule."""
+    dims = op.dims_dict
+    M, N, K = dims["M"], dims["N"], dims["K"]
+    nv = s.nr // d.lanes
+    nc = max(nv, min(s.nc, N) // nv * nv)
+    has_bias, has_relu = "bias" in op.epilogue, "relu" in op.epilogue
+    a_batch = 0 if op.shared == "a" else M * K
+    b_batch = 0 if op.shared == "b" else K * N
+    bias_edge = "v += bias[j + q];" if has_bias else ""
+    relu_edge = "if (v < 0.0f) v = 0.0f;" if has_relu else ""
+    threaded = s.threads > 1 and s.parallel != "batch"
+    out = [d.prelude, _HSUM[d.name],
+           "#include <stddef.h>\n#include <time.h>\n#ifdef _OPENMP\n#include <omp.h>\n#endif",
+           f"#define M {M}L\n#define N {N}L\n#define K {K}L\n#define BATCH {op.batch}L\n"
+           f"#define MR {s.mr}L\n#define NV {nv}L\n#define NCB {nc}L\n"
+           f"#define A_BATCH {a_batch}L\n#define B_BATCH {b_batch}L\n#define C_BATCH {M * N}L",
+           _tile(s.mr, nv, d.lanes, s.unroll, has_bias, has_relu),
+           f"""\
+static void dot_edge(const float *restrict a, const float *restrict b,
+                     const float *restrict bias, float *restrict c, long mh, long nh, long j) {{
+  (void)bias; (void)j;
+  for (long r = 0; r < mh; r++)
+    for (long q = 0; q < nh; q++) {{
+      vec acc = VZERO();
+      long k = 0;
+      for (; k + {d.lanes} <= K; k += {d.lanes})
+        acc = VFMA(VLOADU(a + r * K + k), VLOADU(b + q * K + k), acc);
+      float v = hsum(acc);
+      for (; k < K; k++) v += a[r * K + k] * b[q * K + k];
+      {bias_edge} {relu_edge}
+      c[r * N + q] = v;
+    }}
+}}
+
+/* Rows [i_lo, i_hi) of A against rows [j_lo, j_hi) of B, B in blocks of NCB rows. */
+static void dot_range(const float *restrict A, const float *restrict B,
+                      const float *restrict bias, float *restrict C,
+                      long i_lo, long i_hi, long j_lo, long j_hi) {{
+  for (long jc = j_lo; jc < j_hi; jc += NCB) {{
+    const long j_end = jc + NCB < j_hi ? jc + NCB : j_hi;
+    for (long i = i_lo; i < i_hi; i += MR) {{
+      const long mh = i + MR <= i_hi ? MR : i_hi - i;
+      for (long j = jc; j < j_end; j += NV) {{
+        const long nh = j + NV <= j_end ? NV : j_end - j;
+        const float *bj = {"bias + j" if has_bias else "bias"};
+        if (mh == MR && nh == NV) dot_tile(A + i * K, B + j * K, bj, C + i * N + j);
+        else dot_edge(A + i * K, B + j * K, bias, C + i * N + j, mh, nh, j);
+      }}
+    }}
+  }}
+}}
+
+static void split(long n, long unit, int tid, int nth, long *lo, long *hi) {{
+  long units = (n + unit - 1) / unit, base = units / nth, extra = units % nth;
+  long first = tid * base + (tid < extra ? tid : extra);
+  long count = base + (tid < extra ? 1 : 0);
+  *lo = first * unit < n ? first * unit : n;
+  *hi = (first + count) * unit < n ? (first + count) * unit : n;
+}}
+""",
+           ]
+    if s.threads == 1:
+        run = ("  for (long b = 0; b < BATCH; b++)\n"
+               "    dot_range(A + b * A_BATCH, B + b * B_BATCH, bias, C + b * C_BATCH, "
+               "0, M, 0, N);\n")
+    elif not threaded:
+        run = (f"#pragma omp parallel for num_threads({s.threads}) schedule(static)\n"
+               "  for (long b = 0; b < BATCH; b++)\n"
+               "    dot_range(A + b * A_BATCH, B + b * B_BATCH, bias, C + b * C_BATCH, "
+               "0, M, 0, N);\n")
+    else:
+        ranges = ("split(N, NV, tid, nth, &lo, &hi); dot_range(A + b * A_BATCH, B + b * "
+                  "B_BATCH, bias, C + b * C_BATCH, 0, M, lo, hi);" if s.parallel == "n" else
+                  "split(M, MR, tid, nth, &lo, &hi); dot_range(A + b * A_BATCH, B + b * "
+                  "B_BATCH, bias, C + b * C_BATCH, lo, hi, 0, N);")
+        run = (f"#pragma omp parallel num_threads({s.threads})\n  {{\n"
+               "    int tid = omp_get_thread_num(), nth = omp_get_num_threads();\n"
+               "    for (long b = 0; b < BATCH; b++) { long lo, hi; " + ranges + " }\n  }\n")
+    bias_arg = "(const float *)args[2]" if has_bias else "NULL"
+    out.append(f"""\
+int tc_kernel(void **args) {{
+  const float *A = (const float *)args[0], *B = (const float *)args[1];
+  const float *bias = {bias_arg};
+  float *C = (float *)args[{3 if has_bias else 2}];
+  (void)bias;
+{run}  return 0;
+}}
+
+double tc_time(void **args, long iters) {{
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (long i = 0; i < iters; i++) tc_kernel(args);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}}
+""")
+    return "\n".join(out)
