@@ -106,6 +106,38 @@ def time_training(real: pd.DataFrame, n: int) -> dict[str, float]:
             "prepare_s": prep_s, "fit_s": fit_s, "total_s": prep_s + fit_s}
 
 
+def noise(real: pd.DataFrame, retest: pd.DataFrame | None) -> list[str]:
+    """What the measurements' own noise allows: within-measurement spread, and with a second
+    measurement of the same schedules, how well one run ranks the other (a ceiling)."""
+    out = []
+    if "runtimes_s" in real.columns:
+        runs = real.loc[real["status"] == "ok", "runtimes_s"].dropna()
+        spread = runs.map(lambda r: (max(r) - min(r)) / float(np.median(r)) if len(r) else np.nan)
+        out.append(f"Measurement noise: spread of the repeats within one measurement, "
+                   f"(max − min) ÷ median, median {spread.median():.2f}, 90th percentile "
+                   f"{spread.quantile(0.9):.2f}.")
+    if retest is not None:
+        from tunecache.costmodel import metrics as M
+
+        key = ["hw_id", "op_id", "schedule_json"]
+        ok_a = real[real["status"] == "ok"][[*key, "median_s"]]
+        ok_b = retest[retest["status"] == "ok"][[*key, "median_s"]]
+        both = ok_a.merge(ok_b, on=key, suffixes=("_a", "_b"))
+        sp, t1 = [], []
+        for _, g in both.groupby(["hw_id", "op_id"]):
+            if len(g) < 2:
+                continue
+            la = (g["median_s_a"].min() / g["median_s_a"]).to_numpy(dtype=float)
+            lb = (g["median_s_b"].min() / g["median_s_b"]).to_numpy(dtype=float)
+            sp.append(M.spearman(lb, la))
+            t1.append(M.topk_score(lb, la, 1))
+        out.append(f"Test–retest on {len(sp)} ops measured twice ({len(both)} schedules): "
+                   f"ranking one run by the other's medians gives Spearman {np.nanmean(sp):.2f} "
+                   f"and top-1 score {np.mean(t1):.2f} — a ceiling for any ranker judged "
+                   "against these labels.")
+    return out
+
+
 def plot(ev: Evaluation, path: Path) -> bool:
     try:
         import matplotlib
@@ -147,7 +179,7 @@ def verdict(ok: bool) -> str:
 
 
 def render(ev: Evaluation, objectives: list[dict[str, object]], timing: dict[str, float],
-           source: str, plotted: bool) -> str:
+           source: str, plotted: bool, noise_lines: list[str]) -> str:
     m, a, s = ev.model, ev.analytic, ev.search
     d = ev.data
     n_ok = int((d.labels > 0).sum())
@@ -167,6 +199,7 @@ def render(ev: Evaluation, objectives: list[dict[str, object]], timing: dict[str
         f"| pairwise accuracy | {m.pairwise:.3f} | {a.pairwise:.3f} | |",
         f"| Spearman | {m.spearman:.3f} | {a.spearman:.3f} | |",
         "",
+        *[line + "\n" for line in noise_lines],
         "Search efficiency (replay of the recorded measurements): measurements until one is "
         f"within {s.reach:.2f} of the best, mean over ops. Random = exact mean over all orders "
         "((n+1)/(good+1) per op).", "",
@@ -209,6 +242,10 @@ def main() -> None:
     parser.add_argument("--root", default=None, help="store root to read instead")
     parser.add_argument("--folds", type=int, default=8, help="operator folds")
     parser.add_argument("--train-rows", type=int, default=100_000)
+    parser.add_argument("--data-label", default=None,
+                        help="how to describe the data in the report (default: its path)")
+    parser.add_argument("--retest", type=Path, default=None,
+                        help="a second measurement of the same schedules (noise ceiling)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -221,6 +258,8 @@ def main() -> None:
         path = args.data or FIXTURE
         real = pd.read_parquet(path)
         source = f"`{path.relative_to(REPO) if path.is_relative_to(REPO) else path}`"
+    if args.data_label:
+        source = args.data_label
     data = prepare(real)
     objectives, evals = objective_table(data, args.folds)
     ev = evals["rank:ndcg, graded labels (default)"]
@@ -228,7 +267,8 @@ def main() -> None:
     timing = time_training(real, args.train_rows)
     print(json.dumps(timing))
     plotted = False if args.no_write else plot(ev, REPO / "docs" / PLOT)
-    text = render(ev, objectives, timing, source, plotted)
+    retest = pd.read_parquet(args.retest) if args.retest else None
+    text = render(ev, objectives, timing, source, plotted, noise(real, retest))
     print(text)
     if args.json:
         args.json.write_text(json.dumps({"evaluation": ev.to_dict(), "objectives": objectives,
