@@ -115,12 +115,16 @@ def group_metrics(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
 
 
 def summarise(per_group: pd.DataFrame, prefix: str) -> RankingMetrics:
-    """Summarise the ``<prefix>_top1`` … columns of a per-group table."""
+    """Summarise the ``<prefix>_top1`` … columns of a per-group table.
+
+    Groups without a value (the analytic estimate of an op kind it does not cover) are left
+    out, and ``groups`` counts the rest.
+    """
     def col(name: str) -> pd.Series:
         return per_group[f"{prefix}_{name}"].astype(float)
 
     return RankingMetrics(
-        groups=len(per_group),
+        groups=int(col("top1").notna().sum()),
         top1=float(col("top1").mean()),
         top5=float(col("top5").mean()),
         pairwise=float(col("pairwise").mean()),
