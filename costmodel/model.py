@@ -117,7 +117,7 @@ def prepare(df: pd.DataFrame) -> TrainingSet:
     frame["m"] = pd.Series(np.where(ok, median, np.nan), index=frame.index)
     no_schedule = frame["schedule_json"].isna().to_numpy()
     if no_schedule.any():
-        dropped["no schedule"] = int(no_schedule.sum())
+        dropped["records without a schedule"] = int(no_schedule.sum())
         frame = frame.loc[~no_schedule]
     if frame.empty:
         raise CostModelError("no training data: no record with a schedule")
@@ -127,13 +127,14 @@ def prepare(df: pd.DataFrame) -> TrainingSet:
     ).reset_index()
     X, good = F.feature_matrix(agg)
     if not good.all():
-        dropped["unreadable op, schedule or hardware"] = int((~good).sum())
+        dropped["schedules with an unreadable op, schedule or hardware"] = int((~good).sum())
     agg, X = agg.loc[good].reset_index(drop=True), X[good]
     best = agg.groupby(["hw_id", "op_id"], sort=False)["m"].transform("min")
     size = agg.groupby(["hw_id", "op_id"], sort=False)["m"].transform("size")
     usable = (best.notna() & (size >= 2)).to_numpy()
     if not usable.all():
-        dropped["groups without an ok row or with one schedule"] = int((~usable).sum())
+        dropped["schedules in groups without an ok row or with one schedule"] = \
+            int((~usable).sum())
     agg, X = agg.loc[usable].reset_index(drop=True), X[usable]
     best_s = best[usable].to_numpy(dtype=np.float64)
     if agg.empty:
