@@ -90,6 +90,16 @@ def micro_tiles(op: OpSignature, hw: HardwareSpec) -> list[tuple[int, int]]:
     return [(mr, nr) for _, _, mr, nr in scored]
 
 
+def kept_micro_tiles(op: OpSignature, hw: HardwareSpec) -> list[tuple[int, int]]:
+    """The best few micro-tiles overall plus the best two of each vector width, so that the
+    estimate, not the register-level score alone, decides between wide and tall tiles."""
+    ranked = micro_tiles(op, hw)
+    kept = ranked[:MICRO_TILES_KEPT // 2]
+    for nv in range(1, 5):
+        kept += [t for t in ranked if t[1] == nv * hw.lanes and t not in kept][:2]
+    return kept
+
+
 # -- cache levels --------------------------------------------------------------------------
 
 
@@ -161,7 +171,7 @@ def thread_options(op: OpSignature, hw: HardwareSpec, threads: int | None) -> li
 def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSchedule]:
     d = op.dims_dict
     M, N = d["M"], d["N"]
-    for mr, nr in micro_tiles(op, hw)[:MICRO_TILES_KEPT]:
+    for mr, nr in kept_micro_tiles(op, hw):
         for kc in kc_candidates(op, hw, mr, nr):
             for mc in mc_candidates(op, hw, mr, kc, threads):
                 for nc in nc_candidates(op, hw, nr, kc):
