@@ -49,11 +49,11 @@ from tunecache.compiler.schedule import (
 )
 from tunecache.costmodel import analytic
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 
-# Whether analytic.estimate covers conv2d yet. While it does not, conv2d estimate columns
-# are NaN. Turning this on changes feature values: bump FEATURE_VERSION with it.
-CONV_ESTIMATE = False
+# Whether analytic.estimate covers conv2d (it does since feature version 2). Switching it
+# changes feature values: bump FEATURE_VERSION with it.
+CONV_ESTIMATE = True
 
 _OP_NAMES = (
     "kind_matmul", "kind_batch_matmul", "kind_conv2d",
@@ -75,7 +75,7 @@ _HW_NAMES = (
 _KNOB_NAMES = (
     # matmul family
     "mr", "nr", "nr_vectors", "kc", "mc", "nc", "log_kc", "log_mc", "log_nc",
-    "pack_a", "pack_b", "order_ipj", "unroll",
+    "pack_a", "pack_b", "order_ipj", "order_dot", "unroll",
     # conv2d family
     "conv_algo_gemm", "oc_block", "ow_block", "oh_block", "ic_block", "log_ic_block",
     "conv_order_pf", "unroll_kw", "pack_w",
@@ -194,11 +194,12 @@ def _knob_part(s: Schedule, hw: HardwareSpec) -> tuple[float, ...]:
     if isinstance(s, MatmulSchedule):
         return (
             s.mr, s.nr, s.nr / hw.lanes, s.kc, s.mc, s.nc, _l2(s.kc), _l2(s.mc), _l2(s.nc),
-            s.pack_a, s.pack_b, float(s.loop_order == "ipj"), s.unroll,
+            s.pack_a, s.pack_b, float(s.loop_order == "ipj"), float(s.loop_order == "dot"),
+            s.unroll,
             *(NAN,) * 9, *threads,
         )
     return (
-        *(NAN,) * 13,
+        *(NAN,) * 14,
         float(s.algorithm == "gemm"), s.oc_block, s.ow_block, s.oh_block, s.ic_block,
         _l2(s.ic_block), float(s.loop_order == "pf"), s.unroll_kw, getattr(s, "pack_w", 1),
         *threads,

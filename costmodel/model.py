@@ -223,7 +223,7 @@ def prior_margin(X: np.ndarray, weight: float) -> np.ndarray:
 
     Boosting starts from the tiler's ranking and the trees learn corrections to it, so with
     little data the model falls back to the analytic order instead of to noise. Rows without
-    an estimate (illegal schedules; conv2d until the analytic model covers it) start as if
+    an estimate (illegal schedules) start as if
     they took 2^64 s — within one op either all rows have an estimate or none.
     """
     est = X[:, _EST].astype(np.float64)

@@ -17,8 +17,8 @@ from tunecache.costmodel import features as F
 # One entry per FEATURE_VERSION: the hash of the names (layout) and of golden values. When
 # either check fails, the features changed: bump FEATURE_VERSION (saved models then refuse
 # to load and must be retrained) and add the new version's digests here.
-LAYOUT_DIGESTS = {1: "69330a51579c4cf9"}
-VALUE_DIGESTS = {1: "7a4bbf887cdf0eca"}
+LAYOUT_DIGESTS = {1: "69330a51579c4cf9", 2: "84f7f0316a034daa"}
+VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2"}
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=48 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="Golden CPU",
@@ -86,8 +86,8 @@ def test_families_share_one_layout():
     assert m[rows["kind_matmul"]] == 1 and c[rows["kind_conv2d"]] == 1
     assert np.isnan(m[rows["oc_block"]]) and np.isnan(c[rows["mr"]])
     assert m[rows["legal"]] == 1 and c[rows["legal"]] == 1
-    # the tiler's estimate: present for matmul, missing for conv2d until the analytic model
-    # covers it
+    # the tiler's estimate: present for matmul, and for conv2d once the analytic model covers
+    # it (feature version 2)
     assert np.isfinite(m[rows["est_log_s"]])
     assert np.isnan(c[rows["est_log_s"]]) != F.CONV_ESTIMATE
     assert 0 < c[rows["register_pressure"]] <= 1
