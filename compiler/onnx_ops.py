@@ -16,6 +16,7 @@ does not turn into kernels (and the numpy path of kernel ops lives in
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -420,10 +421,25 @@ def _pool(inputs: Sequence[Array | None], attrs: Mapping[str, Any], mode: str) -
         return w[index]
 
     win = windows(xp)
-    window_axes = tuple(range(x.ndim, x.ndim + nsp))
+    # Reduce with one elementwise op per kernel offset over strided views: numpy's reduction
+    # over the tiny, non-contiguous window axes is ~10x slower (measured: ResNet-50's
+    # 3x3/2 max pool at 112x112x64 took most of the non-kernel time).
+    out_shape = win.shape[2:2 + nsp]
+    total: Array | None = None
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        view = xp[(slice(None), slice(None), *(
+            slice(o * d, o * d + (n - 1) * st + 1, st)
+            for o, d, n, st in zip(offset, dilations, out_shape, strides, strict=True)))]
+        if total is None:
+            total = view.copy()
+        elif mode == "max":
+            np.maximum(total, view, out=total)
+        else:
+            np.add(total, view, out=total)
+    assert total is not None
     if mode == "max":
-        return _arr(np.max(win, axis=window_axes), x.dtype)
-    total = np.sum(win, axis=window_axes)
+        return _arr(total, x.dtype)
+    window_axes = tuple(range(x.ndim, x.ndim + nsp))
     # Divide by the window's element count: real elements only (count_include_pad=0) or
     # including the explicit pads, never the extra ceil_mode padding.
     include = bool(attrs.get("count_include_pad", 0))
