@@ -171,13 +171,17 @@ def thread_options(op: OpSignature, hw: HardwareSpec, threads: int | None) -> li
 def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSchedule]:
     d = op.dims_dict
     M, N = d["M"], d["N"]
+    a_fits = 4 * M * d["K"] <= hw.l2_bytes // 2
+    b_fits = 4 * d["K"] * N <= hw.l2_bytes // 2
     for mr, nr in kept_micro_tiles(op, hw):
         for kc in kc_candidates(op, hw, mr, nr):
             for mc in mc_candidates(op, hw, mr, kc, threads):
                 for nc in nc_candidates(op, hw, nr, kc):
                     for par in _parallel_axes(op, threads):
-                        packs_b = [1] if op.trans_b or 4 * mr < M else [1, 0]
-                        packs_a = [1, 0] if 2 * nr >= N else [1]
+                        # Reading in place pays when the operand is reused little or already
+                        # sits in L2 (measured: unpacked A and B win on 256³ and 333x77x129).
+                        packs_b = [1] if op.trans_b or (4 * mr < M and not b_fits) else [1, 0]
+                        packs_a = [1, 0] if 2 * nr >= N or a_fits else [1]
                         orders = ["jpi", "ipj"] if nc < N and mc < M else ["jpi"]
                         for pack_b in packs_b:
                             for pack_a in packs_a:
