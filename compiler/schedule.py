@@ -50,7 +50,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from tunecache.compiler.errors import ScheduleError
 from tunecache.compiler.hardware import HardwareSpec
@@ -68,8 +68,41 @@ PARALLEL_AXES = ("m", "n", "batch")
 MAX_THREADS = 256
 
 
+_S = TypeVar("_S", bound="_ScheduleData")
+
+
+class _ScheduleData:
+    """What every schedule family shares: canonical JSON, a stable id, ``replace``.
+
+    Mixed into frozen, slotted dataclasses; a schedule is data and nothing else.
+    """
+
+    __slots__ = ()
+    family: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, **asdict(cast(Any, self))}
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys, no spaces): what the store keeps."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def schedule_id(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def replace(self: _S, **changes: Any) -> _S:
+        """A copy with some knobs changed (unknown knob names are refused)."""
+        data = asdict(cast(Any, self))
+        unknown = sorted(set(changes) - set(data))
+        if unknown:
+            raise ScheduleError(f"unknown {self.family} knob(s) {', '.join(unknown)}")
+        data.update(changes)
+        return type(self)(**data)
+
+
 @dataclass(frozen=True, slots=True)
-class MatmulSchedule:
+class MatmulSchedule(_ScheduleData):
     """Knobs of a BLIS-style matmul / batch_matmul kernel (see the module docstring)."""
 
     family: ClassVar[str] = "matmul"
@@ -85,25 +118,6 @@ class MatmulSchedule:
     unroll: int = 1
     threads: int = 1
     parallel: str = "m"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, **asdict(self)}
-
-    def to_json(self) -> str:
-        """Canonical JSON (sorted keys, no spaces): what the store keeps."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @property
-    def schedule_id(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
-
-    def replace(self, **changes: Any) -> MatmulSchedule:
-        data = asdict(self)
-        unknown = sorted(set(changes) - set(data))
-        if unknown:
-            raise ScheduleError(f"unknown matmul knob(s) {', '.join(unknown)}")
-        data.update(changes)
-        return MatmulSchedule(**data)
 
     def __str__(self) -> str:
         return (
@@ -122,7 +136,7 @@ MAX_IC_BLOCK = 1024
 
 
 @dataclass(frozen=True, slots=True)
-class Conv2dSchedule:
+class Conv2dSchedule(_ScheduleData):
     """Knobs of a conv2d kernel (see the module docstring and docs/CONV2D.md)."""
 
     family: ClassVar[str] = "conv2d"
@@ -137,25 +151,6 @@ class Conv2dSchedule:
     pack_w: int = 1
     threads: int = 1
     parallel: str = "oc"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, **asdict(self)}
-
-    def to_json(self) -> str:
-        """Canonical JSON (sorted keys, no spaces): what the store keeps."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @property
-    def schedule_id(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
-
-    def replace(self, **changes: Any) -> Conv2dSchedule:
-        data = asdict(self)
-        unknown = sorted(set(changes) - set(data))
-        if unknown:
-            raise ScheduleError(f"unknown conv2d knob(s) {', '.join(unknown)}")
-        data.update(changes)
-        return Conv2dSchedule(**data)
 
     def __str__(self) -> str:
         return (

@@ -100,6 +100,15 @@ def _check(op: OpSignature, artifact) -> str | None:
     return None if np.array_equal(again, out) else "second call differs from the first"
 
 
+def _assert_all_correct(cases) -> None:  # type: ignore[no-untyped-def]
+    failures = []
+    for (op, s, hw), art in zip(cases, _build_all(cases), strict=True):
+        problem = _check(op, art)
+        if problem:
+            failures.append(f"{hw.isa} {op.text} {s}: {problem}")
+    assert not failures, "\n".join(failures)
+
+
 def test_every_case_is_legal() -> None:
     for op, s, hw in _cases():
         assert not problems(op, s, hw), (op, s, hw.isa)
@@ -107,12 +116,7 @@ def test_every_case_is_legal() -> None:
 
 def test_kernels_match_numpy_on_every_isa() -> None:
     cases = _cases()
-    failures = []
-    for (op, s, hw), art in zip(cases, _build_all(cases), strict=True):
-        problem = _check(op, art)
-        if problem:
-            failures.append(f"{hw.isa} {op.text} {s}: {problem}")
-    assert not failures, "\n".join(failures)
+    _assert_all_correct(cases)
 
 
 def test_random_schedules_and_shapes() -> None:
@@ -135,12 +139,7 @@ def test_random_schedules_and_shapes() -> None:
         )
         if not problems(op, s, hw):
             cases.append((op, s, hw))
-    failures = []
-    for (op, s, hw), art in zip(cases, _build_all(cases), strict=True):
-        problem = _check(op, art)
-        if problem:
-            failures.append(f"{hw.isa} {op.text} {s}: {problem}")
-    assert not failures, "\n".join(failures)
+    _assert_all_correct(cases)
 
 
 def test_source_is_deterministic_and_carries_provenance() -> None:
