@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from tunecache.cache import fs, paths
+from tunecache.cache import paths
 from tunecache.cache.errors import SnapshotError
 from tunecache.cache.publish import SNAPSHOT_VERSION
 from tunecache.compiler.codegen import CODEGEN_VERSION
@@ -39,6 +39,7 @@ from tunecache.compiler.schedule import (
     Schedule,
     schedule_from_json,
 )
+from tunecache.datasets import fs
 from tunecache.datasets.location import Location, resolve
 from tunecache.datasets.paths import check_part
 from tunecache.datasets.schema import KNOB_COLUMNS

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from tunecache.cache import fs, paths
+from tunecache.cache import paths
 from tunecache.cache.errors import SnapshotError, StoreError
 from tunecache.cache.publish import (
     PUBLISH_COLUMNS,
@@ -42,7 +42,7 @@ from tunecache.cache.publish import (
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import schedule_from_json
-from tunecache.datasets import io
+from tunecache.datasets import fs, io
 from tunecache.datasets.errors import SchemaError
 from tunecache.datasets.io import Fragment
 from tunecache.datasets.location import Location, resolve

@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tunecache.cache import fs
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.ops import OpSignature
+from tunecache.datasets import fs
 from tunecache.datasets.location import Location
 from tunecache.datasets.paths import check_part, new_fragment_name
 

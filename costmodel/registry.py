@@ -14,18 +14,16 @@ are two steps, so a crash in between leaves the previous model current.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import uuid
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.costmodel.model import META_FILE, MODEL_FILE, CostModel, ModelLoadError
-from tunecache.datasets import location
+from tunecache.datasets import fs, location
 from tunecache.datasets.location import Location
 
 MODELS_DIR = "models"
@@ -39,47 +37,13 @@ def _check_version(version: str) -> str:
     return version
 
 
-def _write_atomic(loc: Location, relative: str, data: bytes) -> None:
-    path = loc.path(relative)
-    if not loc.local:
-        with loc.fs.open_output_stream(path) as out:
-            out.write(data)
-        return
-    directory, _, name = path.rpartition("/")
-    os.makedirs(directory, exist_ok=True)
-    temp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
-    try:
-        with open(temp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-
-
-def _read(loc: Location, relative: str) -> bytes | None:
-    try:
-        with loc.fs.open_input_stream(loc.path(relative)) as handle:
-            return bytes(handle.read())
-    except (FileNotFoundError, IsADirectoryError):
-        return None
-    except OSError:
-        info = loc.fs.get_file_info(loc.path(relative))
-        if info.type != pafs.FileType.File:
-            return None
-        raise
-
-
 def save(model: CostModel, root: str | os.PathLike[str] | Location | None = None, *,
          make_current: bool = True) -> str:
     """Store ``model`` under ``models/<version>/`` (and point ``CURRENT`` at it); its version."""
     loc = location.resolve(root)
     version = _check_version(model.version)
-    _write_atomic(loc, f"{MODELS_DIR}/{version}/{MODEL_FILE}", model.model_bytes())
-    _write_atomic(loc, f"{MODELS_DIR}/{version}/{META_FILE}", model.meta_bytes())
+    fs.write_atomic(loc, f"{MODELS_DIR}/{version}/{MODEL_FILE}", model.model_bytes())
+    fs.write_atomic(loc, f"{MODELS_DIR}/{version}/{META_FILE}", model.meta_bytes())
     if make_current:
         set_current(root if not isinstance(root, Location) else loc, version)
     return version
@@ -90,13 +54,13 @@ def set_current(root: str | os.PathLike[str] | Location | None, version: str) ->
     loc = location.resolve(root)
     load_version(loc, version)
     pointer = json.dumps({"model_version": _check_version(version)}, sort_keys=True) + "\n"
-    _write_atomic(loc, f"{MODELS_DIR}/{POINTER}", pointer.encode())
+    fs.write_atomic(loc, f"{MODELS_DIR}/{POINTER}", pointer.encode())
 
 
 def current_version(root: str | os.PathLike[str] | Location | None = None) -> str | None:
     """The version ``CURRENT`` names, or None when no model was made current."""
     loc = location.resolve(root)
-    raw = _read(loc, f"{MODELS_DIR}/{POINTER}")
+    raw = fs.read_bytes(loc, f"{MODELS_DIR}/{POINTER}")
     if raw is None:
         return None
     try:
@@ -114,8 +78,8 @@ def load_version(root: str | os.PathLike[str] | Location | None, version: str) -
     loc = location.resolve(root)
     version = _check_version(version)
     where = f"{loc.uri}/{MODELS_DIR}/{version}"
-    model_raw = _read(loc, f"{MODELS_DIR}/{version}/{MODEL_FILE}")
-    meta_raw = _read(loc, f"{MODELS_DIR}/{version}/{META_FILE}")
+    model_raw = fs.read_bytes(loc, f"{MODELS_DIR}/{version}/{MODEL_FILE}")
+    meta_raw = fs.read_bytes(loc, f"{MODELS_DIR}/{version}/{META_FILE}")
     if model_raw is None or meta_raw is None:
         missing = MODEL_FILE if model_raw is None else META_FILE
         raise ModelLoadError(f"{where}: {missing} is missing; not a complete model")
