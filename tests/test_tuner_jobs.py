@@ -183,3 +183,22 @@ def test_model_workloads_are_counted_and_unreadable_models_reported(tmp_path: Pa
                     "--no-baseline", "--json", root=tmp_path / "store")
     assert out.returncode == 0, out.stderr
     assert {o["status"] for o in json.loads(out.stdout)["ops"]} == {"tuned"}
+
+
+def test_exploration_samples_the_grid_and_resumes_without_repeats(tmp_path: Path) -> None:
+    from tunecache.tuner import roller
+
+    store = Store(tmp_path)
+    op = OpSignature.matmul(40, 72, 24)
+    options = JobOptions(trials=2, refine=False, baseline=False, explore=4)
+    with Runner(HW, FAST) as runner:
+        first = run_job([Workload(op, 1, "x")], HW, store, options, runner=runner)
+        again = run_job([Workload(op, 1, "x")], HW, store, options, runner=runner)
+    frame = store.load()
+    explored = frame[frame["source"] == "explore"]
+    sample = {s.schedule_id for s in roller.exhaustive_space(op, HW, limit=4, seed=7)}
+    assert first.ops[0].status == "tuned"
+    assert 1 <= len(explored) <= 4 and set(explored["schedule_id"]) <= sample
+    # what the ranked trials already measured is not measured twice
+    assert frame["schedule_id"].is_unique
+    assert again.ops[0].status == "skipped" or again.ops[0].trials == 0

@@ -116,6 +116,9 @@ def _print_summary(summary: JobSummary) -> None:
               help="Wall time for the whole job (600, 90s, 15m, 1h30m), split by benefit.")
 @click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True,
               help="Ranked candidates measured per op (plus refinement).")
+@click.option("--explore", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also measure this many schedules per op sampled from the whole legal "
+                   "grid: training data for the cost model.")
 @click.option("--retune", is_flag=True, help="Measure ops again even if already tuned.")
 @click.option("--no-refine", is_flag=True, help="Skip the local search around the best.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -132,7 +135,7 @@ def _print_summary(summary: JobSummary) -> None:
 @hardware_option
 @json_option
 def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Path, ...],
-                 wanted: bool, budget: str | None, trials: int, retune: bool, no_refine: bool,
+                 wanted: bool, budget: str | None, trials: int, explore: int, retune: bool, no_refine: bool,
                  threads: int | None, no_baseline: bool, publish: bool, train: bool,
                  root: str | None, job_id: str | None, ray_address: str | None, quiet: bool,
                  hardware: Path | None, as_json: bool) -> None:
@@ -156,7 +159,8 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
     model = _current_model(store, hw)
     progress = _Progress(len(workloads), quiet or as_json)
     options = JobOptions(budget_s=budget_s, trials=trials, retune=retune, refine=not no_refine,
-                         threads=threads, baseline=not no_baseline, job_id=job_id)
+                         threads=threads, baseline=not no_baseline, job_id=job_id,
+                         explore=explore)
     try:
         if ray_address:
             from tunecache.tuner.farm import FarmPlan, run_farm_job

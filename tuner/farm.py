@@ -130,6 +130,7 @@ def run_farm_job(
     task_options = {
         "budget_s": None, "trials": options.trials, "retune": options.retune,
         "refine": options.refine, "threads": options.threads, "baseline": options.baseline,
+        "explore": options.explore,
     }
     summaries: list[JobSummary] = []
     pending: dict[Any, tuple[JobSummary, Workload]] = {}

@@ -4,8 +4,8 @@ A job tunes the distinct ops of its workloads (suites, op texts, ONNX models, th
 on this machine, most expected benefit first (FLOPs x occurrences). With a wall-time budget,
 each op gets the remaining time in proportion to its weight among the ops still to do, so time
 an op does not use flows to the rest. Every measurement is appended to the store as soon as
-it exists; ops already tuned for this hardware and codegen version (at least ``trials``
-schedules measured) are skipped unless ``retune``; a rerun after Ctrl-C or SIGKILL continues
+it exists; ops already tuned for this hardware and codegen version (at least ``trials`` +
+``explore`` schedules measured) are skipped unless ``retune``; a rerun after Ctrl-C or SIGKILL continues
 where the job stopped. At the end the job can retrain the cost model and publish the cache.
 """
 
@@ -36,7 +36,8 @@ BASELINE_KINDS = ("matmul", "batch_matmul")
 
 @dataclass(frozen=True, slots=True)
 class JobOptions:
-    """How a job runs. ``budget_s`` is wall time for the whole job (None: no limit)."""
+    """How a job runs. ``budget_s`` is wall time for the whole job (None: no limit);
+    ``explore`` schedules per op are drawn from the whole grid for the cost model."""
 
     budget_s: float | None = None
     trials: int = 10
@@ -44,6 +45,7 @@ class JobOptions:
     refine: bool = True
     threads: int | None = None
     baseline: bool = True
+    explore: int = 0
     job_id: str | None = None
 
 
@@ -241,7 +243,8 @@ def run_job(
     end = start + options.budget_s if options.budget_s is not None else None
     todo = merge_workloads(workloads)
     measured = {} if options.retune else measured_schedules(store, hw, [w.op for w in todo])
-    config = TuneConfig(trials=options.trials, refine=options.refine, threads=options.threads)
+    config = TuneConfig(trials=options.trials, refine=options.refine, threads=options.threads,
+                        explore=options.explore)
     model_version = getattr(model, "version", None) if model is not None else None
     own_runner = runner is None
     runner = runner or Runner(hw, TimingConfig(min_time_s=0.1, min_repeats=5))
@@ -254,7 +257,7 @@ def run_job(
         for index, workload in enumerate(todo):
             op = workload.op
             already = measured.get(op.op_id, set())
-            if not options.retune and len(already) >= options.trials:
+            if not options.retune and len(already) >= options.trials + options.explore:
                 item = OpSummary(op, workload.label, workload.count, "skipped", 0, 0.0,
                                  note=f"already tuned: {len(already)} schedules measured "
                                       f"(--retune to measure again)")

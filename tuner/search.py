@@ -5,7 +5,9 @@ measurement (failures included) to the store as soon as it exists, so an interru
 loses nothing it measured and a rerun continues where it stopped (schedules already measured
 for the op, hardware and codegen version are skipped). After the ranked candidates, an
 optional local refinement measures neighbours of the best (other K/M blocks, unroll, the
-other parallel axis).
+other parallel axis). An optional exploration then measures a fixed, stratified sample of
+the whole legal schedule grid (``roller.exhaustive_space``): schedules the tiler would not
+propose, so that the cost model also learns from the tiler's mistakes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tunecache.tuner import roller
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner
 
 POOL_SIZE = 40
+EXPLORE_SEED = 7
 
 
 class Ranker(Protocol):
@@ -44,6 +47,7 @@ class TuneConfig:
     threads: int | None = None
     pool: int = POOL_SIZE
     batch: int = 2
+    explore: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,15 @@ def neighbours(op: OpSignature, best: Schedule, hw: HardwareSpec) -> list[Schedu
     return legal
 
 
+def exploration(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
+                done: set[str]) -> list[Candidate]:
+    """``config.explore`` schedules of the legal grid, the same stratified sample every run
+    (so a resumed job measures only what it has not), minus those already measured."""
+    sample = roller.exhaustive_space(op, hw, threads=config.threads, limit=config.explore,
+                                     seed=EXPLORE_SEED)
+    return [Candidate(op, s, "explore") for s in sample if s.schedule_id not in done]
+
+
 def tune_op(
     op: OpSignature,
     hw: HardwareSpec,
@@ -115,7 +128,7 @@ def tune_op(
     measured: Iterable[str] = (),
     deadline: float | None = None,
 ) -> OpTuneResult:
-    """Tune ``op``: measure up to ``config.trials`` ranked candidates, then refine.
+    """Tune ``op``: measure up to ``config.trials`` ranked candidates, refine, then explore.
 
     ``measured`` holds schedule ids already measured for this op (they are skipped);
     ``sink`` receives every result as soon as it is measured; measurement stops at
@@ -160,5 +173,7 @@ def tune_op(
             extra = [Candidate(op, s, "refine") for s in neighbours(op, best.schedule, hw)
                      if s.schedule_id not in done][: config.refine_trials]
             run(extra)
+    if stopped is None and config.explore > 0:
+        run(exploration(op, hw, config, done))
     return OpTuneResult(op, tuple(results), time.monotonic() - start,
                         len(set(measured)), stopped)
