@@ -125,14 +125,24 @@ def main() -> None:
     parser.add_argument("--merge", type=Path, action="append", default=[],
                         help="other measurement Parquet files to include in the fixture")
     parser.add_argument("--list", action="store_true", help="print the ops and exit")
+    parser.add_argument("--export-only", action="store_true",
+                        help="only write --fixture from the store, measure nothing")
     args = parser.parse_args()
     todo = workloads(args.random, args.seed)[: args.limit]
     if args.list:
         for w in todo:
             print(w.label, w.op.text, f"{w.op.flops / 1e6:.1f} MFLOP")
         return
-    hw = local_spec()
     store = Store(args.root)
+    if not args.export_only:
+        collect(store, todo, args)
+    if args.fixture:
+        frames = [store.load(), *(pd.read_parquet(p) for p in args.merge)]
+        write_fixture(frames, args.fixture)
+
+
+def collect(store: Store, todo: list[Workload], args: argparse.Namespace) -> None:
+    hw = local_spec()
     options = JobOptions(trials=args.trials, explore=args.explore, refine=True, baseline=False,
                          job_id=f"costmodel-data-{args.seed}")
     summary = run_job(todo, hw, store, options, progress=Progress())
@@ -140,9 +150,6 @@ def main() -> None:
     tuned = sum(o.status == "tuned" for o in summary.ops)
     print(f"{tuned} ops tuned, {summary.trials} measurements, {summary.seconds:.0f} s",
           file=sys.stderr)
-    if args.fixture:
-        frames = [store.load(), *(pd.read_parquet(p) for p in args.merge)]
-        write_fixture(frames, args.fixture)
 
 
 if __name__ == "__main__":

@@ -126,9 +126,11 @@ def noise(real: pd.DataFrame, retest: pd.DataFrame | None) -> list[str]:
         from tunecache.costmodel import metrics as M
 
         key = ["hw_id", "op_id", "schedule_json"]
-        ok_a = real[real["status"] == "ok"][[*key, "median_s"]]
-        ok_b = retest[retest["status"] == "ok"][[*key, "median_s"]]
+        ok_a = real[real["status"] == "ok"][[*key, "record_id", "median_s"]]
+        ok_b = retest[retest["status"] == "ok"][[*key, "record_id", "median_s"]]
         both = ok_a.merge(ok_b, on=key, suffixes=("_a", "_b"))
+        # the data may already hold the retest's records: pair only distinct measurements
+        both = both[~both["record_id_a"].isin(ok_b["record_id"])]
         sp, t1 = [], []
         for _, g in both.groupby(["hw_id", "op_id"]):
             if len(g) < 2:

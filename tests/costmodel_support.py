@@ -14,8 +14,9 @@ def fixture_frame() -> pd.DataFrame:
     """The committed measurements (store rows); fails the test loudly when missing."""
     if not FIXTURE.exists():
         pytest.fail(
-            f"{FIXTURE} is missing: produce it with `python benchmarks/tiler_quality.py "
-            f"--fixture {FIXTURE.relative_to(FIXTURE.parents[2])}` and commit it",
+            f"{FIXTURE} is missing: produce it with `python benchmarks/costmodel_data.py "
+            f"--root STORE --fixture {FIXTURE.relative_to(FIXTURE.parents[2])}` "
+            "(see docs/COSTMODEL.md) and commit it",
             pytrace=False,
         )
     return pd.read_parquet(FIXTURE)
