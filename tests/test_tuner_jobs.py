@@ -152,10 +152,11 @@ def test_cli_summary_and_publish(tmp_path: Path) -> None:
 
 def test_train_then_the_next_job_ranks_with_the_model(tmp_path: Path) -> None:
     out = tunecache("tune", "--op", A.text, "--op", C.text, "--trials", "3", "--no-refine",
-                    "--no-baseline", "--train", "--json", root=tmp_path)
+                    "--explore", "2", "--no-baseline", "--train", "--json", root=tmp_path)
     assert out.returncode == 0, out.stderr
     version = json.loads(out.stdout)["trained_model"]
     assert version
+    assert "explore" in set(Store(tmp_path).load()["source"])
     other = OpSignature.matmul(16, 32, 16)
     again = tunecache("tune", "--op", other.text, "--trials", "2", "--no-refine",
                       "--no-baseline", root=tmp_path)
