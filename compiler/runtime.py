@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -68,28 +69,33 @@ class Kernel:
         if writable and not array.flags.writeable:
             raise KernelArgumentError(f"{self.op.kind} output {name} is read-only")
 
-    def _pointers(self, inputs: tuple[np.ndarray, ...], out: np.ndarray | None) -> tuple[
-            ctypes.Array[ctypes.c_void_p], np.ndarray]:
-        if len(inputs) != len(self._inputs):
-            names = ", ".join(a.name for a in self._inputs)
+    def _pointers(self, inputs: tuple[np.ndarray, ...], out: np.ndarray | None,
+                  weights: int | None = None) -> tuple[ctypes.Array[ctypes.c_void_p], np.ndarray]:
+        """Check the arguments and lay out their pointers; with ``weights`` (the address of
+        pre-packed conv2d weights), ``inputs`` omit W and that address takes its place."""
+        specs = self._inputs if weights is None else [self._inputs[0], *self._inputs[2:]]
+        if len(inputs) != len(specs):
+            names = ", ".join(a.name for a in specs)
+            bound = " with bound weights" if weights is not None else ""
             raise KernelArgumentError(
-                f"{self.op.text} takes {len(self._inputs)} input(s) ({names}), got {len(inputs)}"
+                f"{self.op.text}{bound} takes {len(specs)} input(s) ({names}), got {len(inputs)}"
             )
-        for spec, array in zip(self._inputs, inputs, strict=True):
+        for spec, array in zip(specs, inputs, strict=True):
             self._check(spec.name, array, spec.shape, writable=False)
         if out is None:
             out = np.empty(self._output.shape, dtype=self._dtype)
         else:
             self._check(self._output.name, out, self._output.shape, writable=True)
-            for spec, array in zip(self._inputs, inputs, strict=True):
+            for spec, array in zip(specs, inputs, strict=True):
                 if np.may_share_memory(out, array):
                     raise KernelArgumentError(
                         f"output {self._output.name} overlaps input {spec.name}; the kernel "
                         "needs a separate output buffer"
                     )
-        pointers = (ctypes.c_void_p * len(self._args))(
-            *[a.ctypes.data for a in inputs], out.ctypes.data
-        )
+        addresses = [a.ctypes.data for a in inputs]
+        if weights is not None:
+            addresses.insert(1, weights)
+        pointers = (ctypes.c_void_p * len(self._args))(*addresses, out.ctypes.data)
         return pointers, out
 
     def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -103,6 +109,63 @@ class Kernel:
         """Seconds for ``iters`` back-to-back calls, timed inside the shared object."""
         pointers, _ = self._pointers(inputs, out)
         return float(self._timer(pointers, iters))
+
+    @property
+    def prepacks_weights(self) -> bool:
+        """Whether the kernel can take its weights packed once (conv2d schedules that pack
+        them: direct, and gemm with ``pack_w=1``); see :meth:`bind_weights`."""
+        return hasattr(self._lib, "tc_pack_weights")
+
+    def bind_weights(self, weights: np.ndarray) -> WeightBoundKernel:
+        """Pack constant conv2d weights once into the kernel's blocked layout.
+
+        Returns a callable taking the other inputs (``X[, bias][, add]``) that runs the
+        kernel on the packed copy, skipping the repacking every ``tc_kernel`` call does.
+        """
+        if not self.prepacks_weights:
+            raise KernelArgumentError(
+                f"the kernel for {self.op.text} reads its weights in place and has no "
+                "pre-packed entry (conv2d direct, or gemm with pack_w=1, have one)")
+        spec = self._inputs[1]
+        self._check(spec.name, weights, spec.shape, writable=False)
+        size_fn = self._lib.tc_packed_weights_floats
+        size_fn.restype = ctypes.c_long
+        packed = _aligned_empty(int(size_fn()), self._dtype)
+        pack = self._lib.tc_pack_weights
+        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        pack.restype = None
+        pack(weights.ctypes.data, packed.ctypes.data)
+        entry = self._lib.tc_kernel_packed
+        entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        entry.restype = ctypes.c_int
+        return WeightBoundKernel(self, packed, entry)
+
+
+def _aligned_empty(floats: int, dtype: np.dtype, align: int = 64) -> np.ndarray:
+    """An uninitialised 1-D array whose data starts on an ``align``-byte boundary."""
+    raw = np.empty(floats * dtype.itemsize + align, dtype=np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + floats * dtype.itemsize].view(dtype)
+
+
+@dataclass(frozen=True)
+class WeightBoundKernel:
+    """A conv2d kernel with its weights packed once; call it as ``k(X[, bias][, add])``."""
+
+    kernel: Kernel
+    packed: np.ndarray = field(repr=False)
+    entry: Any = field(repr=False)
+
+    @property
+    def op(self) -> OpSignature:
+        return self.kernel.op
+
+    def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Run on ``inputs`` without the weights (they were bound); returns ``out``."""
+        pointers, result = self.kernel._pointers(inputs, out, weights=self.packed.ctypes.data)
+        if self.entry(pointers) != 0:
+            raise MemoryError(f"kernel for {self.op.text} could not allocate its workspace")
+        return result
 
 
 def load_kernel(op: OpSignature, artifact: Artifact | Path) -> Kernel:

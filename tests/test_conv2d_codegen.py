@@ -16,6 +16,7 @@ import pytest
 
 from tunecache.compiler.build import Artifact, build
 from tunecache.compiler.codegen import generate
+from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
@@ -121,7 +122,7 @@ def _build_all(cases: list[Case]) -> list[Artifact]:
         return list(pool.map(lambda c: build(generate(c[1], c[2], c[3])), cases))
 
 
-def _check(op: OpSignature, artifact: Artifact) -> str | None:
+def _check(op: OpSignature, artifact: Artifact, s: Conv2dSchedule) -> str | None:
     kernel = load_kernel(op, artifact)
     inputs = random_inputs(op, seed=3)
     out = np.full(op.arguments()[-1].shape, np.nan, dtype=np.float32)
@@ -130,7 +131,19 @@ def _check(op: OpSignature, artifact: Artifact) -> str | None:
     if problem:
         return problem
     again = kernel(*inputs)
-    return None if np.array_equal(again, out) else "second call differs from the first"
+    if not np.array_equal(again, out):
+        return "second call differs from the first"
+    if kernel.prepacks_weights != (s.algorithm == "direct" or bool(s.pack_w)):
+        return f"prepacks_weights is {kernel.prepacks_weights}"
+    if kernel.prepacks_weights:
+        # Weights packed once, then two calls: the same arithmetic as packing every call.
+        bound = kernel.bind_weights(inputs[1])
+        for _ in range(2):
+            packed = np.full_like(out, np.nan)
+            bound(inputs[0], *inputs[2:], out=packed)
+            if not np.array_equal(packed, out):
+                return "pre-packed weights give a different result"
+    return None
 
 
 def test_every_case_is_legal() -> None:
@@ -141,7 +154,7 @@ def test_every_case_is_legal() -> None:
 def test_kernels_match_the_reference_on_every_isa() -> None:
     failures = []
     for (what, op, s, hw), art in zip(CASES_ALL, _build_all(CASES_ALL), strict=True):
-        problem = _check(op, art)
+        problem = _check(op, art, s)
         if problem:
             failures.append(f"{hw.isa} {what} {s}: {problem}")
     assert not failures, "\n".join(failures)
@@ -182,7 +195,7 @@ def test_random_shapes_and_schedules() -> None:
             cases.append((f"random {len(cases)}", op, sched, hw))
     failures = []
     for (what, op, s, hw), art in zip(cases, _build_all(cases), strict=True):
-        problem = _check(op, art)
+        problem = _check(op, art, s)
         if problem:
             failures.append(f"{hw.isa} {what} {op.text} {s}: {problem}")
     assert not failures, "\n".join(failures)
@@ -212,3 +225,18 @@ def test_direct_tile_is_fully_unrolled_in_registers() -> None:
     s = Conv2dSchedule(oc_block=32, ow_block=14, ic_block=64)
     code = generate(op, s, HW).code
     assert code.count(" = VFMA(") == 28 and "a0_13_1" in code
+
+
+def test_weights_bind_only_where_the_kernel_packs_them() -> None:
+    op = conv(1, 16, 6, 6, 24, 3, 3, pads=1, epilogue="bias")
+    x, w, bias = random_inputs(op, seed=2)
+    in_place = load_kernel(op, build(generate(op, gemm(4, 1, 16, pack_w=0)(HW), HW)))
+    with pytest.raises(KernelArgumentError, match="reads its weights in place"):
+        in_place.bind_weights(w)
+    packs = load_kernel(op, build(generate(op, direct(1, 3, 8)(HW), HW)))
+    with pytest.raises(KernelArgumentError, match="shape"):
+        packs.bind_weights(w[:, :8])
+    bound = packs.bind_weights(w)
+    with pytest.raises(KernelArgumentError, match="bound weights takes 2 input"):
+        bound(x, w, bias)
+    np.testing.assert_array_equal(bound(x, bias), packs(x, w, bias))

@@ -113,6 +113,28 @@ def _parallel_entry(threads: int, body_call: str, ws_floats: str) -> str:
     )
 
 
+def _entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool) -> str:
+    """``tc_kernel`` and ``tc_time``; with ``prepack``, also the pre-packed-weights ABI.
+
+    ``tc_pack_weights(W, Wb)`` writes W (F x C/g x R x S) into the blocked layout the kernel
+    reads (``tc_packed_weights_floats()`` floats, 64-byte aligned); ``tc_kernel_packed``
+    takes the same arguments as ``tc_kernel`` with that buffer in W's place and skips the
+    per-call repacking. Constant weights are packed once, when a model is compiled.
+    """
+    def entry(name: str, packed: int) -> str:
+        return (f"int {name}(void **args) {{\n" + _args(op) + _parallel_entry(
+            threads, f"conv_body(X, Wt, bias, add, Y, ws, TID, NTH, {packed});", ws_floats))
+
+    out = [entry("tc_kernel", 0)]
+    if prepack:
+        out += [entry("tc_kernel_packed", 1),
+                "long tc_packed_weights_floats(void) { return WB_FLOATS; }\n",
+                "void tc_pack_weights(const float *Wt, float *Wb) {\n"
+                "  pack_weights(Wt, Wb, 0, WPACK_ITEMS);\n}\n"]
+    out.append(_TIMER)
+    return "\n".join(out)
+
+
 def generate_conv2d(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     """The C translation unit for the conv2d ``op`` under ``s`` (validated by the caller)."""
     if s.algorithm == "gemm":
@@ -204,7 +226,7 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     out.append(
         f"#define OCB {s.oc_block}L\n#define ICB {icb}L\n#define NCB {ncb}L\n#define NFB {nfb}L\n"
         f"#define TH {th}L\n#define TW {tw}L\n#define NGF {ngf}L\n#define NPB {npb}L\n"
-        f"#define NQT {nqt}L\n#define OFF_WB {off_wb}L\n"
+        f"#define NQT {nqt}L\n#define OFF_WB {off_wb}L\n#define WB_FLOATS {wb_floats}L\n"
     )
     out.append("#define BARRIER() _Pragma(\"omp barrier\")" if s.threads > 1
                else "#define BARRIER() ((void)0)")
@@ -340,11 +362,14 @@ static void store_tile(const float *restrict tile, float *restrict Y, const floa
     out.append(f"""\
 static void conv_body(const float *restrict X, const float *restrict Wt,
                       const float *restrict bias, const float *restrict add, float *restrict Y,
-                      float *ws, int tid, int nth) {{
-  float *Xb = ws, *Wb = ws + OFF_WB;
+                      float *ws, int tid, int nth, int packed) {{
+  float *Xb = ws, *Wb_ws = ws + OFF_WB;
+  const float *Wb = packed ? Wt : Wb_ws;
   float tile[{tile_floats}] __attribute__((aligned(64)));
   {{ long lo, hi; split_range(PACK_ITEMS, tid, nth, &lo, &hi); pack_input(X, Xb, lo, hi); }}
-  {{ long lo, hi; split_range(WPACK_ITEMS, tid, nth, &lo, &hi); pack_weights(Wt, Wb, lo, hi); }}
+  if (!packed) {{
+    long lo, hi; split_range(WPACK_ITEMS, tid, nth, &lo, &hi); pack_weights(Wt, Wb_ws, lo, hi);
+  }}
   BARRIER();
   {oc_range}
   {pb_range}
@@ -361,10 +386,7 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
     }}
 }}
 """)
-    out.append("int tc_kernel(void **args) {\n" + _args(op)
-               + _parallel_entry(s.threads, "conv_body(X, Wt, bias, add, Y, ws, TID, NTH);",
-                                 f"{ws_floats}L"))
-    out.append(_TIMER)
+    out.append(_entries(op, s.threads, f"{ws_floats}L", prepack=True))
     return "\n".join(out)
 
 
@@ -437,6 +459,7 @@ def _generate_gemm(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         f"#define MR {mr}L\n#define NR {nr}L\n#define KTOT {k_total}L\n#define KC {kc}L\n"
         f"#define NFP {nfp}L\n#define PQ {pq}L\n#define NPP {npp}L\n#define OFF_BP {off_bp}L\n"
         f"#define BP_FLOATS {bp_floats}L\n#define PACK_W {s.pack_w}\n"
+        f"#define WB_FLOATS {ap_floats}L\n"
         f"#define WPACK_ITEMS {dims['groups'] * nfp if s.pack_w else dims['groups'] * int(tail)}L\n"
     )
     out.append("#define BARRIER() _Pragma(\"omp barrier\")" if s.threads > 1
@@ -550,10 +573,14 @@ static void merge_tile(float *restrict Y, const float *restrict ct, const float 
     out.append(f"""\
 static void conv_body(const float *restrict X, const float *restrict Wt,
                       const float *restrict bias, const float *restrict add, float *restrict Y,
-                      float *ws, int tid, int nth) {{
-  float *Ap = ws, *Bp = ws + OFF_BP + tid * BP_FLOATS;
+                      float *ws, int tid, int nth, int packed) {{
+  /* packed: Wt already holds the Ap panels (pack_w=1 only, see tc_pack_weights) */
+  const float *Ap = packed ? Wt : ws;
+  float *Bp = ws + OFF_BP + tid * BP_FLOATS;
   float ct[MR * NR] __attribute__((aligned(64)));
-  {{ long lo, hi; split_range(WPACK_ITEMS, tid, nth, &lo, &hi); pack_weights(Wt, Ap, lo, hi); }}
+  if (!packed) {{
+    long lo, hi; split_range(WPACK_ITEMS, tid, nth, &lo, &hi); pack_weights(Wt, ws, lo, hi);
+  }}
   BARRIER();
   {ranges}
   if (fp_lo >= fp_hi) return;
@@ -573,7 +600,5 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
 }}
 """)
     ws = f"OFF_BP + {s.threads}L * BP_FLOATS"
-    out.append("int tc_kernel(void **args) {\n" + _args(op)
-               + _parallel_entry(s.threads, "conv_body(X, Wt, bias, add, Y, ws, TID, NTH);", ws))
-    out.append(_TIMER)
+    out.append(_entries(op, s.threads, ws, prepack=bool(s.pack_w)))
     return "\n".join(out)
