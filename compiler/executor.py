@@ -6,8 +6,8 @@ kernel node calls the kernel given for it (a generated kernel from
 :func:`tunecache.compiler.runtime.compile_kernel`, or any callable with the same contract)
 or, when none is given, :func:`numpy_kernel` of its op. Kernel arguments are the node's
 tensors reshaped to ``op.arguments()`` shapes, float32 and C-contiguous (constants are
-prepared once, at construction; constant conv2d weights are packed into the kernel's blocked
-layout once, when the kernel offers ``bind_weights``); the kernel's result is reshaped to the
+prepared once, at construction; constant weights — conv2d W, matmul B — are packed into the
+kernel's layout once, when the kernel offers ``bind_weights``); the kernel's result is reshaped to the
 node's ONNX output shape. Intermediate tensors are released after their last use.
 """
 
@@ -108,9 +108,8 @@ class Executor:
             value = self._constants.get(name)
             fixed.append(None if value is None else _argument(value, shape))
         plan = list(zip(node.inputs, shapes, fixed, strict=True))
-        if (node.op.kind == "conv2d" and fixed[1] is not None
-                and getattr(fn, "prepacks_weights", False)):
-            # Constant conv weights go into the kernel's blocked layout once, not every call.
+        if fixed[1] is not None and getattr(fn, "prepacks_weights", False):
+            # Constant weights (conv W, matmul B) go into the kernel's layout once, not per call.
             fn = fn.bind_weights(fixed[1])  # type: ignore[attr-defined]
             del plan[1]
         out_name, out_shape = node.output, node.output_shape

@@ -112,20 +112,23 @@ class Kernel:
 
     @property
     def prepacks_weights(self) -> bool:
-        """Whether the kernel can take its weights packed once (conv2d schedules that pack
-        them: direct, and gemm with ``pack_w=1``); see :meth:`bind_weights`."""
+        """Whether the kernel can take its weights (second input) packed once: conv2d
+        ``direct`` or ``gemm`` with ``pack_w=1``; matmuls with ``pack_b=1`` whose B every
+        batch item shares. See :meth:`bind_weights`."""
         return hasattr(self._lib, "tc_pack_weights")
 
     def bind_weights(self, weights: np.ndarray) -> WeightBoundKernel:
-        """Pack constant conv2d weights once into the kernel's blocked layout.
+        """Pack constant weights (conv2d W, matmul B) once into the kernel's layout.
 
-        Returns a callable taking the other inputs (``X[, bias][, add]``) that runs the
-        kernel on the packed copy, skipping the repacking every ``tc_kernel`` call does.
+        Returns a callable taking the other inputs (``X[, bias][, add]`` or ``A[, bias]``)
+        that runs the kernel on the packed copy, skipping the repacking every ``tc_kernel``
+        call does.
         """
         if not self.prepacks_weights:
             raise KernelArgumentError(
                 f"the kernel for {self.op.text} reads its weights in place and has no "
-                "pre-packed entry (conv2d direct, or gemm with pack_w=1, have one)")
+                "pre-packed entry (conv2d direct or gemm with pack_w=1, and matmuls with "
+                "pack_b=1 and a shared B, have one)")
         spec = self._inputs[1]
         self._check(spec.name, weights, spec.shape, writable=False)
         size_fn = self._lib.tc_packed_weights_floats
@@ -150,7 +153,8 @@ def _aligned_empty(floats: int, dtype: np.dtype, align: int = 64) -> np.ndarray:
 
 @dataclass(frozen=True)
 class WeightBoundKernel:
-    """A conv2d kernel with its weights packed once; call it as ``k(X[, bias][, add])``."""
+    """A kernel with its weights packed once; call it without them (``k(X[, bias][, add])``
+    for conv2d, ``k(A[, bias])`` for matmuls)."""
 
     kernel: Kernel
     packed: np.ndarray = field(repr=False)

@@ -87,7 +87,7 @@ def _build_all(cases):
         return list(pool.map(lambda c: build(generate(*c)), cases))
 
 
-def _check(op: OpSignature, artifact) -> str | None:
+def _check(op: OpSignature, artifact, s: MatmulSchedule) -> str | None:
     kernel = load_kernel(op, artifact)
     inputs = random_inputs(op, seed=7)
     out = np.full(op.arguments()[-1].shape, np.nan, dtype=np.float32)
@@ -97,13 +97,27 @@ def _check(op: OpSignature, artifact) -> str | None:
         return first
     # A second call must give the same answer (workspace reuse, no stale state).
     again = kernel(*inputs)
-    return None if np.array_equal(again, out) else "second call differs from the first"
+    if not np.array_equal(again, out):
+        return "second call differs from the first"
+    shares_b = op.kind == "matmul" or op.shared == "b" or op.batch == 1
+    expect = bool(s.pack_b) and s.loop_order != "dot" and shares_b
+    if kernel.prepacks_weights != expect:
+        return f"prepacks_weights is {kernel.prepacks_weights}, expected {expect}"
+    if expect:
+        # B packed once, then two calls: bit-identical to packing B on every call.
+        bound = kernel.bind_weights(inputs[1])
+        for _ in range(2):
+            packed = np.full_like(out, np.nan)
+            bound(inputs[0], *inputs[2:], out=packed)
+            if not np.array_equal(packed, out):
+                return "pre-packed B gives a different result"
+    return None
 
 
 def _assert_all_correct(cases) -> None:  # type: ignore[no-untyped-def]
     failures = []
     for (op, s, hw), art in zip(cases, _build_all(cases), strict=True):
-        problem = _check(op, art)
+        problem = _check(op, art, s)
         if problem:
             failures.append(f"{hw.isa} {op.text} {s}: {problem}")
     assert not failures, "\n".join(failures)

@@ -131,6 +131,12 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         offset_private += region(size)
     shared_floats, private_floats = offset_shared, offset_private
 
+    # Constant-B pre-packing: the whole op(B) laid out block by block, (jc, pc) in loop
+    # order, exactly as the kernel would pack it; only when every batch item shares B.
+    prepack = bool(s.pack_b) and (batch == 1 or op.shared == "b")
+    nc_padded = _round_up(nc, nr)
+    packed_floats = sum(_round_up(min(nc, N - j), nr) * K for j in range(0, N, nc))
+
     out: list[str] = []
     out.append(d.prelude)
     out.append(
@@ -143,6 +149,7 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         f"#define ARS {a_rs}L\n#define APS {a_ps}L\n#define BPS {b_ps}L\n#define BCS {b_cs}L\n"
         f"#define A_BATCH {a_batch}L\n#define B_BATCH {b_batch}L\n#define C_BATCH {c_batch}L\n"
         f"#define SHARED_FLOATS {shared_floats}L\n#define PRIVATE_FLOATS {private_floats}L\n"
+        f"#define NC_PADDED {nc_padded}L\n#define B_PACKED_FLOATS {packed_floats}L\n"
         + "\n".join(layout_lines) + "\n"
         "#define MIN(x, y) ((x) < (y) ? (x) : (y))\n"
     )
@@ -279,7 +286,7 @@ static void compute_block(float *restrict C, const float *restrict A, const floa
 """
     )
     out.append(_gemm_body(s, par, body_threads))
-    out.append(_entry(op, s, has_bias, threads, par))
+    out.append(_entry(op, s, has_bias, threads, par, prepack))
     return "\n".join(out)
 
 
@@ -349,10 +356,13 @@ def _gemm_body(s: MatmulSchedule, par: str, threads: int) -> str:
     split_n = par == "n" and threads > 1
     head = """\
 static void gemm_body(const float *restrict A, const float *restrict B, const float *restrict bias,
-                      float *restrict C, float *shared, float *priv, int tid, int nth) {
-  (void)shared; (void)tid; (void)nth;
+                      float *restrict C, float *shared, float *priv, int tid, int nth,
+                      const float *Bpre) {
+  /* Bpre: op(B) already packed (tc_pack_weights), or NULL to pack blocks here */
+  (void)shared; (void)tid; (void)nth; (void)Bpre;
 """
-    lines = [head, f"  float *Ap = {a_buf}; float *Bp = {b_buf}; (void)Ap; (void)Bp;"]
+    lines = [head, f"  float *Ap = {a_buf}; float *Bp = {b_buf}; (void)Ap; (void)Bp;",
+             "  const float *Bu = Bp; (void)Bu;"]
     lines.append("  const long nblk_m = (M + MC - 1) / MC;\n  (void)nblk_m;")
 
     def pack_a(ind: str) -> str:
@@ -367,14 +377,19 @@ static void gemm_body(const float *restrict A, const float *restrict B, const fl
         if not s.pack_b:
             return ""
         if split:
-            return (f"{ind}{{ long lo, hi; split_range((n_cur + NR - 1) / NR, tid, nth, &lo, &hi);"
-                    f" pack_b_block(Bp, B, pc, k_cur, jc, n_cur, lo, hi); }}\n{ind}BARRIER();\n")
-        return f"{ind}pack_b_block(Bp, B, pc, k_cur, jc, n_cur, 0, (n_cur + NR - 1) / NR);\n"
+            pack = ("{ long lo, hi; split_range((n_cur + NR - 1) / NR, tid, nth, &lo, &hi);"
+                    " pack_b_block(Bp, B, pc, k_cur, jc, n_cur, lo, hi); } BARRIER();")
+        else:
+            pack = "pack_b_block(Bp, B, pc, k_cur, jc, n_cur, 0, (n_cur + NR - 1) / NR);"
+        # Every thread takes the same branch (Bpre is the same for all), so the barrier holds.
+        return (f"{ind}if (Bpre) Bu = Bpre + (jc / NC) * NC_PADDED * K"
+                f" + (n_cur + NR - 1) / NR * NR * pc;\n"
+                f"{ind}else {{ {pack} Bu = Bp; }}\n")
 
     def compute(ind: str) -> str:
         rng = ("{ long lo, hi; split_range((n_cur + NR - 1) / NR, tid, nth, &lo, &hi);"
                if split_n else "{ long lo = 0, hi = (n_cur + NR - 1) / NR;")
-        return (f"{ind}{rng}\n{ind}  compute_block(C, A, B, bias, Ap, Bp, priv, ic, m_cur, jc, "
+        return (f"{ind}{rng}\n{ind}  compute_block(C, A, B, bias, Ap, Bu, priv, ic, m_cur, jc, "
                 f"n_cur, pc, k_cur, pc == 0, pc + KC >= K, lo, hi); }}\n")
 
     if s.loop_order == "jpi":
@@ -414,46 +429,30 @@ static void gemm_body(const float *restrict A, const float *restrict B, const fl
     return "\n".join(lines)
 
 
-def _entry(op: OpSignature, s: MatmulSchedule, has_bias: bool, threads: int, par: str) -> str:
-    bias_arg = "(const float *)args[2]" if has_bias else "NULL"
-    c_index = 3 if has_bias else 2
-    head = f"""\
-int tc_kernel(void **args) {{
-  const float *A = (const float *)args[0], *B = (const float *)args[1];
-  const float *bias = {bias_arg};
-  float *C = (float *)args[{c_index}];
-  (void)bias;
-"""
-    if threads == 1:
-        body = """\
-  float *ws = tc_workspace(SHARED_FLOATS + PRIVATE_FLOATS);
-  if (!ws) return 1;
-  for (long b = 0; b < BATCH; b++)
-    gemm_body(A + b * A_BATCH, B + b * B_BATCH, bias, C + b * C_BATCH, ws, ws + SHARED_FLOATS, 0, 1);
-  return 0;
+def _entry(op: OpSignature, s: MatmulSchedule, has_bias: bool, threads: int, par: str,
+           prepack: bool = False) -> str:
+    """``tc_kernel`` and ``tc_time``; with ``prepack``, also the pre-packed-B ABI.
+
+    ``tc_pack_weights(B, Bw)`` writes op(B) block by block in the kernel's panel layout
+    (``tc_packed_weights_floats()`` floats, 64-byte aligned); ``tc_kernel_packed`` takes
+    ``tc_kernel``'s arguments with that buffer in B's place and packs nothing of B.
+    """
+    out = [_entry_function(op, "tc_kernel", has_bias, threads, par, packed=False)]
+    if prepack:
+        out.append(_entry_function(op, "tc_kernel_packed", has_bias, threads, par, packed=True))
+        out.append("""\
+long tc_packed_weights_floats(void) { return B_PACKED_FLOATS; }
+
+void tc_pack_weights(const float *B, float *Bw) {
+  for (long jc = 0; jc < N; jc += NC) {
+    const long n_cur = MIN(NC, N - jc);
+    for (long pc = 0; pc < K; pc += KC)
+      pack_b_block(Bw + (jc / NC) * NC_PADDED * K + (n_cur + NR - 1) / NR * NR * pc, B, pc,
+                   MIN(KC, K - pc), jc, n_cur, 0, (n_cur + NR - 1) / NR);
+  }
 }
-"""
-    else:
-        loop = (
-            "    for (long b = tid; b < BATCH; b += nth)\n"
-            "      gemm_body(A + b * A_BATCH, B + b * B_BATCH, bias, C + b * C_BATCH, ws, priv, 0, 1);\n"
-            if par == "batch"
-            else
-            "    for (long b = 0; b < BATCH; b++)\n"
-            "      gemm_body(A + b * A_BATCH, B + b * B_BATCH, bias, C + b * C_BATCH, ws, priv, tid, nth);\n"
-        )
-        body = f"""\
-  float *ws = tc_workspace(SHARED_FLOATS + {threads}L * PRIVATE_FLOATS);
-  if (!ws) return 1;
-#pragma omp parallel num_threads({threads})
-  {{
-    int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-    float *priv = ws + SHARED_FLOATS + tid * PRIVATE_FLOATS;
-{loop}  }}
-  return 0;
-}}
-"""
-    timer = """
+""")
+    out.append("""
 double tc_time(void **args, long iters) {
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -461,5 +460,51 @@ double tc_time(void **args, long iters) {
   clock_gettime(CLOCK_MONOTONIC, &t1);
   return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
 }
+""")
+    return "\n".join(out)
+
+
+def _entry_function(op: OpSignature, name: str, has_bias: bool, threads: int, par: str,
+                    packed: bool) -> str:
+    bias_arg = "(const float *)args[2]" if has_bias else "NULL"
+    c_index = 3 if has_bias else 2
+    # Packed: args[1] is the pre-packed op(B), which the body reads instead of B.
+    b_arg, pre = ("NULL", "(const float *)args[1]") if packed else ("(const float *)args[1]",
+                                                                    "NULL")
+    b_at = "B" if packed else "B + b * B_BATCH"
+    head = f"""\
+int {name}(void **args) {{
+  const float *A = (const float *)args[0], *B = {b_arg}, *Bpre = {pre};
+  const float *bias = {bias_arg};
+  float *C = (float *)args[{c_index}];
+  (void)bias; (void)Bpre;
 """
-    return head + body + timer
+    if threads == 1:
+        body = f"""\
+  float *ws = tc_workspace(SHARED_FLOATS + PRIVATE_FLOATS);
+  if (!ws) return 1;
+  for (long b = 0; b < BATCH; b++)
+    gemm_body(A + b * A_BATCH, {b_at}, bias, C + b * C_BATCH, ws, ws + SHARED_FLOATS, 0, 1, Bpre);
+  return 0;
+}}
+"""
+    else:
+        loop = (
+            "    for (long b = tid; b < BATCH; b += nth)\n"
+            f"      gemm_body(A + b * A_BATCH, {b_at}, bias, C + b * C_BATCH, ws, priv, 0, 1, Bpre);\n"
+            if par == "batch"
+            else
+            "    for (long b = 0; b < BATCH; b++)\n"
+            f"      gemm_body(A + b * A_BATCH, {b_at}, bias, C + b * C_BATCH, ws, priv, tid, nth, "
+            "Bpre);\n"
+        )
+        body = (
+            f"  float *ws = tc_workspace(SHARED_FLOATS + {threads}L * PRIVATE_FLOATS);\n"
+            "  if (!ws) return 1;\n"
+            f"#pragma omp parallel num_threads({threads})\n"
+            "  {\n"
+            "    int tid = omp_get_thread_num(), nth = omp_get_num_threads();\n"
+            "    float *priv = ws + SHARED_FLOATS + tid * PRIVATE_FLOATS;\n"
+            + loop + "  }\n  return 0;\n}\n"
+        )
+    return head + body
