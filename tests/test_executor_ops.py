@@ -203,3 +203,17 @@ def test_every_listed_op_has_a_case() -> None:
         "Dropout", "Identity", "MatMul", "Gemm", "Conv", "Clip",
     }
     assert required <= {c.op for c in CASES}
+
+
+def test_float32_erf_is_accurate_everywhere() -> None:
+    from scipy.special import erf
+
+    from tunecache.compiler.onnx_ops import _erf
+
+    x = np.concatenate([np.linspace(-6, 6, 200_001), [0.0, -0.0, 1e-30, 40.0, -40.0, np.inf,
+                                                      -np.inf]]).astype(np.float32)
+    got = _erf(x)
+    assert got.dtype == np.float32
+    assert np.abs(got.astype(np.float64) - erf(x.astype(np.float64))).max() < 1e-6
+    assert np.array_equal(np.signbit(got), np.signbit(x))
+    assert np.isnan(_erf(np.array([np.nan], np.float32)))[0]
