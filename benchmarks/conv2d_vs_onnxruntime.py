@@ -7,8 +7,10 @@ implicit-GEMM variants, no search) is built, checked and timed with the tuner's 
 one-node ``Conv`` model (weights and bias as initializers, as in a real model, so onnxruntime
 may pre-pack them; ``intra_op_num_threads`` set to the same thread count, output bound once
 with IOBinding), timed before and after the candidates in the same run; its better figure
-is used. Our kernels receive the weights in ONNX's OIHW layout on every call and repack them
-inside the timed call. Results are printed and written to docs/BENCHMARKS.md.
+is used. Ours are timed two ways: receiving the weights in ONNX's OIHW layout and repacking
+them inside every timed call (what tuning records), and with the weights bound once
+(``Kernel.bind_weights``: what a compiled model runs, and what onnxruntime does with
+initializers). Results are printed and written to docs/BENCHMARKS.md.
 
 Layers are taken from the suites in :mod:`tunecache.datasets.suites` with the epilogue
 reduced to ``bias`` (what a one-node Conv computes); layers that differ only in epilogue are
@@ -20,6 +22,7 @@ measured once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -123,6 +126,7 @@ class Row:
     ort_s: float | None
     candidates: int
     ok: int
+    bound: MeasureResult | None = None
 
     @property
     def ort_gflops(self) -> float | None:
@@ -134,25 +138,34 @@ class Row:
             return None
         return self.kernel.gflops / self.ort_gflops
 
+    @property
+    def ratio_bound(self) -> float | None:
+        if self.bound is None or not self.bound.gflops or not self.ort_gflops:
+            return None
+        return self.bound.gflops / self.ort_gflops
+
 
 def run(threads_list: list[int], timing: TimingConfig, only: str | None) -> list[Row]:
     hw = local_spec()
     rows: list[Row] = []
     todo = [x for x in layers() if only is None or x[0] == only]
-    with Runner(hw, timing) as runner:
+    bound_timing = dataclasses.replace(timing, prepacked_weights=True)
+    with Runner(hw, timing) as runner, Runner(hw, bound_timing) as bound_runner:
         for threads in threads_list:
             for model, label, op in todo:
                 before, problem = time_ort(op, threads, timing)
                 cands = [Candidate(op, s, source="manual") for s in hand_picked(op, hw, threads)]
                 results = runner.measure(cands)
+                bound = best(bound_runner.measure(cands))
                 after, _ = time_ort(op, threads, timing)
                 top = best(results)
                 row = Row(model, label, op, threads, top, min(before, after), len(cands),
-                          sum(r.ok for r in results))
+                          sum(r.ok for r in results), bound)
                 rows.append(row)
                 bad = [r for r in results if not r.ok]
                 print(f"[{threads}T] {model:<12} {label:<32} kernel {_g(top.gflops if top else None)}"
-                      f" ort {_g(row.ort_gflops)} ratio {_r(row.ratio)} ({row.ok}/{row.candidates}"
+                      f" ort {_g(row.ort_gflops)} ratio {_r(row.ratio)} bound {_r(row.ratio_bound)}"
+                      f" ({row.ok}/{row.candidates}"
                       f" ok) {top.schedule if top else ''}"
                       + (f" [{problem}]" if problem else "")
                       + (f" first failure: {bad[0].status} {bad[0].error}" if bad else ""),
@@ -183,27 +196,33 @@ def render(rows: list[Row], timing: TimingConfig) -> str:
              f"Timing: ≥ {timing.min_repeats} repeats and ≥ {timing.min_time_s:g} s per kernel, "
              "median of per-call times. Ours: best of the hand-picked schedule set "
              "(`hand_picked` in the script), OpenMP threads pinned; the input layout "
-             "conversion (NCHW → padded NCHW[x]c or im2col panels) and the weight repacking "
-             "happen inside every timed call. onnxruntime: a one-node Conv model with weights "
-             "and bias as initializers (so it may pre-pack them once, at session creation), "
+             "conversion (NCHW → padded NCHW[x]c or im2col panels) happens inside every timed "
+             "call, and so does the weight repacking in the *per-call* columns; *bound* "
+             "columns time the same candidates with the weights packed once "
+             "(`Kernel.bind_weights`, as compiled models run). onnxruntime: a one-node Conv "
+             "model with weights and bias as initializers (so it may pre-pack them once, at "
+             "session creation), "
              "`intra_op_num_threads` = threads, ORT_ENABLE_ALL, output bound once; best of a "
              "run before and after our candidates. Epilogue: bias only (a one-node Conv).", ""]
-    lines.append("| model | layer | conv | threads | ours GFLOP/s | onnxruntime GFLOP/s | ratio "
-                 "| best schedule |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("| model | layer | conv | threads | ours per-call GFLOP/s | ours bound GFLOP/s "
+                 "| onnxruntime GFLOP/s | ratio per-call | ratio bound | best schedule (bound) |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        k = r.kernel
+        k, b = r.kernel, r.bound
         lines.append(
             f"| {r.model} | {r.label} | {_short(r.op)} | {r.threads} | "
-            f"{_g(k.gflops if k else None).strip()} | {_g(r.ort_gflops).strip()} | "
-            f"{_r(r.ratio)} | `{k.schedule if k else '-'}` |")
+            f"{_g(k.gflops if k else None).strip()} | {_g(b.gflops if b else None).strip()} | "
+            f"{_g(r.ort_gflops).strip()} | {_r(r.ratio)} | {_r(r.ratio_bound)} | "
+            f"`{b.schedule if b else '-'}` |")
     lines.append("")
     for threads in sorted({r.threads for r in rows}):
-        for model in (None, "resnet50", "mobilenet_v2"):
-            ratios = [r.ratio for r in rows if r.threads == threads and r.ratio
-                      and (model is None or r.model == model)]
+        for model, kind in [(m, k) for k in ("bound", "per-call")
+                            for m in (None, "resnet50", "mobilenet_v2")]:
+            ratios = [x for r in rows if r.threads == threads
+                      and (model is None or r.model == model)
+                      and (x := r.ratio_bound if kind == "bound" else r.ratio)]
             if ratios:
-                label = "all layers" if model is None else model
+                label = ("all layers" if model is None else model) + f", {kind}"
                 lines.append(
                     f"- {threads} thread(s), {label}: median ratio "
                     f"**{statistics.median(ratios):.2f}x** over {len(ratios)} layers, "
@@ -235,8 +254,9 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps([
             {"model": r.model, "label": r.label, "op": r.op.text, "threads": r.threads,
-             "ratio": r.ratio, "ort_gflops": r.ort_gflops,
-             "kernel": r.kernel.summary() if r.kernel else None} for r in rows], indent=2))
+             "ratio": r.ratio, "ratio_bound": r.ratio_bound, "ort_gflops": r.ort_gflops,
+             "kernel": r.kernel.summary() if r.kernel else None,
+             "bound": r.bound.summary() if r.bound else None} for r in rows], indent=2))
     if not args.no_write:
         write_section("conv2d_vs_onnxruntime", text)
 

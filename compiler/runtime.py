@@ -141,7 +141,10 @@ class Kernel:
         entry = self._lib.tc_kernel_packed
         entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         entry.restype = ctypes.c_int
-        return WeightBoundKernel(self, packed, entry)
+        timer = self._lib.tc_time_packed
+        timer.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long]
+        timer.restype = ctypes.c_double
+        return WeightBoundKernel(self, packed, entry, timer)
 
 
 def _aligned_empty(floats: int, dtype: np.dtype, align: int = 64) -> np.ndarray:
@@ -159,6 +162,7 @@ class WeightBoundKernel:
     kernel: Kernel
     packed: np.ndarray = field(repr=False)
     entry: Any = field(repr=False)
+    timer: Any = field(repr=False)
 
     @property
     def op(self) -> OpSignature:
@@ -170,6 +174,11 @@ class WeightBoundKernel:
         if self.entry(pointers) != 0:
             raise MemoryError(f"kernel for {self.op.text} could not allocate its workspace")
         return result
+
+    def time(self, *inputs: np.ndarray, out: np.ndarray, iters: int) -> float:
+        """Seconds for ``iters`` back-to-back calls (weights not repacked), timed in C."""
+        pointers, _ = self.kernel._pointers(inputs, out, weights=self.packed.ctypes.data)
+        return float(self.timer(pointers, iters))
 
 
 def load_kernel(op: OpSignature, artifact: Artifact | Path) -> Kernel:

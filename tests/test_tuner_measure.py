@@ -140,3 +140,16 @@ def test_noisy_timings_are_retimed_and_the_quietest_attempt_kept() -> None:
     failed = MeasureResult(OP, default_schedule(OP, HW), "wrong_result", runtimes_s=(1.0, 2.0))
     assert runner._retime_if_noisy(failed, {"kind": "kernel", "id": 3}) is failed
     assert len(worker.requests) == 1
+
+
+def test_prepacked_timing_is_checked_and_not_slower() -> None:
+    op = OpSignature.conv2d(1, 64, 14, 14, 128, 3, 3, pads=1, epilogue="bias")
+    schedule = default_schedule(op, HW)
+    timing = dataclasses.replace(FAST, min_time_s=0.05, min_repeats=5)
+    with Runner(HW, timing) as per_call, \
+            Runner(HW, dataclasses.replace(timing, prepacked_weights=True)) as packed:
+        [a] = per_call.measure([Candidate(op, schedule)])
+        [b] = packed.measure([Candidate(op, schedule)])
+    assert a.status == b.status == "ok", (a.error, b.error)
+    # Same arithmetic minus the weight repacking: never meaningfully slower.
+    assert b.min_s <= a.min_s * 1.1

@@ -59,6 +59,8 @@ double tc_time(void **args, long iters) {
   return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
 }
 """
+_TIMER_PACKED = _TIMER.replace("tc_time(", "tc_time_packed(").replace(
+    "tc_kernel(args)", "tc_kernel_packed(args)")
 
 
 def _constants(op: OpSignature) -> str:
@@ -125,13 +127,12 @@ def _entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool) -> st
         return (f"int {name}(void **args) {{\n" + _args(op) + _parallel_entry(
             threads, f"conv_body(X, Wt, bias, add, Y, ws, TID, NTH, {packed});", ws_floats))
 
-    out = [entry("tc_kernel", 0)]
+    out = [entry("tc_kernel", 0), _TIMER]
     if prepack:
         out += [entry("tc_kernel_packed", 1),
                 "long tc_packed_weights_floats(void) { return WB_FLOATS; }\n",
                 "void tc_pack_weights(const float *Wt, float *Wb) {\n"
-                "  pack_weights(Wt, Wb, 0, WPACK_ITEMS);\n}\n"]
-    out.append(_TIMER)
+                "  pack_weights(Wt, Wb, 0, WPACK_ITEMS);\n}\n", _TIMER_PACKED]
     return "\n".join(out)
 
 

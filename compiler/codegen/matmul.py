@@ -437,7 +437,7 @@ def _entry(op: OpSignature, s: MatmulSchedule, has_bias: bool, threads: int, par
     (``tc_packed_weights_floats()`` floats, 64-byte aligned); ``tc_kernel_packed`` takes
     ``tc_kernel``'s arguments with that buffer in B's place and packs nothing of B.
     """
-    out = [_entry_function(op, "tc_kernel", has_bias, threads, par, packed=False)]
+    out = [_entry_function(op, "tc_kernel", has_bias, threads, par, packed=False), _TIMER]
     if prepack:
         out.append(_entry_function(op, "tc_kernel_packed", has_bias, threads, par, packed=True))
         out.append("""\
@@ -452,7 +452,12 @@ void tc_pack_weights(const float *B, float *Bw) {
   }
 }
 """)
-    out.append("""
+        out.append(_TIMER.replace("tc_time(", "tc_time_packed(").replace(
+            "tc_kernel(args)", "tc_kernel_packed(args)"))
+    return "".join(out)
+
+
+_TIMER = """
 double tc_time(void **args, long iters) {
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -460,8 +465,7 @@ double tc_time(void **args, long iters) {
   clock_gettime(CLOCK_MONOTONIC, &t1);
   return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
 }
-""")
-    return "\n".join(out)
+"""
 
 
 def _entry_function(op: OpSignature, name: str, has_bias: bool, threads: int, par: str,
