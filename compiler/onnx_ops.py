@@ -278,11 +278,14 @@ def _softmax_family(log: bool) -> OpImpl:
 
 def _softmax(x: Array, axis: int, log: bool) -> Array:
     shifted = x - np.max(x, axis=axis, keepdims=True)
-    e = np.exp(shifted)
-    total = np.sum(e, axis=axis, keepdims=True)
     if log:
-        return np.asarray(shifted - np.log(total))
-    return np.asarray(e / total)
+        total = np.sum(np.exp(shifted), axis=axis, keepdims=True)
+        shifted -= np.log(total)
+        return shifted
+    # In place: one full-size temporary instead of three.
+    np.exp(shifted, out=shifted)
+    shifted /= np.sum(shifted, axis=axis, keepdims=True)
+    return shifted
 
 
 OPS["Softmax"] = _softmax_family(False)
@@ -306,6 +309,14 @@ def _batch_norm(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
     return [_arr(y, x.dtype)]
 
 
+def _inplace(ufunc: np.ufunc, a: Array, b: Array) -> Array:
+    """``ufunc(a, b)``, written into ``a`` (a temporary of the caller's) when the result
+    has ``a``'s shape and dtype: saves a full-size allocation per step."""
+    if a.shape == np.broadcast_shapes(a.shape, b.shape) and a.dtype == np.result_type(a, b):
+        return np.asarray(ufunc(a, b, out=a))
+    return np.asarray(ufunc(a, b))
+
+
 @_register("LayerNormalization")
 def _layer_norm(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
                 opset: int) -> list[Array]:
@@ -317,11 +328,12 @@ def _layer_norm(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
     axes = tuple(range(axis, x.ndim))
     mean = np.mean(x, axis=axes, keepdims=True)
     centred = x - mean
-    var = np.mean(centred * centred, axis=axes, keepdims=True)
+    var = np.mean(np.square(centred), axis=axes, keepdims=True)
     inv_std = np.reciprocal(np.sqrt(var + eps))
-    y = centred * inv_std * scale
+    y = _inplace(np.multiply, centred, inv_std)
+    y = _inplace(np.multiply, y, scale)
     if bias is not None:
-        y = y + bias
+        y = _inplace(np.add, y, bias)
     return [_arr(y, x.dtype), _arr(mean, x.dtype), _arr(inv_std, x.dtype)]
 
 
