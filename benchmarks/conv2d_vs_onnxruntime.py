@@ -149,8 +149,9 @@ def run(threads_list: list[int], timing: TimingConfig, only: str | None) -> list
     hw = local_spec()
     rows: list[Row] = []
     todo = [x for x in layers() if only is None or x[0] == only]
+    per_call = dataclasses.replace(timing, prepacked_weights=False)
     bound_timing = dataclasses.replace(timing, prepacked_weights=True)
-    with Runner(hw, timing) as runner, Runner(hw, bound_timing) as bound_runner:
+    with Runner(hw, per_call) as runner, Runner(hw, bound_timing) as bound_runner:
         for threads in threads_list:
             for model, label, op in todo:
                 before, problem = time_ort(op, threads, timing)

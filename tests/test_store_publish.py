@@ -103,7 +103,7 @@ def test_publish_rollback_and_index(tmp_path):
     assert entry is not None
     assert entry.schedule == B
     assert entry.median_s == 1.0
-    assert (entry.source, entry.job_id, entry.codegen_version) == ("model", "n2", "1")
+    assert (entry.source, entry.job_id, entry.codegen_version) == ("model", "n2", CODEGEN_VERSION)
     assert entry.n_measurements == 1
     assert entry.host
     assert len(entry.record_id) == 32

@@ -146,10 +146,20 @@ def test_prepacked_timing_is_checked_and_not_slower() -> None:
     op = OpSignature.conv2d(1, 64, 14, 14, 128, 3, 3, pads=1, epilogue="bias")
     schedule = default_schedule(op, HW)
     timing = dataclasses.replace(FAST, min_time_s=0.05, min_repeats=5)
-    with Runner(HW, timing) as per_call, \
+    with Runner(HW, dataclasses.replace(timing, prepacked_weights=False)) as per_call, \
             Runner(HW, dataclasses.replace(timing, prepacked_weights=True)) as packed:
         [a] = per_call.measure([Candidate(op, schedule)])
         [b] = packed.measure([Candidate(op, schedule)])
     assert a.status == b.status == "ok", (a.error, b.error)
     # Same arithmetic minus the weight repacking: never meaningfully slower.
     assert b.min_s <= a.min_s * 1.1
+
+
+def test_conv2d_is_timed_packed_by_default_and_matmuls_are_not() -> None:
+    runner = Runner(HW, FAST)
+    conv = OpSignature.conv2d(1, 8, 6, 6, 16, 3, 3, pads=1)
+    assert runner.prepacked(conv) and not runner.prepacked(OP)
+    forced = Runner(HW, dataclasses.replace(FAST, prepacked_weights=True))
+    assert forced.prepacked(OP)
+    never = Runner(HW, dataclasses.replace(FAST, prepacked_weights=False))
+    assert not never.prepacked(conv)

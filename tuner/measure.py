@@ -14,7 +14,8 @@ Timing protocol: one call checked against the reference, one untimed warm-up, th
 and ``min_time_s`` in total; every repeat's per-call time is kept, median and min reported.
 On a shared machine a neighbour's burst slows some repeats: when the median exceeds the
 fastest repeat by more than ``noise_tolerance``, the timing is repeated (without the check)
-up to ``noise_retries`` times and the attempt with the lowest median is kept.
+up to ``noise_retries`` times and the attempt with the lowest median is kept. Conv2d kernels
+are timed with their weights packed once (``tc_kernel_packed``), as compiled models run them.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ STATUSES = ("ok", "invalid", "compile_error", "runtime_error", "wrong_result", "
 class TimingConfig:
     """How long and how often to time each kernel, and when to give up on it.
 
-    ``prepacked_weights`` times kernels that can take their weights packed once
-    (``Kernel.bind_weights``) that way, as a deployed model with constant weights runs them;
-    the default times ``tc_kernel``, repacking included, which is what tuning records mean.
+    ``prepacked_weights``: whether kernels that can take their weights packed once
+    (``Kernel.bind_weights``) are timed that way. ``None`` (the default) does it for conv2d,
+    whose weights compiled models always hold constant and pack once, and not for matmuls,
+    whose B may be an activation; True / False force it either way.
     """
 
     min_time_s: float = 0.2
@@ -62,7 +64,7 @@ class TimingConfig:
     seed: int = 0
     noise_tolerance: float = 0.10
     noise_retries: int = 2
-    prepacked_weights: bool = False
+    prepacked_weights: bool | None = None
 
     def request(self) -> dict[str, Any]:
         return {
@@ -428,7 +430,7 @@ class Runner:
             "timing": self.timing.request(),
             "check": self.timing.check,
             "seed": self.timing.seed,
-            "prepacked": self.timing.prepacked_weights,
+            "prepacked": self.prepacked(job.kernel.op),
         }
         build_info: dict[str, Any] = {
             "compile_s": job.artifact.compile_seconds, "cached_build": job.artifact.cached,
@@ -455,6 +457,12 @@ class Runner:
             **common,
         )
         return self._retime_if_noisy(result, request)
+
+    def prepacked(self, op: OpSignature) -> bool:
+        """Whether ``op``'s kernels are timed with their weights packed once."""
+        if self.timing.prepacked_weights is None:
+            return op.kind == "conv2d"
+        return self.timing.prepacked_weights
 
     def _retime_if_noisy(self, result: MeasureResult, request: dict[str, Any]) -> MeasureResult:
         """Time a noisy ``ok`` result again (unchecked); keep the attempt with the lowest median."""
