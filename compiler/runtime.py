@@ -72,7 +72,7 @@ class Kernel:
     def _pointers(self, inputs: tuple[np.ndarray, ...], out: np.ndarray | None,
                   weights: int | None = None) -> tuple[ctypes.Array[ctypes.c_void_p], np.ndarray]:
         """Check the arguments and lay out their pointers; with ``weights`` (the address of
-        pre-packed conv2d weights), ``inputs`` omit W and that address takes its place."""
+        pre-packed weights), ``inputs`` omit the weights and that address takes their place."""
         specs = self._inputs if weights is None else [self._inputs[0], *self._inputs[2:]]
         if len(inputs) != len(specs):
             names = ", ".join(a.name for a in specs)
