@@ -39,8 +39,13 @@ Conv2d knobs (:class:`Conv2dSchedule`, family ``conv2d``; see docs/CONV2D.md):
   pixels) or ``pf`` (output rows outer: input rows stay hot across channel blocks).
 * ``unroll_kw``: fully unroll the kernel-width loop (``direct`` only).
 * ``pack_w``: repack the weights into ``oc_block``-row panels each call (1), or read full
-  panels in place from ``W[F, C/groups*R*S]`` (0, ``gemm`` only; pays off when there are few
+  panels in place from ``W[F, C/groups*R*S]`` (0, ``gemm``; pays off when there are few
   pixel panels, e.g. 7x7 feature maps, where repacking costs as much as the convolution).
+  ``direct`` with ``pack_w=0`` is the *plane* kernel for depthwise convolutions: no NCHW[x]c
+  copy; each channel's zero-padded input plane (split into stride phases) sits in a small
+  per-thread buffer and output columns fill the vector lanes — ``ow_block`` is then a
+  multiple of the lanes, ``oh_block`` rows make the register tile, ``oc_block`` is ignored
+  and threads split channels (``parallel="oc"``).
 * ``threads`` and ``parallel``: OpenMP threads and what they split: ``oc`` (output-channel
   blocks) or ``pixel`` (output rows for ``direct``, pixel panels for ``gemm``).
 """
@@ -291,6 +296,8 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
     if s.algorithm not in CONV_ALGORITHMS:
         found.append(f"algorithm={s.algorithm!r}; expected one of {', '.join(CONV_ALGORITHMS)}")
         return found
+    if direct and s.pack_w == 0 and is_depthwise(op):
+        return _plane_problems(op, s, hw)
     # The vector dimension is output channels for direct, output pixels for gemm.
     vec_knob, vec_value = ("oc_block", s.oc_block) if direct else ("ow_block", s.ow_block)
     bcast_knob, bcast_value, bcast_max = (
@@ -325,7 +332,8 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
     if s.pack_w not in (0, 1):
         found.append(f"pack_w={s.pack_w} must be 0 or 1")
     elif direct and not s.pack_w:
-        found.append("pack_w=0 applies to algorithm=gemm only (direct needs its blocked weights)")
+        found.append("pack_w=0 with algorithm=direct is the plane kernel of depthwise "
+                     "convolutions only (other direct convolutions need blocked weights)")
     if s.unroll_kw not in (0, 1):
         found.append(f"unroll_kw={s.unroll_kw} must be 0 or 1")
     elif not direct and s.unroll_kw:
@@ -354,6 +362,64 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
                 f"packed buffers would take {4 * (padded + weights) >> 20} MiB "
                 f"(> {MAX_PACKED_BYTES >> 20} MiB)"
             )
+    return found
+
+
+def plane_buffer_floats(op: OpSignature, s: Conv2dSchedule) -> tuple[int, int, int]:
+    """(rows, row width, floats) of one thread's plane buffer for the depthwise plane kernel:
+    the zero-padded input plane split into ``stride_w`` column phases, with slack rows and
+    columns so a tile never reads outside it."""
+    d = op.dims_dict
+    sh, sw = d["stride_h"], d["stride_w"]
+    tiles_h = -(-op.out_h // s.oh_block)
+    rows = max(d["H"] + d["pad_t"] + d["pad_b"],
+               (tiles_h * s.oh_block - 1) * sh + (d["R"] - 1) * d["dil_h"] + 1)
+    tiles_w = -(-op.out_w // s.ow_block)
+    width = max(-(-(d["W"] + d["pad_l"] + d["pad_r"]) // sw),
+                tiles_w * s.ow_block + ((d["S"] - 1) * d["dil_w"]) // sw)
+    width = -(-width // 16) * 16
+    return rows, width, sw * rows * width
+
+
+def _plane_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
+    """Legality of the depthwise plane kernel (``direct`` with ``pack_w=0``)."""
+    found: list[str] = []
+    lanes = hw.lanes
+    what = "the depthwise plane kernel (direct, pack_w=0)"
+    nv = 0
+    if s.ow_block < 1 or s.ow_block % lanes:
+        found.append(f"ow_block={s.ow_block} must be a positive multiple of {lanes} "
+                     f"({hw.isa} lanes) for {what}")
+    elif s.ow_block // lanes > MAX_NR_VECTORS:
+        found.append(f"ow_block={s.ow_block} exceeds {MAX_NR_VECTORS} vectors of {lanes} lanes")
+    else:
+        nv = s.ow_block // lanes
+    if not 1 <= s.oh_block <= MAX_OH_BLOCK:
+        found.append(f"oh_block={s.oh_block} out of range 1..{MAX_OH_BLOCK}")
+    elif nv and s.oh_block * nv + 2 > hw.vector_registers:
+        found.append(f"register tile needs {s.oh_block * nv + 2} vector registers "
+                     f"({s.oh_block * nv} accumulators + 1 loaded + 1 weight); {hw.isa} has "
+                     f"{hw.vector_registers}")
+    if not 1 <= s.oc_block <= MAX_BLOCK:
+        found.append(f"oc_block={s.oc_block} out of range 1..{MAX_BLOCK}")
+    if not 1 <= s.ic_block <= MAX_IC_BLOCK:
+        found.append(f"ic_block={s.ic_block} out of range 1..{MAX_IC_BLOCK}")
+    if s.loop_order not in CONV_LOOP_ORDERS:
+        found.append(f"loop_order={s.loop_order!r}; expected one of {', '.join(CONV_LOOP_ORDERS)}")
+    if s.unroll_kw not in (0, 1):
+        found.append(f"unroll_kw={s.unroll_kw} must be 0 or 1")
+    if not 1 <= s.threads <= min(hw.cores, MAX_THREADS):
+        found.append(f"threads={s.threads} out of range 1..{min(hw.cores, MAX_THREADS)} "
+                     f"({hw.cores} cores)")
+    if s.parallel not in CONV_PARALLEL_AXES:
+        found.append(f"parallel={s.parallel!r}; expected one of {', '.join(CONV_PARALLEL_AXES)}")
+    elif s.threads > 1 and s.parallel != "oc":
+        found.append(f"{what} splits channels over threads: use parallel='oc'")
+    if not found:
+        floats = s.threads * plane_buffer_floats(op, s)[2]
+        if 4 * floats > MAX_PACKED_BYTES:
+            found.append(f"plane buffers would take {4 * floats >> 20} MiB "
+                         f"(> {MAX_PACKED_BYTES >> 20} MiB)")
     return found
 
 

@@ -49,6 +49,14 @@ def gemm(mr: int, nv: int, ic: int, **kw: object) -> Callable[[HardwareSpec], Co
     return make
 
 
+def plane(nv: int, oh: int, **kw: object) -> Callable[[HardwareSpec], Conv2dSchedule]:
+    """The depthwise plane kernel: ``nv`` vectors of output columns x ``oh`` rows."""
+    def make(hw: HardwareSpec) -> Conv2dSchedule:
+        return Conv2dSchedule(oc_block=hw.lanes, ow_block=nv * hw.lanes, oh_block=oh,
+                              ic_block=1, pack_w=0, **kw)  # type: ignore[arg-type]
+    return make
+
+
 Make = Callable[[HardwareSpec], Conv2dSchedule]
 # (what it covers, op, schedules); each schedule builder spreads the knobs over the cases.
 CASES: list[tuple[str, OpSignature, list[Make]]] = [
@@ -64,10 +72,15 @@ CASES: list[tuple[str, OpSignature, list[Make]]] = [
      [direct(2, 4, 64), gemm(12, 2, 256, pack_w=0, threads=T2)]),
     ("mobilenet depthwise 3x3", conv(1, 144, 9, 9, 144, 3, 3, pads=1, groups=144,
                                      epilogue="bias+relu"),
-     [direct(1, 9, 1, oh=2), direct(2, 4, 1, threads=T2, parallel="pixel", unroll_kw=1)]),
+     [direct(1, 9, 1, oh=2), direct(2, 4, 1, threads=T2, parallel="pixel", unroll_kw=1),
+      plane(1, 2), plane(2, 4, threads=T2, unroll_kw=1)]),
     ("mobilenet depthwise 3x3/2", conv(1, 96, 11, 13, 96, 3, 3, stride=2, pads=1, groups=96,
                                        epilogue="bias+relu"),
-     [direct(2, 6, 1, loop_order="pf", threads=T2)]),
+     [direct(2, 6, 1, loop_order="pf", threads=T2), plane(1, 3), plane(2, 1, threads=T2)]),
+    ("depthwise 5x3, stride (2,3), dilation (2,1), asymmetric pads, residual",
+     conv(2, 5, 13, 11, 5, 5, 3, stride=(2, 3), pads=(1, 0, 2, 1), dilation=(2, 1), groups=5,
+          epilogue="bias+add+relu"),
+     [plane(1, 1), plane(3, 2, unroll_kw=1, threads=T2)]),
     ("mobilenet expand 1x1", conv(1, 24, 6, 6, 144, 1, 1, epilogue="bias+relu"),
      [direct(1, 6, 24, oh=2), gemm(6, 2, 8)]),
     ("mobilenet project 1x1 residual", conv(1, 144, 5, 5, 24, 1, 1, epilogue="bias+add"),
@@ -133,7 +146,7 @@ def _check(op: OpSignature, artifact: Artifact, s: Conv2dSchedule) -> str | None
     again = kernel(*inputs)
     if not np.array_equal(again, out):
         return "second call differs from the first"
-    if kernel.prepacks_weights != (s.algorithm == "direct" or bool(s.pack_w)):
+    if kernel.prepacks_weights != bool(s.pack_w):
         return f"prepacks_weights is {kernel.prepacks_weights}"
     if kernel.prepacks_weights:
         # Weights packed once, then two calls: the same arithmetic as packing every call.
@@ -180,7 +193,12 @@ def test_random_shapes_and_schedules() -> None:
                       epilogue=rng.choice(["none", "bias", "add+relu", "bias+add+relu"]))
         except ValueError:
             continue
-        if rng.random() < 0.5 and not depthwise:
+        if depthwise and rng.random() < 0.5:
+            sched = Conv2dSchedule(
+                oc_block=hw.lanes, ow_block=hw.lanes * rng.randint(1, 3),
+                oh_block=rng.randint(1, 3), ic_block=1, pack_w=0,
+                unroll_kw=rng.randint(0, 1), threads=rng.randint(1, T2), parallel="oc")
+        elif rng.random() < 0.5 and not depthwise:
             sched = Conv2dSchedule(
                 oc_block=rng.randint(1, 6), ow_block=hw.lanes * rng.randint(1, 2),
                 ic_block=rng.randint(1, 8), algorithm="gemm", pack_w=rng.randint(0, 1),

@@ -59,7 +59,8 @@ def test_every_problem_is_listed() -> None:
     found = " | ".join(problems(CONV, s, AVX512))
     for part in ("oc_block=20 must be a positive multiple of 16", "ow_block=40 out of range",
                  "oh_block=9 out of range", "ic_block=0 out of range", "loop_order='xy'",
-                 "unroll_kw=2", "pack_w=0 applies to algorithm=gemm only", "threads=99",
+                 "unroll_kw=2", "pack_w=0 with algorithm=direct is the plane kernel of depthwise",
+                 "threads=99",
                  "parallel='m'"):
         assert part in found
     with pytest.raises(ScheduleError, match="illegal schedule for conv2d"):
@@ -86,6 +87,22 @@ def test_register_budget_and_algorithm_rules() -> None:
         problems(CONV, gemm.replace(algorithm="winograd"), AVX512))
     # AVX2 has 16 registers and 8 lanes: the AVX-512 tile no longer fits.
     assert problems(CONV, ok, AVX512.with_isa("avx2"))
+
+
+@pytest.mark.skipif(AVX512 is None, reason="needs an AVX-512 machine for its register count")
+def test_plane_kernel_rules() -> None:
+    assert AVX512 is not None
+    plane = Conv2dSchedule(oc_block=16, ow_block=32, oh_block=4, ic_block=1, pack_w=0,
+                           threads=2, parallel="oc")
+    assert problems(DW, plane, AVX512) == []
+    found = " | ".join(problems(DW, plane.replace(ow_block=24, parallel="pixel"), AVX512))
+    assert "ow_block=24 must be a positive multiple of 16" in found
+    assert "splits channels over threads: use parallel='oc'" in found
+    assert "needs 34 vector registers" in " ".join(
+        problems(DW, plane.replace(ow_block=64, oh_block=8), AVX512))
+    # Only depthwise convolutions have a plane kernel.
+    assert "plane kernel of depthwise convolutions only" in " ".join(
+        problems(CONV, plane, AVX512))
 
 
 def test_generate_refuses_an_illegal_schedule() -> None:

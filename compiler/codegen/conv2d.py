@@ -27,7 +27,7 @@ from __future__ import annotations
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.matmul import _WORKSPACE
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import Conv2dSchedule, is_depthwise
+from tunecache.compiler.schedule import Conv2dSchedule, is_depthwise, plane_buffer_floats
 
 ALIGN_FLOATS = 16  # 64 bytes
 
@@ -140,7 +140,130 @@ def generate_conv2d(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     """The C translation unit for the conv2d ``op`` under ``s`` (validated by the caller)."""
     if s.algorithm == "gemm":
         return _generate_gemm(op, s, d)
+    if not s.pack_w:
+        return _generate_plane(op, s, d)
     return _generate_direct(op, s, d)
+
+
+# -- depthwise plane kernel -------------------------------------------------------------------
+
+
+def _plane_tile(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
+    """One TH x QV output tile of one channel: accumulators over R x S taps, then the
+    epilogue, stored straight into NCHW rows (full tiles) or through a scratch tile."""
+    th, nv, lanes = s.oh_block, s.ow_block // d.lanes, d.lanes
+    acc = [(i, v) for i in range(th) for v in range(nv)]
+    lines = ["static inline void plane_tile(const float *restrict buf, const float *restrict w,",
+             "                              float *restrict y, const float *restrict addp,",
+             "                              float bias_c, long p0, long q0, long th, long tw) {",
+             "  (void)addp; (void)bias_c;",
+             "  vec " + ", ".join(f"a{i}_{v} = VZERO()" for i, v in acc) + ";",
+             "  for (long r = 0; r < R; r++) {"]
+    if s.unroll_kw:
+        lines.append("#pragma GCC unroll 16")
+    lines += ["    for (long s = 0; s < S; s++) {",
+              "      const vec wv = VSET1(w[r * S + s]);",
+              "      const float *base = buf + ((s * DW) % SW) * PLANE + (p0 * SH + r * DH) * PW"
+              " + q0 + (s * DW) / SW;"]
+    for i, v in acc:
+        lines.append(f"      a{i}_{v} = VFMA(VLOADU(base + {i} * SH * PW + {v * lanes}), wv, "
+                     f"a{i}_{v});")
+    lines += ["    }", "  }", "  if (th == TH && tw == QV) {"]
+    for i, v in acc:
+        off = f"(p0 + {i}) * Q + q0 + {v * lanes}"
+        steps = [f"vec o = a{i}_{v};"]
+        if "bias" in op.epilogue:
+            steps.append("o = VADD(o, VSET1(bias_c));")
+        if "add" in op.epilogue:
+            steps.append(f"o = VADD(o, VLOADU(addp + {off}));")
+        if "relu" in op.epilogue:
+            steps.append("o = VRELU(o);")
+        steps.append(f"VSTOREU(y + {off}, o);")
+        lines.append("    { " + " ".join(steps) + " }")
+    lines += ["    return;", "  }", "  float tile[TH * QV];"]
+    for i, v in acc:
+        lines.append(f"  VSTOREU(tile + {i * s.ow_block + v * lanes}, a{i}_{v});")
+    epi = []
+    if "bias" in op.epilogue:
+        epi.append("v += bias_c;")
+    if "add" in op.epilogue:
+        epi.append("v += addp[(p0 + i) * Q + q0 + j];")
+    if "relu" in op.epilogue:
+        epi.append("if (v < 0.0f) v = 0.0f;")
+    lines += ["  for (long i = 0; i < th; i++)",
+              "    for (long j = 0; j < tw; j++) {",
+              "      float v = tile[i * QV + j];",
+              "      " + " ".join(epi),
+              "      y[(p0 + i) * Q + q0 + j] = v;",
+              "    }",
+              "}"]
+    return "\n".join(lines)
+
+
+def _generate_plane(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
+    """Depthwise conv2d straight from NCHW: per channel, the zero-padded input plane split
+    into ``stride_w`` column phases (phase k holds padded columns k, k+SW, ...) in a
+    per-thread buffer, so every tap of a tile is a unit-stride vector load; output columns
+    fill the lanes. No layout conversion of input, weights or output."""
+    rows, width, floats = plane_buffer_floats(op, s)
+    buf_floats = _round_up(floats, ALIGN_FLOATS)
+    out = [d.prelude, _HEADER, _constants(op)]
+    out.append(
+        f"#define TH {s.oh_block}L\n#define QV {s.ow_block}L\n#define PW {width}L\n"
+        f"#define PLANE ({rows}L * PW)\n#define BUF_FLOATS {buf_floats}L\n"
+        f"#define NPB {_cdiv(op.out_h, s.oh_block)}L\n#define NQT {_cdiv(op.out_w, s.ow_block)}L\n"
+    )
+    out.append(_WORKSPACE)
+    out.append("""\
+/* Channel plane x (H x W) into buf: phase (PL + iw) % SW, row PT + ih, column (PL + iw) / SW.
+ * Only interior positions are written: the zero padding, set once per call, stays. */
+static void fill_plane(const float *restrict x, float *restrict buf) {
+  for (long ih = 0; ih < H; ih++) {
+    const float *restrict src = x + ih * W;
+    float *restrict row = buf + (PT + ih) * PW;
+    if (SW == 1) {
+      memcpy(row + PL, src, sizeof(float) * W);
+    } else {
+      for (long k = 0; k < SW; k++) {
+        /* padded columns wp = PL + iw with wp % SW == k, in order: a strided read and a
+         * unit-stride write, no division per element */
+        const long iw0 = ((k - PL) % SW + SW) % SW;
+        float *restrict dst = row + k * PLANE + (PL + iw0) / SW;
+        for (long iw = iw0, j = 0; iw < W; iw += SW, j++) dst[j] = src[iw];
+      }
+    }
+  }
+}
+""")
+    out.append(_plane_tile(op, s, d))
+    out.append("""
+static void conv_body(const float *restrict X, const float *restrict Wt,
+                      const float *restrict bias, const float *restrict add, float *restrict Y,
+                      float *ws, int tid, int nth, int packed) {
+  (void)packed; (void)bias; (void)add;
+  float *buf = ws + tid * BUF_FLOATS;
+  memset(buf, 0, sizeof(float) * BUF_FLOATS);
+  long lo, hi;
+  split_range(NB * C, tid, nth, &lo, &hi);
+  for (long t = lo; t < hi; t++) {
+    const long c = t % C;
+    fill_plane(X + t * H * W, buf);
+    const float *w = Wt + c * R * S;
+    float *y = Y + t * P * Q;
+    const float *addp = add ? add + t * P * Q : NULL;
+    const float bias_c = bias ? bias[c] : 0.0f;
+    for (long pb = 0; pb < NPB; pb++) {
+      const long p0 = pb * TH, th = MIN(TH, P - p0);
+      for (long qt = 0; qt < NQT; qt++) {
+        const long q0 = qt * QV, tw = MIN(QV, Q - q0);
+        plane_tile(buf, w, y, addp, bias_c, p0, q0, th, tw);
+      }
+    }
+  }
+}
+""")
+    out.append(_entries(op, s.threads, f"{s.threads}L * BUF_FLOATS", prepack=False))
+    return "\n".join(out)
 
 
 # -- direct ---------------------------------------------------------------------------------
