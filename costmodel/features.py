@@ -49,7 +49,8 @@ from tunecache.compiler.schedule import (
 )
 from tunecache.costmodel import analytic
 
-FEATURE_VERSION = 2
+# 3: the depthwise plane kernel (direct, pack_w=0) became legal, with its own estimate.
+FEATURE_VERSION = 3
 
 # Whether analytic.estimate covers conv2d (it does since feature version 2). Switching it
 # changes feature values: bump FEATURE_VERSION with it.

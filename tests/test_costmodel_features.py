@@ -11,14 +11,14 @@ from costmodel_support import fixture_frame
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule, default_conv2d_schedule
+from tunecache.compiler.schedule import Conv2dSchedule, MatmulSchedule, default_conv2d_schedule
 from tunecache.costmodel import features as F
 
 # One entry per FEATURE_VERSION: the hash of the names (layout) and of golden values. When
 # either check fails, the features changed: bump FEATURE_VERSION (saved models then refuse
 # to load and must be retrained) and add the new version's digests here.
-LAYOUT_DIGESTS = {1: "69330a51579c4cf9", 2: "84f7f0316a034daa"}
-VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2"}
+LAYOUT_DIGESTS = {1: "69330a51579c4cf9", 2: "84f7f0316a034daa", 3: "84f7f0316a034daa"}
+VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2", 3: "ee3c150c3f1c00d4"}
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=48 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="Golden CPU",
@@ -32,6 +32,8 @@ def golden_inputs() -> list[tuple[OpSignature, object, HardwareSpec]]:
     bmm = OpSignature.batch_matmul(12, 128, 64, 128, trans_b=True)
     odd = OpSignature.matmul(97, 13, 511, trans_a=True)
     conv = OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, pads=1, epilogue="bias+relu")
+    dw = OpSignature.conv2d(1, 96, 112, 112, 96, 3, 3, stride=2, pads=1, groups=96,
+                            epilogue="bias")
     return [
         (mm, MatmulSchedule(mr=14, nr=32, kc=384, mc=126, nc=768, threads=2), AVX512),
         (mm, MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=768, pack_a=0, loop_order="ipj",
@@ -43,6 +45,9 @@ def golden_inputs() -> list[tuple[OpSignature, object, HardwareSpec]]:
         (mm, MatmulSchedule(mr=30, nr=64, kc=256, mc=120, nc=768), AVX2),
         (conv, default_conv2d_schedule(conv, AVX512, 2, "direct"), AVX512),
         (conv, default_conv2d_schedule(conv, AVX2, 8, "gemm"), AVX2),
+        # the depthwise plane kernel (feature version 3)
+        (dw, Conv2dSchedule(oc_block=16, ow_block=32, oh_block=2, ic_block=1, pack_w=0,
+                            threads=2), AVX512),
     ]
 
 

@@ -245,6 +245,17 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
                                     algorithm="direct", loop_order=order, unroll_kw=unroll,
                                     threads=threads, parallel=par)
     if depthwise:
+        # The plane kernel: output columns in the lanes, rows of the tile in registers.
+        for nv in (1, 2, 4):
+            if nv > 1 and (nv - 1) * lanes >= q:
+                break
+            for oh in (1, 2, 4):
+                if oh * nv + 2 > regs or (oh > 1 and oh > p):
+                    continue
+                for unroll in ((0, 1) if d["S"] > 1 else (0,)):
+                    yield Conv2dSchedule(oc_block=lanes, ow_block=nv * lanes, oh_block=oh,
+                                         ic_block=1, pack_w=0, unroll_kw=unroll,
+                                         threads=threads, parallel="oc")
         return
     for nv in (1, 2, 4):
         max_mr = min(MAX_MR, (regs - nv - 1) // nv)
@@ -270,7 +281,8 @@ _POOLS: dict[str, Callable[[OpSignature, HardwareSpec, int], Iterator[Schedule]]
 
 def _tile_key(s: Schedule) -> tuple[object, ...]:
     if isinstance(s, Conv2dSchedule):
-        return (s.algorithm, s.oc_block, s.ow_block, s.oh_block)
+        plane = s.algorithm == "direct" and not s.pack_w
+        return ("plane" if plane else s.algorithm, s.oc_block, s.ow_block, s.oh_block)
     return (s.loop_order == "dot", s.mr, s.nr)
 
 
@@ -381,6 +393,13 @@ def _conv_strata(op: OpSignature, hw: HardwareSpec, threads: int | None
                                                    ic_block=ic, algorithm="direct",
                                                    loop_order=order, unroll_kw=unroll,
                                                    threads=threads, parallel=par))
+    if is_depthwise(op):
+        for nv in range(1, 5):
+            for oh in (1, 2, 3, 4, 6, 8):
+                for unroll in (0, 1):
+                    add(Conv2dSchedule(oc_block=lanes, ow_block=nv * lanes, oh_block=oh,
+                                       ic_block=1, pack_w=0, unroll_kw=unroll, threads=threads,
+                                       parallel="oc"))
     if not is_depthwise(op):
         for nv in range(1, 5):
             max_mr = min(MAX_MR, (regs - nv - 1) // nv)
