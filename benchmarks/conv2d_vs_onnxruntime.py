@@ -69,7 +69,8 @@ def layers() -> list[tuple[str, str, OpSignature]]:
 
 
 def hand_picked(op: OpSignature, hw: HardwareSpec, threads: int) -> list[Conv2dSchedule]:
-    """Up to a dozen schedules: direct tiles x loop order, implicit-GEMM tiles x weight packing."""
+    """Up to a dozen schedules: direct tiles x loop order, then implicit-GEMM tiles x weight
+    packing, or for depthwise convolutions plane-kernel tiles."""
     L = hw.lanes
     q, p = op.out_w, op.out_h
     d = op.dims_dict
@@ -87,7 +88,13 @@ def hand_picked(op: OpSignature, hw: HardwareSpec, threads: int) -> list[Conv2dS
                     oc_block=nv * L, ow_block=min(ow, q), oh_block=min(oh, p),
                     ic_block=1 if is_depthwise(op) else min(cg, 64), loop_order=order,
                     threads=threads, parallel=par))
-    if not is_depthwise(op):
+    if is_depthwise(op):
+        # The plane kernel: output columns in the lanes, no layout conversion.
+        for nv, oh in ([(1, 4), (2, 2), (2, 4), (4, 2)] if big else [(1, 2), (2, 1)]):
+            cands.append(Conv2dSchedule(oc_block=L, ow_block=nv * L, oh_block=min(oh, p),
+                                        ic_block=1, pack_w=0, unroll_kw=1, threads=threads,
+                                        parallel="oc"))
+    else:
         gemm_tiles = [(12, 2), (6, 4)] if big else [(6, 2)]
         for mr, nv in gemm_tiles:
             for pack_w in (1, 0):
