@@ -1,6 +1,7 @@
 """End-to-end latency of compiled ONNX models against onnxruntime, and compile times.
 
-For a ResNet-50 (batch 1, 224x224, random weights) and a BERT-base encoder layer (batch 1,
+For a ResNet-50 and a MobileNet-v2 (batch 1, 224x224, random weights; ReLU where
+MobileNet-v2 has ReLU6, as the suites list it) and a BERT-base encoder layer (batch 1,
 sequence 128, hidden 768, 12 heads): cold compile (empty build cache, analytic policy), warm
 compile (everything built), a nightly tuning job on the model's kernel ops (``--trials``
 per op) into a fresh store, then the compile against the tuned cache and the latency of
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _report import git_revision, machine_summary, write_section
-from onnx_support import bert_layer_model, random_feeds, resnet50_model
+from onnx_support import bert_layer_model, mobilenet_v2_model, random_feeds, resnet50_model
 
 from tunecache.cache.store import Store
 from tunecache.compiler.frontend import kernel_ops
@@ -81,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--only", choices=("resnet50", "bert"), default=None)
+    parser.add_argument("--only", choices=("resnet50", "mobilenet_v2", "bert"), default=None)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     os.environ["TUNECACHE_BUILD_CACHE"] = tempfile.mkdtemp(prefix="model-latency-kernels-")
@@ -89,6 +90,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="model-latency-"))
     models = {
         "ResNet-50 (batch 1, 224x224)": ("resnet50", resnet50_model(1, 224)),
+        "MobileNet-v2, ReLU for ReLU6 (batch 1, 224x224)": ("mobilenet_v2",
+                                                             mobilenet_v2_model(224)),
         "BERT-base encoder layer (batch 1, seq 128)": (
             "bert", bert_layer_model(17, True, batch=1, seq=128, hidden=768, heads=12)),
     }

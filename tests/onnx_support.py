@@ -282,6 +282,32 @@ def resnet50_model(batch: int = 1, size: int = 224) -> onnx.ModelProto:
     return b.model([y], "resnet50")
 
 
+def mobilenet_v2_model(size: int = 224) -> onnx.ModelProto:
+    """MobileNet-v2 (batch 1, width 1.0, opset 13) with ReLU where the original has ReLU6,
+    as the suites list it; BatchNorm after every conv, random weights."""
+    b = Builder(13, seed=7)
+    x = b.input("image", [1, 3, size, size])
+    y = b.node("Relu", [b.bn(b.conv(x, 3, 32, 3, stride=2), 32)])
+    c_in = 32
+    for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                       (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
+        for i in range(n):
+            stride = s if i == 0 else 1
+            hidden = c_in * t
+            h = y
+            if t != 1:
+                h = b.node("Relu", [b.bn(b.conv(h, c_in, hidden, 1, pad=0), hidden)])
+            h = b.node("Relu", [b.bn(b.conv(h, hidden, hidden, 3, stride=stride,
+                                            groups=hidden), hidden)])
+            h = b.bn(b.conv(h, hidden, c, 1, pad=0), c)
+            y = b.node("Add", [y, h]) if stride == 1 and c_in == c else h
+            c_in = c
+    y = b.node("Relu", [b.bn(b.conv(y, c_in, 1280, 1, pad=0), 1280)])
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [y])], axis=1)
+    y = b.node("Gemm", [y, b.weight(1000, 1280), b.weight(1000, scale=0.01)], transB=1)
+    return b.model([y], "mobilenet_v2")
+
+
 def fusion_cases_model(opset: int = 13) -> onnx.ModelProto:
     """Convolutions and matmuls whose neighbours fuse, or must not:
 
