@@ -50,7 +50,8 @@ from tunecache.compiler.schedule import (
 from tunecache.costmodel import analytic
 
 # 3: the depthwise plane kernel (direct, pack_w=0) became legal, with its own estimate.
-FEATURE_VERSION = 3
+# 4: the conv2d estimate assumes weights packed once (codegen v2 times conv2d that way).
+FEATURE_VERSION = 4
 
 # Whether analytic.estimate covers conv2d (it does since feature version 2). Switching it
 # changes feature values: bump FEATURE_VERSION with it.
