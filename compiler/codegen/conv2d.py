@@ -25,7 +25,7 @@ directly. Partial tiles go through a local tile merged by scalar code, as in mat
 from __future__ import annotations
 
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.codegen.matmul import _WORKSPACE
+from tunecache.compiler.codegen.matmul import _TIMER, _TIMER_PACKED, _WORKSPACE
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Conv2dSchedule, is_depthwise, plane_buffer_floats
 
@@ -50,17 +50,6 @@ _HEADER = """\
 #define MIN(x, y) ((x) < (y) ? (x) : (y))
 """
 
-_TIMER = """
-double tc_time(void **args, long iters) {
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (long i = 0; i < iters; i++) tc_kernel(args);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-}
-"""
-_TIMER_PACKED = _TIMER.replace("tc_time(", "tc_time_packed(").replace(
-    "tc_kernel(args)", "tc_kernel_packed(args)")
 
 
 def _constants(op: OpSignature) -> str:

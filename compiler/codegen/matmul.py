@@ -452,8 +452,7 @@ void tc_pack_weights(const float *B, float *Bw) {
   }
 }
 """)
-        out.append(_TIMER.replace("tc_time(", "tc_time_packed(").replace(
-            "tc_kernel(args)", "tc_kernel_packed(args)"))
+        out.append(_TIMER_PACKED)
     return "".join(out)
 
 
@@ -466,6 +465,8 @@ double tc_time(void **args, long iters) {
   return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
 }
 """
+_TIMER_PACKED = _TIMER.replace("tc_time(", "tc_time_packed(").replace(
+    "tc_kernel(args)", "tc_kernel_packed(args)")
 
 
 def _entry_function(op: OpSignature, name: str, has_bias: bool, threads: int, par: str,
