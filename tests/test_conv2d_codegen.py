@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from kernel_support import bound_weights_problem
 
 from tunecache.compiler.build import Artifact, build
 from tunecache.compiler.codegen import generate
@@ -148,15 +149,7 @@ def _check(op: OpSignature, artifact: Artifact, s: Conv2dSchedule) -> str | None
         return "second call differs from the first"
     if kernel.prepacks_weights != bool(s.pack_w):
         return f"prepacks_weights is {kernel.prepacks_weights}"
-    if kernel.prepacks_weights:
-        # Weights packed once, then two calls: the same arithmetic as packing every call.
-        bound = kernel.bind_weights(inputs[1])
-        for _ in range(2):
-            packed = np.full_like(out, np.nan)
-            bound(inputs[0], *inputs[2:], out=packed)
-            if not np.array_equal(packed, out):
-                return "pre-packed weights give a different result"
-    return None
+    return bound_weights_problem(kernel, inputs, out) if kernel.prepacks_weights else None
 
 
 def test_every_case_is_legal() -> None:

@@ -163,3 +163,23 @@ def test_conv2d_is_timed_packed_by_default_and_matmuls_are_not() -> None:
     assert forced.prepacked(OP)
     never = Runner(HW, dataclasses.replace(FAST, prepacked_weights=False))
     assert not never.prepacked(conv)
+
+
+def test_a_failed_retiming_keeps_the_measurement_that_passed() -> None:
+    class Crashes:
+        def __init__(self) -> None:
+            self.requests = 0
+
+        def alive(self) -> bool:
+            return True
+
+        def request(self, req: dict[str, object], timeout_s: float) -> dict[str, object]:
+            self.requests += 1
+            return {"status": "runtime_error", "error": "neighbour took the core"}
+
+    runner = Runner(HW, FAST)
+    worker = Crashes()
+    runner._workers["kernel"] = worker  # type: ignore[assignment]
+    first = MeasureResult(OP, default_schedule(OP, HW), "ok", runtimes_s=(1.0, 1.5, 1.6))
+    assert runner._retime_if_noisy(first, {"kind": "kernel", "id": 1}) is first
+    assert worker.requests == 1  # no further attempts after a failure
