@@ -24,37 +24,27 @@ directly. Partial tiles go through a local tile merged by scalar code, as in mat
 
 from __future__ import annotations
 
+from tunecache.compiler.codegen.abi import (
+    ALIGN_FLOATS,
+    PackedWeights,
+    kernel_entries,
+    preamble,
+    round_up,
+)
+from tunecache.compiler.codegen.epilogue import render
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.codegen.matmul import _TIMER, _TIMER_PACKED, _WORKSPACE
+from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, accumulate, micro_kernel, store
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, is_depthwise, plane_buffer_floats
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import Conv2dSchedule, is_depthwise, plane_buffer_floats
-
-ALIGN_FLOATS = 16  # 64 bytes
-
-
-def _round_up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
 
 
 def _cdiv(x: int, m: int) -> int:
     return (x + m - 1) // m
 
 
-_HEADER = """\
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#define MIN(x, y) ((x) < (y) ? (x) : (y))
-"""
-
-
-
-def _constants(op: OpSignature) -> str:
+def _constants(op: OpSignature) -> dict[str, int | str]:
     d = op.dims_dict
-    values = {
+    return {
         "NB": d["N"], "C": d["C"], "H": d["H"], "W": d["W"], "F": d["F"], "R": d["R"],
         "S": d["S"], "SH": d["stride_h"], "SW": d["stride_w"], "PT": d["pad_t"],
         "PL": d["pad_l"], "DH": d["dil_h"], "DW": d["dil_w"], "G": d["groups"],
@@ -62,67 +52,25 @@ def _constants(op: OpSignature) -> str:
         "Q": op.out_w, "HP": d["H"] + d["pad_t"] + d["pad_b"],
         "WP": d["W"] + d["pad_l"] + d["pad_r"],
     }
-    return "".join(f"#define {k} {v}L\n" for k, v in values.items())
-
-
-def _args(op: OpSignature) -> str:
-    """Unpack ``args`` into X, Wt, bias, add, Y (absent epilogue tensors are NULL)."""
-    names = [a.name for a in op.arguments()]
-    bias = f"(const float *)args[{names.index('bias')}]" if "bias" in names else "NULL"
-    add = f"(const float *)args[{names.index('add')}]" if "add" in names else "NULL"
-    return (
-        "  const float *X = (const float *)args[0], *Wt = (const float *)args[1];\n"
-        f"  const float *bias = {bias}, *add = {add};\n"
-        f"  float *Y = (float *)args[{len(names) - 1}];\n"
-        "  (void)bias; (void)add;\n"
-    )
 
 
 def _epilogue_scalar(op: OpSignature, v: str, f: str, off: str) -> str:
     """C statements applying the epilogue to float ``v`` of channel ``f`` at output ``off``."""
-    out = []
-    if "bias" in op.epilogue:
-        out.append(f"{v} += bias[{f}];")
-    if "add" in op.epilogue:
-        out.append(f"{v} += add[{off}];")
-    if "relu" in op.epilogue:
-        out.append(f"if ({v} < 0.0f) {v} = 0.0f;")
-    return " ".join(out)
-
-
-def _parallel_entry(threads: int, body_call: str, ws_floats: str) -> str:
-    if threads == 1:
-        return (
-            f"  float *ws = tc_workspace({ws_floats});\n  if (!ws) return 1;\n"
-            f"  {body_call.replace('TID', '0').replace('NTH', '1')}\n  return 0;\n}}\n"
-        )
-    return (
-        f"  float *ws = tc_workspace({ws_floats});\n  if (!ws) return 1;\n"
-        f"#pragma omp parallel num_threads({threads})\n  {{\n"
-        "    int tid = omp_get_thread_num(), nth = omp_get_num_threads();\n"
-        f"    {body_call.replace('TID', 'tid').replace('NTH', 'nth')}\n  }}\n  return 0;\n}}\n"
-    )
+    return render(op.epilogue, v, {"bias": f"bias[{f}]", "add": f"add[{off}]"}, vector=False)
 
 
 def _entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool) -> str:
     """``tc_kernel`` and ``tc_time``; with ``prepack``, also the pre-packed-weights ABI.
 
-    ``tc_pack_weights(W, Wb)`` writes W (F x C/g x R x S) into the blocked layout the kernel
-    reads (``tc_packed_weights_floats()`` floats, 64-byte aligned); ``tc_kernel_packed``
-    takes the same arguments as ``tc_kernel`` with that buffer in W's place and skips the
+    ``tc_pack_weights`` writes W (F x C/g x R x S) into the blocked layout the kernel reads
+    (``WB_FLOATS`` floats); ``tc_kernel_packed`` reads that buffer in W's place and skips the
     per-call repacking. Constant weights are packed once, when a model is compiled.
     """
-    def entry(name: str, packed: int) -> str:
-        return (f"int {name}(void **args) {{\n" + _args(op) + _parallel_entry(
-            threads, f"conv_body(X, Wt, bias, add, Y, ws, TID, NTH, {packed});", ws_floats))
-
-    out = [entry("tc_kernel", 0), _TIMER]
-    if prepack:
-        out += [entry("tc_kernel_packed", 1),
-                "long tc_packed_weights_floats(void) { return WB_FLOATS; }\n",
-                "void tc_pack_weights(const float *Wt, float *Wb) {\n"
-                "  pack_weights(Wt, Wb, 0, WPACK_ITEMS);\n}\n", _TIMER_PACKED]
-    return "\n".join(out)
+    packed = PackedWeights("WB_FLOATS", "  pack_weights(weights, packed, 0, WPACK_ITEMS);")
+    return kernel_entries(
+        op, lambda is_packed: f"conv_body(X, Wt, bias, add, Y, ws, TID, NTH, {int(is_packed)});",
+        threads=threads, ws_floats=ws_floats, rename={"W": "Wt"}, optional=("bias", "add"),
+        packed=packed if prepack else None)
 
 
 def generate_conv2d(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
@@ -138,55 +86,41 @@ def generate_conv2d(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
 
 
 def _plane_tile(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
-    """One TH x QV output tile of one channel: accumulators over R x S taps, then the
-    epilogue, stored straight into NCHW rows (full tiles) or through a scratch tile."""
-    th, nv, lanes = s.oh_block, s.ow_block // d.lanes, d.lanes
-    acc = [(i, v) for i in range(th) for v in range(nv)]
-    lines = ["static inline void plane_tile(const float *restrict buf, const float *restrict w,",
-             "                              float *restrict y, const float *restrict addp,",
-             "                              float bias_c, long p0, long q0, long th, long tw) {",
-             "  (void)addp; (void)bias_c;",
-             "  vec " + ", ".join(f"a{i}_{v} = VZERO()" for i, v in acc) + ";",
-             "  for (long r = 0; r < R; r++) {"]
-    if s.unroll_kw:
-        lines.append("#pragma GCC unroll 16")
-    lines += ["    for (long s = 0; s < S; s++) {",
-              "      const vec wv = VSET1(w[r * S + s]);",
-              "      const float *base = buf + ((s * DW) % SW) * PLANE + (p0 * SH + r * DH) * PW"
-              " + q0 + (s * DW) / SW;"]
-    for i, v in acc:
-        lines.append(f"      a{i}_{v} = VFMA(VLOADU(base + {i} * SH * PW + {v * lanes}), wv, "
-                     f"a{i}_{v});")
-    lines += ["    }", "  }", "  if (th == TH && tw == QV) {"]
-    for i, v in acc:
-        off = f"(p0 + {i}) * Q + q0 + {v * lanes}"
-        steps = [f"vec o = a{i}_{v};"]
-        if "bias" in op.epilogue:
-            steps.append("o = VADD(o, VSET1(bias_c));")
-        if "add" in op.epilogue:
-            steps.append(f"o = VADD(o, VLOADU(addp + {off}));")
-        if "relu" in op.epilogue:
-            steps.append("o = VRELU(o);")
-        steps.append(f"VSTOREU(y + {off}, o);")
-        lines.append("    { " + " ".join(steps) + " }")
-    lines += ["    return;", "  }", "  float tile[TH * QV];"]
-    for i, v in acc:
-        lines.append(f"  VSTOREU(tile + {i * s.ow_block + v * lanes}, a{i}_{v});")
-    epi = []
-    if "bias" in op.epilogue:
-        epi.append("v += bias_c;")
-    if "add" in op.epilogue:
-        epi.append("v += addp[(p0 + i) * Q + q0 + j];")
-    if "relu" in op.epilogue:
-        epi.append("if (v < 0.0f) v = 0.0f;")
-    lines += ["  for (long i = 0; i < th; i++)",
-              "    for (long j = 0; j < tw; j++) {",
-              "      float v = tile[i * QV + j];",
-              "      " + " ".join(epi),
-              "      y[(p0 + i) * Q + q0 + j] = v;",
-              "    }",
-              "}"]
-    return "\n".join(lines)
+    """One TH x QV output tile of one channel: accumulators over R x S taps (one broadcast
+    weight times a vector of output columns per row), then the epilogue, stored straight into
+    NCHW rows (full tiles) or through a scratch tile."""
+    th = s.oh_block
+    tile = Tile(tuple(str(i) for i in range(th)), s.ow_block // d.lanes, d.lanes)
+    loops = [Loop("for (long r = 0; r < R; r++)"),
+             Loop("for (long s = 0; s < S; s++)",
+                  ("const float *base = buf + ((s * DW) % SW) * PLANE + (p0 * SH + r * DH) * PW"
+                   " + q0 + (s * DW) / SW;",), unroll=16 if s.unroll_kw else 1)]
+    full = Store(tuple(f"y + (p0 + {i}) * Q + q0" for i in range(th)), epilogue=op.epilogue,
+                 operands={"bias": "VSET1(bias_c)", "add": "VLOADU(addp + (p0 + {r}) * Q + q0 + {o})"})
+    scratch = Store(tuple(f"tile + {i * s.ow_block}" for i in range(th)))
+    epi = render(op.epilogue, "v", {"bias": "bias_c", "add": "addp[(p0 + i) * Q + q0 + j]"},
+                 vector=False)
+    return "\n".join([
+        "static inline void plane_tile(const float *restrict buf, const float *restrict w,",
+        "                              float *restrict y, const float *restrict addp,",
+        "                              float bias_c, long p0, long q0, long th, long tw) {",
+        "  (void)addp; (void)bias_c;",
+        *accumulate(tile, loops, "VSET1(w[r * S + s])",
+                    [f"VLOADU(base + {i} * SH * PW + {{o}})" for i in range(th)]),
+        "  if (th == TH && tw == QV) {",
+        *store(tile, full),
+        "    return;",
+        "  }",
+        "  float tile[TH * QV];",
+        *store(tile, scratch),
+        "  for (long i = 0; i < th; i++)",
+        "    for (long j = 0; j < tw; j++) {",
+        "      float v = tile[i * QV + j];",
+        f"      {epi}",
+        "      y[(p0 + i) * Q + q0 + j] = v;",
+        "    }",
+        "}",
+    ])
 
 
 def _generate_plane(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
@@ -195,14 +129,11 @@ def _generate_plane(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     per-thread buffer, so every tap of a tile is a unit-stride vector load; output columns
     fill the lanes. No layout conversion of input, weights or output."""
     rows, width, floats = plane_buffer_floats(op, s)
-    buf_floats = _round_up(floats, ALIGN_FLOATS)
-    out = [d.prelude, _HEADER, _constants(op)]
-    out.append(
-        f"#define TH {s.oh_block}L\n#define QV {s.ow_block}L\n#define PW {width}L\n"
-        f"#define PLANE ({rows}L * PW)\n#define BUF_FLOATS {buf_floats}L\n"
-        f"#define NPB {_cdiv(op.out_h, s.oh_block)}L\n#define NQT {_cdiv(op.out_w, s.ow_block)}L\n"
-    )
-    out.append(_WORKSPACE)
+    buf_floats = round_up(floats, ALIGN_FLOATS)
+    constants = {**_constants(op), "TH": s.oh_block, "QV": s.ow_block, "PW": width,
+                 "PLANE": f"({rows}L * PW)", "BUF_FLOATS": buf_floats,
+                 "NPB": _cdiv(op.out_h, s.oh_block), "NQT": _cdiv(op.out_w, s.ow_block)}
+    out = [preamble(d, constants, s.threads)]
     out.append("""\
 /* Channel plane x (H x W) into buf: phase (PL + iw) % SW, row PT + ih, column (PL + iw) / SW.
  * Only interior positions are written: the zero padding, set once per call, stays. */
@@ -260,52 +191,37 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
 
 def _direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
                 depthwise: bool) -> str:
-    """A register tile of ``th`` x ``tw`` pixels x OCB channels over the whole reduction."""
-    nv = s.oc_block // d.lanes
-    lanes = d.lanes
-    lines = [f"static inline void {name}(const float *restrict xb, const float *restrict wb, "
-             "float *restrict tile) {"]
-    for i in range(th):
-        for j in range(tw):
-            lines.append("  vec " + ", ".join(f"a{i}_{j}_{v} = VZERO()" for v in range(nv)) + ";")
-    unroll = "#pragma GCC unroll 16\n" if s.unroll_kw else ""
+    """A register tile of ``th`` x ``tw`` pixels (rows) x OCB channels (vectors) over the whole
+    reduction, stored to the aligned scratch ``tile`` for :func:`store_tile`'s epilogue.
+
+    Dense: per input channel, OCB weights as vectors times each pixel's input broadcast.
+    Depthwise: per tap, OCB weights times each pixel's OCB channels, both vectors.
+    """
+    pixels = [(i, j) for i in range(th) for j in range(tw)]
+    tile = Tile(tuple(f"{i}_{j}" for i, j in pixels), s.oc_block // d.lanes, d.lanes)
+    unroll = 16 if s.unroll_kw else 1
     if depthwise:
-        lines.append("  for (long r = 0; r < R; r++) {")
-        lines.append(f"{unroll}    for (long s = 0; s < S; s++) {{")
-        lines.append("      const float *xr = xb + (r * DH * WP + s * DW) * OCB;")
-        lines.append("      const float *wr = wb + (r * S + s) * OCB;")
-        lines.append("      vec " + ", ".join(f"w{v} = VLOAD(wr + {v * lanes})" for v in range(nv))
-                     + ";")
-        for i in range(th):
-            for j in range(tw):
-                off = f"({i} * SH * WP + {j} * SW) * OCB"
-                lines.append("      " + " ".join(
-                    f"a{i}_{j}_{v} = VFMA(VLOAD(xr + {off} + {v * lanes}), w{v}, a{i}_{j}_{v});"
-                    for v in range(nv)))
-        lines.append("    }\n  }")
+        loops = [Loop("for (long r = 0; r < R; r++)"),
+                 Loop("for (long s = 0; s < S; s++)",
+                      ("const float *xr = xb + (r * DH * WP + s * DW) * OCB;",
+                       "const float *wr = wb + (r * S + s) * OCB;"), unroll)]
+        columns = "VLOAD(wr + {o})"
+        rows = [f"VLOAD(xr + ({i} * SH * WP + {j} * SW) * OCB + {{o}})" for i, j in pixels]
     else:
-        lines.append("  for (long cb = 0; cb < NCB; cb++) {")
-        lines.append("    const float *xc = xb + cb * (HP * WP * ICB);")
-        lines.append("    const float *wc = wb + cb * (R * S * ICB * OCB);")
-        lines.append("    for (long r = 0; r < R; r++) {")
-        lines.append(f"{unroll}      for (long s = 0; s < S; s++) {{")
-        lines.append("        const float *xr = xc + (r * DH * WP + s * DW) * ICB;")
-        lines.append("        const float *wr = wc + (r * S + s) * (ICB * OCB);")
-        lines.append("        for (long c = 0; c < ICB; c++) {")
-        lines.append("          vec " + ", ".join(
-            f"w{v} = VLOAD(wr + c * OCB + {v * lanes})" for v in range(nv)) + ";")
-        for i in range(th):
-            for j in range(tw):
-                fmas = " ".join(f"a{i}_{j}_{v} = VFMA(x, w{v}, a{i}_{j}_{v});" for v in range(nv))
-                lines.append(f"          {{ vec x = VSET1(xr[({i} * SH * WP + {j} * SW) * ICB + c]);"
-                             f" {fmas} }}")
-        lines.append("        }\n      }\n    }\n  }")
-    for i in range(th):
-        for j in range(tw):
-            for v in range(nv):
-                lines.append(f"  VSTORE(tile + ({i} * TW + {j}) * OCB + {v * lanes}, a{i}_{j}_{v});")
-    lines.append("}")
-    return "\n".join(lines)
+        loops = [Loop("for (long cb = 0; cb < NCB; cb++)",
+                      ("const float *xc = xb + cb * (HP * WP * ICB);",
+                       "const float *wc = wb + cb * (R * S * ICB * OCB);")),
+                 Loop("for (long r = 0; r < R; r++)"),
+                 Loop("for (long s = 0; s < S; s++)",
+                      ("const float *xr = xc + (r * DH * WP + s * DW) * ICB;",
+                       "const float *wr = wc + (r * S + s) * (ICB * OCB);"), unroll),
+                 Loop("for (long c = 0; c < ICB; c++)")]
+        columns = "VLOAD(wr + c * OCB + {o})"
+        rows = [f"xr[({i} * SH * WP + {j} * SW) * ICB + c]" for i, j in pixels]
+    signature = (f"static inline void {name}(const float *restrict xb, const float *restrict wb, "
+                 "float *restrict tile)")
+    spec = Store(tuple(f"tile + ({i} * TW + {j}) * OCB" for i, j in pixels), aligned=True)
+    return micro_kernel(signature, tile, loops, columns, rows, spec)
 
 
 def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
@@ -329,21 +245,16 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         xb_floats = dims["N"] * dims["groups"] * ncb * hp * wp * icb
         wb_floats = dims["groups"] * nfb * ncb * dims["R"] * dims["S"] * icb * s.oc_block
         ngf = dims["groups"] * nfb
-    off_wb = _round_up(xb_floats, ALIGN_FLOATS)
-    ws_floats = off_wb + _round_up(wb_floats, ALIGN_FLOATS)
+    off_wb = round_up(xb_floats, ALIGN_FLOATS)
+    ws_floats = off_wb + round_up(wb_floats, ALIGN_FLOATS)
     npb = _cdiv(P, th)
     nqt = _cdiv(Q, tw)
     th_tail, tw_tail = P - (npb - 1) * th, Q - (nqt - 1) * tw
 
-    out = [d.prelude, _HEADER, _constants(op)]
-    out.append(
-        f"#define OCB {s.oc_block}L\n#define ICB {icb}L\n#define NCB {ncb}L\n#define NFB {nfb}L\n"
-        f"#define TH {th}L\n#define TW {tw}L\n#define NGF {ngf}L\n#define NPB {npb}L\n"
-        f"#define NQT {nqt}L\n#define OFF_WB {off_wb}L\n#define WB_FLOATS {wb_floats}L\n"
-    )
-    out.append("#define BARRIER() _Pragma(\"omp barrier\")" if s.threads > 1
-               else "#define BARRIER() ((void)0)")
-    out.append(_WORKSPACE)
+    constants = {**_constants(op), "OCB": s.oc_block, "ICB": icb, "NCB": ncb, "NFB": nfb,
+                 "TH": th, "TW": tw, "NGF": ngf, "NPB": npb, "NQT": nqt, "OFF_WB": off_wb,
+                 "WB_FLOATS": wb_floats}
+    out = [preamble(d, constants, s.threads)]
     if depthwise:
         out.append("""\
 /* Xb[n][cb][hp][wp][OCB]: zero-padded, channels blocked across groups. Items: (n, cb, hp). */
@@ -506,45 +417,24 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
 # -- gemm (implicit GEMM) -----------------------------------------------------------------------
 
 
-def _gemm_ukr(name: str, s: Conv2dSchedule, d: IsaDialect, has_bias: bool, has_add: bool,
-              has_relu: bool, a_ps: str = "MR", a_rs: str = "1") -> str:
+def _gemm_ukr(name: str, s: Conv2dSchedule, d: IsaDialect, epilogue: tuple[str, ...],
+              a_ps: str = "MR", a_rs: str = "1") -> str:
     """MR rows (weights, broadcast) x NR pixels (vectors); C rows are ``ldc`` apart.
 
-    Weight (row r, reduction step p) is ``a[p*a_ps + r*a_rs]``.
+    Weight (row r, reduction step p) is ``a[p*a_ps + r*a_rs]``; the tile adds to C unless
+    ``first`` and applies the epilogue (bias per row, a residual shaped like C) when ``last``.
     """
-    mr, nv, lanes = s.oc_block, s.ow_block // d.lanes, d.lanes
-    lines = [
-        f"static inline void {name}(long kc, const float *restrict a, const float *restrict b, "
-        "float *restrict c, long ldc, int first, int last, const float *restrict bias, "
-        "const float *restrict add) {",
-        "  (void)bias; (void)add;",
-    ]
-    for r in range(mr):
-        lines.append("  vec " + ", ".join(f"c{r}_{v} = VZERO()" for v in range(nv)) + ";")
-    lines.append("  for (long p = 0; p < kc; p++) {")
-    lines.append("    vec " + ", ".join(f"b{v} = VLOAD(b + p * NR + {v * lanes})"
-                                        for v in range(nv)) + ";")
-    for r in range(mr):
-        fmas = " ".join(f"c{r}_{v} = VFMA(a{r}, b{v}, c{r}_{v});" for v in range(nv))
-        lines.append(f"    {{ vec a{r} = VSET1(a[p * ({a_ps}) + {r} * ({a_rs})]); {fmas} }}")
-    lines.append("  }")
-    for r in range(mr):
-        for v in range(nv):
-            ptr = f"c + {r} * ldc + {v * lanes}"
-            step = f"  {{ vec t = c{r}_{v}; if (!first) t = VADD(t, VLOADU({ptr}));"
-            if has_bias or has_add or has_relu:
-                step += " if (last) {"
-                if has_bias:
-                    step += f" t = VADD(t, VSET1(bias[{r}]));"
-                if has_add:
-                    step += f" t = VADD(t, VLOADU(add + {r} * ldc + {v * lanes}));"
-                if has_relu:
-                    step += " t = VRELU(t);"
-                step += " }"
-            step += f" VSTOREU({ptr}, t); }}"
-            lines.append(step)
-    lines.append("}")
-    return "\n".join(lines)
+    mr = s.oc_block
+    tile = Tile(tuple(str(r) for r in range(mr)), s.ow_block // d.lanes, d.lanes)
+    signature = (f"static inline void {name}(long kc, const float *restrict a, "
+                 "const float *restrict b, float *restrict c, long ldc, int first, int last, "
+                 "const float *restrict bias, const float *restrict add)")
+    spec = Store(tuple(f"c + {r} * ldc" for r in range(mr)), accumulate="!first",
+                 epilogue=epilogue, epilogue_if="last",
+                 operands={"bias": "VSET1(bias[{r}])", "add": "VLOADU(add + {r} * ldc + {o})"})
+    return micro_kernel(signature, tile, [Loop("for (long p = 0; p < kc; p++)")],
+                        "VLOAD(b + p * NR + {o})",
+                        [f"a[p * ({a_ps}) + {r} * ({a_rs})]" for r in range(mr)], spec)
 
 
 def _generate_gemm(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
@@ -560,24 +450,17 @@ def _generate_gemm(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     npp = _cdiv(pq, nr)
     tail = fg % mr != 0
     ap_floats = dims["groups"] * (nfp if s.pack_w else int(tail)) * k_total * mr
-    bp_floats = _round_up(kc * nr, ALIGN_FLOATS)
-    off_bp = _round_up(ap_floats, ALIGN_FLOATS)
-    has_bias, has_add, has_relu = ("bias" in op.epilogue, "add" in op.epilogue,
-                                   "relu" in op.epilogue)
+    bp_floats = round_up(kc * nr, ALIGN_FLOATS)
+    off_bp = round_up(ap_floats, ALIGN_FLOATS)
+    has_bias, has_add = "bias" in op.epilogue, "add" in op.epilogue
     plain = (R == 1 and S == 1 and dims["stride_h"] == 1 and dims["stride_w"] == 1
              and dims["pad_t"] == 0 and dims["pad_l"] == 0 and dims["pad_b"] == 0
              and dims["pad_r"] == 0)
-    out = [d.prelude, _HEADER, _constants(op)]
-    out.append(
-        f"#define MR {mr}L\n#define NR {nr}L\n#define KTOT {k_total}L\n#define KC {kc}L\n"
-        f"#define NFP {nfp}L\n#define PQ {pq}L\n#define NPP {npp}L\n#define OFF_BP {off_bp}L\n"
-        f"#define BP_FLOATS {bp_floats}L\n#define PACK_W {s.pack_w}\n"
-        f"#define WB_FLOATS {ap_floats}L\n"
-        f"#define WPACK_ITEMS {dims['groups'] * nfp if s.pack_w else dims['groups'] * int(tail)}L\n"
-    )
-    out.append("#define BARRIER() _Pragma(\"omp barrier\")" if s.threads > 1
-               else "#define BARRIER() ((void)0)")
-    out.append(_WORKSPACE)
+    constants = {**_constants(op), "MR": mr, "NR": nr, "KTOT": k_total, "KC": kc, "NFP": nfp,
+                 "PQ": pq, "NPP": npp, "OFF_BP": off_bp, "BP_FLOATS": bp_floats,
+                 "PACK_W": str(s.pack_w), "WB_FLOATS": ap_floats,
+                 "WPACK_ITEMS": dims["groups"] * (nfp if s.pack_w else int(tail))}
+    out = [preamble(d, constants, s.threads)]
     out.append("""\
 /* Ap[g][fp][k][MR], k = (c, r, s) as in W's memory order, zero-padded rows. Items: (g, fp);
  * with pack_w=0 only the last (partial) panel of each group is packed, at Ap[g]. */
@@ -633,9 +516,9 @@ static void pack_panel(float *restrict dst, const float *restrict X, long n, lon
 }
 """
     out.append(pack_b)
-    out.append(_gemm_ukr("ukr", s, d, has_bias, has_add, has_relu))
+    out.append(_gemm_ukr("ukr", s, d, op.epilogue))
     if not s.pack_w:
-        out.append(_gemm_ukr("ukr_d", s, d, has_bias, has_add, has_relu, "1", "KTOT"))
+        out.append(_gemm_ukr("ukr_d", s, d, op.epilogue, "1", "KTOT"))
     epi = _epilogue_scalar(op, "v", "f", "off")
     out.append(f"""\
 static void merge_tile(float *restrict Y, const float *restrict ct, const float *restrict bias,

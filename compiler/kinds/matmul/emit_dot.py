@@ -10,9 +10,11 @@ of B are kept hot in cache while every tile of A passes over them.
 
 from __future__ import annotations
 
+from tunecache.compiler.codegen.abi import kernel_entries, preamble
+from tunecache.compiler.codegen.epilogue import render
 from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule
 
 _HSUM = {
     "avx512": "static inline float hsum(vec v) { return _mm512_reduce_add_ps(v); }",
@@ -25,7 +27,13 @@ _HSUM = {
 }
 
 
-def _tile(mr: int, nv: int, lanes: int, unroll: int, has_bias: bool, has_relu: bool) -> str:
+def _tile(mr: int, nv: int, lanes: int, unroll: int, epilogue: tuple[str, ...]) -> str:
+    """``mr`` rows of A against ``nv`` rows of B, all along K.
+
+    Not the outer-product micro-kernel of ``codegen/microkernel.py``: both operands are
+    vectors along K (no broadcast), and every accumulator is reduced horizontally before a
+    scalar tail and the epilogue.
+    """
     lines = [
         "static inline void dot_tile(const float *restrict a, const float *restrict b, "
         "const float *restrict bias, float *restrict c) {",
@@ -51,11 +59,8 @@ def _tile(mr: int, nv: int, lanes: int, unroll: int, has_bias: bool, has_relu: b
     for r in range(mr):
         for q in range(nv):
             v = f"s{r}_{q}"
-            if has_bias:
-                lines.append(f"  {v} += bias[{q}];")
-            if has_relu:
-                lines.append(f"  if ({v} < 0.0f) {v} = 0.0f;")
-            lines.append(f"  c[{r} * N + {q}] = {v};")
+            epi = render(epilogue, v, {"bias": f"bias[{q}]"}, vector=False)
+            lines.append(f"  {epi + ' ' if epi else ''}c[{r} * N + {q}] = {v};")
     lines.append("}")
     return "\n".join(lines)
 
@@ -66,18 +71,15 @@ def generate_matmul_dot(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> st
     M, N, K = dims["M"], dims["N"], dims["K"]
     nv = s.nr // d.lanes
     nc = max(nv, min(s.nc, N) // nv * nv)
-    has_bias, has_relu = "bias" in op.epilogue, "relu" in op.epilogue
+    has_bias = "bias" in op.epilogue
     a_batch = 0 if op.shared == "a" else M * K
     b_batch = 0 if op.shared == "b" else K * N
-    bias_edge = "v += bias[j + q];" if has_bias else ""
-    relu_edge = "if (v < 0.0f) v = 0.0f;" if has_relu else ""
+    epi_edge = render(op.epilogue, "v", {"bias": "bias[j + q]"}, vector=False)
     threaded = s.threads > 1 and s.parallel != "batch"
-    out = [d.prelude, _HSUM[d.name],
-           "#include <stddef.h>\n#include <time.h>\n#ifdef _OPENMP\n#include <omp.h>\n#endif",
-           f"#define M {M}L\n#define N {N}L\n#define K {K}L\n#define BATCH {op.batch}L\n"
-           f"#define MR {s.mr}L\n#define NV {nv}L\n#define NCB {nc}L\n"
-           f"#define A_BATCH {a_batch}L\n#define B_BATCH {b_batch}L\n#define C_BATCH {M * N}L",
-           _tile(s.mr, nv, d.lanes, s.unroll, has_bias, has_relu),
+    constants = {"M": M, "N": N, "K": K, "BATCH": op.batch, "MR": s.mr, "NV": nv, "NCB": nc,
+                 "A_BATCH": a_batch, "B_BATCH": b_batch, "C_BATCH": M * N}
+    out = [preamble(d, constants, 1), _HSUM[d.name],
+           _tile(s.mr, nv, d.lanes, s.unroll, op.epilogue),
            f"""\
 static void dot_edge(const float *restrict a, const float *restrict b,
                      const float *restrict bias, float *restrict c, long mh, long nh, long j) {{
@@ -90,7 +92,7 @@ static void dot_edge(const float *restrict a, const float *restrict b,
         acc = VFMA(VLOADU(a + r * K + k), VLOADU(b + q * K + k), acc);
       float v = hsum(acc);
       for (; k < K; k++) v += a[r * K + k] * b[q * K + k];
-      {bias_edge} {relu_edge}
+      {epi_edge}
       c[r * N + q] = v;
     }}
 }}
@@ -122,39 +124,19 @@ static void split(long n, long unit, int tid, int nth, long *lo, long *hi) {{
 }}
 """,
            ]
+    call = "dot_range(A + b * A_BATCH, B + b * B_BATCH, bias, C + b * C_BATCH, "
     if s.threads == 1:
-        run = ("  for (long b = 0; b < BATCH; b++)\n"
-               "    dot_range(A + b * A_BATCH, B + b * B_BATCH, bias, C + b * C_BATCH, "
-               "0, M, 0, N);\n")
+        body = f"for (long b = 0; b < BATCH; b++) {call}0, M, 0, N);"
     elif not threaded:
-        run = (f"#pragma omp parallel for num_threads({s.threads}) schedule(static)\n"
-               "  for (long b = 0; b < BATCH; b++)\n"
-               "    dot_range(A + b * A_BATCH, B + b * B_BATCH, bias, C + b * C_BATCH, "
-               "0, M, 0, N);\n")
+        # Batch items split as OpenMP's schedule(static) would.
+        body = ("{ long lo, hi; split_range(BATCH, TID, NTH, &lo, &hi);\n"
+                f"      for (long b = lo; b < hi; b++) {call}0, M, 0, N); }}")
+    elif s.parallel == "n":
+        body = (f"for (long b = 0; b < BATCH; b++) {{ long lo, hi; split(N, NV, TID, NTH, &lo, &hi);"
+                f" {call}0, M, lo, hi); }}")
     else:
-        ranges = ("split(N, NV, tid, nth, &lo, &hi); dot_range(A + b * A_BATCH, B + b * "
-                  "B_BATCH, bias, C + b * C_BATCH, 0, M, lo, hi);" if s.parallel == "n" else
-                  "split(M, MR, tid, nth, &lo, &hi); dot_range(A + b * A_BATCH, B + b * "
-                  "B_BATCH, bias, C + b * C_BATCH, lo, hi, 0, N);")
-        run = (f"#pragma omp parallel num_threads({s.threads})\n  {{\n"
-               "    int tid = omp_get_thread_num(), nth = omp_get_num_threads();\n"
-               "    for (long b = 0; b < BATCH; b++) { long lo, hi; " + ranges + " }\n  }\n")
-    bias_arg = "(const float *)args[2]" if has_bias else "NULL"
-    out.append(f"""\
-int tc_kernel(void **args) {{
-  const float *A = (const float *)args[0], *B = (const float *)args[1];
-  const float *bias = {bias_arg};
-  float *C = (float *)args[{3 if has_bias else 2}];
-  (void)bias;
-{run}  return 0;
-}}
-
-double tc_time(void **args, long iters) {{
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (long i = 0; i < iters; i++) tc_kernel(args);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-}}
-""")
+        body = (f"for (long b = 0; b < BATCH; b++) {{ long lo, hi; split(M, MR, TID, NTH, &lo, &hi);"
+                f" {call}lo, hi, 0, N); }}")
+    out.append(kernel_entries(op, lambda packed: body, threads=s.threads, ws_floats=None,
+                              optional=("bias",)))
     return "\n".join(out)

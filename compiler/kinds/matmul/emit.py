@@ -18,60 +18,38 @@ partitions and explicit barriers.
 
 from __future__ import annotations
 
+from tunecache.compiler.codegen.abi import (
+    ALIGN_FLOATS,
+    PackedWeights,
+    kernel_entries,
+    preamble,
+    round_up,
+)
+from tunecache.compiler.codegen.epilogue import render
 from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule
-
-ALIGN_FLOATS = 16  # 64 bytes
-
-
-def _round_up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
 
 
 def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps: str,
-         b_aligned: bool, has_bias: bool, has_relu: bool) -> str:
-    """One micro-kernel: element (r, p) of the A panel is a[p*a_ps + r*a_rs]."""
-    mr, nv, lanes = s.mr, s.nr // d.lanes, d.lanes
+         b_aligned: bool, epilogue: tuple[str, ...]) -> str:
+    """One micro-kernel: element (r, p) of the A panel is ``a[p*a_ps + r*a_rs]``, row p of
+    the B panel starts at ``b + p*b_ps``; C rows are ``ldc`` apart. The tile adds to C unless
+    ``first`` and applies the epilogue (bias along columns) when ``last``."""
+    tile = Tile(tuple(str(r) for r in range(s.mr)), s.nr // d.lanes, d.lanes)
     load = "VLOAD" if b_aligned else "VLOADU"
-    lines = [
-        f"static inline void {name}(long kc, "
-        "const float *restrict a, const float *restrict b, float *restrict c, long ldc, "
-        "int first, int last, const float *restrict bias) {",
-    ]
-    for r in range(mr):
-        lines.append("  vec " + ", ".join(f"c{r}_{v} = VZERO()" for v in range(nv)) + ";")
-    if s.unroll > 1:
-        lines.append(f"#pragma GCC unroll {s.unroll}")
-    lines.append("  for (long p = 0; p < kc; p++) {")
-    lines.append(
-        "    vec " + ", ".join(f"b{v} = {load}(b + p * ({b_ps}) + {v * lanes})" for v in range(nv))
-        + ";"
+    signature = (f"static inline void {name}(long kc, const float *restrict a, "
+                 "const float *restrict b, float *restrict c, long ldc, int first, int last, "
+                 "const float *restrict bias)")
+    return micro_kernel(
+        signature, tile, [Loop("for (long p = 0; p < kc; p++)", unroll=s.unroll)],
+        columns=f"{load}(b + p * ({b_ps}) + {{o}})",
+        rows=[f"a[p * ({a_ps}) + {r} * ({a_rs})]" for r in range(s.mr)],
+        spec=Store(tuple(f"c + {r} * ldc" for r in range(s.mr)), accumulate="!first",
+                   epilogue=epilogue, operands={"bias": "VLOADU(bias + {o})"},
+                   epilogue_if="last"),
     )
-    for r in range(mr):
-        fmas = " ".join(f"c{r}_{v} = VFMA(a{r}, b{v}, c{r}_{v});" for v in range(nv))
-        lines.append(f"    {{ vec a{r} = VSET1(a[p * ({a_ps}) + {r} * ({a_rs})]); {fmas} }}")
-    lines.append("  }")
-    if has_bias:
-        lines.append(
-            "  vec bv[" + str(nv) + "]; if (last) { "
-            + " ".join(f"bv[{v}] = VLOADU(bias + {v * lanes});" for v in range(nv)) + " }"
-        )
-    for r in range(mr):
-        for v in range(nv):
-            ptr = f"c + {r} * ldc + {v * lanes}"
-            step = f"  {{ vec t = c{r}_{v}; if (!first) t = VADD(t, VLOADU({ptr}));"
-            if has_bias or has_relu:
-                step += " if (last) {"
-                if has_bias:
-                    step += f" t = VADD(t, bv[{v}]);"
-                if has_relu:
-                    step += " t = VRELU(t);"
-                step += " }"
-            step += f" VSTOREU({ptr}, t); }}"
-            lines.append(step)
-    lines.append("}")
-    return "\n".join(lines)
 
 
 def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
@@ -81,14 +59,13 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     batch = op.batch
     mr, nr = s.mr, s.nr
     kc = min(s.kc, K)
-    mc = min(s.mc, _round_up(M, mr))
-    nc = min(s.nc, _round_up(N, nr))
+    mc = min(s.mc, round_up(M, mr))
+    nc = min(s.nc, round_up(N, nr))
     threads = s.threads
     par = s.parallel
     # A threaded kernel whose parallel axis is batch runs a serial body per batch item.
     body_threads = 1 if par == "batch" else threads
     has_bias = "bias" in op.epilogue
-    has_relu = "relu" in op.epilogue
     # op(A)[i, p] = A[i*ARS + p*APS]; op(B)[p, j] = B[p*BPS + j*BCS]
     a_rs, a_ps = (1, M) if op.trans_a else (K, 1)
     b_ps, b_cs = (1, K) if op.trans_b else (N, 1)
@@ -96,8 +73,8 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     b_batch = 0 if op.shared == "b" else K * N
     c_batch = M * N
 
-    a_block = _round_up(mc, mr) * kc
-    b_block = _round_up(nc, nr) * kc
+    a_block = round_up(mc, mr) * kc
+    b_block = round_up(nc, nr) * kc
     edge_a, edge_b, ctile = mr * kc, kc * nr, mr * nr
     shared_a = s.pack_a == 1 and par == "n"
     shared_b = s.pack_b == 1 and (par == "n" or (par == "m" and s.loop_order == "jpi"))
@@ -105,60 +82,46 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         shared_a = shared_b = False
 
     def region(n: int) -> int:
-        return _round_up(n, ALIGN_FLOATS)
+        return round_up(n, ALIGN_FLOATS)
 
     shared_floats = 0
     private_floats = 0
-    layout_lines: list[str] = []
+    layout: dict[str, int | str] = {}
     offset_shared = 0
     offset_private = 0
     if s.pack_a:
         if shared_a:
-            layout_lines.append(f"#define OFF_A_SHARED {offset_shared}L")
+            layout["OFF_A_SHARED"] = offset_shared
             offset_shared += region(a_block)
         else:
-            layout_lines.append(f"#define OFF_A_PRIV {offset_private}L")
+            layout["OFF_A_PRIV"] = offset_private
             offset_private += region(a_block)
     if s.pack_b:
         if shared_b:
-            layout_lines.append(f"#define OFF_B_SHARED {offset_shared}L")
+            layout["OFF_B_SHARED"] = offset_shared
             offset_shared += region(b_block)
         else:
-            layout_lines.append(f"#define OFF_B_PRIV {offset_private}L")
+            layout["OFF_B_PRIV"] = offset_private
             offset_private += region(b_block)
     for name, size in (("EDGE_A", edge_a), ("EDGE_B", edge_b), ("CTILE", ctile)):
-        layout_lines.append(f"#define OFF_{name} {offset_private}L")
+        layout[f"OFF_{name}"] = offset_private
         offset_private += region(size)
     shared_floats, private_floats = offset_shared, offset_private
 
     # Constant-B pre-packing: the whole op(B) laid out block by block, (jc, pc) in loop
     # order, exactly as the kernel would pack it; only when every batch item shares B.
     prepack = bool(s.pack_b) and (batch == 1 or op.shared == "b")
-    nc_padded = _round_up(nc, nr)
-    packed_floats = sum(_round_up(min(nc, N - j), nr) * K for j in range(0, N, nc))
+    nc_padded = round_up(nc, nr)
+    packed_floats = sum(round_up(min(nc, N - j), nr) * K for j in range(0, N, nc))
 
-    out: list[str] = []
-    out.append(d.prelude)
-    out.append(
-        "#include <stdlib.h>\n#include <string.h>\n#include <time.h>\n"
-        "#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
-    )
-    out.append(
-        f"#define M {M}L\n#define N {N}L\n#define K {K}L\n#define BATCH {batch}L\n"
-        f"#define MR {mr}L\n#define NR {nr}L\n#define KC {kc}L\n#define MC {mc}L\n#define NC {nc}L\n"
-        f"#define ARS {a_rs}L\n#define APS {a_ps}L\n#define BPS {b_ps}L\n#define BCS {b_cs}L\n"
-        f"#define A_BATCH {a_batch}L\n#define B_BATCH {b_batch}L\n#define C_BATCH {c_batch}L\n"
-        f"#define SHARED_FLOATS {shared_floats}L\n#define PRIVATE_FLOATS {private_floats}L\n"
-        f"#define NC_PADDED {nc_padded}L\n#define B_PACKED_FLOATS {packed_floats}L\n"
-        + "\n".join(layout_lines) + "\n"
-        "#define MIN(x, y) ((x) < (y) ? (x) : (y))\n"
-    )
-    if body_threads > 1:
-        out.append("#define BARRIER() _Pragma(\"omp barrier\")")
-    else:
-        out.append("#define BARRIER() ((void)0)")
-    out.append(_WORKSPACE)
-
+    constants: dict[str, int | str] = {
+        "M": M, "N": N, "K": K, "BATCH": batch, "MR": mr, "NR": nr, "KC": kc, "MC": mc,
+        "NC": nc, "ARS": a_rs, "APS": a_ps, "BPS": b_ps, "BCS": b_cs, "A_BATCH": a_batch,
+        "B_BATCH": b_batch, "C_BATCH": c_batch, "SHARED_FLOATS": shared_floats,
+        "PRIVATE_FLOATS": private_floats, "NC_PADDED": nc_padded,
+        "B_PACKED_FLOATS": packed_floats, **layout,
+    }
+    out = [preamble(d, constants, body_threads)]
     # Packing: panels of MR rows of op(A) / NR columns of op(B), zero-padded, k-major.
     out.append(
         """\
@@ -220,10 +183,9 @@ static void pack_b_block(float *restrict dst, const float *restrict B, long p0, 
     if s.pack_a == 0 and s.pack_b == 0:
         variants.append(("ukr_dd", "APS", "ARS", "BPS", False))
     for name, aps, ars, bps, aligned in variants:
-        out.append(_ukr(name, s, d, aps, ars, bps, aligned, has_bias, has_relu))
+        out.append(_ukr(name, s, d, aps, ars, bps, aligned, op.epilogue))
 
-    bias_term = "if (bias) v += bias[j + q];" if has_bias else ""
-    relu_term = "if (v < 0.0f) v = 0.0f;" if has_relu else ""
+    epilogue = render(op.epilogue, "v", {"bias": "bias[j + q]"}, vector=False)
     out.append(
         f"""\
 static void merge_tile(float *restrict c, const float *restrict t, long m_cur, long n_cur,
@@ -233,7 +195,7 @@ static void merge_tile(float *restrict c, const float *restrict t, long m_cur, l
     for (long q = 0; q < n_cur; q++) {{
       float v = t[r * NR + q];
       if (!first) v += c[r * N + q];
-      if (last) {{ {bias_term} {relu_term} }}
+      if (last) {{ {epilogue} }}
       c[r * N + q] = v;
     }}
 }}
@@ -286,7 +248,7 @@ static void compute_block(float *restrict C, const float *restrict A, const floa
 """
     )
     out.append(_gemm_body(s, par, body_threads))
-    out.append(_entry(op, s, has_bias, threads, par, prepack))
+    out.append(_entries(op, s, threads, par, prepack))
     return "\n".join(out)
 
 
@@ -319,29 +281,6 @@ def _call_edge(s: MatmulSchedule) -> str:
         cond_b = b_direct if bd == "1" else f"!({b_direct})"
         lines.append(f"if (({cond_a}) && ({cond_b})) {name}(k_cur, a, b, ct, NR, 1, 0, bias_j);")
     return "\n        ".join(lines)
-
-
-_WORKSPACE = """\
-/* One workspace per calling thread, grown on demand and reused across calls. */
-static __thread float *tc_ws = NULL;
-static __thread size_t tc_ws_cap = 0;
-static float *tc_workspace(size_t floats) {
-  if (floats == 0) floats = 16;
-  if (floats > tc_ws_cap) {
-    free(tc_ws);
-    size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
-    tc_ws = (float *)aligned_alloc(64, bytes);
-    tc_ws_cap = tc_ws ? floats : 0;
-  }
-  return tc_ws;
-}
-
-static void split_range(long n, int tid, int nth, long *lo, long *hi) {
-  long base = n / nth, extra = n % nth;
-  *lo = tid * base + (tid < extra ? tid : extra);
-  *hi = *lo + base + (tid < extra ? 1 : 0);
-}
-"""
 
 
 def _gemm_body(s: MatmulSchedule, par: str, threads: int) -> str:
@@ -429,87 +368,30 @@ static void gemm_body(const float *restrict A, const float *restrict B, const fl
     return "\n".join(lines)
 
 
-def _entry(op: OpSignature, s: MatmulSchedule, has_bias: bool, threads: int, par: str,
-           prepack: bool = False) -> str:
+def _entries(op: OpSignature, s: MatmulSchedule, threads: int, par: str, prepack: bool) -> str:
     """``tc_kernel`` and ``tc_time``; with ``prepack``, also the pre-packed-B ABI.
 
-    ``tc_pack_weights(B, Bw)`` writes op(B) block by block in the kernel's panel layout
+    ``tc_pack_weights(weights, packed)`` writes op(B) block by block in the kernel's panel layout
     (``tc_packed_weights_floats()`` floats, 64-byte aligned); ``tc_kernel_packed`` takes
     ``tc_kernel``'s arguments with that buffer in B's place and packs nothing of B.
     """
-    out = [_entry_function(op, "tc_kernel", has_bias, threads, par, packed=False), _TIMER]
-    if prepack:
-        out.append(_entry_function(op, "tc_kernel_packed", has_bias, threads, par, packed=True))
-        out.append("""\
-long tc_packed_weights_floats(void) { return B_PACKED_FLOATS; }
+    def body(packed: bool) -> str:
+        # Packed: args[1] is the pre-packed op(B), which gemm_body reads instead of B.
+        b_at, pre = ("NULL", "B") if packed else ("B + b * B_BATCH", "NULL")
+        priv = "ws + SHARED_FLOATS + TID * PRIVATE_FLOATS"
+        call = f"gemm_body(A + b * A_BATCH, {b_at}, bias, C + b * C_BATCH, ws, {priv}, "
+        if par == "batch":
+            # A threaded kernel whose parallel axis is batch runs a serial body per item.
+            return f"for (long b = TID; b < BATCH; b += NTH)\n      {call}0, 1, {pre});"
+        return f"for (long b = 0; b < BATCH; b++)\n      {call}TID, NTH, {pre});"
 
-void tc_pack_weights(const float *B, float *Bw) {
+    pack = """\
   for (long jc = 0; jc < N; jc += NC) {
     const long n_cur = MIN(NC, N - jc);
     for (long pc = 0; pc < K; pc += KC)
-      pack_b_block(Bw + (jc / NC) * NC_PADDED * K + (n_cur + NR - 1) / NR * NR * pc, B, pc,
-                   MIN(KC, K - pc), jc, n_cur, 0, (n_cur + NR - 1) / NR);
-  }
-}
-""")
-        out.append(_TIMER_PACKED)
-    return "".join(out)
-
-
-_TIMER = """
-double tc_time(void **args, long iters) {
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (long i = 0; i < iters; i++) tc_kernel(args);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-}
-"""
-_TIMER_PACKED = _TIMER.replace("tc_time(", "tc_time_packed(").replace(
-    "tc_kernel(args)", "tc_kernel_packed(args)")
-
-
-def _entry_function(op: OpSignature, name: str, has_bias: bool, threads: int, par: str,
-                    packed: bool) -> str:
-    bias_arg = "(const float *)args[2]" if has_bias else "NULL"
-    c_index = 3 if has_bias else 2
-    # Packed: args[1] is the pre-packed op(B), which the body reads instead of B.
-    b_arg, pre = ("NULL", "(const float *)args[1]") if packed else ("(const float *)args[1]",
-                                                                    "NULL")
-    b_at = "B" if packed else "B + b * B_BATCH"
-    head = f"""\
-int {name}(void **args) {{
-  const float *A = (const float *)args[0], *B = {b_arg}, *Bpre = {pre};
-  const float *bias = {bias_arg};
-  float *C = (float *)args[{c_index}];
-  (void)bias; (void)Bpre;
-"""
-    if threads == 1:
-        body = f"""\
-  float *ws = tc_workspace(SHARED_FLOATS + PRIVATE_FLOATS);
-  if (!ws) return 1;
-  for (long b = 0; b < BATCH; b++)
-    gemm_body(A + b * A_BATCH, {b_at}, bias, C + b * C_BATCH, ws, ws + SHARED_FLOATS, 0, 1, Bpre);
-  return 0;
-}}
-"""
-    else:
-        loop = (
-            "    for (long b = tid; b < BATCH; b += nth)\n"
-            f"      gemm_body(A + b * A_BATCH, {b_at}, bias, C + b * C_BATCH, ws, priv, 0, 1, Bpre);\n"
-            if par == "batch"
-            else
-            "    for (long b = 0; b < BATCH; b++)\n"
-            f"      gemm_body(A + b * A_BATCH, {b_at}, bias, C + b * C_BATCH, ws, priv, tid, nth, "
-            "Bpre);\n"
-        )
-        body = (
-            f"  float *ws = tc_workspace(SHARED_FLOATS + {threads}L * PRIVATE_FLOATS);\n"
-            "  if (!ws) return 1;\n"
-            f"#pragma omp parallel num_threads({threads})\n"
-            "  {\n"
-            "    int tid = omp_get_thread_num(), nth = omp_get_num_threads();\n"
-            "    float *priv = ws + SHARED_FLOATS + tid * PRIVATE_FLOATS;\n"
-            + loop + "  }\n  return 0;\n}\n"
-        )
-    return head + body
+      pack_b_block(packed + (jc / NC) * NC_PADDED * K + (n_cur + NR - 1) / NR * NR * pc,
+                   weights, pc, MIN(KC, K - pc), jc, n_cur, 0, (n_cur + NR - 1) / NR);
+  }"""
+    return kernel_entries(
+        op, body, threads=threads, ws_floats=f"SHARED_FLOATS + {threads}L * PRIVATE_FLOATS",
+        optional=("bias",), packed=PackedWeights("B_PACKED_FLOATS", pack) if prepack else None)

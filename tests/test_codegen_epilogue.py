@@ -1,0 +1,85 @@
+"""The epilogue renderer and the micro-kernel generator, in compiled C against numpy."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+import numpy as np
+import pytest
+
+from tunecache.compiler.build import build_source
+from tunecache.compiler.codegen.epilogue import STEPS, operand_tensors, render
+from tunecache.compiler.codegen.isa import BASE_FLAGS, dialect
+from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel, store
+from tunecache.compiler.hardware import local_spec, runnable_isas
+
+ISAS = runnable_isas(local_spec())
+# Every ordered subsequence of the steps, as an op's epilogue is.
+EPILOGUES = [combo for n in range(len(STEPS) + 1) for combo in itertools.combinations(STEPS, n)]
+
+
+def _numpy(steps: tuple[str, ...], x: np.ndarray, operands: dict[str, np.ndarray]) -> np.ndarray:
+    y = x.copy()
+    for step in steps:
+        y = np.maximum(y, np.float32(0)) if step == "relu" else y + operands[step]
+    return y
+
+
+def _elementwise(isa: str, steps: tuple[str, ...]) -> ctypes.CDLL:
+    """``y = epilogue(x)`` over n floats: whole vectors, then a scalar tail."""
+    d = dialect(isa)
+    vector = render(steps, "t", {"bias": "VLOADU(bias + i)", "add": "VLOADU(add + i)"},
+                    vector=True)
+    scalar = render(steps, "v", {"bias": "bias[i]", "add": "add[i]"}, vector=False)
+    code = f"""{d.prelude}
+void run(const float *x, const float *bias, const float *add, float *y, long n) {{
+  (void)bias; (void)add;
+  long i = 0;
+  for (; i + {d.lanes} <= n; i += {d.lanes}) {{ vec t = VLOADU(x + i); {vector} VSTOREU(y + i, t); }}
+  for (; i < n; i++) {{ float v = x[i]; {scalar} y[i] = v; }}
+}}
+"""
+    return ctypes.CDLL(str(build_source(code, BASE_FLAGS + d.flags).path))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_vector_and_scalar_renderings_match_numpy(isa: str) -> None:
+    rng = np.random.default_rng(0)
+    n = 37  # whole vectors and a scalar tail on every ISA
+    x, bias, add = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    ptr = ctypes.c_void_p
+    for steps in EPILOGUES:
+        lib = _elementwise(isa, steps)
+        y = np.full(n, np.nan, dtype=np.float32)
+        lib.run(ptr(x.ctypes.data), ptr(bias.ctypes.data), ptr(add.ctypes.data),
+                ptr(y.ctypes.data), ctypes.c_long(n))
+        expected = _numpy(steps, x, {"bias": bias, "add": add})
+        assert np.array_equal(y, expected), (isa, steps)
+
+
+def test_render_names_what_was_wrong() -> None:
+    assert render((), "v", {}, vector=False) == ""
+    assert operand_tensors(("bias", "relu", "add")) == ("bias", "add")
+    with pytest.raises(ValueError, match="unknown epilogue step 'gelu6'; known steps: bias"):
+        render(("gelu6",), "v", {}, vector=True)
+    with pytest.raises(ValueError, match="reads tensor 'add', but the emitter gave only bias"):
+        render(("add",), "v", {"bias": "b"}, vector=False)
+
+
+def test_store_reads_only_the_operands_its_epilogue_uses() -> None:
+    tile = Tile(("0", "1"), 2, 8)
+    spec = Store(("c", "c + ldc"), accumulate="!first", epilogue=("relu",), epilogue_if="last",
+                 operands={"bias": "VLOADU(bias + {o})", "add": "VLOADU(add + {r} * ldc + {o})"})
+    code = "\n".join(store(tile, spec))
+    assert "bias" not in code and "add" not in code and code.count("VRELU") == 4
+    # An operand the same for every row is loaded once per column, under the epilogue's guard.
+    hoisted = "\n".join(store(tile, Store(spec.rows, epilogue=("bias",), epilogue_if="last",
+                                          operands=spec.operands)))
+    assert hoisted.count("VLOADU(bias") == 2 and "if (last) { ep_bias0 =" in hoisted
+
+
+def test_micro_kernel_checks_its_rows() -> None:
+    tile = Tile(("0", "1"), 1, 8)
+    with pytest.raises(ValueError, match="1 row operands for a tile of 2 rows"):
+        micro_kernel("void k(void)", tile, [Loop("for (;;)")], "b", ["a[0]"], Store(("c", "c")))
