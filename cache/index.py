@@ -2,15 +2,17 @@
 
 :class:`Index` reads the snapshot once and keeps its columns as compact numpy arrays (about
 a hundred bytes per entry plus a dict from op text to row), so opening costs milliseconds
-and :meth:`Index.lookup` builds its :class:`IndexEntry` in a few microseconds without
-parsing JSON. Matmul schedules are rebuilt from the snapshot's typed knob columns (which
-``publish`` derived from schedules it validated with ``schedule_from_json``); other schedule
-families are parsed from their JSON with ``schedule_from_json`` on lookup.
+and :meth:`Index.lookup` is a dict hit that builds its :class:`IndexEntry` from one packed
+row without parsing anything. Schedules, whatever their family, are parsed from their JSON
+with ``schedule_from_json`` when the index is built, once per *distinct* schedule (there
+are far fewer schedules than entries), and shared by the entries that use them.
 
 Rows are ignored, never served, when their snapshot version is newer than this code reads,
 their codegen version differs from the running one, their compiler identity differs from
-the one asked for (when one is), or their schedule columns are incomplete. A missing or
-damaged snapshot gives an empty index and a warning: a deploy then simply misses.
+the one asked for (when one is), their schedule JSON does not parse, or the parsed
+schedule's ``schedule_id`` differs from the row's (a forged or damaged row); for an op
+whose fastest row is ignored, the next fastest valid one is served. A missing or damaged
+snapshot gives an empty index and a warning: a deploy then simply misses.
 """
 
 from __future__ import annotations
@@ -32,24 +34,18 @@ from tunecache.cache.publish import SNAPSHOT_VERSION
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import (
-    LOOP_ORDERS,
-    PARALLEL_AXES,
-    MatmulSchedule,
-    Schedule,
-    schedule_from_json,
-)
+from tunecache.compiler.schedule import Schedule, schedule_from_json
 from tunecache.datasets import fs
 from tunecache.datasets.location import Location, resolve
 from tunecache.datasets.paths import check_part
-from tunecache.datasets.schema import KNOB_COLUMNS
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _COLUMNS = [
-    "snapshot_version", "hw_id", "op_text", "codegen_version", "compiler", "schedule_family",
-    "schedule_json", *KNOB_COLUMNS, "loop_order", "parallel", "median_s", "min_s", "gflops",
-    "n_measurements", "source", "job_id", "host", "record_id", "measured_at",
+    "snapshot_version", "hw_id", "op_text", "codegen_version", "compiler", "schedule_id",
+    "schedule_json", "median_s", "min_s", "gflops", "n_measurements", "source", "job_id",
+    "host", "record_id", "measured_at",
 ]
+"""What the index reads: common to every snapshot version it serves."""
 
 
 class SnapshotWarning(UserWarning):
@@ -115,6 +111,35 @@ class _Codes:
         self.values: tuple[str | None, ...] = (*encoded.dictionary.to_pylist(), None)
         null_code = len(self.values) - 1
         self.codes = pc.fill_null(encoded.indices, null_code).to_numpy().astype(np.int32)
+
+
+def _parse_schedules(
+    texts: pa.ChunkedArray, ids: pa.ChunkedArray
+) -> tuple[tuple[Schedule, ...], pa.Array]:
+    """The distinct valid schedules, and each row's index into them (null: not valid).
+
+    A schedule is parsed once however many rows use it; a row is valid when its JSON parses
+    and the schedule's ``schedule_id`` is the row's.
+    """
+    encoded = pc.dictionary_encode(texts.combine_chunks())
+    schedules: list[Schedule] = []
+    position: list[int | None] = []
+    schedule_ids: list[str | None] = []
+    for text in encoded.dictionary.to_pylist():
+        try:
+            schedule = schedule_from_json(text)
+        except TunecacheError:
+            position.append(None)
+            schedule_ids.append(None)
+            continue
+        position.append(len(schedules))
+        schedule_ids.append(schedule.schedule_id)
+        schedules.append(schedule)
+    indices = encoded.indices
+    codes = pc.take(pa.array(position, pa.int32()), indices)
+    parsed_ids = pc.take(pa.array(schedule_ids, pa.string()), indices)
+    matches = pc.fill_null(pc.equal(parsed_ids, ids.combine_chunks()), False)
+    return tuple(schedules), pc.if_else(matches, codes, pa.scalar(None, pa.int32()))
 
 
 MEMO_SIZE = 4096
@@ -188,19 +213,11 @@ class Index:
         )
         if self.compiler is not None:
             keep = pc.and_(keep, pc.equal(table["compiler"], self.compiler))
-        matmul = pc.equal(table["schedule_family"], "matmul")
-        knobs_ok = pc.and_(
-            pc.is_in(table["loop_order"], pa.array(LOOP_ORDERS)),
-            pc.is_in(table["parallel"], pa.array(PARALLEL_AXES)),
-        )
-        for name in KNOB_COLUMNS:
-            knobs_ok = pc.and_(knobs_ok, pc.is_valid(table[name]))
-        usable = pc.or_(pc.and_(matmul, knobs_ok),
-                        pc.and_(pc.invert(matmul), pc.is_valid(table["schedule_json"])))
-        keep = pc.and_(keep, usable)
         keep = pc.and_(keep, pc.and_(pc.is_finite(table["median_s"]),
                                      pc.is_valid(table["record_id"])))
         table = table.filter(pc.fill_null(keep, False))
+        schedules, codes = _parse_schedules(table["schedule_json"], table["schedule_id"])
+        table = table.append_column("_schedule", codes).filter(pc.is_valid(codes))
         # With several compilers per op, the fastest wins; then compiler name, for determinism.
         table = table.take(pc.sort_indices(
             table, [("median_s", "ascending"), ("compiler", "ascending")]))
@@ -214,24 +231,16 @@ class Index:
         self.ignored = total - table.num_rows
 
         n = table.num_rows
-        loop_order = _Codes(table["loop_order"])
-        parallel = _Codes(table["parallel"])
-        self._loop_orders = loop_order.values
-        self._parallels = parallel.values
+        self._schedules = schedules
         compiler, source = _Codes(table["compiler"]), _Codes(table["source"])
         job, host = _Codes(table["job_id"]), _Codes(table["host"])
         self._compilers, self._sources = compiler.values, source.values
         self._jobs, self._hosts = job.values, host.values
         self._record_ids = _Strings(table["record_id"])
-        matmul = pc.fill_null(pc.equal(table["schedule_family"], "matmul"), False)
-        self._json = None if pc.all(matmul).as_py() in (True, None) else \
-            _Strings(table["schedule_json"])
         # Two packed rows per entry (integers, floats): a lookup turns each into Python values
         # in one call. Microsecond timestamps stay exact in float64 (below 2**53).
-        ints = [pc.fill_null(table[name], 0).to_numpy() for name in KNOB_COLUMNS]
-        ints += [loop_order.codes, parallel.codes, matmul.to_numpy(zero_copy_only=False),
-                 pc.fill_null(table["n_measurements"], 0).to_numpy(), compiler.codes,
-                 source.codes, job.codes, host.codes]
+        ints = [table["_schedule"].to_numpy(), pc.fill_null(table["n_measurements"], 0).to_numpy(),
+                compiler.codes, source.codes, job.codes, host.codes]
         self._ints = np.column_stack(ints).astype(np.int32) if n else \
             np.zeros((0, len(ints)), np.int32)
         floats = [table["median_s"].to_numpy(),
@@ -240,7 +249,6 @@ class Index:
                   pc.cast(table["measured_at"], pa.int64()).to_numpy().astype(np.float64)]
         self._floats = np.column_stack(floats).astype(np.float64) if n else \
             np.zeros((0, len(floats)), np.float64)
-        self._schedules: dict[tuple[int, ...], Schedule] = {}
 
     def __len__(self) -> int:
         return len(self._pos)
@@ -257,27 +265,10 @@ class Index:
         i = self._pos.get(text)
         if i is None:
             return None
-        (mr, nr, kc, mc, nc, pack_a, pack_b, unroll, threads, lo, par, matmul, n, compiler,
-         source, job, host) = self._ints[i].tolist()
+        schedule, n, compiler, source, job, host = self._ints[i].tolist()
         median, min_s, gflops, measured = self._floats[i].tolist()
-        schedule: Schedule
-        if matmul:
-            key = (mr, nr, kc, mc, nc, pack_a, pack_b, unroll, threads, lo, par)
-            cached = self._schedules.get(key)
-            if cached is None:
-                cached = MatmulSchedule(mr, nr, kc, mc, nc, pack_a, pack_b,
-                                        self._loop_orders[lo] or "", unroll, threads,
-                                        self._parallels[par] or "")
-                self._schedules[key] = cached
-            schedule = cached
-        else:
-            assert self._json is not None
-            try:
-                schedule = schedule_from_json(self._json.get(i) or "")
-            except TunecacheError:
-                return None
         entry = IndexEntry(
-            text, schedule, median, None if min_s != min_s else min_s,
+            text, self._schedules[schedule], median, None if min_s != min_s else min_s,
             None if gflops != gflops else gflops, n, self.codegen_version,
             self._compilers[compiler], self._sources[source], self._jobs[job],
             self._hosts[host], self._record_ids.get(i) or "",

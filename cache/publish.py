@@ -8,13 +8,20 @@ measured schedule:
    **median of their medians**, so one lucky run does not make a schedule win.
 3. The schedule with the lowest aggregated latency wins; exact ties go to the smallest
    ``schedule_id``, so the result never depends on file or row order.
-4. The winner's schedule JSON is validated structurally and its op text must parse back to
-   its ``op_id``; a winner that fails is dropped (with a warning) and the next best wins.
+4. The winner's schedule JSON is validated structurally and must hash to its
+   ``schedule_id``, and its op text must parse back to its ``op_id``; a winner that fails is
+   dropped (with a warning) and the next best wins.
 5. Provenance (source, job, host, record id, time) is that of the most recent measurement of
    the winning schedule (ties: largest ``record_id``).
 
 The output is sorted by ``(op_id, codegen_version, compiler)``, so the same records always
 give the same snapshot, byte for byte in content digest.
+
+Snapshots carry the schedule only as ``schedule_family``, ``schedule_id`` and
+``schedule_json``, whatever the kind (version 2). Version 1 snapshots also had typed matmul
+knob columns (``mr`` … ``parallel``); they are a superset of version 2, so readers read both
+and ignore those columns. Version 1 readers skip version 2 rows (their version is newer), so
+upgrade deploy-time readers before publishers.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -31,10 +39,9 @@ import pyarrow.parquet as pq
 
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule, schedule_from_json
-from tunecache.datasets.schema import KNOB_COLUMNS
+from tunecache.compiler.schedule import Schedule, schedule_from_json
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 SNAPSHOT_VERSION_KEY = b"tunecache.snapshot_version"
 
 PUBLISH_COLUMNS = (
@@ -59,9 +66,6 @@ SNAPSHOT_SCHEMA = pa.schema(
         pa.field("schedule_family", _S, nullable=False),
         pa.field("schedule_id", _S, nullable=False),
         pa.field("schedule_json", _S, nullable=False),
-        *(pa.field(name, pa.int32()) for name in KNOB_COLUMNS),
-        pa.field("loop_order", _S),
-        pa.field("parallel", _S),
         pa.field("median_s", pa.float64(), nullable=False),
         pa.field("min_s", pa.float64()),
         pa.field("gflops", pa.float64()),
@@ -104,11 +108,32 @@ def _frame(records: pa.Table) -> pd.DataFrame:
     return pa.table(columns).to_pandas()
 
 
-def _check_winner(op_id: str, op_text: str, schedule_json: str) -> str | None:
+class _Schedules:
+    """Schedule JSON -> parsed schedule or the reason it does not parse, each text once."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, Schedule | str] = {}
+
+    def get(self, text: str) -> Schedule | str:
+        found = self._parsed.get(text)
+        if found is None:
+            try:
+                found = schedule_from_json(text)
+            except TunecacheError as exc:
+                found = str(exc)
+            self._parsed[text] = found
+        return found
+
+
+def _check_winner(op_id: str, op_text: str, schedule: Schedule | str,
+                  schedule_id: str) -> str | None:
     """Why this winner cannot be published (None when it can)."""
+    if isinstance(schedule, str):
+        return schedule
+    if schedule.schedule_id != schedule_id:
+        return f"schedule JSON does not hash to schedule_id {schedule_id}"
     try:
         op = OpSignature.parse(op_text)
-        schedule_from_json(schedule_json)
     except TunecacheError as exc:
         return str(exc)
     if op.op_id != op_id:
@@ -139,6 +164,7 @@ def best_of(records: pa.Table) -> pa.Table:
     latest = df.sort_values(["timestamp", "record_id"], ascending=False, kind="stable")
     latest = latest.drop_duplicates(keys5)
     rejected: set[tuple[object, ...]] = set()
+    schedules = _Schedules()
     while True:
         winners = agg.drop_duplicates(GROUP_KEYS, keep="first")
         rows = winners.merge(
@@ -146,11 +172,12 @@ def best_of(records: pa.Table) -> pa.Table:
             on=keys5, how="left", validate="one_to_one",
         )
         bad = []
-        for i, (op_id, op_text, schedule_json) in enumerate(
+        for i, (op_id, op_text, schedule_json, schedule_id) in enumerate(
             zip(rows["op_id"].astype(str), rows["op_text"].astype(str),
-                rows["schedule_json"].astype(str), strict=True)
+                rows["schedule_json"].astype(str), rows["schedule_id"].astype(str),
+                strict=True)
         ):
-            reason = _check_winner(op_id, op_text, schedule_json)
+            reason = _check_winner(op_id, op_text, schedules.get(schedule_json), schedule_id)
             if reason is not None:
                 bad.append(i)
                 warnings.warn(
@@ -164,18 +191,13 @@ def best_of(records: pa.Table) -> pa.Table:
         rejected.update(map(tuple, drop.astype(str).to_numpy().tolist()))
         key = agg[keys5].astype(str).apply(tuple, axis=1)
         agg = agg[~key.isin(rejected)]
-    return _snapshot_table(rows)
+    families = [cast(Schedule, schedules.get(text)).family
+                for text in rows["schedule_json"].astype(str)]
+    return _snapshot_table(rows, families)
 
 
-def _snapshot_table(rows: pd.DataFrame) -> pa.Table:
+def _snapshot_table(rows: pd.DataFrame, families: list[str]) -> pa.Table:
     n = len(rows)
-    schedules = [schedule_from_json(text) for text in rows["schedule_json"].astype(str)]
-    knobs: dict[str, list[object]] = {name: [] for name in (*KNOB_COLUMNS, "loop_order",
-                                                               "parallel")}
-    for schedule in schedules:
-        matmul = isinstance(schedule, MatmulSchedule)
-        for name in knobs:
-            knobs[name].append(getattr(schedule, name) if matmul else None)
 
     def text(name: str, empty_is_null: bool = False) -> pa.Array:
         values = [None if (v is None or (isinstance(v, float) and math.isnan(v))) else str(v)
@@ -196,12 +218,9 @@ def _snapshot_table(rows: pd.DataFrame) -> pa.Table:
         "op_text": text("op_text"),
         "codegen_version": text("codegen_version", empty_is_null=True),
         "compiler": text("compiler", empty_is_null=True),
-        "schedule_family": pa.array([s.family for s in schedules], _S),
+        "schedule_family": pa.array(families, _S),
         "schedule_id": text("schedule_id"),
         "schedule_json": text("schedule_json"),
-        **{name: pa.array(knobs[name], pa.int32()) for name in KNOB_COLUMNS},
-        "loop_order": pa.array(knobs["loop_order"], _S),
-        "parallel": pa.array(knobs["parallel"], _S),
         "median_s": floats("median_s"),
         "min_s": floats("min_s"),
         "gflops": floats("gflops"),

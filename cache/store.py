@@ -54,7 +54,7 @@ from tunecache.datasets.paths import (
     partition_dir,
 )
 from tunecache.datasets.records import Record, records_to_table
-from tunecache.datasets.schema import KNOB_COLUMNS, STATUSES, conform
+from tunecache.datasets.schema import STATUSES, conform
 
 MAX_ROWS_PER_FRAGMENT = 2_000_000
 COMPACT_MAX_FRAGMENT_BYTES = 256 << 20
@@ -288,7 +288,12 @@ class Store:
                 if paths.SNAPSHOT_RE.fullmatch(n)]
 
     def read_snapshot(self, hw_id: str, name: str | None = None) -> pa.Table:
-        """A published snapshot (the current one by default) as an Arrow table."""
+        """A published snapshot (the current one by default) as an Arrow table.
+
+        Snapshots of every version read with the current snapshot columns (older versions'
+        extra columns, such as version 1's typed matmul knobs, are dropped), so snapshots of
+        several hardware concatenate.
+        """
         if name is None:
             pointer = self.current(hw_id)
             if pointer is None:
@@ -297,10 +302,14 @@ class Store:
         path = self.location.path(paths.snapshot_path(hw_id, name))
         try:
             with self.location.fs.open_input_file(path) as handle:
-                return pq.read_table(handle)
+                table = pq.read_table(handle)
         except FileNotFoundError:
             raise SnapshotError(f"snapshot {name} of {hw_id} is missing") from None
         except (OSError, pa.ArrowException) as exc:
+            raise SnapshotError(f"snapshot {name} of {hw_id} is damaged: {exc}") from None
+        try:
+            return conform(table, SNAPSHOT_SCHEMA).replace_schema_metadata(table.schema.metadata)
+        except SchemaError as exc:
             raise SnapshotError(f"snapshot {name} of {hw_id} is damaged: {exc}") from None
 
     def rollback(self, hw_id: str, to: str | None = None) -> Pointer:
@@ -453,9 +462,6 @@ class Store:
 
 def _snapshot_problems(table: pa.Table, hw_id: str) -> list[str]:
     problems = []
-    missing = [n for n in SNAPSHOT_SCHEMA.names if n not in table.column_names]
-    if missing:
-        return [f"snapshot lacks column(s) {', '.join(missing)}"]
     for row in table.to_pylist():
         where = f"op {row['op_id']}"
         if row["hw_id"] != hw_id:
@@ -469,8 +475,7 @@ def _snapshot_problems(table: pa.Table, hw_id: str) -> list[str]:
             continue
         if schedule.schedule_id != row["schedule_id"]:
             problems.append(f"{where}: schedule JSON does not match schedule_id")
-        if row["schedule_family"] == "matmul" and any(
-            getattr(schedule, k) != row[k] for k in (*KNOB_COLUMNS, "loop_order", "parallel")
-        ):
-            problems.append(f"{where}: knob columns differ from the schedule JSON")
+        if schedule.family != row["schedule_family"]:
+            problems.append(f"{where}: schedule_family {row['schedule_family']} differs from "
+                            f"the schedule JSON's {schedule.family}")
     return problems

@@ -15,9 +15,9 @@ import pyarrow as pa
 
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule
-from tunecache.datasets.schema import KNOB_COLUMNS, SCHEMA, SCHEMA_VERSION
+from tunecache.datasets.schema import SCHEMA, SCHEMA_VERSION
 
 _FAILURES = ("compile_error", "runtime_error", "wrong_result", "timeout")
 
@@ -112,10 +112,8 @@ def synthetic_records(
         **{name: pa.array(values, pa.int64()).take(op_idx) for name, values in dims.items()},
         "schedule_json": pa.array([s.to_json() for s in schedules]).take(sc_idx),
         "schedule_id": pa.array([s.schedule_id for s in schedules]).take(sc_idx),
-        **{name: pa.array([getattr(s, name) for s in schedules], pa.int32()).take(sc_idx)
-           for name in KNOB_COLUMNS},
-        "loop_order": pa.array([s.loop_order for s in schedules]).take(sc_idx),
-        "parallel": pa.array([s.parallel for s in schedules]).take(sc_idx),
+        **{name: pa.array([s.knobs()[name] for s in schedules], SCHEMA.field(name).type)
+           .take(sc_idx) for name in schedules[0].knobs()},
         "compiler": pa.array(["gcc-12.2.0"] * n, pa.string()),
         "flags": pa.array(["-O3 -march=native"] * n, pa.string()),
         "codegen_version": pa.array([CODEGEN_VERSION] * n, pa.string()),

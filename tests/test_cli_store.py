@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule
 from tunecache.datasets.records import Record
 from tunecache.tuner.cli import main
 

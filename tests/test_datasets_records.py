@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule
 from tunecache.datasets import SCHEMA, SCHEMA_VERSION, PathPartError, SchemaError
 from tunecache.datasets.paths import check_part, parse_partition, partition_dir
 from tunecache.datasets.records import Record, records_from_table, records_to_table
@@ -23,8 +23,8 @@ SCHED = MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=1024)
 
 
 def test_schema_has_every_column_group_and_version():
-    assert SCHEMA_VERSION == 1
-    assert SCHEMA.metadata[b"tunecache.schema_version"] == b"1"
+    assert SCHEMA_VERSION == 2
+    assert SCHEMA.metadata[b"tunecache.schema_version"] == b"2"
     for name in ("record_id", "timestamp", "schema_version", "hw_id", "hw_json", "op_kind",
                  "op_id", "op_text", "dim_batch", "dim_m", "schedule_json", "schedule_id",
                  "mr", "loop_order", "parallel", "compiler", "flags", "codegen_version",
@@ -125,4 +125,4 @@ def test_file_metadata_carries_schema_version(tmp_path):
     data = fragment_bytes(records_to_table([Record.create(op=OP, hw=HW, status="ok")]))
     path = tmp_path / "f.parquet"
     path.write_bytes(data.to_pybytes())
-    assert pq.read_schema(path).metadata[b"tunecache.schema_version"] == b"1"
+    assert pq.read_schema(path).metadata[b"tunecache.schema_version"] == b"2"

@@ -17,8 +17,8 @@ import pytest
 from tunecache.cache.index import Index
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule
 from tunecache.datasets.records import Record
 
 HW = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=4, l1d_bytes=32768,

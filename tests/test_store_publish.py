@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 
 from tunecache.cache.index import Index, SnapshotWarning
-from tunecache.cache.publish import best_of, snapshot_digest
+from tunecache.cache.publish import SNAPSHOT_VERSION, best_of, snapshot_digest
 from tunecache.cache.store import Store, StoreError
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule
 from tunecache.datasets.records import Record, records_to_table
 
 HW = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=4, l1d_bytes=32768,
@@ -43,8 +43,8 @@ def test_median_of_repeats_beats_one_lucky_run():
     assert row["median_s"] == pytest.approx(0.925)
     assert row["n_measurements"] == 2
     assert row["op_text"] == OP.text
-    assert row["mr"] == B.mr
-    assert row["loop_order"] == "jpi"
+    assert row["schedule_family"] == "matmul"
+    assert row["schedule_json"] == B.to_json()
 
 
 def test_ties_break_by_schedule_id_and_result_is_order_independent():
@@ -151,7 +151,7 @@ def test_index_skips_rows_from_a_newer_snapshot_version(tmp_path):
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    versions = pa.array([1, 2], pa.int16())
+    versions = pa.array([SNAPSHOT_VERSION, SNAPSHOT_VERSION + 1], pa.int16())
     pq.write_table(table.set_column(0, "snapshot_version", versions), path)
     index = Index(tmp_path, HW.hw_id)
     assert len(index) == 1

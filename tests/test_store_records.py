@@ -13,8 +13,8 @@ import pytest
 
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule
 from tunecache.datasets import DamagedFragmentWarning, PathPartError, SchemaError, load
 from tunecache.datasets.location import HOME_ENV, default_root
 from tunecache.datasets.records import Record, records_to_table

@@ -79,7 +79,7 @@ _SCENARIO = textwrap.dedent("""
     from tunecache.cache.store import Store
     from tunecache.compiler.hardware import HardwareSpec
     from tunecache.compiler.ops import OpSignature
-    from tunecache.compiler.schedule import MatmulSchedule
+    from tunecache.compiler.kinds.matmul.space import MatmulSchedule
     from tunecache.datasets.records import Record
 
     root, hw = sys.argv[1], HardwareSpec.from_json(sys.argv[2])
