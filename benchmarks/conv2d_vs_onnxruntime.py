@@ -36,14 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import git_revision, machine_summary, write_section
 
 from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule, is_depthwise
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import random_inputs, reference
-from tunecache.compiler.schedule import (
-    Conv2dSchedule,
-    default_conv2d_schedule,
-    is_depthwise,
-    problems,
-)
+from tunecache.compiler.schedule import problems
 from tunecache.datasets.suites import get_suite
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig, best
 

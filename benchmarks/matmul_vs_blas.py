@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import git_revision, machine_summary, write_section
 
 from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.probe import measure_peak_gflops
-from tunecache.compiler.schedule import MatmulSchedule, problems
+from tunecache.compiler.schedule import problems
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig, best
 
 MM, BMM = OpSignature.matmul, OpSignature.batch_matmul

@@ -20,6 +20,7 @@ import numpy as np
 
 from tunecache.compiler import onnx_ops
 from tunecache.compiler.frontend import FLOAT32, Graph, KernelNode, ModelError, OnnxNode
+from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 
 __all__ = ["Executor", "Kernel", "numpy_kernel"]
@@ -32,43 +33,12 @@ _Env = dict[str, Any]
 
 
 def numpy_kernel(op: OpSignature) -> Kernel:
-    """A float32 numpy implementation of a kernel op (matmul, batch_matmul, conv2d + epilogue)."""
-    if op.kind == "conv2d":
-        d = op.dims_dict
-        stride = (d["stride_h"], d["stride_w"])
-        pads = (d["pad_t"], d["pad_l"], d["pad_b"], d["pad_r"])
-        dilation = (d["dil_h"], d["dil_w"])
-        groups = d["groups"]
-        has_bias, has_add = "bias" in op.epilogue, "add" in op.epilogue
-        relu = "relu" in op.epilogue
+    """A float32 numpy implementation of a kernel op: its kind's reference."""
+    reference = op_kind(op.kind).reference
 
-        def conv(*arrays: np.ndarray) -> np.ndarray:
-            x, w = arrays[0], arrays[1]
-            bias = arrays[2] if has_bias else None
-            y = onnx_ops.conv2d(x, w, bias, stride, pads, dilation, groups)
-            if has_add:
-                y += arrays[-1]
-            if relu:
-                np.maximum(y, np.float32(0), out=y)
-            return y
-        return conv
-
-    trans_a, trans_b = op.trans_a, op.trans_b
-    has_bias, relu = "bias" in op.epilogue, "relu" in op.epilogue
-
-    def matmul(*arrays: np.ndarray) -> np.ndarray:
-        a, b = arrays[0], arrays[1]
-        if trans_a:
-            a = np.swapaxes(a, -1, -2)
-        if trans_b:
-            b = np.swapaxes(b, -1, -2)
-        c = np.matmul(a, b)
-        if has_bias:
-            c += arrays[2]
-        if relu:
-            np.maximum(c, np.float32(0), out=c)
-        return np.ascontiguousarray(c, dtype=FLOAT32)
-    return matmul
+    def run(*arrays: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(reference(op, arrays), dtype=FLOAT32)
+    return run
 
 
 class Executor:

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from tunecache.compiler.kinds.conv2d import conv2d_nchw
+
 Array = np.ndarray
 OpImpl = Callable[[Sequence["Array | None"], Mapping[str, Any], int], list[Array]]
 
@@ -768,7 +770,7 @@ def _conv(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) 
     if one_d:  # a 1-D convolution is a 2-D one of height 1
         x, w = x[:, :, None, :], w[:, :, None, :]
     p = conv_params(attrs, x.shape, w.shape)
-    y = conv2d(x, w, bias, p.stride, p.pads, p.dilation, p.groups)
+    y = conv2d_nchw(x, w, bias, p.stride, p.pads, p.dilation, p.groups)
     return [y[:, :, 0, :] if one_d else y]
 
 
@@ -809,37 +811,3 @@ def conv_params(attrs: Mapping[str, Any], x_shape: Sequence[int],
                       int(attrs.get("group", 1)))
 
 
-def conv2d(x: Array, w: Array, bias: Array | None, stride: tuple[int, int],
-           pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int) -> Array:
-    """Grouped 2-D cross-correlation in the input's dtype (ONNX ``Conv``)."""
-    n, c, _, _ = x.shape
-    f, cg, r, s = w.shape
-    sh, sw = stride
-    dh, dw = dilation
-    pt, pl, pb, pr = pads
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr))) if any(pads) else x
-    p = (xp.shape[2] - dh * (r - 1) - 1) // sh + 1
-    q = (xp.shape[3] - dw * (s - 1) - 1) // sw + 1
-    if groups == 1:
-        # im2col, then one BLAS matmul.
-        win = sliding_window_view(xp, (dh * (r - 1) + 1, dw * (s - 1) + 1), axis=(2, 3))
-        win = win[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :p, :q]  # (n, c, p, q, r, s)
-        cols = np.ascontiguousarray(win.transpose(0, 2, 3, 1, 4, 5)).reshape(n * p * q, c * r * s)
-        y = (cols @ w.reshape(f, c * r * s).T).reshape(n, p, q, f).transpose(0, 3, 1, 2)
-    else:
-        fg = f // groups
-        xg = xp.reshape(n, groups, cg, xp.shape[2], xp.shape[3])
-        wg = w.reshape(groups, fg, cg, r, s)
-        y5 = np.zeros((n, groups, fg, p, q), dtype=x.dtype)
-        for i in range(r):
-            for j in range(s):
-                h0, w0 = i * dh, j * dw
-                patch = xg[:, :, :, h0:h0 + sh * (p - 1) + 1:sh, w0:w0 + sw * (q - 1) + 1:sw]
-                if cg == 1:  # depthwise (times a channel multiplier)
-                    y5 += patch * wg[None, :, :, 0, i, j, None, None]
-                else:
-                    y5 += np.einsum("ngcpq,gfc->ngfpq", patch, wg[:, :, :, i, j])
-        y = y5.reshape(n, f, p, q)
-    if bias is not None:
-        y = y + bias.reshape(1, f, 1, 1)
-    return np.ascontiguousarray(y, dtype=x.dtype)

@@ -5,34 +5,25 @@ attributes and fused epilogue. Its canonical text, e.g.
 ``matmul(M=512,N=768,K=768,dtype=float32,layout=nn,epilogue=bias+relu)``, parses back to an
 equal object; ``op_id`` is a short stable hash of that text and is the cache key for the op.
 
-Semantics per kind (row-major float32 arrays):
-
-* ``matmul``: ``C[M,N] = op(A)[M,K] @ op(B)[K,N]``. ``layout`` has two letters, one per
-  operand, ``n`` (stored as written) or ``t`` (stored transposed: A as ``[K,M]``, B as
-  ``[N,K]``).
-* ``batch_matmul``: the same with a leading batch dimension ``B`` on A, B and C.
-  ``shared=a`` or ``shared=b`` means that operand has no batch dimension and is used by every
-  batch (what ONNX MatMul broadcasting produces).
-* ``conv2d``: 2-D cross-correlation (ONNX ``Conv``) of ``X[N,C,H,W]`` with
-  ``W[F,C/groups,R,S]`` into ``Y[N,F,P,Q]`` (``layout=nchw``), with integer parameters
-  ``stride_h, stride_w`` (default 1), ``pad_t, pad_l, pad_b, pad_r`` (default 0, asymmetric
-  as ONNX ``pads`` gives them), ``dil_h, dil_w`` (default 1) and ``groups`` (default 1;
-  depthwise when ``groups == C``). ``P = (H + pad_t + pad_b - dil_h*(R-1) - 1) // stride_h + 1``
-  and likewise ``Q``.
-* ``epilogue``: applied in order to each output element: ``bias`` adds ``bias[N]`` (matmul) or
-  ``bias[F]`` (conv2d), ``add`` (conv2d) adds a residual tensor of the output's shape,
-  ``relu`` clamps at zero.
+What each kind computes (its dims, parameters, attributes, epilogue steps, argument shapes
+and FLOPs) is defined by the kind's module in :mod:`tunecache.compiler.kinds` and found
+through the registry; this module only knows the generic structure. Epilogue steps are
+applied in the kind's fixed order to each output element.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from types import MappingProxyType
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tunecache.compiler.errors import OpSignatureError
+
+if TYPE_CHECKING:
+    from tunecache.compiler.kinds import OpKind
 
 MAX_DIM = 2**31 - 1
 SUPPORTED_DTYPES = ("float32",)
@@ -48,6 +39,8 @@ class KindSpec:
     ``attrs`` the attribute choices (the first is the default when parsing text);
     ``epilogues`` the allowed epilogue steps in their fixed order; ``check`` an optional
     semantic check run after the structural one, returning problems as messages.
+    ``epilogue_chain`` makes the epilogue a chain instead: any of the allowed steps, in any
+    order, repeats allowed (the ``elementwise`` kind).
     """
 
     dims: tuple[str, ...]
@@ -55,64 +48,12 @@ class KindSpec:
     epilogues: tuple[str, ...]
     params: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     check: Callable[[OpSignature], list[str]] | None = None
+    epilogue_chain: bool = False
 
     @property
     def all_dims(self) -> tuple[str, ...]:
         """Dims then params: the names of :attr:`OpSignature.dims`, in order."""
         return self.dims + tuple(self.params)
-
-
-def _conv_window(size: int, pad_lo: int, pad_hi: int, kernel: int, dil: int,
-                 stride: int) -> tuple[int, int]:
-    """(dilated kernel extent, output size) along one spatial axis."""
-    extent = dil * (kernel - 1) + 1
-    return extent, (size + pad_lo + pad_hi - extent) // stride + 1
-
-
-def _conv2d_problems(op: OpSignature) -> list[str]:
-    d = op.dims_dict
-    found = []
-    g = d["groups"]
-    if d["C"] % g:
-        found.append(f"input channels C={d['C']} are not divisible by groups={g}")
-    if d["F"] % g:
-        found.append(f"output channels F={d['F']} are not divisible by groups={g}")
-    for axis, size, lo, hi, k, dil in (
-        ("height", d["H"], d["pad_t"], d["pad_b"], d["R"], d["dil_h"]),
-        ("width", d["W"], d["pad_l"], d["pad_r"], d["S"], d["dil_w"]),
-    ):
-        extent, _ = _conv_window(size, lo, hi, k, dil, 1)
-        if extent > size + lo + hi:
-            found.append(
-                f"kernel {axis} {k} (dilated to {extent}) is larger than the padded input "
-                f"{axis} {size}+{lo}+{hi}={size + lo + hi}"
-            )
-    return found
-
-
-KINDS: dict[str, KindSpec] = {
-    "matmul": KindSpec(
-        dims=("M", "N", "K"),
-        attrs={"layout": ("nn", "nt", "tn", "tt")},
-        epilogues=("bias", "relu"),
-    ),
-    "batch_matmul": KindSpec(
-        dims=("B", "M", "N", "K"),
-        attrs={"layout": ("nn", "nt", "tn", "tt"), "shared": ("none", "a", "b")},
-        epilogues=("bias", "relu"),
-    ),
-    "conv2d": KindSpec(
-        dims=("N", "C", "H", "W", "F", "R", "S"),
-        attrs={"layout": ("nchw",)},
-        epilogues=("bias", "add", "relu"),
-        params={
-            "stride_h": (1, 1), "stride_w": (1, 1),
-            "pad_t": (0, 0), "pad_l": (0, 0), "pad_b": (0, 0), "pad_r": (0, 0),
-            "dil_h": (1, 1), "dil_w": (1, 1), "groups": (1, 1),
-        },
-        check=_conv2d_problems,
-    ),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,13 +79,11 @@ class OpSignature:
     attrs: tuple[tuple[str, str], ...] = ()
     epilogue: tuple[str, ...] = ()
     _text: str = field(default="", init=False, repr=False, compare=False, hash=False)
+    _dims: Mapping[str, int] = field(default_factory=dict, init=False, repr=False,
+                                     compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        spec = KINDS.get(self.kind)
-        if spec is None:
-            raise OpSignatureError(
-                f"unknown op kind {self.kind!r}; supported kinds: {', '.join(KINDS)}"
-            )
+        spec = _spec(self.kind)
         names = tuple(name for name, _ in self.dims)
         if names != spec.all_dims:
             raise OpSignatureError(
@@ -159,6 +98,8 @@ class OpSignature:
                 raise OpSignatureError(
                     f"{self.kind} dim {name}={value} is out of range; expected {low}..{MAX_DIM}"
                 )
+        # Read on every estimate and feature row: built once, read-only.
+        object.__setattr__(self, "_dims", MappingProxyType(dict(self.dims)))
         if self.dtype not in SUPPORTED_DTYPES:
             raise OpSignatureError(
                 f"unsupported dtype {self.dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}"
@@ -175,7 +116,7 @@ class OpSignature:
                     f"{self.kind} {name}={choice!r} is not supported; expected one of "
                     f"{', '.join(spec.attrs[name])}"
                 )
-        _check_epilogue(self.kind, self.epilogue, spec.epilogues)
+        _check_epilogue(self.kind, self.epilogue, spec.epilogues, spec.epilogue_chain)
         if spec.check is not None:
             found = spec.check(self)
             if found:
@@ -185,84 +126,26 @@ class OpSignature:
     # -- construction -------------------------------------------------------------------
 
     @classmethod
-    def matmul(
-        cls,
-        M: int,
-        N: int,
-        K: int,
-        *,
-        trans_a: bool = False,
-        trans_b: bool = False,
-        epilogue: tuple[str, ...] | str = (),
-        dtype: str = "float32",
-    ) -> OpSignature:
-        """``C[M,N] = op(A) @ op(B)``, operands optionally stored transposed."""
-        return cls(
-            "matmul",
-            (("M", M), ("N", N), ("K", K)),
-            dtype,
-            (("layout", _layout(trans_a, trans_b)),),
-            _epilogue_tuple(epilogue),
-        )
+    def matmul(cls, M: int, N: int, K: int, **options: Any) -> OpSignature:
+        """``C[M,N] = op(A) @ op(B)`` (see :func:`tunecache.compiler.kinds.matmul.matmul_op`)."""
+        from tunecache.compiler.kinds.matmul import matmul_op
+
+        return matmul_op(M, N, K, **options)
 
     @classmethod
-    def batch_matmul(
-        cls,
-        B: int,
-        M: int,
-        N: int,
-        K: int,
-        *,
-        trans_a: bool = False,
-        trans_b: bool = False,
-        shared: str = "none",
-        epilogue: tuple[str, ...] | str = (),
-        dtype: str = "float32",
-    ) -> OpSignature:
-        """A batch of ``B`` matmuls; ``shared`` names an operand without a batch dimension."""
-        return cls(
-            "batch_matmul",
-            (("B", B), ("M", M), ("N", N), ("K", K)),
-            dtype,
-            (("layout", _layout(trans_a, trans_b)), ("shared", shared)),
-            _epilogue_tuple(epilogue),
-        )
+    def batch_matmul(cls, B: int, M: int, N: int, K: int, **options: Any) -> OpSignature:
+        """A batch of matmuls (see :func:`tunecache.compiler.kinds.batch_matmul.batch_matmul_op`)."""
+        from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+
+        return batch_matmul_op(B, M, N, K, **options)
 
     @classmethod
-    def conv2d(
-        cls,
-        N: int,
-        C: int,
-        H: int,
-        W: int,
-        F: int,
-        R: int,
-        S: int,
-        *,
-        stride: int | tuple[int, int] = 1,
-        pads: int | tuple[int, int, int, int] = 0,
-        dilation: int | tuple[int, int] = 1,
-        groups: int = 1,
-        epilogue: tuple[str, ...] | str = (),
-        dtype: str = "float32",
-    ) -> OpSignature:
-        """``Y[N,F,P,Q] = conv(X[N,C,H,W], W[F,C/groups,R,S])``.
+    def conv2d(cls, N: int, C: int, H: int, W: int, F: int, R: int, S: int,
+               **options: Any) -> OpSignature:
+        """``Y = conv(X, W)`` (see :func:`tunecache.compiler.kinds.conv2d.conv2d_op`)."""
+        from tunecache.compiler.kinds.conv2d import conv2d_op
 
-        ``stride`` and ``dilation`` are ``(h, w)`` or one int for both; ``pads`` is
-        ``(top, left, bottom, right)`` (ONNX ``pads`` order) or one int for all four.
-        """
-        sh, sw = (stride, stride) if isinstance(stride, int) else stride
-        dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
-        pt, pl, pb, pr = (pads,) * 4 if isinstance(pads, int) else pads
-        return cls(
-            "conv2d",
-            (("N", N), ("C", C), ("H", H), ("W", W), ("F", F), ("R", R), ("S", S),
-             ("stride_h", sh), ("stride_w", sw), ("pad_t", pt), ("pad_l", pl),
-             ("pad_b", pb), ("pad_r", pr), ("dil_h", dh), ("dil_w", dw), ("groups", groups)),
-            dtype,
-            (("layout", "nchw"),),
-            _epilogue_tuple(epilogue),
-        )
+        return conv2d_op(N, C, H, W, F, R, S, **options)
 
     @classmethod
     def parse(cls, text: str) -> OpSignature:
@@ -299,7 +182,7 @@ class OpSignature:
             if key == name:
                 return value
         raise KeyError(
-            f"{self.kind} has no dim {name!r}; dims: {', '.join(KINDS[self.kind].all_dims)}"
+            f"{self.kind} has no dim {name!r}; dims: {', '.join(_spec(self.kind).all_dims)}"
         )
 
     def attr(self, name: str) -> str:
@@ -310,11 +193,13 @@ class OpSignature:
         raise KeyError(f"{self.kind} has no attribute {name!r}")
 
     @property
-    def dims_dict(self) -> dict[str, int]:
-        return dict(self.dims)
+    def dims_dict(self) -> Mapping[str, int]:
+        """Dim name -> value (read-only)."""
+        return self._dims
 
     @property
     def trans_a(self) -> bool:
+        """Whether A is stored transposed (kinds with a two-letter ``layout``)."""
         return self.attr("layout")[0] == "t"
 
     @property
@@ -323,12 +208,13 @@ class OpSignature:
 
     @property
     def shared(self) -> str:
-        """Which operand is shared across the batch (``none`` for plain matmul)."""
-        return self.attr("shared") if self.kind == "batch_matmul" else "none"
+        """Which operand is shared across the batch (``none`` when the kind has no batch)."""
+        return dict(self.attrs).get("shared", "none")
 
     @property
     def batch(self) -> int:
-        return self.dim("B") if self.kind == "batch_matmul" else 1
+        """The batch dim ``B`` (1 for kinds without one)."""
+        return self.dims_dict.get("B", 1)
 
     @property
     def dtype_bytes(self) -> int:
@@ -336,24 +222,18 @@ class OpSignature:
 
     @property
     def out_h(self) -> int:
-        """conv2d output height P."""
-        d = self.dims_dict
-        return _conv_window(d["H"], d["pad_t"], d["pad_b"], d["R"], d["dil_h"], d["stride_h"])[1]
+        """Output height of a windowed op (conv2d, pooling): from H, R and its parameters."""
+        return window_output(self, "h")
 
     @property
     def out_w(self) -> int:
-        """conv2d output width Q."""
-        d = self.dims_dict
-        return _conv_window(d["W"], d["pad_l"], d["pad_r"], d["S"], d["dil_w"], d["stride_w"])[1]
+        """Output width of a windowed op: from W, S and its parameters."""
+        return window_output(self, "w")
 
     @property
     def flops(self) -> int:
         """Floating-point operations (a multiply-add counts as two; epilogues not counted)."""
-        d = self.dims_dict
-        if self.kind == "conv2d":
-            return (2 * d["N"] * d["F"] * self.out_h * self.out_w
-                    * (d["C"] // d["groups"]) * d["R"] * d["S"])
-        return 2 * self.batch * d["M"] * d["N"] * d["K"]
+        return _kind(self.kind).flops(self)
 
     @property
     def min_bytes(self) -> int:
@@ -362,35 +242,48 @@ class OpSignature:
 
     def arguments(self) -> tuple[TensorArg, ...]:
         """The kernel's array arguments in call order: inputs, then the output."""
-        d = self.dims_dict
-        if self.kind == "conv2d":
-            out_shape = (d["N"], d["F"], self.out_h, self.out_w)
-            conv = [
-                TensorArg("X", (d["N"], d["C"], d["H"], d["W"]), "input"),
-                TensorArg("W", (d["F"], d["C"] // d["groups"], d["R"], d["S"]), "input"),
-            ]
-            if "bias" in self.epilogue:
-                conv.append(TensorArg("bias", (d["F"],), "input"))
-            if "add" in self.epilogue:
-                conv.append(TensorArg("add", out_shape, "input"))
-            conv.append(TensorArg("Y", out_shape, "output"))
-            return tuple(conv)
-        M, N, K = d["M"], d["N"], d["K"]
-        a_shape: tuple[int, ...] = (K, M) if self.trans_a else (M, K)
-        b_shape: tuple[int, ...] = (N, K) if self.trans_b else (K, N)
-        c_shape: tuple[int, ...] = (M, N)
-        if self.kind == "batch_matmul":
-            B = d["B"]
-            if self.shared != "a":
-                a_shape = (B, *a_shape)
-            if self.shared != "b":
-                b_shape = (B, *b_shape)
-            c_shape = (B, M, N)
-        args = [TensorArg("A", a_shape, "input"), TensorArg("B", b_shape, "input")]
-        if "bias" in self.epilogue:
-            args.append(TensorArg("bias", (N,), "input"))
-        args.append(TensorArg("C", c_shape, "output"))
-        return tuple(args)
+        return _kind(self.kind).arguments(self)
+
+
+def window_output(op: OpSignature, axis: str) -> int:
+    """Output size along ``axis`` (``h`` or ``w``) of a 2-D windowed op with dims H/W, R/S
+    and parameters ``stride_*``, ``pad_*``, ``dil_*``, ``ceil_mode`` (missing parameters take
+    ONNX defaults)."""
+    d = op.dims_dict
+    if axis == "h":
+        size, k, lo, hi, dil, stride = (d["H"], d["R"], d.get("pad_t", 0), d.get("pad_b", 0),
+                                        d.get("dil_h", 1), d.get("stride_h", 1))
+    else:
+        size, k, lo, hi, dil, stride = (d["W"], d["S"], d.get("pad_l", 0), d.get("pad_r", 0),
+                                        d.get("dil_w", 1), d.get("stride_w", 1))
+    return conv_window(size, lo, hi, k, dil, stride, ceil=bool(d.get("ceil_mode", 0)))[1]
+
+
+def conv_window(size: int, pad_lo: int, pad_hi: int, kernel: int, dil: int,
+                stride: int, ceil: bool = False) -> tuple[int, int]:
+    """(dilated kernel extent, output size) along one spatial axis.
+
+    ``ceil`` is ONNX pooling's ``ceil_mode``: the output size rounds up, except that a last
+    window starting past the input (in the end padding or beyond) is dropped.
+    """
+    extent = dil * (kernel - 1) + 1
+    span = size + pad_lo + pad_hi - extent
+    if not ceil:
+        return extent, span // stride + 1
+    out = -(-span // stride) + 1
+    if (out - 1) * stride >= size + pad_lo:
+        out -= 1
+    return extent, out
+
+
+def _kind(name: str) -> OpKind:
+    from tunecache.compiler.kinds import op_kind
+
+    return op_kind(name)
+
+
+def _spec(name: str) -> KindSpec:
+    return _kind(name).spec
 
 
 def _prod(shape: tuple[int, ...]) -> int:
@@ -410,9 +303,18 @@ def _epilogue_tuple(epilogue: tuple[str, ...] | str) -> tuple[str, ...]:
     return tuple(epilogue)
 
 
-def _check_epilogue(kind: str, epilogue: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+def _check_epilogue(kind: str, epilogue: tuple[str, ...], allowed: tuple[str, ...],
+                    chain: bool = False) -> None:
     # Epilogues are applied in a fixed order (the order of `allowed`); requiring that order in
-    # the signature keeps one canonical text per computation.
+    # the signature keeps one canonical text per computation. A chain is its own order.
+    if chain:
+        unknown = [step for step in epilogue if step not in allowed]
+        if unknown:
+            raise OpSignatureError(
+                f"{kind} epilogue step {unknown[0]!r} is not supported; expected a '+'-joined "
+                f"chain of {', '.join(allowed)} (any order, repeats allowed) or none"
+            )
+        return
     position = -1
     for step in epilogue:
         if step not in allowed:
@@ -444,12 +346,10 @@ def parse_op(text: str) -> OpSignature:
             "matmul(M=512,N=768,K=768,layout=nn,epilogue=bias+relu)"
         )
     kind, body = match.group(1), match.group(2)
-    spec = KINDS.get(kind)
-    if spec is None:
-        raise OpSignatureError(
-            f"cannot parse op {text!r}: unknown kind {kind!r}; supported kinds: "
-            f"{', '.join(KINDS)}"
-        )
+    try:
+        spec = _spec(kind)
+    except OpSignatureError as exc:
+        raise OpSignatureError(f"cannot parse op {text!r}: {exc}") from None
     values: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in body.split(","))):
         item_match = _ITEM_RE.match(item)

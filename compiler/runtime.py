@@ -13,10 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from tunecache.compiler.build import Artifact, build
+from tunecache.compiler.backends import backend_for
+from tunecache.compiler.build import Artifact
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
 
@@ -190,12 +192,17 @@ def load_kernel(op: OpSignature, artifact: Artifact | Path) -> Kernel:
 def compile_kernel(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Kernel:
     """Validate, generate, build (through the artifact cache) and load in one step."""
     source: KernelSource = generate(op, schedule, hw)
-    return load_kernel(op, build(source))
+    backend = backend_for(hw)
+    return backend.load(op, backend.build(source))
 
 
 def random_inputs(op: OpSignature, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """Standard-normal float32 inputs of the right shapes (deterministic for a seed)."""
+    """Float32 inputs of the right shapes, deterministic for a seed: standard normal, unless
+    the kind draws its own (``OpKind.random_inputs``)."""
     rng = np.random.default_rng(seed)
+    draw = op_kind(op.kind).random_inputs
+    if draw is not None:
+        return draw(op, rng)
     return tuple(
         rng.standard_normal(arg.shape, dtype=np.float32)
         for arg in op.arguments() if arg.role == "input"
@@ -203,52 +210,9 @@ def random_inputs(op: OpSignature, seed: int = 0) -> tuple[np.ndarray, ...]:
 
 
 def reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
-    """The op computed by numpy in float64: the ground truth kernels are checked against."""
-    if op.kind == "conv2d":
-        return _conv2d_reference(op, inputs)
-    a, b = (x.astype(np.float64) for x in inputs[:2])
-    if op.trans_a:
-        a = np.swapaxes(a, -1, -2)
-    if op.trans_b:
-        b = np.swapaxes(b, -1, -2)
-    c = np.matmul(a, b)
-    rest = list(inputs[2:])
-    for step in op.epilogue:
-        if step == "bias":
-            c = c + rest.pop(0).astype(np.float64)
-        elif step == "relu":
-            c = np.maximum(c, 0.0)
-    return c
-
-
-def _conv2d_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
-    """Grouped conv2d as im2col + einsum in float64, then the epilogue in order."""
-    d = op.dims_dict
-    x = inputs[0].astype(np.float64)
-    w = inputs[1].astype(np.float64)
-    n, c, g = d["N"], d["C"], d["groups"]
-    sh, sw, dh, dw = d["stride_h"], d["stride_w"], d["dil_h"], d["dil_w"]
-    p, q = op.out_h, op.out_w
-    xp = np.pad(x, ((0, 0), (0, 0), (d["pad_t"], d["pad_b"]), (d["pad_l"], d["pad_r"])))
-    # cols[n, c, r, s, p, q] = xp[n, c, p*sh + r*dh, q*sw + s*dw]
-    cols = np.empty((n, c, d["R"], d["S"], p, q))
-    for r in range(d["R"]):
-        for s in range(d["S"]):
-            h0, w0 = r * dh, s * dw
-            cols[:, :, r, s] = xp[:, :, h0:h0 + sh * (p - 1) + 1:sh, w0:w0 + sw * (q - 1) + 1:sw]
-    cg, fg = c // g, d["F"] // g
-    cols = cols.reshape(n, g, cg, d["R"], d["S"], p, q)
-    wg = w.reshape(g, fg, cg, d["R"], d["S"])
-    y = np.einsum("ngcrspq,gfcrs->ngfpq", cols, wg, optimize=True).reshape(n, d["F"], p, q)
-    rest = list(inputs[2:])
-    for step in op.epilogue:
-        if step == "bias":
-            y = y + rest.pop(0).astype(np.float64)[None, :, None, None]
-        elif step == "add":
-            y = y + rest.pop(0).astype(np.float64)
-        elif step == "relu":
-            y = np.maximum(y, 0.0)
-    return y
+    """The op computed by numpy in float64 (its kind's reference): the ground truth kernels
+    are checked against."""
+    return op_kind(op.kind).reference(op, tuple(x.astype(np.float64) for x in inputs))
 
 
 def tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, float]:
@@ -257,12 +221,12 @@ def tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, f
     The absolute part grows with the reduction length: float32 rounding error of a K-term
     dot product is bounded by about K·eps·Σ|a·b|.
     """
-    if op.kind == "conv2d":
-        d = op.dims_dict
-        k = d["C"] // d["groups"] * d["R"] * d["S"]
-    else:
-        k = op.dim("K")
-    scale = float(np.abs(inputs[0]).max()) * float(np.abs(inputs[1]).max())
+    kind = op_kind(op.kind)
+    if kind.tolerance is not None:
+        return kind.tolerance(op, inputs)
+    k = kind.reduction_length(op)
+    scale = float(np.abs(inputs[0]).max()) * float(np.abs(inputs[1]).max()) if len(inputs) > 1 \
+        else float(np.abs(inputs[0]).max()) ** 2
     return 1e-4, 1e-6 * k * scale + 1e-6
 
 

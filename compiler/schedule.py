@@ -1,89 +1,51 @@
 """Schedules: the knobs of a kernel, as plain data validated against (op, hardware).
 
 A schedule never carries code. It is a frozen dataclass of named integers and enumerations
-with a canonical JSON form and a stable ``schedule_id``; :func:`validate` checks it against
-the legal space of its operator and hardware **before** any code is generated, and raises a
-:class:`ScheduleError` listing every problem.
-
-Matmul knobs (also used by ``batch_matmul``), following the BLIS five-loop structure:
-
-* ``mr`` x ``nr``: the register micro-tile of C; ``nr`` is a multiple of the vector lanes and
-  ``mr*nr/lanes + nr/lanes + 1`` vector registers must fit the register file.
-* ``kc``, ``mc``, ``nc``: cache blocks of K, M and N (``mc`` a multiple of ``mr``, ``nc`` of
-  ``nr``); a block larger than its dimension simply covers it.
-* ``pack_a``, ``pack_b``: copy A / B blocks into aligned, zero-padded panels (1) or read
-  them in place (0; B in place needs B stored untransposed). Edge panels are always packed.
-* ``loop_order``: ``jpi`` (BLIS: B block outermost, shared), ``ipj`` (A block outermost), or
-  ``dot`` for ``C = A·Bᵀ`` (layout ``nt``): dot products along K with ``mr`` rows of A times
-  ``nr/lanes`` rows of B in registers, nothing packed (``pack_a=pack_b=0``; ``kc``/``mc``
-  unused, ``nc`` rows of B per cache block) — matrix-vector products' path.
-* ``unroll``: unroll factor of the micro-kernel's k loop.
-* ``threads`` and ``parallel``: OpenMP threads and the loop they split: ``m`` (row blocks),
-  ``n`` (column micro-panels) or ``batch``.
-
-Conv2d knobs (:class:`Conv2dSchedule`, family ``conv2d``; see docs/CONV2D.md):
-
-* ``algorithm``: ``direct`` (blocked direct convolution over an NCHW[x]c copy of the input,
-  output channels in vector lanes; depthwise convolutions vectorise over channels instead)
-  or ``gemm`` (implicit GEMM: weights are the A operand, the im2col matrix is built panel by
-  panel at pack time, output pixels in vector lanes, NCHW output written directly).
-* ``oc_block``: output channels per register tile — a multiple of the lanes for ``direct``,
-  the broadcast rows (like matmul ``mr``) for ``gemm``.
-* ``ow_block``: output pixels per register tile — columns of one output row for ``direct``,
-  a multiple of the lanes of flattened output pixels for ``gemm``.
-* ``oh_block``: output rows per register tile (``direct``; 1 for ``gemm``).
-* ``ic_block``: input channels per block — the channel block of the NCHW[x]c layout for
-  ``direct``; the reduction (cache) block, ``ic_block*R*S`` rows of the im2col panel, for
-  ``gemm``. A block larger than the group's channels simply covers them.
-* ``loop_order``: ``fp`` (output-channel blocks outer: a weight block stays hot across
-  pixels) or ``pf`` (output rows outer: input rows stay hot across channel blocks).
-* ``unroll_kw``: fully unroll the kernel-width loop (``direct`` only).
-* ``pack_w``: repack the weights into ``oc_block``-row panels each call (1), or read full
-  panels in place from ``W[F, C/groups*R*S]`` (0, ``gemm``; pays off when there are few
-  pixel panels, e.g. 7x7 feature maps, where repacking costs as much as the convolution).
-  ``direct`` with ``pack_w=0`` is the *plane* kernel for depthwise convolutions: no NCHW[x]c
-  copy; each channel's zero-padded input plane (split into stride phases) sits in a small
-  per-thread buffer and output columns fill the vector lanes — ``ow_block`` is then a
-  multiple of the lanes, ``oh_block`` rows make the register tile, ``oc_block`` is ignored
-  and threads split channels (``parallel="oc"``).
-* ``threads`` and ``parallel``: OpenMP threads and what they split: ``oc`` (output-channel
-  blocks) or ``pixel`` (output rows for ``direct``, pixel panels for ``gemm``).
+(one class per *family*, defined by the op kind that owns it, e.g.
+:class:`tunecache.compiler.kinds.matmul.MatmulSchedule`) with a canonical JSON form and a
+stable ``schedule_id``; :func:`validate` checks it against the legal space of its operator
+and hardware **before** any code is generated, and raises a :class:`ScheduleError` listing
+every problem. Every family has a ``threads`` knob. The knobs of each family are documented
+in its kind's module.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, fields
 from typing import Any, ClassVar, TypeVar, cast
 
-from tunecache.compiler.errors import ScheduleError
+from tunecache.compiler.errors import ScheduleError, TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 
-# Hard limits that keep generated code and buffers sane, independent of hardware.
+# Hard limits that keep generated code and buffers sane, independent of hardware and kind.
 MAX_MR = 32
 MAX_NR_VECTORS = 8
-MAX_KC = 8192
 MAX_BLOCK = 1 << 16
 MAX_PACKED_BYTES = 256 << 20
-UNROLLS = (1, 2, 4, 8)
-LOOP_ORDERS = ("jpi", "ipj", "dot")
-PARALLEL_AXES = ("m", "n", "batch")
 MAX_THREADS = 256
 
 
-_S = TypeVar("_S", bound="_ScheduleData")
+_S = TypeVar("_S", bound="ScheduleData")
 
 
-class _ScheduleData:
+class ScheduleData:
     """What every schedule family shares: canonical JSON, a stable id, ``replace``.
 
-    Mixed into frozen, slotted dataclasses; a schedule is data and nothing else.
+    Mixed into frozen, slotted dataclasses; a schedule is data and nothing else. Every
+    family has a ``threads`` knob (the OpenMP threads its kernel uses).
     """
 
     __slots__ = ()
     family: ClassVar[str]
+    threads: int
+
+    def knobs(self) -> dict[str, Any]:
+        """Knob name -> value (the JSON form without ``family``)."""
+        return asdict(cast(Any, self))
 
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, **asdict(cast(Any, self))}
@@ -106,90 +68,46 @@ class _ScheduleData:
         return type(self)(**data)
 
 
-@dataclass(frozen=True, slots=True)
-class MatmulSchedule(_ScheduleData):
-    """Knobs of a BLIS-style matmul / batch_matmul kernel (see the module docstring)."""
-
-    family: ClassVar[str] = "matmul"
-
-    mr: int
-    nr: int
-    kc: int
-    mc: int
-    nc: int
-    pack_a: int = 1
-    pack_b: int = 1
-    loop_order: str = "jpi"
-    unroll: int = 1
-    threads: int = 1
-    parallel: str = "m"
-
-    def __str__(self) -> str:
-        return (
-            f"mr{self.mr}xnr{self.nr} kc{self.kc} mc{self.mc} nc{self.nc} "
-            f"pack{self.pack_a}{self.pack_b} {self.loop_order} u{self.unroll} "
-            f"t{self.threads}{self.parallel}"
-        )
+Schedule = ScheduleData
+"""Any schedule (the type generic code names)."""
 
 
-CONV_ALGORITHMS = ("direct", "gemm")
-CONV_LOOP_ORDERS = ("fp", "pf")
-CONV_PARALLEL_AXES = ("oc", "pixel")
-MAX_OW_BLOCK = 32
-MAX_OH_BLOCK = 8
-MAX_IC_BLOCK = 1024
+def _classes() -> dict[str, type[ScheduleData]]:
+    from tunecache.compiler.kinds import schedule_classes
+
+    return schedule_classes()
 
 
-@dataclass(frozen=True, slots=True)
-class Conv2dSchedule(_ScheduleData):
-    """Knobs of a conv2d kernel (see the module docstring and docs/CONV2D.md)."""
-
-    family: ClassVar[str] = "conv2d"
-
-    oc_block: int
-    ow_block: int
-    ic_block: int
-    oh_block: int = 1
-    algorithm: str = "direct"
-    loop_order: str = "fp"
-    unroll_kw: int = 0
-    pack_w: int = 1
-    threads: int = 1
-    parallel: str = "oc"
-
-    def __str__(self) -> str:
-        return (
-            f"{self.algorithm} oc{self.oc_block} ow{self.ow_block}xoh{self.oh_block} "
-            f"ic{self.ic_block} {self.loop_order} kw{self.unroll_kw} pw{self.pack_w} "
-            f"t{self.threads}{self.parallel}"
-        )
+def knob_types(cls: type[ScheduleData]) -> dict[str, type]:
+    """Knob name -> ``int`` or ``str`` for a schedule class, in field order."""
+    return {f.name: str if f.type in ("str", str) else int for f in fields(cast(Any, cls))}
 
 
-Schedule = MatmulSchedule | Conv2dSchedule
-FAMILY_OF_KIND = {"matmul": "matmul", "batch_matmul": "matmul", "conv2d": "conv2d"}
-_CLASSES: dict[str, type[MatmulSchedule] | type[Conv2dSchedule]] = {
-    "matmul": MatmulSchedule, "conv2d": Conv2dSchedule,
-}
+def schedule_from_dict(data: dict[str, Any], kind: str | None = None) -> Schedule:
+    """Build a schedule from its dict form, checking names and types (not legality).
 
-
-def schedule_from_dict(data: dict[str, Any]) -> Schedule:
-    """Build a schedule from its dict form, checking names and types (not legality)."""
+    ``family`` may be left out when ``kind`` names the op kind the schedule is for.
+    """
     if not isinstance(data, dict):
         raise ScheduleError(f"a schedule must be a JSON object, got {type(data).__name__}")
     data = dict(data)
-    family = data.pop("family", "matmul")
-    cls = _CLASSES.get(family)
+    classes = _classes()
+    family = data.pop("family", None)
+    if family is None:
+        # Before families existed every stored schedule was of the first builtin family.
+        family = _family_of_kind(kind) if kind is not None else next(iter(classes))
+    cls = classes.get(family) if isinstance(family, str) else None
     if cls is None:
         raise ScheduleError(
-            f"unknown schedule family {family!r}; expected one of {', '.join(_CLASSES)}"
+            f"unknown schedule family {family!r}; expected one of {', '.join(classes)}"
         )
-    specs = {f.name: f for f in fields(cls)}
+    specs = {f.name: f for f in fields(cast(Any, cls))}
     unknown = sorted(set(data) - set(specs))
     if unknown:
         raise ScheduleError(
             f"unknown {family} knob(s) {', '.join(unknown)}; knobs: {', '.join(specs)}"
         )
-    missing = [name for name, f in specs.items() if name not in data and f.default is _MISSING]
+    missing = [name for name, f in specs.items() if name not in data and f.default is MISSING]
     if missing:
         raise ScheduleError(f"{family} schedule is missing knob(s) {', '.join(missing)}")
     for name, value in data.items():
@@ -201,226 +119,30 @@ def schedule_from_dict(data: dict[str, Any]) -> Schedule:
     return cls(**data)
 
 
-def schedule_from_json(text: str) -> Schedule:
+def schedule_from_json(text: str, kind: str | None = None) -> Schedule:
     """Parse a schedule's JSON text (as stored or given on the command line)."""
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as exc:
+    except (json.JSONDecodeError, TypeError, RecursionError) as exc:
         raise ScheduleError(f"schedule is not valid JSON: {exc}") from None
-    return schedule_from_dict(data)
+    return schedule_from_dict(data, kind)
 
 
-_MISSING = fields(MatmulSchedule)[0].default  # dataclasses.MISSING, without a private import
+def _family_of_kind(kind: str) -> str | None:
+    from tunecache.compiler.kinds import op_kind
 
-
-def matmul_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> list[str]:
-    """Every reason ``s`` is illegal for ``op`` on ``hw`` (empty when legal)."""
-    problems: list[str] = []
-    lanes = hw.lanes
-    if not 1 <= s.mr <= MAX_MR:
-        problems.append(f"mr={s.mr} out of range 1..{MAX_MR}")
-    if s.nr < 1 or s.nr % lanes:
-        problems.append(f"nr={s.nr} must be a positive multiple of {lanes} ({hw.isa} lanes)")
-    elif s.nr // lanes > MAX_NR_VECTORS:
-        problems.append(f"nr={s.nr} exceeds {MAX_NR_VECTORS} vectors of {lanes} lanes")
-    elif 1 <= s.mr <= MAX_MR:
-        nv = s.nr // lanes
-        needed = s.mr * nv + nv + 1
-        if needed > hw.vector_registers:
-            problems.append(
-                f"micro-tile {s.mr}x{s.nr} needs {needed} vector registers "
-                f"({s.mr * nv} accumulators + {nv} B vectors + 1 broadcast); {hw.isa} has "
-                f"{hw.vector_registers}"
-            )
-    if not 1 <= s.kc <= MAX_KC:
-        problems.append(f"kc={s.kc} out of range 1..{MAX_KC}")
-    if s.mc < 1 or s.mc > MAX_BLOCK or (s.mr >= 1 and s.mc % s.mr):
-        problems.append(f"mc={s.mc} must be a multiple of mr={s.mr} in 1..{MAX_BLOCK}")
-    if s.nc < 1 or s.nc > MAX_BLOCK or (s.nr >= 1 and s.nc % s.nr):
-        problems.append(f"nc={s.nc} must be a multiple of nr={s.nr} in 1..{MAX_BLOCK}")
-    if s.pack_a not in (0, 1) or s.pack_b not in (0, 1):
-        problems.append(f"pack_a={s.pack_a}, pack_b={s.pack_b}: each must be 0 or 1")
-    if s.loop_order == "dot":
-        if op.attr("layout") != "nt":
-            problems.append("loop_order=dot needs layout nt (A untransposed, B transposed); "
-                            f"this op has layout {op.attr('layout')}")
-        if s.pack_a or s.pack_b:
-            problems.append("loop_order=dot reads A and B in place: use pack_a=0, pack_b=0")
-    elif s.pack_b == 0 and op.trans_b:
-        problems.append("pack_b=0 needs B stored untransposed (layout ?n); this op has B transposed")
-    if s.loop_order not in LOOP_ORDERS:
-        problems.append(f"loop_order={s.loop_order!r}; expected one of {', '.join(LOOP_ORDERS)}")
-    if s.unroll not in UNROLLS:
-        problems.append(f"unroll={s.unroll}; expected one of {', '.join(map(str, UNROLLS))}")
-    if not 1 <= s.threads <= min(hw.cores, MAX_THREADS):
-        problems.append(f"threads={s.threads} out of range 1..{min(hw.cores, MAX_THREADS)} "
-                        f"({hw.cores} cores)")
-    if s.parallel not in PARALLEL_AXES:
-        problems.append(
-            f"parallel={s.parallel!r}; expected one of {', '.join(PARALLEL_AXES)}"
-        )
-    elif s.parallel == "batch" and op.kind != "batch_matmul":
-        problems.append("parallel=batch needs a batch_matmul op")
-    if not problems:
-        packed = 4 * (s.kc * s.nc + s.mc * s.kc * s.threads)
-        if packed > MAX_PACKED_BYTES:
-            problems.append(
-                f"packed buffers would take {packed >> 20} MiB (> {MAX_PACKED_BYTES >> 20} MiB)"
-            )
-    return problems
+    try:
+        return op_kind(kind).schedule.family
+    except TunecacheError:
+        return None
 
 
 def problems(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> list[str]:
     """Every reason ``schedule`` is illegal for ``op`` on ``hw`` (empty when legal)."""
-    family = FAMILY_OF_KIND.get(op.kind)
-    if family is None:
-        return [f"no schedule space for op kind {op.kind!r}"]
-    if schedule.family != family:
+    kind = op_kind(op.kind)
+    if type(schedule) is not kind.schedule:
         return [f"a {schedule.family} schedule cannot drive a {op.kind} op"]
-    if isinstance(schedule, Conv2dSchedule):
-        return conv2d_problems(op, schedule, hw)
-    return matmul_problems(op, schedule, hw)
-
-
-def is_depthwise(op: OpSignature) -> bool:
-    """One input and one output channel per group (MobileNet's depthwise convolutions)."""
-    d = op.dims_dict
-    return d["C"] == d["groups"] and d["F"] == d["groups"]
-
-
-def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
-    """Every reason ``s`` is illegal for the conv2d ``op`` on ``hw`` (empty when legal)."""
-    found: list[str] = []
-    lanes = hw.lanes
-    direct = s.algorithm == "direct"
-    if s.algorithm not in CONV_ALGORITHMS:
-        found.append(f"algorithm={s.algorithm!r}; expected one of {', '.join(CONV_ALGORITHMS)}")
-        return found
-    if direct and s.pack_w == 0 and is_depthwise(op):
-        return _plane_problems(op, s, hw)
-    # The vector dimension is output channels for direct, output pixels for gemm.
-    vec_knob, vec_value = ("oc_block", s.oc_block) if direct else ("ow_block", s.ow_block)
-    bcast_knob, bcast_value, bcast_max = (
-        ("ow_block", s.ow_block, MAX_OW_BLOCK) if direct else ("oc_block", s.oc_block, MAX_MR)
-    )
-    nv = 0
-    if vec_value < 1 or vec_value % lanes:
-        found.append(f"{vec_knob}={vec_value} must be a positive multiple of {lanes} "
-                     f"({hw.isa} lanes) for algorithm={s.algorithm}")
-    elif vec_value // lanes > MAX_NR_VECTORS:
-        found.append(f"{vec_knob}={vec_value} exceeds {MAX_NR_VECTORS} vectors of {lanes} lanes")
-    else:
-        nv = vec_value // lanes
-    if not 1 <= bcast_value <= bcast_max:
-        found.append(f"{bcast_knob}={bcast_value} out of range 1..{bcast_max}")
-    if not 1 <= s.oh_block <= MAX_OH_BLOCK:
-        found.append(f"oh_block={s.oh_block} out of range 1..{MAX_OH_BLOCK}")
-    elif not direct and s.oh_block != 1:
-        found.append("oh_block must be 1 for algorithm=gemm (its tiles are flattened pixels)")
-    if nv and 1 <= bcast_value <= bcast_max and 1 <= s.oh_block <= MAX_OH_BLOCK:
-        rows = bcast_value * (s.oh_block if direct else 1)
-        needed = rows * nv + nv + 1
-        if needed > hw.vector_registers:
-            found.append(
-                f"register tile needs {needed} vector registers ({rows * nv} accumulators + "
-                f"{nv} loaded vectors + 1 broadcast); {hw.isa} has {hw.vector_registers}"
-            )
-    if not 1 <= s.ic_block <= MAX_IC_BLOCK:
-        found.append(f"ic_block={s.ic_block} out of range 1..{MAX_IC_BLOCK}")
-    if s.loop_order not in CONV_LOOP_ORDERS:
-        found.append(f"loop_order={s.loop_order!r}; expected one of {', '.join(CONV_LOOP_ORDERS)}")
-    if s.pack_w not in (0, 1):
-        found.append(f"pack_w={s.pack_w} must be 0 or 1")
-    elif direct and not s.pack_w:
-        found.append("pack_w=0 with algorithm=direct is the plane kernel of depthwise "
-                     "convolutions only (other direct convolutions need blocked weights)")
-    if s.unroll_kw not in (0, 1):
-        found.append(f"unroll_kw={s.unroll_kw} must be 0 or 1")
-    elif not direct and s.unroll_kw:
-        found.append("unroll_kw applies to algorithm=direct only; use 0 for gemm")
-    if not 1 <= s.threads <= min(hw.cores, MAX_THREADS):
-        found.append(f"threads={s.threads} out of range 1..{min(hw.cores, MAX_THREADS)} "
-                     f"({hw.cores} cores)")
-    if s.parallel not in CONV_PARALLEL_AXES:
-        found.append(f"parallel={s.parallel!r}; expected one of {', '.join(CONV_PARALLEL_AXES)}")
-    if not direct and is_depthwise(op):
-        found.append("algorithm=gemm does not apply to depthwise convolutions (one channel "
-                     "per group leaves nothing to multiply as a matrix); use direct")
-    if not found:
-        d = op.dims_dict
-        cg = d["C"] // d["groups"]
-        icb = min(s.ic_block, cg)
-        if direct:
-            channels = d["C"] if is_depthwise(op) else d["groups"] * -(-cg // icb) * icb
-            padded = (d["N"] * channels * (d["H"] + d["pad_t"] + d["pad_b"])
-                      * (d["W"] + d["pad_l"] + d["pad_r"]))
-        else:
-            padded = s.threads * icb * d["R"] * d["S"] * s.ow_block
-        weights = d["F"] * (-(-cg // icb) * icb) * d["R"] * d["S"] * 2
-        if 4 * (padded + weights) > MAX_PACKED_BYTES:
-            found.append(
-                f"packed buffers would take {4 * (padded + weights) >> 20} MiB "
-                f"(> {MAX_PACKED_BYTES >> 20} MiB)"
-            )
-    return found
-
-
-def plane_buffer_floats(op: OpSignature, s: Conv2dSchedule) -> tuple[int, int, int]:
-    """(rows, row width, floats) of one thread's plane buffer for the depthwise plane kernel:
-    the zero-padded input plane split into ``stride_w`` column phases, with slack rows and
-    columns so a tile never reads outside it."""
-    d = op.dims_dict
-    sh, sw = d["stride_h"], d["stride_w"]
-    tiles_h = -(-op.out_h // s.oh_block)
-    rows = max(d["H"] + d["pad_t"] + d["pad_b"],
-               (tiles_h * s.oh_block - 1) * sh + (d["R"] - 1) * d["dil_h"] + 1)
-    tiles_w = -(-op.out_w // s.ow_block)
-    width = max(-(-(d["W"] + d["pad_l"] + d["pad_r"]) // sw),
-                tiles_w * s.ow_block + ((d["S"] - 1) * d["dil_w"]) // sw)
-    width = -(-width // 16) * 16
-    return rows, width, sw * rows * width
-
-
-def _plane_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
-    """Legality of the depthwise plane kernel (``direct`` with ``pack_w=0``)."""
-    found: list[str] = []
-    lanes = hw.lanes
-    what = "the depthwise plane kernel (direct, pack_w=0)"
-    nv = 0
-    if s.ow_block < 1 or s.ow_block % lanes:
-        found.append(f"ow_block={s.ow_block} must be a positive multiple of {lanes} "
-                     f"({hw.isa} lanes) for {what}")
-    elif s.ow_block // lanes > MAX_NR_VECTORS:
-        found.append(f"ow_block={s.ow_block} exceeds {MAX_NR_VECTORS} vectors of {lanes} lanes")
-    else:
-        nv = s.ow_block // lanes
-    if not 1 <= s.oh_block <= MAX_OH_BLOCK:
-        found.append(f"oh_block={s.oh_block} out of range 1..{MAX_OH_BLOCK}")
-    elif nv and s.oh_block * nv + 2 > hw.vector_registers:
-        found.append(f"register tile needs {s.oh_block * nv + 2} vector registers "
-                     f"({s.oh_block * nv} accumulators + 1 loaded + 1 weight); {hw.isa} has "
-                     f"{hw.vector_registers}")
-    if not 1 <= s.oc_block <= MAX_BLOCK:
-        found.append(f"oc_block={s.oc_block} out of range 1..{MAX_BLOCK}")
-    if not 1 <= s.ic_block <= MAX_IC_BLOCK:
-        found.append(f"ic_block={s.ic_block} out of range 1..{MAX_IC_BLOCK}")
-    if s.loop_order not in CONV_LOOP_ORDERS:
-        found.append(f"loop_order={s.loop_order!r}; expected one of {', '.join(CONV_LOOP_ORDERS)}")
-    if s.unroll_kw not in (0, 1):
-        found.append(f"unroll_kw={s.unroll_kw} must be 0 or 1")
-    if not 1 <= s.threads <= min(hw.cores, MAX_THREADS):
-        found.append(f"threads={s.threads} out of range 1..{min(hw.cores, MAX_THREADS)} "
-                     f"({hw.cores} cores)")
-    if s.parallel not in CONV_PARALLEL_AXES:
-        found.append(f"parallel={s.parallel!r}; expected one of {', '.join(CONV_PARALLEL_AXES)}")
-    elif s.threads > 1 and s.parallel != "oc":
-        found.append(f"{what} splits channels over threads: use parallel='oc'")
-    if not found:
-        floats = s.threads * plane_buffer_floats(op, s)[2]
-        if 4 * floats > MAX_PACKED_BYTES:
-            found.append(f"plane buffers would take {4 * floats >> 20} MiB "
-                         f"(> {MAX_PACKED_BYTES >> 20} MiB)")
-    return found
+    return kind.problems(op, schedule, hw)
 
 
 def validate(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Schedule:
@@ -431,72 +153,16 @@ def validate(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Schedule:
     return schedule
 
 
-def _largest_divisor(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
-
-
-def default_conv2d_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1,
-                            algorithm: str = "direct") -> Conv2dSchedule:
-    """A reasonable hand-picked conv2d schedule (LIBXSMM/TVM-style fallbacks).
-
-    ``direct``: one or two vectors of output channels, as many output columns as the
-    register file allows (a divisor of the output width when one is close), ``ic_block`` the
-    largest divisor of the group's channels up to 64. ``gemm``: a 6-row x 2-vector tile.
-    """
-    d = op.dims_dict
-    lanes, regs = hw.lanes, hw.vector_registers
-    cg, fg = d["C"] // d["groups"], d["F"] // d["groups"]
-    q = op.out_w
-    ic_block = _largest_divisor(cg, 64)
-    parallel = "oc"
-    if algorithm == "gemm":
-        mr = 6 if regs <= 16 else 12
-        nv = 2
-        mr = max(1, min(mr, (regs - nv - 1) // nv, fg))
-        if threads > 1 and fg < mr * threads * 2:
-            parallel = "pixel"
-        return Conv2dSchedule(oc_block=mr, ow_block=nv * lanes, ic_block=min(cg, 128),
-                              algorithm="gemm", threads=threads, parallel=parallel)
-    width = fg if not is_depthwise(op) else d["C"]
-    nv = 2 if width >= 2 * lanes and regs > 16 else 1
-    max_ow = min(MAX_OW_BLOCK, (regs - nv - 1) // nv, 28)
-    ow = min(q, max_ow)
-    if q > max_ow:
-        # Prefer a divisor of Q near the maximum, so no narrow tail tile is needed.
-        div = _largest_divisor(q, max_ow)
-        if div * 2 > max_ow:
-            ow = div
-    oh = 1
-    if q <= max_ow // 2 and op.out_h > 1:
-        oh = max(1, min(MAX_OH_BLOCK, max_ow // ow, op.out_h))
-    blocks = -(-width // (nv * lanes)) * (d["groups"] if not is_depthwise(op) else 1)
-    if threads > 1 and blocks < 2 * threads:
-        parallel = "pixel"
-    return Conv2dSchedule(oc_block=nv * lanes, ow_block=ow, oh_block=oh,
-                          ic_block=1 if is_depthwise(op) else ic_block,
-                          threads=threads, parallel=parallel)
 
 
 def default_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> Schedule:
-    """A reasonable hand-picked schedule (BLIS-style blocking) for quick benchmarks.
+    """A reasonable hand-picked schedule for ``op`` (its kind's default), for quick
+    benchmarks and untuned builds; the analytical tiler proposes better ones."""
+    return op_kind(op.kind).default_schedule(op, hw, threads)
 
-    The analytical tiler proposes better ones; this exists so that a kernel can be built
-    without any tuning.
-    """
-    if op.kind == "conv2d":
-        return default_conv2d_schedule(op, hw, threads)
-    lanes = hw.lanes
-    if hw.isa == "avx512":
-        mr, nr = 14, 2 * lanes
-    elif hw.isa == "avx2":
-        mr, nr = 6, 2 * lanes
-    else:
-        mr, nr = 6, 2 * lanes
-    kc = 384 if hw.isa == "avx512" else 256
-    mc = max(mr, (hw.l2_bytes // 2) // (kc * 4) // mr * mr)
-    l3_share = hw.l3_bytes // max(1, hw.l3_shared_by) * max(1, min(threads, hw.l3_shared_by))
-    nc = max(nr, min(4096, l3_share // 2 // (kc * 4)) // nr * nr)
-    parallel = "batch" if op.kind == "batch_matmul" and op.batch >= threads else "m"
-    if parallel == "m" and threads > 1 and op.dim("M") < mc * threads:
-        parallel = "n"
-    return MatmulSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, threads=threads, parallel=parallel)
+
+def threads_problem(threads: int, hw: HardwareSpec) -> list[str]:
+    """The ``threads`` knob's legality, shared by every family."""
+    top = min(hw.cores, MAX_THREADS)
+    return [] if 1 <= threads <= top else [f"threads={threads} out of range 1..{top} "
+                                           f"({hw.cores} cores)"]

@@ -13,9 +13,10 @@ from kernel_support import bound_weights_problem
 from tunecache.compiler.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
-from tunecache.compiler.schedule import MatmulSchedule, problems
+from tunecache.compiler.schedule import problems
 
 HW = local_spec()
 ISAS = runnable_isas(HW)

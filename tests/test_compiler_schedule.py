@@ -5,14 +5,9 @@ import json
 import pytest
 
 from tunecache.compiler.errors import ScheduleError
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import (
-    MatmulSchedule,
-    default_schedule,
-    problems,
-    schedule_from_json,
-    validate,
-)
+from tunecache.compiler.schedule import default_schedule, problems, schedule_from_json, validate
 
 OP = OpSignature.matmul(256, 256, 256)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import Conv2dSchedule, default_conv2d_schedule
 from tunecache.datasets.records import Record, records_to_table
 
 OP = "conv2d(N=1,C=16,H=10,W=12,F=24,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,epilogue=bias+relu)"

@@ -9,16 +9,10 @@ import pytest
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import ScheduleError
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import (
-    Conv2dSchedule,
-    MatmulSchedule,
-    default_conv2d_schedule,
-    default_schedule,
-    problems,
-    schedule_from_json,
-    validate,
-)
+from tunecache.compiler.schedule import default_schedule, problems, schedule_from_json, validate
 from tunecache.datasets.suites import SUITES
 
 HW = local_spec()

@@ -10,17 +10,18 @@ import pytest
 from costmodel_support import fixture_frame
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import Conv2dSchedule, MatmulSchedule, default_conv2d_schedule
 from tunecache.costmodel import features as F
 
 # One entry per FEATURE_VERSION: the hash of the names (layout) and of golden values. When
 # either check fails, the features changed: bump FEATURE_VERSION (saved models then refuse
 # to load and must be retrained) and add the new version's digests here.
 LAYOUT_DIGESTS = {1: "69330a51579c4cf9", 2: "84f7f0316a034daa", 3: "84f7f0316a034daa",
-                  4: "84f7f0316a034daa"}
+                  4: "84f7f0316a034daa", 5: "7ec47d8fb9fd97ae"}
 VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2", 3: "ee3c150c3f1c00d4",
-                 4: "28e29d75ebf480e0"}
+                 4: "28e29d75ebf480e0", 5: "5a2a23657e21ad2a"}
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=48 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="Golden CPU",
@@ -93,10 +94,9 @@ def test_families_share_one_layout():
     assert m[rows["kind_matmul"]] == 1 and c[rows["kind_conv2d"]] == 1
     assert np.isnan(m[rows["oc_block"]]) and np.isnan(c[rows["mr"]])
     assert m[rows["legal"]] == 1 and c[rows["legal"]] == 1
-    # the tiler's estimate: present for matmul, and for conv2d once the analytic model covers
-    # it (feature version 2)
+    # the tiler's estimate: present for matmul, and for conv2d (since feature version 2)
     assert np.isfinite(m[rows["est_log_s"]])
-    assert np.isnan(c[rows["est_log_s"]]) != F.CONV_ESTIMATE
+    assert np.isfinite(c[rows["est_log_s"]])
     assert 0 < c[rows["register_pressure"]] <= 1
     illegal = F.features(*golden_inputs()[4])
     assert illegal[rows["legal"]] == 0 and np.isnan(illegal[rows["est_log_s"]])

@@ -46,8 +46,11 @@ def hangs() -> KernelSource:
 
 
 def wrong() -> KernelSource:
-    tail = "  return 0;\n}\n\ndouble tc_time"
-    return inject(good(), tail, "  C[7] += 0.5f;\n" + tail)
+    kernel = good()
+    entry = kernel.code.index(ENTRY)
+    tail = kernel.code.index("  return 0;\n}", entry)
+    code = kernel.code[:tail] + "  C[7] += 0.5f;\n" + kernel.code[tail:]
+    return dataclasses.replace(kernel, code=code)
 
 
 def broken() -> KernelSource:

@@ -158,7 +158,7 @@ CONVS = [
 @pytest.mark.parametrize("hw", [AVX512, AVX2, MANY_CORES], ids=lambda h: h.hw_id)
 @pytest.mark.parametrize("op", CONVS, ids=lambda o: o.op_id)
 def test_conv_candidates_are_legal_and_fit_registers(op: OpSignature, hw: HardwareSpec) -> None:
-    from tunecache.compiler.schedule import is_depthwise
+    from tunecache.compiler.kinds.conv2d.space import is_depthwise
 
     found = candidates(op, hw)
     assert 1 <= len(found) <= 10 and len({c.schedule for c in found}) == len(found)

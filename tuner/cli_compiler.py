@@ -12,6 +12,7 @@ import click
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import default_schedule, schedule_from_json, validate
+from tunecache.tuner.baseline import measure_baseline
 from tunecache.tuner.cli_common import emit_json, json_option
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
 
@@ -103,11 +104,7 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
         if not as_json:
             click.echo(f"building and timing {op.text} ...", err=True)
         result = runner.measure([Candidate(op, schedule)])[0]
-        baseline = None
-        if not no_baseline and op.kind == "conv2d":
-            baseline = _onnxruntime_baseline(op, threads, timing)
-        elif not no_baseline:
-            baseline = runner.measure_numpy(op, threads)
+        baseline = None if no_baseline else measure_baseline(op, threads, runner)
     stored = None
     if record:
         from tunecache.cache.store import Store
@@ -123,18 +120,14 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
         "threads": threads,
         "schedule": schedule.to_dict(),
         "kernel": _result_row(result),
-        "numpy": _result_row(baseline) if baseline and op.kind != "conv2d" else None,
-        "onnxruntime": _result_row(baseline) if baseline and op.kind == "conv2d" else None,
         "recorded_in": stored,
-        "ratio_to_numpy": (
-            result.gflops / baseline.gflops
-            if baseline and op.kind != "conv2d" and result.gflops and baseline.gflops else None
-        ),
-        "ratio_to_onnxruntime": (
-            result.gflops / baseline.gflops
-            if baseline and op.kind == "conv2d" and result.gflops and baseline.gflops else None
-        ),
     }
+    for name in BASELINES:
+        ours = baseline is not None and baseline.source == name
+        report[name] = _result_row(baseline) if ours and baseline else None
+        report[f"ratio_to_{name}"] = (
+            result.gflops / baseline.gflops
+            if ours and baseline and result.gflops and baseline.gflops else None)
     if as_json:
         emit_json(report)
     else:
@@ -143,27 +136,14 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
         raise SystemExit(1)
 
 
-def _onnxruntime_baseline(op: OpSignature, threads: int,
-                          timing: TimingConfig) -> MeasureResult | None:
-    """onnxruntime on a one-node Conv model, or None when onnx/onnxruntime are not installed.
-
-    Epilogue steps other than ``bias`` are left out of the model: the figure is for the
-    convolution itself (numpy has no convolution, so there is no numpy baseline for conv2d).
-    """
-    try:
-        from tunecache.tuner.onnx_baseline import time_onnxruntime_conv
-    except ImportError:
-        return None
-    samples = time_onnxruntime_conv(op, threads, timing.request(), seed=timing.seed)
-    return MeasureResult(op=op, schedule=None, status="ok", runtimes_s=tuple(samples),
-                         source="onnxruntime")
+BASELINES = ("numpy", "onnxruntime")
 
 
 def _print_bench(report: dict[str, Any], spec: HardwareSpec) -> None:
     click.echo(f"op        {report['op']}")
     click.echo(f"hardware  {spec.hw_id} ({spec.isa}), {report['threads']} thread(s)")
     click.echo(f"schedule  {json.dumps(report['schedule'], sort_keys=True)}")
-    for name in ("kernel", "numpy", "onnxruntime"):
+    for name in ("kernel", *BASELINES):
         row = report[name]
         if row is None:
             continue

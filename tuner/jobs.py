@@ -27,11 +27,10 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.suites import Workload, get_suite
+from tunecache.tuner.baseline import measure_baseline
 from tunecache.tuner.measure import MeasureResult, Runner, TimingConfig
 from tunecache.tuner.records import to_records
 from tunecache.tuner.search import OpTuneResult, Ranker, TuneConfig, tune_op
-
-BASELINE_KINDS = ("matmul", "batch_matmul")
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,21 +292,11 @@ def run_job(
 
 
 def _baseline(op: OpSignature, threads: int, runner: Runner) -> tuple[str | None, float | None]:
-    """numpy for matmul kinds; onnxruntime (when installed) for conv2d; same thread count."""
-    if op.kind in BASELINE_KINDS:
-        base = runner.measure_numpy(op, threads)
-        return ("numpy", base.gflops) if base.ok and base.gflops else (None, None)
-    if op.kind == "conv2d":
-        try:
-            from tunecache.tuner.onnx_baseline import time_onnxruntime_conv
-        except ImportError:
-            return None, None
-        samples = time_onnxruntime_conv(op, threads, runner.timing.request(),
-                                        seed=runner.timing.seed)
-        if samples:
-            median = sorted(samples)[len(samples) // 2]
-            return "onnxruntime", op.flops / median / 1e9
-    return None, None
+    """The kind's baseline (numpy, or onnxruntime when installed) at the same thread count."""
+    base = measure_baseline(op, threads, runner)
+    if base is None or not base.ok or not base.gflops:
+        return None, None
+    return base.source, base.gflops
 
 
 def _summarise(workload: Workload, result: OpTuneResult, runner: Runner,

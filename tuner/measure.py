@@ -39,6 +39,7 @@ from tunecache.compiler.build import Artifact, CompilerInfo, build, find_compile
 from tunecache.compiler.codegen import CODEGEN_VERSION, KernelSource, generate
 from tunecache.compiler.errors import BuildError, ScheduleError, TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
 
@@ -461,7 +462,7 @@ class Runner:
     def prepacked(self, op: OpSignature) -> bool:
         """Whether ``op``'s kernels are timed with their weights packed once."""
         if self.timing.prepacked_weights is None:
-            return op.kind == "conv2d"
+            return op_kind(op.kind).prepacked_timing
         return self.timing.prepacked_weights
 
     def _retime_if_noisy(self, result: MeasureResult, request: dict[str, Any]) -> MeasureResult:

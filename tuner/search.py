@@ -19,8 +19,9 @@ from typing import Protocol
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import MatmulSchedule, Schedule, problems
+from tunecache.compiler.schedule import Schedule
 from tunecache.tuner import roller
+from tunecache.tuner.kinds import legal_neighbours, tuner_kind
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner
 
 POOL_SIZE = 40
@@ -83,29 +84,9 @@ def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
 
 
 def neighbours(op: OpSignature, best: Schedule, hw: HardwareSpec) -> list[Schedule]:
-    """Legal schedules one step away from ``best``: blocks x/÷ ~1.5, unroll, other axis."""
-    if not isinstance(best, MatmulSchedule):
-        return []
-    K = op.dim("K")
-    out: list[MatmulSchedule] = []
-    for kc in (int(best.kc * 1.5), int(best.kc / 1.5), K):
-        out.append(best.replace(kc=max(8, min(kc, K))))
-    for factor in (2.0, 0.5):
-        mc = max(best.mr, int(best.mc * factor) // best.mr * best.mr)
-        out.append(best.replace(mc=mc))
-    out.append(best.replace(unroll=4 if best.unroll == 1 else 1))
-    if best.threads > 1:
-        axes = ["m", "n"] + (["batch"] if op.kind == "batch_matmul" else [])
-        out += [best.replace(parallel=a) for a in axes if a != best.parallel]
-    if not op.trans_b:
-        out.append(best.replace(pack_b=1 - best.pack_b))
-    seen: set[MatmulSchedule] = set()
-    legal: list[Schedule] = []
-    for s in out:
-        if s != best and s not in seen and not problems(op, s, hw):
-            seen.add(s)
-            legal.append(s)
-    return legal
+    """Legal schedules one step away from ``best`` (its kind's refinement moves)."""
+    moves = tuner_kind(op.kind).neighbours(op, best, hw)
+    return legal_neighbours(op, best, hw, moves)
 
 
 def exploration(op: OpSignature, hw: HardwareSpec, config: TuneConfig,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import (
     Kernel,
@@ -98,26 +99,16 @@ def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any
 
 
 def _numpy_runner(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> Callable[[int], float]:
-    if op.kind not in ("matmul", "batch_matmul"):
-        raise ValueError(f"numpy has no {op.kind} baseline (for conv2d, onnxruntime is the "
-                         "baseline: tunecache.tuner.onnx_baseline)")
-    a, b = inputs[0], inputs[1]
-    if op.trans_a:
-        a = np.swapaxes(a, -1, -2)
-    if op.trans_b:
-        b = np.swapaxes(b, -1, -2)
-    bias = inputs[2] if "bias" in op.epilogue else None
-    relu = "relu" in op.epilogue
-    out = np.empty(op.arguments()[-1].shape, dtype=np.float32)
+    """Times the kind's numpy reference on the float32 inputs (the ``numpy`` baseline)."""
+    kind = op_kind(op.kind)
+    if kind.baseline != "numpy":
+        raise ValueError(f"numpy is not the {op.kind} baseline ({kind.baseline} is)")
+    reference = kind.reference
 
     def run(n: int) -> float:
         start = time.perf_counter()
         for _ in range(n):
-            np.matmul(a, b, out=out)
-            if bias is not None:
-                np.add(out, bias, out=out)
-            if relu:
-                np.maximum(out, 0.0, out=out)
+            reference(op, inputs)
         return time.perf_counter() - start
 
     return run

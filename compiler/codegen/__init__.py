@@ -9,13 +9,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from tunecache.compiler.codegen.conv2d import generate_conv2d
-from tunecache.compiler.codegen.isa import BASE_FLAGS, DIALECTS, dialect
-from tunecache.compiler.codegen.matmul import generate_matmul
-from tunecache.compiler.codegen.matmul_dot import generate_matmul_dot
+from tunecache.compiler.backends import backend_for
+from tunecache.compiler.codegen.isa import BASE_FLAGS, DIALECTS
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import Conv2dSchedule, MatmulSchedule, Schedule, validate
+from tunecache.compiler.schedule import Schedule, validate
 
 # Bump whenever generated code can change for the same (op, schedule, hardware): cached
 # schedules measured with another codegen version are not trusted.
@@ -45,19 +44,11 @@ class KernelSource:
 def generate(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> KernelSource:
     """Validate ``schedule`` for ``op`` on ``hw`` and emit the kernel's C source."""
     validate(op, schedule, hw)
-    d = dialect(hw.isa)
+    d = backend_for(hw).dialect(hw)
     header = (
         f"/* tunecache kernel, codegen v{CODEGEN_VERSION}\n"
         f" * op: {op.text}\n * schedule: {schedule.to_json()}\n * isa: {hw.isa} */\n"
     )
-    if op.kind in ("matmul", "batch_matmul") and isinstance(schedule, MatmulSchedule):
-        if schedule.loop_order == "dot":
-            body = generate_matmul_dot(op, schedule, d)
-        else:
-            body = generate_matmul(op, schedule, d)
-    elif op.kind == "conv2d" and isinstance(schedule, Conv2dSchedule):
-        body = generate_conv2d(op, schedule, d)
-    else:  # pragma: no cover - validate() rejects these first
-        raise ValueError(f"no code generator for {op.kind}")
+    body = op_kind(op.kind).emit(op, schedule, d)
     flags = BASE_FLAGS + d.flags + (("-fopenmp",) if schedule.threads > 1 else ())
     return KernelSource(op, schedule, hw.isa, header + body, flags)

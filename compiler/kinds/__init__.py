@@ -1,0 +1,136 @@
+"""The op-kind registry of the compiler layer: everything the compiler knows about one kind.
+
+Each kind lives in its own module (``compiler/kinds/<name>.py`` or a package of that name)
+and registers one :class:`OpKind` when imported: its signature spec, argument shapes, FLOPs,
+schedule class and legal space, default schedule, C emitter and numpy reference. Generic
+code (ops, schedules, codegen, runtime, records, store, tuner) finds a kind with
+:func:`op_kind` and never branches on a kind's name.
+
+Adding a kind: write its module, add its name to :data:`BUILTIN_KINDS` (or, from another
+package, expose it under the ``tunecache.kinds`` entry-point group), and give it a module in
+``costmodel/kinds/`` and ``tuner/kinds/`` too. See docs/ARCHITECTURE.md, "Adding an op kind".
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from tunecache.compiler.errors import OpSignatureError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from tunecache.compiler.codegen.isa import IsaDialect
+    from tunecache.compiler.hardware import HardwareSpec
+    from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
+    from tunecache.compiler.schedule import ScheduleData
+
+BUILTIN_KINDS = ("matmul", "batch_matmul", "conv2d")
+"""Modules of ``tunecache.compiler.kinds`` loaded on first use, in this order."""
+
+ENTRY_POINT_GROUP = "tunecache.kinds"
+"""Third-party kinds: an entry point in this group names a module that registers kinds."""
+
+
+@dataclass(frozen=True)
+class OpKind:
+    """What the compiler knows about one op kind (all of it, in one value).
+
+    * ``spec`` — dims, parameters, attributes and epilogue steps of its signature.
+    * ``arguments(op)`` — the kernel's arrays in call order: inputs, then the output.
+    * ``flops(op)`` — floating-point operations (a multiply-add counts as two).
+    * ``schedule`` — the schedule class (its ``family`` names it in JSON); several kinds may
+      share one (``batch_matmul`` uses matmul's).
+    * ``problems(op, schedule, hw)`` — every reason a schedule is illegal (empty: legal).
+    * ``default_schedule(op, hw, threads)`` — a reasonable schedule without any tuning.
+    * ``emit(op, schedule, dialect)`` — the C body of the kernel (the ABI of
+      docs/ARCHITECTURE.md), for a schedule already validated.
+    * ``reference(op, inputs)`` — the op in numpy, in the inputs' dtype: float64 inputs give
+      the ground truth kernels are checked against, float32 inputs the executor's fallback.
+    * ``reduction_length(op)`` — terms summed per output (scales the float32 tolerance).
+    * ``dim_columns`` — the record column each dim is stored in (see datasets/schema.py).
+    * ``baseline`` — what ``bench-op`` compares with: ``numpy`` (the reference in float32,
+      timed), ``onnxruntime`` (a one-node model), or ``none``.
+    * ``prepacked_timing`` — kernels are timed with their weights (second input) packed once,
+      as compiled models run them.
+    * ``tolerance(op, inputs)`` — optional (rtol, atol) override for non-reduction kinds.
+    * ``random_inputs(op, rng)`` — optional: inputs for tuning and checks where standard
+      normal values are not valid (a positive epsilon, say).
+    """
+
+    name: str
+    spec: KindSpec
+    arguments: Callable[[OpSignature], tuple[TensorArg, ...]]
+    flops: Callable[[OpSignature], int]
+    schedule: type[ScheduleData]
+    problems: Callable[[OpSignature, Any, HardwareSpec], list[str]]
+    default_schedule: Callable[[OpSignature, HardwareSpec, int], ScheduleData]
+    emit: Callable[[OpSignature, Any, IsaDialect], str]
+    reference: Callable[[OpSignature, tuple[np.ndarray, ...]], np.ndarray]
+    reduction_length: Callable[[OpSignature], int]
+    dim_columns: Mapping[str, str]
+    baseline: str = "numpy"
+    prepacked_timing: bool = False
+    tolerance: Callable[[OpSignature, tuple[np.ndarray, ...]], tuple[float, float]] | None = None
+    random_inputs: Callable[[OpSignature, np.random.Generator], tuple[np.ndarray, ...]] | None = None
+
+
+_KINDS: dict[str, OpKind] = {}
+_loaded = False
+
+
+def register(kind: OpKind) -> OpKind:
+    """Add ``kind`` to the registry (a kind module calls this when imported)."""
+    other = _KINDS.get(kind.name)
+    if other is not None and other is not kind:
+        raise ValueError(f"op kind {kind.name!r} is registered twice")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for name in BUILTIN_KINDS:
+        importlib.import_module(f"{__name__}.{name}")
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        importlib.import_module(point.value)
+
+
+def op_kind(name: str) -> OpKind:
+    """The registered kind ``name``; :class:`OpSignatureError` naming the known kinds if none."""
+    kind = _KINDS.get(name)
+    if kind is None:
+        _load()
+        kind = _KINDS.get(name)
+    if kind is None:
+        raise OpSignatureError(
+            f"unknown kind {name!r}; supported kinds: {', '.join(kind_names())}"
+        )
+    return kind
+
+
+def kind_names() -> tuple[str, ...]:
+    """Every registered kind, builtins first."""
+    return tuple(kind.name for kind in all_kinds())
+
+
+def all_kinds() -> tuple[OpKind, ...]:
+    """Every registered kind, builtins first (in :data:`BUILTIN_KINDS` order)."""
+    _load()
+    rank = {name: i for i, name in enumerate(BUILTIN_KINDS)}
+    return tuple(sorted(_KINDS.values(), key=lambda k: rank.get(k.name, len(rank))))
+
+
+def schedule_classes() -> dict[str, type[ScheduleData]]:
+    """Schedule family name -> class, over every registered kind."""
+    out: dict[str, type[ScheduleData]] = {}
+    for kind in all_kinds():
+        out.setdefault(kind.schedule.family, kind.schedule)
+    return out

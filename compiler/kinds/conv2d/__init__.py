@@ -1,0 +1,176 @@
+"""The ``conv2d`` kind: 2-D cross-correlation (ONNX ``Conv``), then the epilogue.
+
+``X[N,C,H,W]`` with ``W[F,C/groups,R,S]`` into ``Y[N,F,P,Q]`` (``layout=nchw``), with integer
+parameters ``stride_h, stride_w`` (default 1), ``pad_t, pad_l, pad_b, pad_r`` (default 0,
+asymmetric as ONNX ``pads`` gives them), ``dil_h, dil_w`` (default 1) and ``groups``
+(default 1; depthwise when ``groups == C``).
+``P = (H + pad_t + pad_b - dil_h*(R-1) - 1) // stride_h + 1`` and likewise ``Q``.
+Epilogue: ``bias`` adds ``bias[F]``, ``add`` a residual tensor of the output's shape,
+``relu`` clamps at zero. Schedules: ``space.py``; kernels: ``emit.py``; docs/CONV2D.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
+from tunecache.compiler.kinds.conv2d.space import (
+    Conv2dSchedule,
+    conv2d_problems,
+    default_conv2d_schedule,
+    is_depthwise,
+    plane_buffer_floats,
+)
+from tunecache.compiler.kinds.matmul import epilogue_tuple
+from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window
+
+__all__ = ["Conv2dSchedule", "conv2d_nchw", "conv2d_op", "is_depthwise", "plane_buffer_floats"]
+
+
+def conv2d_op(N: int, C: int, H: int, W: int, F: int, R: int, S: int, *,
+              stride: int | tuple[int, int] = 1, pads: int | tuple[int, int, int, int] = 0,
+              dilation: int | tuple[int, int] = 1, groups: int = 1,
+              epilogue: tuple[str, ...] | str = (), dtype: str = "float32") -> OpSignature:
+    """``Y[N,F,P,Q] = conv(X[N,C,H,W], W[F,C/groups,R,S])``.
+
+    ``stride`` and ``dilation`` are ``(h, w)`` or one int for both; ``pads`` is
+    ``(top, left, bottom, right)`` (ONNX ``pads`` order) or one int for all four.
+    """
+    sh, sw = (stride, stride) if isinstance(stride, int) else stride
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
+    pt, pl, pb, pr = (pads,) * 4 if isinstance(pads, int) else pads
+    return OpSignature(
+        KIND.name,
+        (("N", N), ("C", C), ("H", H), ("W", W), ("F", F), ("R", R), ("S", S),
+         ("stride_h", sh), ("stride_w", sw), ("pad_t", pt), ("pad_l", pl),
+         ("pad_b", pb), ("pad_r", pr), ("dil_h", dh), ("dil_w", dw), ("groups", groups)),
+        dtype,
+        (("layout", "nchw"),),
+        epilogue_tuple(epilogue),
+    )
+
+
+def _signature_problems(op: OpSignature) -> list[str]:
+    d = op.dims_dict
+    found = []
+    g = d["groups"]
+    if d["C"] % g:
+        found.append(f"input channels C={d['C']} are not divisible by groups={g}")
+    if d["F"] % g:
+        found.append(f"output channels F={d['F']} are not divisible by groups={g}")
+    for axis, size, lo, hi, k, dil in (
+        ("height", d["H"], d["pad_t"], d["pad_b"], d["R"], d["dil_h"]),
+        ("width", d["W"], d["pad_l"], d["pad_r"], d["S"], d["dil_w"]),
+    ):
+        extent, _ = conv_window(size, lo, hi, k, dil, 1)
+        if extent > size + lo + hi:
+            found.append(
+                f"kernel {axis} {k} (dilated to {extent}) is larger than the padded input "
+                f"{axis} {size}+{lo}+{hi}={size + lo + hi}"
+            )
+    return found
+
+
+def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
+    d = op.dims_dict
+    out_shape = (d["N"], d["F"], op.out_h, op.out_w)
+    args = [
+        TensorArg("X", (d["N"], d["C"], d["H"], d["W"]), "input"),
+        TensorArg("W", (d["F"], d["C"] // d["groups"], d["R"], d["S"]), "input"),
+    ]
+    if "bias" in op.epilogue:
+        args.append(TensorArg("bias", (d["F"],), "input"))
+    if "add" in op.epilogue:
+        args.append(TensorArg("add", out_shape, "input"))
+    args.append(TensorArg("Y", out_shape, "output"))
+    return tuple(args)
+
+
+def _flops(op: OpSignature) -> int:
+    d = op.dims_dict
+    return (2 * d["N"] * d["F"] * op.out_h * op.out_w
+            * (d["C"] // d["groups"]) * d["R"] * d["S"])
+
+
+def conv2d_nchw(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stride: tuple[int, int],
+           pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int) -> np.ndarray:
+    """Grouped 2-D cross-correlation in the input's dtype (ONNX ``Conv``)."""
+    n, c, _, _ = x.shape
+    f, cg, r, s = w.shape
+    sh, sw = stride
+    dh, dw = dilation
+    pt, pl, pb, pr = pads
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr))) if any(pads) else x
+    p = (xp.shape[2] - dh * (r - 1) - 1) // sh + 1
+    q = (xp.shape[3] - dw * (s - 1) - 1) // sw + 1
+    if groups == 1:
+        # im2col, then one BLAS matmul.
+        win = sliding_window_view(xp, (dh * (r - 1) + 1, dw * (s - 1) + 1), axis=(2, 3))
+        win = win[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :p, :q]  # (n, c, p, q, r, s)
+        cols = np.ascontiguousarray(win.transpose(0, 2, 3, 1, 4, 5)).reshape(n * p * q, c * r * s)
+        y = (cols @ w.reshape(f, c * r * s).T).reshape(n, p, q, f).transpose(0, 3, 1, 2)
+    else:
+        fg = f // groups
+        xg = xp.reshape(n, groups, cg, xp.shape[2], xp.shape[3])
+        wg = w.reshape(groups, fg, cg, r, s)
+        y5 = np.zeros((n, groups, fg, p, q), dtype=x.dtype)
+        for i in range(r):
+            for j in range(s):
+                h0, w0 = i * dh, j * dw
+                patch = xg[:, :, :, h0:h0 + sh * (p - 1) + 1:sh, w0:w0 + sw * (q - 1) + 1:sw]
+                if cg == 1:  # depthwise (times a channel multiplier)
+                    y5 += patch * wg[None, :, :, 0, i, j, None, None]
+                else:
+                    y5 += np.einsum("ngcpq,gfc->ngfpq", patch, wg[:, :, :, i, j])
+        y = y5.reshape(n, f, p, q)
+    if bias is not None:
+        y = y + bias.reshape(1, f, 1, 1)
+    return np.ascontiguousarray(y, dtype=x.dtype)
+
+
+def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    d = op.dims_dict
+    has_bias = "bias" in op.epilogue
+    y = conv2d_nchw(inputs[0], inputs[1], inputs[2] if has_bias else None,
+                    (d["stride_h"], d["stride_w"]),
+                    (d["pad_t"], d["pad_l"], d["pad_b"], d["pad_r"]),
+                    (d["dil_h"], d["dil_w"]), d["groups"])
+    if "add" in op.epilogue:
+        y += inputs[-1]
+    if "relu" in op.epilogue:
+        np.maximum(y, 0, out=y)
+    return y
+
+
+KIND = register(OpKind(
+    name="conv2d",
+    spec=KindSpec(
+        dims=("N", "C", "H", "W", "F", "R", "S"),
+        attrs={"layout": ("nchw",)},
+        epilogues=("bias", "add", "relu"),
+        params={
+            "stride_h": (1, 1), "stride_w": (1, 1),
+            "pad_t": (0, 0), "pad_l": (0, 0), "pad_b": (0, 0), "pad_r": (0, 0),
+            "dil_h": (1, 1), "dil_w": (1, 1), "groups": (1, 1),
+        },
+        check=_signature_problems,
+    ),
+    arguments=_arguments,
+    flops=_flops,
+    schedule=Conv2dSchedule,
+    problems=conv2d_problems,
+    default_schedule=default_conv2d_schedule,
+    emit=generate_conv2d,
+    reference=_reference,
+    reduction_length=lambda op: op.dim("C") // op.dim("groups") * op.dim("R") * op.dim("S"),
+    dim_columns={
+        "N": "dim_batch", "C": "dim_c", "H": "dim_h", "W": "dim_w", "F": "dim_f", "R": "dim_r",
+        "S": "dim_s", "stride_h": "stride_h", "stride_w": "stride_w", "pad_t": "pad_t",
+        "pad_l": "pad_l", "pad_b": "pad_b", "pad_r": "pad_r", "dil_h": "dil_h",
+        "dil_w": "dil_w", "groups": "groups",
+    },
+    baseline="onnxruntime",
+    prepacked_timing=True,
+))

@@ -1,0 +1,110 @@
+"""The ``matmul`` kind: ``C[M,N] = op(A)[M,K] @ op(B)[K,N]``, then the epilogue.
+
+``layout`` has two letters, one per operand, ``n`` (stored as written) or ``t`` (stored
+transposed: A as ``[K,M]``, B as ``[N,K]``). Epilogue: ``bias`` adds ``bias[N]``, ``relu``
+clamps at zero. The BLIS-style kernels (``emit.py``) and the dot-product kernel for
+``C = A·Bᵀ`` (``emit_dot.py``) share the schedule family of ``space.py``, which
+``batch_matmul`` reuses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.kinds.matmul.emit import generate_matmul
+from tunecache.compiler.kinds.matmul.emit_dot import generate_matmul_dot
+from tunecache.compiler.kinds.matmul.space import (
+    LOOP_ORDERS,
+    PARALLEL_AXES,
+    MatmulSchedule,
+    default_matmul_schedule,
+    matmul_problems,
+)
+from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
+
+__all__ = ["LOOP_ORDERS", "PARALLEL_AXES", "MatmulSchedule", "matmul_op"]
+
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+def matmul_op(M: int, N: int, K: int, *, trans_a: bool = False, trans_b: bool = False,
+              epilogue: tuple[str, ...] | str = (), dtype: str = "float32") -> OpSignature:
+    """``C[M,N] = op(A) @ op(B)``, operands optionally stored transposed."""
+    return OpSignature(KIND.name, (("M", M), ("N", N), ("K", K)), dtype,
+                       (("layout", layout_attr(trans_a, trans_b)),), epilogue_tuple(epilogue))
+
+
+def layout_attr(trans_a: bool, trans_b: bool) -> str:
+    return ("t" if trans_a else "n") + ("t" if trans_b else "n")
+
+
+def epilogue_tuple(epilogue: tuple[str, ...] | str) -> tuple[str, ...]:
+    if isinstance(epilogue, str):
+        return () if epilogue in ("", "none") else tuple(epilogue.split("+"))
+    return tuple(epilogue)
+
+
+def gemm_arguments(op: OpSignature) -> tuple[TensorArg, ...]:
+    """A, B[, bias], C; operands without a batch dim when the op has none or shares them."""
+    d = op.dims_dict
+    M, N, K = d["M"], d["N"], d["K"]
+    a_shape: tuple[int, ...] = (K, M) if op.trans_a else (M, K)
+    b_shape: tuple[int, ...] = (N, K) if op.trans_b else (K, N)
+    c_shape: tuple[int, ...] = (M, N)
+    if "B" in d:
+        B = d["B"]
+        if op.shared != "a":
+            a_shape = (B, *a_shape)
+        if op.shared != "b":
+            b_shape = (B, *b_shape)
+        c_shape = (B, M, N)
+    args = [TensorArg("A", a_shape, "input"), TensorArg("B", b_shape, "input")]
+    if "bias" in op.epilogue:
+        args.append(TensorArg("bias", (N,), "input"))
+    args.append(TensorArg("C", c_shape, "output"))
+    return tuple(args)
+
+
+def gemm_flops(op: OpSignature) -> int:
+    d = op.dims_dict
+    return 2 * op.batch * d["M"] * d["N"] * d["K"]
+
+
+def gemm_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``op(A) @ op(B)`` then the epilogue, in the inputs' dtype."""
+    a, b = inputs[0], inputs[1]
+    if op.trans_a:
+        a = np.swapaxes(a, -1, -2)
+    if op.trans_b:
+        b = np.swapaxes(b, -1, -2)
+    c = np.matmul(a, b)
+    rest = list(inputs[2:])
+    for step in op.epilogue:
+        if step == "bias":
+            c += rest.pop(0)
+        elif step == "relu":
+            np.maximum(c, 0, out=c)
+    return c
+
+
+def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
+    if s.loop_order == "dot":
+        return generate_matmul_dot(op, s, d)
+    return generate_matmul(op, s, d)
+
+
+KIND = register(OpKind(
+    name="matmul",
+    spec=KindSpec(dims=("M", "N", "K"), attrs={"layout": LAYOUTS}, epilogues=("bias", "relu")),
+    arguments=gemm_arguments,
+    flops=gemm_flops,
+    schedule=MatmulSchedule,
+    problems=matmul_problems,
+    default_schedule=default_matmul_schedule,
+    emit=emit_gemm,
+    reference=gemm_reference,
+    reduction_length=lambda op: op.dim("K"),
+    dim_columns={"M": "dim_m", "N": "dim_n", "K": "dim_k"},
+))

@@ -1,0 +1,114 @@
+"""The op-kind registry of the tuner layer: each kind's candidate pool, grid and refinement.
+
+Each kind has a module here (``tuner/kinds/<name>.py``) that registers one
+:class:`TunerKind` when imported. The tiler (:mod:`tunecache.tuner.roller`) ranks any kind's
+pool by the analytic estimate and keeps a diverse top-k; the search
+(:mod:`tunecache.tuner.search`) refines the best measured schedule through its neighbours.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from tunecache.compiler.errors import OpSignatureError
+from tunecache.compiler.kinds import ENTRY_POINT_GROUP, kind_names
+from tunecache.costmodel.analytic import ceil_div, round_up
+
+if TYPE_CHECKING:
+    from tunecache.compiler.hardware import HardwareSpec
+    from tunecache.compiler.ops import OpSignature
+    from tunecache.compiler.schedule import Schedule
+
+Strata = dict[tuple[object, ...], list[Any]]
+"""A schedule grid grouped by register tile (or another diversity key)."""
+
+
+@dataclass(frozen=True)
+class TunerKind:
+    """What the tuner knows about one op kind.
+
+    * ``pool(op, hw, threads)`` — the tiler's hardware-aligned candidates for one thread
+      count (illegal ones are dropped by the caller; duplicates too).
+    * ``tile_key(schedule)`` — what makes two candidates "the same tile": the tiler keeps a
+      few per key so one wrong guess cannot fill the whole top-k.
+    * ``grid(op, hw, threads)`` — the legal space on a grid, grouped by tile (for
+      evaluation and exploration; sampled per group by :func:`roller.exhaustive_space`).
+    * ``neighbours(op, best, hw)`` — schedules one step from ``best`` (legal or not; the
+      caller filters) for local refinement.
+    """
+
+    name: str
+    pool: Callable[[OpSignature, HardwareSpec, int], Iterable[Any]]
+    tile_key: Callable[[Any], tuple[object, ...]]
+    grid: Callable[[OpSignature, HardwareSpec, int | None], Strata]
+    neighbours: Callable[[OpSignature, Any, HardwareSpec], list[Any]]
+
+
+_KINDS: dict[str, TunerKind] = {}
+_loaded = False
+
+
+def register(kind: TunerKind) -> TunerKind:
+    """Add ``kind`` to the registry (a kind module calls this when imported)."""
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for point in entry_points(group=ENTRY_POINT_GROUP + ".tuner"):
+        importlib.import_module(point.value)
+    for name in kind_names():
+        if name in _KINDS:
+            continue
+        try:
+            importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+
+
+def tuner_kind(name: str) -> TunerKind:
+    """The tuner side of kind ``name``."""
+    kind = _KINDS.get(name)
+    if kind is None:
+        _load()
+        kind = _KINDS.get(name)
+    if kind is None:
+        raise OpSignatureError(f"the tiler has no model for op kind {name!r} "
+                               f"(tuner/kinds/{name}.py)")
+    return kind
+
+
+def balanced(extent: int, block: int, align: int) -> int:
+    """Padding tolerance: the smallest aligned block giving the same number of blocks."""
+    block = max(align, min(block, round_up(extent, align)))
+    count = ceil_div(extent, block)
+    return round_up(ceil_div(extent, count), align)
+
+
+def threads_axes(threads: int, axes: Iterable[str]) -> list[str]:
+    """The parallel axes worth trying: the first alone at one thread, all of them otherwise."""
+    axes = list(axes)
+    return axes if threads > 1 else axes[:1]
+
+
+def legal_neighbours(op: OpSignature, best: Schedule, hw: HardwareSpec,
+                     moves: Iterable[Schedule]) -> list[Schedule]:
+    """``moves`` without ``best``, duplicates and illegal schedules, in order."""
+    from tunecache.compiler.schedule import problems
+
+    seen: set[Schedule] = set()
+    out: list[Schedule] = []
+    for s in moves:
+        if s != best and s not in seen and not problems(op, s, hw):
+            seen.add(s)
+            out.append(s)
+    return out

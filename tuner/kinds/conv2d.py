@@ -1,0 +1,144 @@
+"""The tuner's side of ``conv2d``: direct (pixels x channel vectors), implicit-GEMM
+(channels x pixel vectors) and depthwise-plane register tiles, channel blocks sized so a
+block's weights stay in L1/L2, and refinement moves."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.conv2d.space import MAX_OW_BLOCK, Conv2dSchedule, is_depthwise
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import MAX_MR, problems
+from tunecache.costmodel.analytic import round_up
+from tunecache.tuner.kinds import Strata, TunerKind, balanced, register
+
+
+def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv2dSchedule]:
+    """Conv2d candidates: direct register tiles (pixels x channel vectors) and, unless
+    depthwise, implicit-GEMM tiles (channels x pixel vectors), with channel blocks sized
+    so a block's weights stay in L1/L2 and reduction depths like matmul's kc."""
+    d = op.dims_dict
+    lanes, regs = hw.lanes, hw.vector_registers
+    groups = d["groups"]
+    cg, fg = d["C"] // groups, d["F"] // groups
+    p, q, rs = op.out_h, op.out_w, d["R"] * d["S"]
+    depthwise = is_depthwise(op)
+    width = d["C"] if depthwise else fg
+    pars = ["oc", "pixel"] if threads > 1 else ["oc"]
+    for nv in (1, 2):
+        if nv > 1 and width <= lanes:
+            break
+        max_rows = min(MAX_OW_BLOCK, (regs - nv - 1) // nv)
+        ows = {min(q, max_rows), balanced(q, max_rows, 1), balanced(q, max(1, max_rows // 2), 1)}
+        for ow in sorted(ows):
+            for oh in (1, 2, 4):
+                if ow * oh > max_rows or (oh > 1 and (oh > p or q > max_rows // 2)):
+                    continue
+                ics = [1] if depthwise else sorted({min(cg, b) for b in (lanes, 64, 256)})
+                for ic in ics:
+                    for order in ("fp", "pf"):
+                        for unroll in ((0, 1) if d["S"] > 1 else (0,)):
+                            for par in pars:
+                                yield Conv2dSchedule(
+                                    oc_block=nv * lanes, ow_block=ow, oh_block=oh, ic_block=ic,
+                                    algorithm="direct", loop_order=order, unroll_kw=unroll,
+                                    threads=threads, parallel=par)
+    if depthwise:
+        # The plane kernel: output columns in the lanes, rows of the tile in registers.
+        for nv in (1, 2, 4):
+            if nv > 1 and (nv - 1) * lanes >= q:
+                break
+            for oh in (1, 2, 4):
+                if oh * nv + 2 > regs or (oh > 1 and oh > p):
+                    continue
+                for unroll in ((0, 1) if d["S"] > 1 else (0,)):
+                    yield Conv2dSchedule(oc_block=lanes, ow_block=nv * lanes, oh_block=oh,
+                                         ic_block=1, pack_w=0, unroll_kw=unroll,
+                                         threads=threads, parallel="oc")
+        return
+    for nv in (1, 2, 4):
+        max_mr = min(MAX_MR, (regs - nv - 1) // nv)
+        for mr in sorted({max_mr, max(1, max_mr // 2), min(max_mr, round_up(min(fg, 8), 1))}):
+            for depth in (256, 512):
+                ic = max(1, min(cg, depth // rs))
+                for pack_w in (1, 0):
+                    for par in pars:
+                        yield Conv2dSchedule(
+                            oc_block=mr, ow_block=nv * lanes, ic_block=ic, algorithm="gemm",
+                            pack_w=pack_w, threads=threads, parallel=par)
+
+
+def _tile_key(s: Conv2dSchedule) -> tuple[object, ...]:
+    plane = s.algorithm == "direct" and not s.pack_w
+    return ("plane" if plane else s.algorithm, s.oc_block, s.ow_block, s.oh_block)
+
+
+def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
+    """Both algorithms, every legal register tile on a grid of widths, channel blocks, loop
+    orders, kernel-width unrolling, weight packing and parallel axes, grouped by tile."""
+    threads = hw.cores if threads is None else max(1, min(threads, hw.cores))
+    d = op.dims_dict
+    lanes, regs = hw.lanes, hw.vector_registers
+    cg = d["C"] // d["groups"]
+    rs = d["R"] * d["S"]
+    pars = ["oc", "pixel"] if threads > 1 else ["oc"]
+    strata: Strata = {}
+
+    def add(s: Conv2dSchedule) -> None:
+        if not problems(op, s, hw):
+            strata.setdefault(_tile_key(s), []).append(s)
+
+    for nv in range(1, 5):
+        max_rows = min(MAX_OW_BLOCK, (regs - nv - 1) // nv)
+        for ow in sorted({1, 2, 4, 7, 8, 12, 14, 16, 28, max_rows} & set(range(1, max_rows + 1))):
+            for oh in (1, 2, 4):
+                if ow * oh > max_rows:
+                    continue
+                for ic in sorted({1, lanes, 32, 64, 128, cg} & set(range(1, cg + 1))):
+                    for order in ("fp", "pf"):
+                        for unroll in (0, 1):
+                            for par in pars:
+                                add(Conv2dSchedule(oc_block=nv * lanes, ow_block=ow, oh_block=oh,
+                                                   ic_block=ic, algorithm="direct",
+                                                   loop_order=order, unroll_kw=unroll,
+                                                   threads=threads, parallel=par))
+    if is_depthwise(op):
+        for nv in range(1, 5):
+            for oh in (1, 2, 3, 4, 6, 8):
+                for unroll in (0, 1):
+                    add(Conv2dSchedule(oc_block=lanes, ow_block=nv * lanes, oh_block=oh,
+                                       ic_block=1, pack_w=0, unroll_kw=unroll, threads=threads,
+                                       parallel="oc"))
+    if not is_depthwise(op):
+        for nv in range(1, 5):
+            max_mr = min(MAX_MR, (regs - nv - 1) // nv)
+            for mr in sorted({1, 2, 4, 6, 8, 12, 14, 16, 24, max_mr} & set(range(1, max_mr + 1))):
+                for depth in (64, 128, 256, 512, 1024):
+                    for pack_w in (1, 0):
+                        for par in pars:
+                            add(Conv2dSchedule(oc_block=mr, ow_block=nv * lanes,
+                                               ic_block=max(1, min(cg, depth // rs)),
+                                               algorithm="gemm", pack_w=pack_w, threads=threads,
+                                               parallel=par))
+    return {k: list(dict.fromkeys(v)) for k, v in strata.items()}
+
+
+def _neighbours(op: OpSignature, best: Conv2dSchedule, hw: HardwareSpec) -> list[Conv2dSchedule]:
+    """Channel block x/÷ 2, the other loop order, one row more or less per tile, the other
+    kernel-width unrolling and weight packing, the other parallel axis."""
+    out = [best.replace(ic_block=max(1, best.ic_block * 2)),
+           best.replace(ic_block=max(1, best.ic_block // 2)),
+           best.replace(loop_order="pf" if best.loop_order == "fp" else "fp"),
+           best.replace(oh_block=best.oh_block + 1),
+           best.replace(oh_block=max(1, best.oh_block - 1)),
+           best.replace(unroll_kw=1 - best.unroll_kw)]
+    if best.algorithm == "gemm":
+        out.append(best.replace(pack_w=1 - best.pack_w))
+    if best.threads > 1:
+        out.append(best.replace(parallel="pixel" if best.parallel == "oc" else "oc"))
+    return out
+
+
+KIND = register(TunerKind(name="conv2d", pool=_conv_pool, tile_key=_tile_key, grid=_grid,
+                          neighbours=_neighbours))

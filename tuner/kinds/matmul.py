@@ -1,0 +1,230 @@
+"""The tuner's side of ``matmul`` (and ``batch_matmul``): BLIS-style micro-tiles and cache
+blocks from the analytical model, dot-product tiles for ``C = A·Bᵀ``, and refinement moves.
+
+Tiles grow level by level, Roller's construction carried to a CPU memory hierarchy:
+micro-tiles ``mr x nr`` (``nr`` a multiple of the lanes, accumulators + operand vectors within
+the register file) ranked by FMAs per load and edge waste; then the K block ``kc`` (the B
+micro-panel stays in L1 while A streams), the M block ``mc`` (the packed A block in a share of
+L2) and the N block ``nc`` (the packed B block in a share of L3) from the BLIS analytical
+model and the larger sizes tuned libraries ship, balanced over the dimension and the threads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import MAX_MR, MAX_NR_VECTORS, Schedule, problems
+from tunecache.costmodel.analytic import ceil_div, micro_efficiency, round_up
+from tunecache.tuner.kinds import Strata, TunerKind, balanced, register
+
+MICRO_TILES_KEPT = 6
+
+# -- register level ------------------------------------------------------------------------
+
+
+def micro_tiles(op: OpSignature, hw: HardwareSpec) -> list[tuple[int, int]]:
+    """Legal (mr, nr) ranked by micro-efficiency times edge-tile efficiency, best first."""
+    d = op.dims_dict
+    M, N = d["M"], d["N"]
+    lanes, regs = hw.lanes, hw.vector_registers
+    scored = []
+    for nv in range(1, MAX_NR_VECTORS + 1):
+        nr = nv * lanes
+        for mr in range(1, MAX_MR + 1):
+            if mr * nv + nv + 1 > regs:
+                break
+            waste = (M / round_up(M, mr)) * (N / round_up(N, nr))
+            # A tile far larger than the matrix buys nothing; prefer the smaller one.
+            score = micro_efficiency(mr, nv) * waste
+            scored.append((-round(score, 6), -(mr * nv), mr, nr))
+    scored.sort()
+    return [(mr, nr) for _, _, mr, nr in scored]
+
+
+def kept_micro_tiles(op: OpSignature, hw: HardwareSpec) -> list[tuple[int, int]]:
+    """The best few micro-tiles overall plus the best two of each vector width, so that the
+    estimate, not the register-level score alone, decides between wide and tall tiles."""
+    ranked = micro_tiles(op, hw)
+    kept = ranked[:MICRO_TILES_KEPT // 2]
+    for nv in range(1, 5):
+        kept += [t for t in ranked if t[1] == nv * hw.lanes and t not in kept][:2]
+    return kept
+
+
+# -- cache levels --------------------------------------------------------------------------
+
+
+def kc_candidates(op: OpSignature, hw: HardwareSpec, mr: int, nr: int) -> list[int]:
+    """K blocks: the BLIS L1 model (B micro-panel resident in L1) and 256/384/512."""
+    K = op.dim("K")
+    line_sets = hw.l1d_bytes // (hw.l1d_ways * hw.cache_line)
+    ways_a = max(1, math.floor((hw.l1d_ways - 1) / (1 + nr / mr)))
+    model = ways_a * line_sets * hw.cache_line // (mr * 4)
+    out = []
+    for kc in (model, 256, 384, 512):
+        kc = balanced(K, max(8, kc), 8) if K > 8 else K
+        out.append(min(kc, K))
+    return sorted(set(out))
+
+
+def mc_candidates(op: OpSignature, hw: HardwareSpec, mr: int, kc: int, threads: int) -> list[int]:
+    """M blocks: the packed A block in half of L2, and blocks balanced over the threads."""
+    M = op.dim("M")
+    l2_rows = max(mr, (hw.l2_bytes // 2) // (kc * 4) // mr * mr)
+    out = {balanced(M, l2_rows, mr)}
+    if threads > 1:
+        per_thread = round_up(ceil_div(M, threads), mr)
+        out.add(min(per_thread, l2_rows) if per_thread > l2_rows else per_thread)
+    return sorted(out)
+
+
+def nc_candidates(op: OpSignature, hw: HardwareSpec, nr: int, kc: int) -> list[int]:
+    """N blocks: the packed B block in a share of L3 (or all of N when it fits)."""
+    N = op.dim("N")
+    share = hw.l3_bytes // max(1, hw.l3_shared_by)
+    cols = max(nr, (share // 2) // (kc * 4) // nr * nr)
+    return [balanced(N, min(cols, 8192 // nr * nr), nr)]
+
+
+def _parallel_axes(op: OpSignature, threads: int) -> list[str]:
+    if threads == 1:
+        return ["m"]
+    axes = ["m", "n"]
+    if "B" in op.dims_dict:
+        axes.insert(0, "batch")
+    return axes
+
+
+def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSchedule]:
+    d = op.dims_dict
+    M, N = d["M"], d["N"]
+    a_fits = 4 * M * d["K"] <= hw.l2_bytes // 2
+    b_fits = 4 * d["K"] * N <= hw.l2_bytes // 2
+    for mr, nr in kept_micro_tiles(op, hw):
+        for kc in kc_candidates(op, hw, mr, nr):
+            for mc in mc_candidates(op, hw, mr, kc, threads):
+                for nc in nc_candidates(op, hw, nr, kc):
+                    for par in _parallel_axes(op, threads):
+                        # Reading in place pays when the operand is reused little or already
+                        # sits in L2 (measured: unpacked A and B win on 256³ and 333x77x129).
+                        packs_b = [1] if op.trans_b or (4 * mr < M and not b_fits) else [1, 0]
+                        packs_a = [1, 0] if 2 * nr >= N or a_fits else [1]
+                        orders = ["jpi", "ipj"] if nc < N and mc < M else ["jpi"]
+                        for pack_b in packs_b:
+                            for pack_a in packs_a:
+                                for order in orders:
+                                    yield MatmulSchedule(
+                                        mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, pack_a=pack_a,
+                                        pack_b=pack_b, loop_order=order, unroll=1,
+                                        threads=threads, parallel=par,
+                                    )
+
+
+def _dot_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSchedule]:
+    """``C = A·Bᵀ`` as dot products (layout nt): tiles of mr rows of A x nv rows of B."""
+    if op.attr("layout") != "nt":
+        return
+    d = op.dims_dict
+    lanes, regs = hw.lanes, hw.vector_registers
+    l2_rows = max(1, (hw.l2_bytes // 2) // (4 * d["K"]))
+    for mr in (1, 2, 4):
+        if mr > 1 and mr > d["M"]:
+            break
+        for nv in (2, 4, 8):
+            if mr * nv + nv + 1 > regs:
+                continue
+            nr = nv * lanes
+            for rows in sorted({round_up(min(d["N"], l2_rows), nr), round_up(d["N"], nr)}):
+                for par in _parallel_axes(op, threads):
+                    yield MatmulSchedule(mr=mr, nr=nr, kc=min(d["K"], 512), mc=mr,
+                                         nc=min(rows, 65536 // nr * nr), pack_a=0, pack_b=0,
+                                         loop_order="dot", threads=threads, parallel=par)
+
+
+def _matmul_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Schedule]:
+    yield from _pool(op, hw, threads)
+    yield from _dot_pool(op, hw, threads)
+
+
+def _tile_key(s: MatmulSchedule) -> tuple[object, ...]:
+    return (s.loop_order == "dot", s.mr, s.nr)
+
+
+def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None = None) -> Strata:
+    """The legal grid, grouped by micro-tile: every legal micro-tile, K blocks 64..1024 and K,
+    M blocks from a quarter of L2 to balanced-over-threads, N blocks from a share of L3 to all
+    of N, both packings, both loop orders, every parallel axis and unroll 1/4; for layout nt
+    also the dot-product tiles."""
+    threads = hw.cores if threads is None else max(1, min(threads, hw.cores))
+    d = op.dims_dict
+    M, N, K = d["M"], d["N"], d["K"]
+    lanes, regs = hw.lanes, hw.vector_registers
+    strata: Strata = {}
+    for nv in range(1, MAX_NR_VECTORS + 1):
+        nr = nv * lanes
+        for mr in range(1, MAX_MR + 1):
+            if mr * nv + nv + 1 > regs:
+                break
+            if mr > round_up(M, 1) and mr > 1:
+                continue
+            group: list[MatmulSchedule] = []
+            kcs = sorted({min(K, kc) for kc in (64, 128, 256, 384, 512, 768, 1024, K)})
+            for kc in kcs:
+                l2_rows = max(mr, (hw.l2_bytes // 4) // (kc * 4) // mr * mr)
+                mcs = sorted({min(round_up(M, mr), x) for x in
+                              (l2_rows, 2 * l2_rows, round_up(ceil_div(M, threads), mr))})
+                ncs = sorted({min(round_up(N, nr), x) for x in
+                              (nr * 16, nr * 64, round_up(N, nr))})
+                for mc in mcs:
+                    for nc in ncs:
+                        for par in _parallel_axes(op, threads):
+                            for pack_a in (1, 0):
+                                for pack_b in (1, 0):
+                                    for order in ("jpi", "ipj"):
+                                        for unroll in (1, 4):
+                                            s = MatmulSchedule(
+                                                mr=mr, nr=nr, kc=kc, mc=mc, nc=nc,
+                                                pack_a=pack_a, pack_b=pack_b, loop_order=order,
+                                                unroll=unroll, threads=threads, parallel=par)
+                                            if not problems(op, s, hw):
+                                                group.append(s)
+            if group:
+                strata[(mr, nr)] = group
+    if op.attr("layout") == "nt":
+        for mr in (1, 2, 4, 8):
+            for nv in range(1, MAX_NR_VECTORS + 1):
+                nr = nv * lanes
+                for nc in sorted({min(round_up(N, nr), x) for x in (nr, nr * 8, round_up(N, nr))}):
+                    for par in _parallel_axes(op, threads):
+                        s = MatmulSchedule(mr=mr, nr=nr, kc=min(K, 512), mc=mr, nc=nc, pack_a=0,
+                                           pack_b=0, loop_order="dot", threads=threads,
+                                           parallel=par)
+                        if not problems(op, s, hw):
+                            strata.setdefault(("dot", mr, nr), []).append(s)
+    return strata
+
+
+def _neighbours(op: OpSignature, best: MatmulSchedule, hw: HardwareSpec) -> list[MatmulSchedule]:
+    """Blocks x/÷ ~1.5, the other unroll, the other parallel axes, the other B packing."""
+    K = op.dim("K")
+    out: list[MatmulSchedule] = []
+    for kc in (int(best.kc * 1.5), int(best.kc / 1.5), K):
+        out.append(best.replace(kc=max(8, min(kc, K))))
+    for factor in (2.0, 0.5):
+        mc = max(best.mr, int(best.mc * factor) // best.mr * best.mr)
+        out.append(best.replace(mc=mc))
+    out.append(best.replace(unroll=4 if best.unroll == 1 else 1))
+    if best.threads > 1:
+        out += [best.replace(parallel=a) for a in _parallel_axes(op, best.threads)
+                if a != best.parallel]
+    if not op.trans_b:
+        out.append(best.replace(pack_b=1 - best.pack_b))
+    return out
+
+
+KIND = register(TunerKind(name="matmul", pool=_matmul_pool, tile_key=_tile_key, grid=_grid,
+                          neighbours=_neighbours))
