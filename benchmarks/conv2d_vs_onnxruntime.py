@@ -107,7 +107,7 @@ def hand_picked(op: OpSignature, hw: HardwareSpec, threads: int) -> list[Conv2dS
 
 def time_ort(op: OpSignature, threads: int, timing: TimingConfig) -> tuple[float, str | None]:
     """(median seconds per call, mismatch message or None) for onnxruntime on ``op``."""
-    from tunecache.tuner.onnx_baseline import run_conv, time_onnxruntime_conv
+    from tunecache.tuner.measure.onnx_baseline import run_conv, time_onnxruntime_conv
 
     inputs = random_inputs(op, seed=timing.seed)
     out = run_conv(op, inputs, threads)

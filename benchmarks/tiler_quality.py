@@ -31,9 +31,9 @@ from tunecache.cache.store import Store
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.suites import SUITES
-from tunecache.tuner import roller
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
-from tunecache.tuner.records import to_records
+from tunecache.tuner.measure.records import to_records
+from tunecache.tuner.search import roller
 
 MM, BMM = OpSignature.matmul, OpSignature.batch_matmul
 

@@ -36,9 +36,9 @@ from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.suites import SUITES, Workload
-from tunecache.tuner import roller
 from tunecache.tuner.jobs import JobOptions, run_job
 from tunecache.tuner.measure import Candidate, Runner, TimingConfig
+from tunecache.tuner.search import roller
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "measurements.parquet"

@@ -16,8 +16,8 @@ from tunecache.cache.store import Store  # noqa: E402
 from tunecache.compiler.hardware import local_spec  # noqa: E402
 from tunecache.compiler.ops import OpSignature  # noqa: E402
 from tunecache.datasets.suites import Workload  # noqa: E402
-from tunecache.tuner.farm import FarmPlan, hw_resource, run_farm_job  # noqa: E402
 from tunecache.tuner.jobs import JobOptions  # noqa: E402
+from tunecache.tuner.jobs.farm import FarmPlan, hw_resource, run_farm_job  # noqa: E402
 
 HW = local_spec()
 OPS = [OpSignature.matmul(16 + 8 * i, 32, 24, epilogue="bias") for i in range(4)]

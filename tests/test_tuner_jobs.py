@@ -187,7 +187,7 @@ def test_model_workloads_are_counted_and_unreadable_models_reported(tmp_path: Pa
 
 
 def test_exploration_samples_the_grid_and_resumes_without_repeats(tmp_path: Path) -> None:
-    from tunecache.tuner import roller
+    from tunecache.tuner.search import roller
 
     store = Store(tmp_path)
     op = OpSignature.matmul(40, 72, 24)

@@ -7,7 +7,7 @@ import pytest
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import default_schedule
-from tunecache.tuner.policy import Policy, PolicyConfig, PolicyError
+from tunecache.tuner.deploy import Policy, PolicyConfig, PolicyError
 
 HW = local_spec()
 BIG = OpSignature.matmul(512, 512, 512)

@@ -13,7 +13,8 @@ import pytest
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import problems
-from tunecache.tuner.roller import SMALL_OP_FLOPS, candidates, estimate, exhaustive_space
+from tunecache.costmodel.analytic import estimate
+from tunecache.tuner.search import SMALL_OP_FLOPS, candidates, exhaustive_space
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=32 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="test", l3_shared_by=2)
@@ -60,7 +61,7 @@ def test_deterministic_across_processes() -> None:
     code = (
         "import json; from tunecache.compiler.ops import OpSignature as O;"
         "from tunecache.compiler.hardware import HardwareSpec as H;"
-        "from tunecache.tuner.roller import candidates;"
+        "from tunecache.tuner.search import candidates;"
         f"hw = H.from_json({AVX512.to_json()!r});"
         f"print(json.dumps([c.schedule.to_json() for c in candidates(O.parse({op.text!r}), hw)]))"
     )

@@ -1,9 +1,10 @@
 """The measurement worker: a separate process that loads kernels, checks them and times them.
 
-Run as ``python -m tunecache.tuner.worker``. It reads one JSON request per line on stdin and
-answers one JSON line per request on the protocol pipe (the original stdout; anything a kernel
-prints goes to stderr instead). A kernel that crashes or hangs takes down only this process;
-the parent (:mod:`tunecache.tuner.measure`) notices, records the outcome and starts another.
+Run as ``python -m tunecache.tuner.measure.worker``. It reads one JSON request per line on stdin
+and answers one JSON line per request on the protocol pipe (the original stdout; anything a
+kernel prints goes to stderr instead). A kernel that crashes or hangs takes down only this
+process; the parent (:mod:`tunecache.tuner.measure.runner`) notices, records the outcome and
+starts another.
 
 Requests:
 

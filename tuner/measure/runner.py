@@ -2,8 +2,8 @@
 
 :class:`Runner` takes a batch of candidates (op + schedule), validates and generates them,
 compiles them in parallel through the artifact cache, then checks and times each one in an
-isolated worker process (:mod:`tunecache.tuner.worker`). A kernel that crashes or hangs kills
-only the worker; the runner records the outcome and starts a fresh worker for the rest.
+isolated worker process (:mod:`tunecache.tuner.measure.worker`). A kernel that crashes or hangs
+kills only the worker; the runner records the outcome and starts a fresh worker for the rest.
 
 Outcomes (``MeasureResult.status``): ``ok``, ``invalid`` (schedule rejected before codegen),
 ``compile_error``, ``runtime_error`` (crash or exception), ``wrong_result`` (differs from the
@@ -153,12 +153,12 @@ class WorkerProcess:
     """A measurement worker subprocess speaking JSON lines."""
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
-        """Start ``python -m tunecache.tuner.worker`` with ``env`` added to ours."""
+        """Start ``python -m tunecache.tuner.measure.worker`` with ``env`` added to ours."""
         child_env = dict(os.environ)
         child_env.update(env or {})
         child_env = {k: v for k, v in child_env.items() if v is not None}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tunecache.tuner.worker"],
+            [sys.executable, "-m", "tunecache.tuner.measure.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -27,9 +27,9 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.suites import Workload, get_suite
-from tunecache.tuner.baseline import measure_baseline
 from tunecache.tuner.measure import MeasureResult, Runner, TimingConfig
-from tunecache.tuner.records import to_records
+from tunecache.tuner.measure.baseline import measure_baseline
+from tunecache.tuner.measure.records import to_records
 from tunecache.tuner.search import OpTuneResult, Ranker, TuneConfig, tune_op
 
 

@@ -1,7 +1,7 @@
 """Deploy-time compilation: an ONNX model against the cache, under a compile-time policy.
 
 :func:`compile_model` loads the graph, looks every kernel op up in the published cache of
-this hardware, lets the :class:`~tunecache.tuner.policy.Policy` decide on each miss (use a
+this hardware, lets the :class:`~tunecache.tuner.deploy.policy.Policy` decide on each miss (use a
 guess, measure a few candidates now, or run numpy), records every miss in the wanted list
 for the next nightly job, builds the kernels (through the artifact cache, in parallel) and
 returns a :class:`CompiledModel` whose ``plan`` explains each decision and whose ``run``
@@ -33,9 +33,9 @@ from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule
+from tunecache.tuner.deploy.policy import Decision, Policy, PolicyConfig
 from tunecache.tuner.measure import Runner, TimingConfig
-from tunecache.tuner.policy import Decision, Policy, PolicyConfig
-from tunecache.tuner.records import to_records
+from tunecache.tuner.measure.records import to_records
 from tunecache.tuner.search import Ranker, TuneConfig, tune_op
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.datasets.records import Record
-from tunecache.tuner.measure import MeasureResult
+from tunecache.tuner.measure.runner import MeasureResult
 
 
 def to_record(result: MeasureResult, hw: HardwareSpec, *, job_id: str | None = None,

@@ -14,14 +14,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from tunecache.cache.store import Store
-from tunecache.tuner.cli_common import emit_json, json_option
-
-
-def _root_option(func: Any) -> Any:
-    return click.option(
-        "--root", default=None, metavar="PATH|URI",
-        help="Store root (default: $TUNECACHE_HOME, else the user cache directory).",
-    )(func)
+from tunecache.tuner.cli.common import emit_json, hw_id_option, hw_ids_option, json_option, root_option
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
@@ -62,7 +55,7 @@ def cache_group() -> None:
 
 
 @cache_group.command("stats")
-@_root_option
+@root_option
 @json_option
 def cache_stats(root: str | None, as_json: bool) -> None:
     """Fragments, rows and bytes per partition, and what is published."""
@@ -78,8 +71,8 @@ def cache_stats(root: str | None, as_json: bool) -> None:
 
 
 @cache_group.command("publish")
-@_root_option
-@click.option("--hw-id", "hw_ids", multiple=True, help="Only this hardware (repeatable).")
+@root_option
+@hw_ids_option
 @json_option
 def cache_publish(root: str | None, hw_ids: tuple[str, ...], as_json: bool) -> None:
     """Publish the best measured schedule per op for each hardware."""
@@ -92,7 +85,7 @@ def cache_publish(root: str | None, hw_ids: tuple[str, ...], as_json: bool) -> N
 
 
 @cache_group.command("verify")
-@_root_option
+@root_option
 @json_option
 def cache_verify(root: str | None, as_json: bool) -> None:
     """Read every fragment and snapshot; exit 1 if anything is damaged."""
@@ -118,8 +111,8 @@ def cache_verify(root: str | None, as_json: bool) -> None:
 
 
 @cache_group.command("compact")
-@_root_option
-@click.option("--hw-id", default=None, help="Only this hardware.")
+@root_option
+@hw_id_option
 @click.option("--op-kind", default=None, help="Only this op kind.")
 @json_option
 def cache_compact(root: str | None, hw_id: str | None, op_kind: str | None,
@@ -136,7 +129,7 @@ def cache_compact(root: str | None, hw_id: str | None, op_kind: str | None,
 
 @cache_group.command("rollback")
 @click.argument("hw_id")
-@_root_option
+@root_option
 @click.option("--to", "to", default=None, metavar="SNAPSHOT",
               help="Snapshot name to make current (default: the one before the current).")
 @json_option
@@ -151,8 +144,8 @@ def cache_rollback(hw_id: str, root: str | None, to: str | None, as_json: bool) 
 
 @cache_group.command("export")
 @click.argument("dest", type=click.Path(dir_okay=False))
-@_root_option
-@click.option("--hw-id", "hw_ids", multiple=True, help="Only this hardware (repeatable).")
+@root_option
+@hw_ids_option
 @click.option("--records", is_flag=True,
               help="Export the measurement records instead of the published entries.")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "csv"]), default=None,
@@ -192,8 +185,8 @@ def dataset_group() -> None:
 
 
 @dataset_group.command("show")
-@_root_option
-@click.option("--hw-id", default=None, help="Only this hardware.")
+@root_option
+@hw_id_option
 @json_option
 def dataset_show(root: str | None, hw_id: str | None, as_json: bool) -> None:
     """Summary of the records per hardware and op kind."""

@@ -13,11 +13,15 @@ import numpy as np
 from tunecache.cache.store import Store
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import local_spec
-from tunecache.tuner.cli_common import emit_json, json_option
-from tunecache.tuner.cli_compiler import hardware_option
-from tunecache.tuner.cli_tune import parse_duration
-from tunecache.tuner.deploy import CompiledModel, compile_model
-from tunecache.tuner.policy import POLICIES
+from tunecache.tuner.cli.common import (
+    emit_json,
+    hardware_option,
+    json_option,
+    parse_duration,
+    root_option,
+    threads_option_with,
+)
+from tunecache.tuner.deploy import POLICIES, CompiledModel, compile_model
 
 
 class InputShapeError(TunecacheError):
@@ -50,8 +54,7 @@ def _common(func: Any) -> Any:
                      help="Compile-time budget for measuring misses (e.g. 30s)."),
         click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D1,D2,...",
                      help="Fix a dynamic input's shape. Repeatable."),
-        click.option("--root", default=None, metavar="PATH|URI",
-                     help="Store root (default: $TUNECACHE_HOME, else the user cache directory)."),
+        root_option,
         hardware_option,
         json_option,
     ]
@@ -130,8 +133,7 @@ def _time(fn: Any, repeat: int) -> list[float]:
               help="Also run onnxruntime: max abs/rel error and the latency ratio.")
 @click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True,
               help="Timed runs (median reported).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="onnxruntime intra-op threads (default: every core).")
+@threads_option_with("onnxruntime intra-op threads (default: every core).")
 def run_command(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
                 input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
                 as_json: bool, inputs_path: Path | None, compare: str | None, repeat: int,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 import pandas as pd
@@ -21,7 +20,7 @@ from tunecache.costmodel.model import (
     prepare,
 )
 from tunecache.datasets import location
-from tunecache.tuner.cli_common import emit_json, json_option
+from tunecache.tuner.cli.common import emit_json, folds_option_with, json_option, root_option
 
 
 class ModelCommandError(TunecacheError):
@@ -29,13 +28,6 @@ class ModelCommandError(TunecacheError):
 
 
 _COLUMNS = [*REQUIRED_COLUMNS, "record_id"]
-
-
-def _root_option(func: Any) -> Any:
-    return click.option(
-        "--root", default=None, metavar="PATH|URI",
-        help="Store root (default: $TUNECACHE_HOME, else the user cache directory).",
-    )(func)
 
 
 def _load_store(root: str | None) -> pd.DataFrame:
@@ -130,11 +122,10 @@ def model_group() -> None:
 
 
 @model_group.command("train")
-@_root_option
+@root_option
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Save to this directory instead of the store (does not change CURRENT).")
-@click.option("--folds", type=int, default=5, show_default=True,
-              help="By-operator cross-validation folds for the recorded metrics (0: skip).")
+@folds_option_with("By-operator cross-validation folds for the recorded metrics (0: skip).")
 @json_option
 def model_train(root: str | None, out: str | None, folds: int, as_json: bool) -> None:
     """Train on the store's records; save it in the store and make it current."""
@@ -172,14 +163,13 @@ def model_train(root: str | None, out: str | None, folds: int, as_json: bool) ->
 
 
 @model_group.command("eval")
-@_root_option
+@root_option
 @click.option("--data", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Evaluate on this Parquet file of store rows instead of the store.")
 @click.option("--model", "model_spec", default=None, metavar="DIR|current",
               help="Evaluate this saved model on the data (default: by-operator "
                    "cross-validation of fresh models).")
-@click.option("--folds", type=int, default=5, show_default=True,
-              help="Cross-validation folds (without --model).")
+@folds_option_with("Cross-validation folds (without --model).")
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
               help="Write a predicted-vs-measured scatter plot (needs the plots extra).")
 @json_option
@@ -204,7 +194,7 @@ def model_eval(root: str | None, data: str | None, model_spec: str | None, folds
 
 
 @model_group.command("show")
-@_root_option
+@root_option
 @click.option("--model", "model_dir", default=None, type=click.Path(file_okay=False),
               help="Show this model directory instead of the store's current model.")
 @json_option

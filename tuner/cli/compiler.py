@@ -12,17 +12,17 @@ import click
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import default_schedule, schedule_from_json, validate
-from tunecache.tuner.baseline import measure_baseline
-from tunecache.tuner.cli_common import emit_json, json_option
-from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
-
-hardware_option = click.option(
-    "--hardware",
-    "hardware",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Hardware spec JSON to use instead of detection ($TUNECACHE_HARDWARE also works).",
+from tunecache.tuner.cli.common import (
+    emit_json,
+    hardware_option,
+    json_option,
+    no_baseline_option,
+    root_option,
+    threads_option,
+    threads_option_with,
 )
+from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
+from tunecache.tuner.measure.baseline import measure_baseline
 
 
 @click.command("hw")
@@ -63,16 +63,13 @@ def _result_row(result: MeasureResult) -> dict[str, Any]:
 @click.argument("op_text", metavar="OP")
 @click.option("--schedule", "schedule_text", default=None,
               help="Schedule as JSON, or @FILE; default: a hand-picked BLIS-style schedule.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Threads for the kernel and for numpy (default: the schedule's, else 1).")
+@threads_option_with("Threads for the kernel and for numpy (default: the schedule's, else 1).")
 @click.option("--min-time", type=click.FloatRange(min=0.0), default=0.3, show_default=True,
               help="Seconds of timed calls per measurement.")
-@click.option("--no-baseline", is_flag=True,
-              help="Skip the baseline (numpy for matmul; onnxruntime, when installed, for conv2d).")
+@no_baseline_option
 @click.option("--record/--no-record", default=True, show_default=True,
               help="Append the measurement to the store.")
-@click.option("--root", default=None, metavar="PATH|URI",
-              help="Store root (default: $TUNECACHE_HOME, else the user cache directory).")
+@root_option
 @hardware_option
 @json_option
 def bench_op_command(op_text: str, schedule_text: str | None, threads: int | None,
@@ -108,7 +105,7 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
     stored = None
     if record:
         from tunecache.cache.store import Store
-        from tunecache.tuner.records import to_records
+        from tunecache.tuner.measure.records import to_records
 
         store = Store(root)
         store.append(to_records([result], spec, job_id=f"bench-op-{uuid.uuid4().hex[:12]}"))
@@ -169,14 +166,13 @@ COMMANDS: list[click.Command] = [hw_command, bench_op_command]
 @click.argument("op_text", metavar="OP")
 @click.option("--k", "k", type=click.IntRange(min=1), default=10, show_default=True,
               help="How many candidates.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Thread count the schedules use (default: every core of the spec).")
+@threads_option
 @hardware_option
 @json_option
 def candidates_command(op_text: str, k: int, threads: int | None, hardware: Path | None,
                        as_json: bool) -> None:
     """Print the analytical tiler's top-k schedules for OP with their estimates."""
-    from tunecache.tuner.roller import timed_candidates
+    from tunecache.tuner.search import timed_candidates
 
     spec = local_spec(hardware)
     op = OpSignature.parse(op_text)

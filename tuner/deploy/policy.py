@@ -34,8 +34,7 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule, default_schedule, problems
-from tunecache.tuner import roller
-from tunecache.tuner.search import Ranker
+from tunecache.tuner.search import Ranker, roller
 
 POLICIES = ("cache-only", "analytic", "balanced", "tune")
 # Fraction of runtime an unmeasured guess loses, on average, to the best of a short search.

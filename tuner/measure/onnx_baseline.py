@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import random_inputs
-from tunecache.tuner.worker import time_calls
+from tunecache.tuner.measure.worker import time_calls
 
 __all__ = ["conv_model", "conv_session", "run_conv", "time_onnxruntime_conv"]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,15 @@ from tunecache.cache.store import Store
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import local_spec
 from tunecache.datasets.suites import SUITES, Workload
-from tunecache.tuner.cli_common import emit_json, json_option
-from tunecache.tuner.cli_compiler import hardware_option
+from tunecache.tuner.cli.common import (
+    emit_json,
+    hardware_option,
+    json_option,
+    no_baseline_option,
+    parse_duration,
+    root_option,
+    threads_option,
+)
 from tunecache.tuner.jobs import JobOptions, JobSummary, OpSummary, collect_workloads, run_job
 from tunecache.tuner.measure import MeasureResult
 
@@ -23,23 +29,6 @@ log = logging.getLogger("tunecache.tune")
 
 EXIT_INTERRUPTED = 130
 EXIT_PARTIAL = 1
-
-
-class BudgetError(TunecacheError):
-    """A --budget value that is not a duration."""
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``15m``, ``1.5h`` or ``1h30m``."""
-    match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*",
-                         text)
-    if not text.strip() or match is None or not any(match.groups()):
-        raise BudgetError(f"--budget {text!r} is not a duration; use e.g. 600, 90s, 15m, 1h30m")
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-    total = hours * 3600 + minutes * 60 + seconds
-    if total <= 0:
-        raise BudgetError(f"--budget {text!r} must be positive")
-    return total
 
 
 class _Progress:
@@ -121,13 +110,11 @@ def _print_summary(summary: JobSummary) -> None:
                    "grid: training data for the cost model.")
 @click.option("--retune", is_flag=True, help="Measure ops again even if already tuned.")
 @click.option("--no-refine", is_flag=True, help="Skip the local search around the best.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Threads per kernel (default: every core).")
-@click.option("--no-baseline", is_flag=True, help="Skip timing numpy for the summary ratio.")
+@threads_option
+@no_baseline_option
 @click.option("--publish", is_flag=True, help="Publish the cache for this hardware at the end.")
 @click.option("--train", is_flag=True, help="Retrain the cost model at the end.")
-@click.option("--root", default=None, metavar="PATH|URI",
-              help="Store root (default: $TUNECACHE_HOME, else the user cache directory).")
+@root_option
 @click.option("--job-id", default=None, help="Name for this job's records (default: generated).")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
               help="Spread ops over a Ray farm (needs tunecache[farm]; --root must be shared).")
@@ -163,7 +150,7 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
                          explore=explore)
     try:
         if ray_address:
-            from tunecache.tuner.farm import FarmPlan, run_farm_job
+            from tunecache.tuner.jobs.farm import FarmPlan, run_farm_job
 
             [summary] = run_farm_job(ray_address, [FarmPlan(hw, tuple(workloads))], store.root,
                                      options, progress=progress, timeout_s=budget_s)
@@ -229,7 +216,7 @@ def farm_group() -> None:
 def farm_worker_command(address: str, no_block: bool, dry_run: bool,
                         hardware: Path | None) -> None:
     """Join this machine to the farm, offering one measurement slot for its hw_id."""
-    from tunecache.tuner.farm import join_farm, worker_command
+    from tunecache.tuner.jobs.farm import join_farm, worker_command
 
     hw = local_spec(hardware)
     if dry_run:

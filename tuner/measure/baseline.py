@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
-from tunecache.tuner.measure import MeasureResult, Runner, TimingConfig
+from tunecache.tuner.measure.runner import MeasureResult, Runner, TimingConfig
 
 
 def measure_baseline(op: OpSignature, threads: int, runner: Runner) -> MeasureResult | None:
@@ -26,7 +26,7 @@ def onnxruntime_baseline(op: OpSignature, threads: int,
     installed. Epilogue steps other than ``bias`` are left out of the model: the figure is for
     the operator itself."""
     try:
-        from tunecache.tuner.onnx_baseline import time_onnxruntime_conv
+        from tunecache.tuner.measure.onnx_baseline import time_onnxruntime_conv
     except ImportError:
         return None
     samples = time_onnxruntime_conv(op, threads, timing.request(), seed=timing.seed)

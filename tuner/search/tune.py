@@ -20,9 +20,9 @@ from typing import Protocol
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
-from tunecache.tuner import roller
 from tunecache.tuner.kinds import legal_neighbours, tuner_kind
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner
+from tunecache.tuner.search import roller
 
 POOL_SIZE = 40
 EXPLORE_SEED = 7

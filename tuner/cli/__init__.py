@@ -2,19 +2,20 @@
 
 Conventions: data goes to stdout, logs and progress to stderr; every command that reports
 something takes ``--json``; a user error prints one line ``error: ...`` and exits with 2,
-never a traceback.
+never a traceback. Each command group lives in a module here that lists its commands in
+``COMMANDS``; options several commands share are written once in
+:mod:`tunecache.tuner.cli.common`. ``python -m tunecache.tuner.cli`` runs it too.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
 
 from tunecache.compiler.errors import TunecacheError
-from tunecache.tuner import cli_compiler, cli_deploy, cli_model, cli_store, cli_tune
-from tunecache.tuner.cli_common import EXIT_USER_ERROR
+from tunecache.tuner.cli import compiler, deploy, model, store, tune
+from tunecache.tuner.cli.common import EXIT_USER_ERROR
 
 
 class _Group(click.Group):
@@ -34,9 +35,6 @@ def main() -> None:
     """tunecache: offline autotuning and a compile cache for tensor kernels."""
 
 
-for _module in (cli_compiler, cli_store, cli_tune, cli_model, cli_deploy):
+for _module in (compiler, store, tune, model, deploy):
     for _command in _module.COMMANDS:
         main.add_command(_command)
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -31,7 +31,7 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.suites import Workload
-from tunecache.tuner.jobs import JobOptions, JobProgress, JobSummary, OpSummary, SilentProgress
+from tunecache.tuner.jobs.run import JobOptions, JobProgress, JobSummary, OpSummary, SilentProgress
 
 RESOURCE_PREFIX = "tunecache-hw:"
 TASK_RETRIES = 3
@@ -81,7 +81,7 @@ def _tune_remote(op_text: str, hw_json: str, root: str, options: dict[str, Any],
                  job_id: str) -> dict[str, Any]:
     """Body of the Ray task: tune one op on this node into the shared store."""
     from tunecache.cache.store import Store
-    from tunecache.tuner.jobs import run_job
+    from tunecache.tuner.jobs.run import run_job
 
     hw = HardwareSpec.from_json(hw_json)
     op = OpSignature.parse(op_text)
