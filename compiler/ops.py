@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from types import MappingProxyType
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from tunecache.compiler.errors import OpSignatureError

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
+
 from tunecache.compiler.build import build_source
 from tunecache.compiler.codegen.isa import BASE_FLAGS, dialect
 from tunecache.compiler.hardware import HardwareSpec
@@ -61,3 +63,62 @@ def measure_peak_gflops(hw: HardwareSpec, threads: int = 1, seconds: float = 0.3
     best = min(fn(iters, threads, ctypes.byref(sink)) for _ in range(5))
     flops = 2.0 * CHAINS * d.lanes * iters * threads
     return flops / best / 1e9
+
+
+def _copy_source(isa: str) -> str:
+    d = dialect(isa)
+    return f"""{d.prelude}
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+/* STREAM "copy": y = x, vectors, each thread a contiguous range; streaming or plain stores. */
+double tc_copy(const float *x, float *y, long n, int threads, int streaming) {{
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+#pragma omp parallel num_threads(threads)
+  {{
+#ifdef _OPENMP
+    int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+#else
+    int tid = 0, nth = 1;
+#endif
+    long per = (n / {d.lanes} + nth - 1) / nth * {d.lanes};
+    long lo = tid * per, hi = lo + per < n ? lo + per : n;
+    if (streaming) {{
+      for (long i = lo; i < hi; i += {d.lanes}) VSTREAM(y + i, VLOAD(x + i));
+      VSFENCE();
+    }} else {{
+      for (long i = lo; i < hi; i += {d.lanes}) VSTORE(y + i, VLOAD(x + i));
+    }}
+  }}
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}}
+"""
+
+
+def measure_bandwidth_gbs(hw: HardwareSpec, threads: int = 1, mib: int = 128) -> float:
+    """Memory bandwidth (GB/s, bytes read + written) of a STREAM-style copy of ``mib`` MiB
+    per array (far beyond the caches) on ``threads`` threads: best of 5, the better of plain
+    and streaming (non-temporal) stores."""
+
+    d = dialect(hw.isa)
+    art = build_source(_copy_source(hw.isa), (*BASE_FLAGS, *d.flags, "-fopenmp"))
+    fn = ctypes.CDLL(str(art.path)).tc_copy
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_double
+    n = (mib << 20) // 4 // 16 * 16
+    x = _aligned(n)
+    y = _aligned(n)
+    x[:] = 1.0
+    y[:] = 0.0
+    best = min(fn(x.ctypes.data, y.ctypes.data, n, threads, streaming)
+               for streaming in (0, 1) for _ in range(5))
+    return 8.0 * n / best / 1e9
+
+
+def _aligned(n: int) -> np.ndarray:
+    raw = np.empty(n * 4 + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + n * 4].view(np.float32)

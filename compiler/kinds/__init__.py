@@ -60,6 +60,8 @@ class OpKind:
     * ``tolerance(op, inputs)`` — optional (rtol, atol) override for non-reduction kinds.
     * ``random_inputs(op, rng)`` — optional: inputs for tuning and checks where standard
       normal values are not valid (a positive epsilon, say).
+    * ``examples`` — op texts of typical uses (model shapes); the registry's contract tests
+      and ``tunecache kinds`` use them.
     """
 
     name: str
@@ -77,6 +79,7 @@ class OpKind:
     prepacked_timing: bool = False
     tolerance: Callable[[OpSignature, tuple[np.ndarray, ...]], tuple[float, float]] | None = None
     random_inputs: Callable[[OpSignature, np.random.Generator], tuple[np.ndarray, ...]] | None = None
+    examples: tuple[str, ...] = ()
 
 
 _KINDS: dict[str, OpKind] = {}

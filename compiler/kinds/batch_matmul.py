@@ -43,4 +43,6 @@ KIND = register(OpKind(
     reference=MATMUL.reference,
     reduction_length=MATMUL.reduction_length,
     dim_columns={"B": "dim_batch", **MATMUL.dim_columns},
+    examples=("batch_matmul(B=12,M=128,N=128,K=64,layout=nt)",
+              "batch_matmul(B=4,M=33,N=20,K=17,shared=b,epilogue=bias)"),
 ))

@@ -80,6 +80,7 @@ def cost_kind(name: str) -> CostKind:
     kind = _KINDS.get(name)
     if kind is None:
         _load()
+        _import(name)  # a kind registered after the first load
         kind = _KINDS.get(name)
     if kind is None:
         raise OpSignatureError(f"the cost model has no module for op kind {name!r} "

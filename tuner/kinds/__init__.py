@@ -1,9 +1,9 @@
 """The op-kind registry of the tuner layer: each kind's candidate pool, grid and refinement.
 
 Each kind has a module here (``tuner/kinds/<name>.py``) that registers one
-:class:`TunerKind` when imported. The tiler (:mod:`tunecache.tuner.roller`) ranks any kind's
+:class:`TunerKind` when imported. The tiler (:mod:`tunecache.tuner.search.roller`) ranks any kind's
 pool by the analytic estimate and keeps a diverse top-k; the search
-(:mod:`tunecache.tuner.search`) refines the best measured schedule through its neighbours.
+(:mod:`tunecache.tuner.search.tune`) refines the best measured schedule through its neighbours.
 """
 
 from __future__ import annotations
@@ -66,13 +66,16 @@ def _load() -> None:
     for point in entry_points(group=ENTRY_POINT_GROUP + ".tuner"):
         importlib.import_module(point.value)
     for name in kind_names():
-        if name in _KINDS:
-            continue
-        try:
-            importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
+        if name not in _KINDS:
+            _import(name)
+
+
+def _import(name: str) -> None:
+    try:
+        importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
 
 
 def tuner_kind(name: str) -> TunerKind:
@@ -80,6 +83,7 @@ def tuner_kind(name: str) -> TunerKind:
     kind = _KINDS.get(name)
     if kind is None:
         _load()
+        _import(name)  # a kind registered after the first load
         kind = _KINDS.get(name)
     if kind is None:
         raise OpSignatureError(f"the tiler has no model for op kind {name!r} "

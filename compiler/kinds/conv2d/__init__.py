@@ -173,4 +173,9 @@ KIND = register(OpKind(
     },
     baseline="onnxruntime",
     prepacked_timing=True,
+    examples=("conv2d(N=1,C=64,H=56,W=56,F=64,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,"
+              "epilogue=bias+relu)",
+              "conv2d(N=1,C=32,H=28,W=28,F=32,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,"
+              "pad_b=1,pad_r=1,groups=32,epilogue=bias)",
+              "conv2d(N=1,C=256,H=14,W=14,F=64,R=1,S=1,epilogue=bias+add+relu)"),
 ))
