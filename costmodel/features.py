@@ -53,7 +53,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 4: the conv2d estimate assumes weights packed once (codegen v2 times conv2d that way).
 # 5: the layout is the union of the registered kinds' feature blocks (same columns for
 #    matmul and conv2d, in another order; conv-only cross columns no longer NaN-padded).
-FEATURE_VERSION = 5
+# 6: softmax (the row-wise block: rows, row length, vec/unroll/rows/passes knobs).
+FEATURE_VERSION = 6
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

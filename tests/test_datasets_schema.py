@@ -77,9 +77,9 @@ def test_every_registered_kind_has_its_dim_and_knob_columns():
 @dataclass(frozen=True, slots=True)
 class _RowSchedule(ScheduleData):
     family: ClassVar[str] = "rowwise_test"
-    vec: int
-    rows: int = 1
-    mode: str = "a"
+    tvec: int
+    trows: int = 1
+    tmode: str = "a"
     threads: int = 1
 
 
@@ -96,14 +96,14 @@ def _kind(name: str, schedule: type[ScheduleData], dim_columns: dict[str, str]) 
 
 
 def test_new_kinds_append_their_columns_after_the_v1_ones():
-    rowwise = _kind("rowwise_test", _RowSchedule, {"M": "dim_m", "N": "dim_n", "Q": "dim_q"})
+    rowwise = _kind("rowwise_test", _RowSchedule, {"M": "dim_m", "N": "dim_n", "Q": "dim_tq"})
     layout = build_layout([*all_kinds(), rowwise])
     appended = layout.schema.names[len(V1_COLUMNS):]
-    assert appended[-4:] == ["dim_q", "vec", "rows", "mode"]
-    assert layout.schema.field("dim_q").type == pa.int64()
-    assert layout.schema.field("vec").type == pa.int32()
-    assert layout.schema.field("mode").type == pa.string()
-    assert "dim_q" in layout.dim_columns and "mode" in layout.knob_columns
+    assert appended[-4:] == ["dim_tq", "tvec", "trows", "tmode"]
+    assert layout.schema.field("dim_tq").type == pa.int64()
+    assert layout.schema.field("tvec").type == pa.int32()
+    assert layout.schema.field("tmode").type == pa.string()
+    assert "dim_tq" in layout.dim_columns and "tmode" in layout.knob_columns
     assert layout.schema.names.count("threads") == 1
     # Registration order does not matter: non-builtin kinds are ordered by name.
     assert build_layout([rowwise, *reversed(all_kinds())]).schema.equals(layout.schema)
@@ -150,8 +150,8 @@ def test_a_kind_registered_before_import_gets_columns_end_to_end(tmp_path):
         @dataclass(frozen=True, slots=True)
         class RowSchedule(ScheduleData):
             family: ClassVar[str] = "rowwise_test"
-            vec: int
-            rows: int = 1
+            tvec: int
+            trows: int = 1
             threads: int = 1
 
         def kind(name, columns):
@@ -161,18 +161,18 @@ def test_a_kind_registered_before_import_gets_columns_end_to_end(tmp_path):
                 schedule=RowSchedule, problems=None, default_schedule=None, emit=None,
                 reference=None, reduction_length=None, dim_columns=columns)
 
-        register(kind("rowwise_test", {{"M": "dim_m", "N": "dim_n", "Q": "dim_q"}}))
+        register(kind("rowwise_test", {{"M": "dim_m", "N": "dim_n", "Q": "dim_tq"}}))
         from tunecache.cache.index import Index
         from tunecache.cache.store import Store
         from tunecache.datasets import SchemaError
         from tunecache.datasets.records import Record, records_from_table, records_to_table
         from tunecache.datasets.schema import SCHEMA
 
-        assert SCHEMA.names[-3:] == ["dim_q", "vec", "rows"], SCHEMA.names[-3:]
+        assert SCHEMA.names[-3:] == ["dim_tq", "tvec", "trows"], SCHEMA.names[-3:]
         op = OpSignature("rowwise_test", (("M", 4), ("N", 8), ("Q", 2)))
-        s = RowSchedule(vec=8, rows=2)
+        s = RowSchedule(tvec=8, trows=2)
         record = Record.create(op=op, hw="h-1", schedule=s, status="ok", runtimes_s=[1e-3])
-        assert (record.dim_m, record.dim_q, record.vec, record.rows, record.threads) == \\
+        assert (record.dim_m, record.dim_tq, record.tvec, record.trows, record.threads) == \\
             (4, 2, 8, 2, 1)
         assert records_from_table(records_to_table([record])) == [record]
         store = Store({str(tmp_path)!r})
