@@ -54,7 +54,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 5: the layout is the union of the registered kinds' feature blocks (same columns for
 #    matmul and conv2d, in another order; conv-only cross columns no longer NaN-padded).
 # 6: softmax (the row-wise block: rows, row length, vec/unroll/rows/passes knobs).
-FEATURE_VERSION = 6
+# 7: layernorm (its kind column; it fills the row-wise block).
+FEATURE_VERSION = 7
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
