@@ -55,7 +55,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 #    matmul and conv2d, in another order; conv-only cross columns no longer NaN-padded).
 # 6: softmax (the row-wise block: rows, row length, vec/unroll/rows/passes knobs).
 # 7: layernorm (its kind column; it fills the row-wise block).
-FEATURE_VERSION = 7
+# 8: pool2d (its kind column and block; the streaming roofline).
+FEATURE_VERSION = 8
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
