@@ -56,7 +56,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 6: softmax (the row-wise block: rows, row length, vec/unroll/rows/passes knobs).
 # 7: layernorm (its kind column; it fills the row-wise block).
 # 8: pool2d (its kind column and block; the streaming roofline).
-FEATURE_VERSION = 8
+# 9: elementwise (its kind column and block).
+FEATURE_VERSION = 9
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
     from tunecache.compiler.schedule import ScheduleData
 
-BUILTIN_KINDS = ("matmul", "batch_matmul", "conv2d", "softmax", "layernorm", "pool2d")
+BUILTIN_KINDS = ("matmul", "batch_matmul", "conv2d", "softmax", "layernorm", "pool2d",
+                 "elementwise")
 """Modules of ``tunecache.compiler.kinds`` loaded on first use, in this order."""
 
 ENTRY_POINT_GROUP = "tunecache.kinds"
