@@ -17,7 +17,6 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from tunecache.compiler.errors import OpSignatureError
@@ -98,8 +97,9 @@ class OpSignature:
                 raise OpSignatureError(
                     f"{self.kind} dim {name}={value} is out of range; expected {low}..{MAX_DIM}"
                 )
-        # Read on every estimate and feature row: built once, read-only.
-        object.__setattr__(self, "_dims", MappingProxyType(dict(self.dims)))
+        # Read on every estimate and feature row: built once. A plain dict (picklable,
+        # deep-copyable), handed out as a read-only Mapping.
+        object.__setattr__(self, "_dims", dict(self.dims))
         if self.dtype not in SUPPORTED_DTYPES:
             raise OpSignatureError(
                 f"unsupported dtype {self.dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}"

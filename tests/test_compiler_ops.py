@@ -99,3 +99,13 @@ def test_constructor_validates() -> None:
         OpSignature.matmul(1.5, 2, 3)  # type: ignore[arg-type]
     with pytest.raises(OpSignatureError, match="shared"):
         OpSignature.batch_matmul(2, 1, 2, 3, shared="c")
+
+
+def test_signatures_pickle_and_deep_copy_as_values() -> None:
+    # Ray ships ops to farm nodes and dataclasses.asdict deep-copies them into reports.
+    import copy
+    import pickle
+
+    for op in (OpSignature.matmul(4, 5, 6, epilogue="bias"), OpSignature.conv2d(1, 3, 8, 8, 4, 3, 3)):
+        for back in (pickle.loads(pickle.dumps(op)), copy.deepcopy(op)):
+            assert back == op and back.text == op.text and back.dims_dict == op.dims_dict
