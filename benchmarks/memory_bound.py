@@ -51,8 +51,8 @@ SHAPES: list[tuple[str, str, OpSignature]] = [
     ("pool2d", "max pool 3x3/2, batch 16", P(
         "pool2d(N=16,C=64,H=112,W=112,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,pad_b=1,"
         "pad_r=1,mode=max)")),
-    ("pool2d", "global average 28x28, 256 channels, batch 32",
-     P("pool2d(N=32,C=256,H=28,W=28,R=28,S=28,mode=avg)")),
+    ("pool2d", "global average 28x28, 256 channels, batch 64",
+     P("pool2d(N=64,C=256,H=28,W=28,R=28,S=28,mode=avg)")),
     ("elementwise", "ResNet-50 residual add + relu (256x56x56)",
      P("elementwise(M=256,N=3136,operand=full,epilogue=add+relu)")),
     ("elementwise", "BERT-base GELU (128x3072)", P("elementwise(M=128,N=3072,epilogue=gelu_erf)")),
