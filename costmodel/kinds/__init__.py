@@ -11,15 +11,12 @@ tile's ``tile_rows``), so the model learns across them.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from tunecache.compiler.errors import OpSignatureError
-from tunecache.compiler.kinds import ENTRY_POINT_GROUP, kind_names
+from tunecache.compiler.kinds.layers import LayerRegistry
 
 if TYPE_CHECKING:
     from tunecache.compiler.hardware import HardwareSpec
@@ -58,52 +55,20 @@ class CostKind:
     features: FeatureBlock
 
 
-_KINDS: dict[str, CostKind] = {}
+_REGISTRY: LayerRegistry[CostKind] = LayerRegistry(__name__, "costmodel",
+                                                  "the cost model has no module")
 
 
 def register(kind: CostKind) -> CostKind:
     """Add ``kind`` to the registry (a kind module calls this when imported)."""
-    _KINDS[kind.name] = kind
-    return kind
-
-
-def _import(name: str) -> None:
-    try:
-        importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
+    return _REGISTRY.register(kind)
 
 
 def cost_kind(name: str) -> CostKind:
     """The cost-model side of kind ``name``."""
-    kind = _KINDS.get(name)
-    if kind is None:
-        _load()
-        _import(name)  # a kind registered after the first load
-        kind = _KINDS.get(name)
-    if kind is None:
-        raise OpSignatureError(f"the cost model has no module for op kind {name!r} "
-                               f"(costmodel/kinds/{name}.py)")
-    return kind
+    return _REGISTRY.get(name)
 
 
 def all_cost_kinds() -> tuple[CostKind, ...]:
     """The cost-model side of every registered op kind that has one, in registry order."""
-    _load()
-    return tuple(_KINDS[name] for name in kind_names() if name in _KINDS)
-
-
-_loaded = False
-
-
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for point in entry_points(group=ENTRY_POINT_GROUP + ".costmodel"):
-        importlib.import_module(point.value)
-    for name in kind_names():
-        if name not in _KINDS:
-            _import(name)
+    return _REGISTRY.all()

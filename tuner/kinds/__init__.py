@@ -8,14 +8,11 @@ pool by the analytic estimate and keeps a diverse top-k; the search
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from tunecache.compiler.errors import OpSignatureError
-from tunecache.compiler.kinds import ENTRY_POINT_GROUP, kind_names
+from tunecache.compiler.kinds.layers import LayerRegistry
 from tunecache.costmodel.analytic import ceil_div, round_up
 
 if TYPE_CHECKING:
@@ -48,47 +45,17 @@ class TunerKind:
     neighbours: Callable[[OpSignature, Any, HardwareSpec], list[Any]]
 
 
-_KINDS: dict[str, TunerKind] = {}
-_loaded = False
+_REGISTRY: LayerRegistry[TunerKind] = LayerRegistry(__name__, "tuner", "the tiler has no model")
 
 
 def register(kind: TunerKind) -> TunerKind:
     """Add ``kind`` to the registry (a kind module calls this when imported)."""
-    _KINDS[kind.name] = kind
-    return kind
-
-
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for point in entry_points(group=ENTRY_POINT_GROUP + ".tuner"):
-        importlib.import_module(point.value)
-    for name in kind_names():
-        if name not in _KINDS:
-            _import(name)
-
-
-def _import(name: str) -> None:
-    try:
-        importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
+    return _REGISTRY.register(kind)
 
 
 def tuner_kind(name: str) -> TunerKind:
     """The tuner side of kind ``name``."""
-    kind = _KINDS.get(name)
-    if kind is None:
-        _load()
-        _import(name)  # a kind registered after the first load
-        kind = _KINDS.get(name)
-    if kind is None:
-        raise OpSignatureError(f"the tiler has no model for op kind {name!r} "
-                               f"(tuner/kinds/{name}.py)")
-    return kind
+    return _REGISTRY.get(name)
 
 
 def balanced(extent: int, block: int, align: int) -> int:
