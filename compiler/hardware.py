@@ -204,18 +204,50 @@ def _caches(sys_cpu: Path) -> dict[str, tuple[int, int, int, int]]:
     return found
 
 
+def _isa_of(flags: set[str]) -> str:
+    if flags >= _AVX512_FLAGS:
+        return "avx512"
+    if flags >= _AVX2_FLAGS:
+        return "avx2"
+    return "generic"
+
+
+_cpu_isa: str | None = None
+
+
+def cpu_isa() -> str:
+    """The best ISA level this machine's CPU runs (from ``/proc/cpuinfo``, read once)."""
+    global _cpu_isa
+    if _cpu_isa is None:
+        _cpu_isa = _isa_of(_cpuinfo(Path("/proc"))[1])
+    return _cpu_isa
+
+
+def ensure_runnable(spec: HardwareSpec, cpu: str | None = None) -> None:
+    """Refuse to run kernels built for ``spec`` on a CPU (``cpu``: its ISA level, detected
+    by default) that lacks ``spec``'s instructions: they would die with SIGILL. Generating
+    and building code for another machine stays allowed; only running it is refused."""
+    cpu = cpu_isa() if cpu is None else cpu
+    if spec.isa not in runnable_isas_for(cpu):
+        raise HardwareError(
+            f"the hardware spec in use ({spec.hw_id}, isa {spec.isa}) needs instructions this "
+            f"CPU lacks (its ISA level: {cpu}); pin a spec of this machine (`tunecache hw "
+            f"--json`) or unset {ENV_VAR}"
+        )
+
+
+def runnable_isas_for(isa: str) -> tuple[str, ...]:
+    """ISA levels whose code runs on a CPU of level ``isa``, best first."""
+    return ISA_LEVELS[ISA_LEVELS.index(isa):]
+
+
 def detect(root: str | os.PathLike[str] = "/") -> HardwareSpec:
     """Detect the local machine from ``/proc`` and ``/sys`` (``root`` is for tests)."""
     base = Path(root)
     model, flags = _cpuinfo(base / "proc")
     arch = platform.machine() or "unknown"
     arch = re.sub(r"[^A-Za-z0-9_]", "_", arch)
-    if flags >= _AVX512_FLAGS:
-        isa = "avx512"
-    elif flags >= _AVX2_FLAGS:
-        isa = "avx2"
-    else:
-        isa = "generic"
+    isa = _isa_of(flags)
     caches = _caches(base / "sys" / "devices" / "system" / "cpu")
     if "l1" not in caches or "l2" not in caches:
         raise HardwareError(
@@ -271,4 +303,4 @@ def local_spec(override: str | os.PathLike[str] | None = None) -> HardwareSpec:
 
 def runnable_isas(spec: HardwareSpec) -> tuple[str, ...]:
     """ISA levels whose code runs on ``spec``'s machine, best first."""
-    return ISA_LEVELS[ISA_LEVELS.index(spec.isa):]
+    return runnable_isas_for(spec.isa)

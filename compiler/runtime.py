@@ -17,7 +17,7 @@ from tunecache.compiler.backends import backend_for
 from tunecache.compiler.build import Artifact
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import KernelArgumentError
-from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
@@ -191,6 +191,7 @@ def load_kernel(op: OpSignature, artifact: Artifact | Path) -> Kernel:
 
 def compile_kernel(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Kernel:
     """Validate, generate, build (through the artifact cache) and load in one step."""
+    ensure_runnable(hw)
     source: KernelSource = generate(op, schedule, hw)
     backend = backend_for(hw)
     return backend.load(op, backend.build(source))

@@ -130,3 +130,50 @@ def test_local_machine_is_detected() -> None:
     spec = local_spec()
     assert spec.cores >= 1 and spec.l1d_bytes > 0
     assert spec.isa in hardware.ISA_LEVELS
+
+
+def test_a_spec_whose_isa_the_cpu_lacks_is_refused_before_anything_runs(monkeypatch) -> None:
+    # A pinned spec above this CPU's ISA level would die with SIGILL in the first kernel.
+    import numpy as np
+
+    from tunecache.compiler import hardware
+    from tunecache.compiler.errors import HardwareError
+    from tunecache.compiler.ops import OpSignature
+    from tunecache.compiler.runtime import compile_kernel
+    from tunecache.compiler.schedule import default_schedule
+
+    spec = hardware.local_spec().with_isa("avx2")
+    with pytest.raises(HardwareError, match=r"isa avx2\) needs instructions this CPU lacks "
+                                            r"\(its ISA level: generic\)"):
+        hardware.ensure_runnable(spec, cpu="generic")
+    hardware.ensure_runnable(spec.with_isa("generic"), cpu="generic")
+    hardware.ensure_runnable(spec, cpu="avx512")
+    # The runtime asks before it builds or loads anything.
+    monkeypatch.setattr(hardware, "_cpu_isa", "generic")
+    op = OpSignature.matmul(8, 8, 8)
+    with pytest.raises(HardwareError, match="CPU lacks"):
+        compile_kernel(op, default_schedule(op, spec), spec)
+    generic = spec.with_isa("generic")
+    out = compile_kernel(op, default_schedule(op, generic), generic)(
+        np.ones((8, 8), np.float32), np.ones((8, 8), np.float32))
+    assert np.all(out == 8)
+
+
+@pytest.mark.skipif(__import__("tunecache.compiler.hardware", fromlist=["cpu_isa"]).cpu_isa()
+                    == "avx512", reason="needs a CPU below AVX-512 to pin a spec above it")
+def test_cli_with_a_pinned_spec_above_the_cpu_says_so_in_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tunecache.compiler import hardware
+
+    pinned = hardware.local_spec().with_isa("avx512").to_json()
+    env = {**os.environ, "TUNECACHE_HARDWARE": pinned, "TUNECACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "tunecache.tuner.cli", "bench-op",
+                           "matmul(M=8,N=8,K=8)", "--no-baseline"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode not in (0, -4, 132), done.stderr  # never SIGILL
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("error: ") and "CPU lacks" in lines[-1], done.stderr
+    assert "Traceback" not in done.stderr

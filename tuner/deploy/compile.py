@@ -29,7 +29,7 @@ from tunecache.compiler import frontend
 from tunecache.compiler.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.executor import Executor, Kernel, numpy_kernel
-from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.hardware import HardwareSpec, ensure_runnable, local_spec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule
@@ -195,6 +195,7 @@ def _measure_now(op: OpSignature, hw: HardwareSpec, store: Store, runner: Runner
 
 def _build_kernels(plan: Sequence[PlanEntry], hw: HardwareSpec) -> dict[str, Kernel]:
     """Generate and build (in parallel, through the artifact cache) every planned kernel."""
+    ensure_runnable(hw)
     wanted: dict[tuple[OpSignature, Schedule], list[str]] = {}
     kernels: dict[str, Kernel] = {}
     for entry in plan:

@@ -38,7 +38,7 @@ import numpy as np
 from tunecache.compiler.build import Artifact, CompilerInfo, build, find_compiler
 from tunecache.compiler.codegen import CODEGEN_VERSION, KernelSource, generate
 from tunecache.compiler.errors import BuildError, ScheduleError, TunecacheError
-from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
@@ -380,6 +380,7 @@ class Runner:
         progress: Progress | None = None,
     ) -> list[MeasureResult]:
         """Build and time already generated kernels (the seam fault-injection tests use)."""
+        ensure_runnable(self.hw)
         origin = list(sources) if sources is not None else [("manual", None)] * len(kernels)
         compiler = self.compiler
         results: list[MeasureResult | None] = [None] * len(kernels)
