@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
-from tunecache.compiler.runtime import Kernel
+from tunecache.compiler.build import build
+from tunecache.compiler.codegen import generate
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.runtime import Kernel, load_kernel
+from tunecache.compiler.schedule import ScheduleData
 
 
 def bound_weights_problem(kernel: Kernel, inputs: tuple[np.ndarray, ...],
@@ -17,3 +25,20 @@ def bound_weights_problem(kernel: Kernel, inputs: tuple[np.ndarray, ...],
         if not np.array_equal(packed, expected):
             return "pre-packed weights give a different result"
     return None
+
+
+_kernels: dict[tuple[str, str, str], Kernel] = {}
+
+
+def cached_kernel(op: OpSignature, s: ScheduleData, hw: HardwareSpec) -> Kernel:
+    """Generate, build and load once per (op, schedule, ISA) for the whole test session."""
+    key = (op.text, s.to_json(), hw.isa)
+    if key not in _kernels:
+        _kernels[key] = load_kernel(op, build(generate(op, s, hw)))
+    return _kernels[key]
+
+
+def build_all(cases: Sequence[tuple[OpSignature, ScheduleData, HardwareSpec]]) -> None:
+    """Build many kernels two at a time (the compiler runs in its own processes)."""
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda c: cached_kernel(*c), cases))

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_support import build_all, cached_kernel
 
 import tunecache.compiler.kinds.layernorm  # noqa: F401  (registers the kind)
 from tunecache.compiler.build import build
@@ -21,7 +21,7 @@ from tunecache.compiler.hardware import ISA_VECTOR_BITS, HardwareSpec, local_spe
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.kinds.layernorm import AFFINES, NORMS, LayernormSchedule, layernorm_op
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.runtime import Kernel, check_result, load_kernel, reference
+from tunecache.compiler.runtime import check_result, reference
 from tunecache.compiler.schedule import default_schedule, problems, schedule_from_json, validate
 
 HW = local_spec()
@@ -30,19 +30,6 @@ T2 = min(2, HW.cores)
 SLOW = settings(max_examples=25, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-_kernels: dict[tuple[str, str, str], Kernel] = {}
-
-
-def kernel(op: OpSignature, s: LayernormSchedule, hw: HardwareSpec) -> Kernel:
-    key = (op.text, s.to_json(), hw.isa)
-    if key not in _kernels:
-        _kernels[key] = load_kernel(op, build(generate(op, s, hw)))
-    return _kernels[key]
-
-
-def build_all(cases: list[tuple[OpSignature, LayernormSchedule, HardwareSpec]]) -> None:
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda c: kernel(*c), cases))
 
 
 def spec(isa: str, cores: int | None = None) -> HardwareSpec:
@@ -74,7 +61,7 @@ def inputs_for(op: OpSignature, seed: int, offset: float = 0.0) -> tuple[np.ndar
 
 def run_problem(op: OpSignature, s: LayernormSchedule, hw: HardwareSpec, seed: int = 0,
                 offset: float = 0.0) -> str | None:
-    k = kernel(op, s, hw)
+    k = cached_kernel(op, s, hw)
     inputs = inputs_for(op, seed, offset)
     out = np.full((op.dim("M"), op.dim("N")), np.nan, dtype=np.float32)
     k(*inputs, out=out)
@@ -291,7 +278,7 @@ def test_constant_rows_give_beta() -> None:
     for isa in TESTED_ISAS:
         hw = HW.with_isa(isa)
         for passes in (2, 3):
-            y = kernel(op, default_schedule(op, hw).replace(passes=passes), hw)(x, gamma, beta, eps)
+            y = cached_kernel(op, default_schedule(op, hw).replace(passes=passes), hw)(x, gamma, beta, eps)
             np.testing.assert_allclose(y, np.broadcast_to(beta, (3, 40)), atol=1e-4)
 
 

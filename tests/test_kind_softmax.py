@@ -7,13 +7,13 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import scipy.special
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_support import build_all, cached_kernel
 
 import tunecache.compiler.kinds.softmax  # noqa: F401  (registers the kind)
 from tunecache.compiler.build import build, build_source
@@ -24,7 +24,7 @@ from tunecache.compiler.hardware import ISA_VECTOR_BITS, HardwareSpec, local_spe
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.kinds.softmax import SoftmaxSchedule, causal_keep, softmax_op
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.runtime import Kernel, check_result, load_kernel, random_inputs, reference
+from tunecache.compiler.runtime import check_result, random_inputs, reference
 from tunecache.compiler.schedule import (
     default_schedule,
     problems,
@@ -38,19 +38,6 @@ T2 = min(2, HW.cores)
 SLOW = settings(max_examples=25, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-_kernels: dict[tuple[str, str, str], Kernel] = {}
-
-
-def kernel(op: OpSignature, s: SoftmaxSchedule, hw: HardwareSpec) -> Kernel:
-    key = (op.text, s.to_json(), hw.isa)
-    if key not in _kernels:
-        _kernels[key] = load_kernel(op, build(generate(op, s, hw)))
-    return _kernels[key]
-
-
-def build_all(cases: list[tuple[OpSignature, SoftmaxSchedule, HardwareSpec]]) -> None:
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda c: kernel(*c), cases))
 
 
 def inputs_for(op: OpSignature, seed: int) -> tuple[np.ndarray, ...]:
@@ -73,7 +60,7 @@ def inputs_for(op: OpSignature, seed: int) -> tuple[np.ndarray, ...]:
 
 
 def run_problem(op: OpSignature, s: SoftmaxSchedule, hw: HardwareSpec, seed: int = 0) -> str | None:
-    k = kernel(op, s, hw)
+    k = cached_kernel(op, s, hw)
     inputs = inputs_for(op, seed)
     out = np.full((op.dim("M"), op.dim("N")), np.nan, dtype=np.float32)
     k(*inputs, out=out)
@@ -289,7 +276,7 @@ def test_masked_elements_are_exactly_zero_and_large_scores_are_stable() -> None:
     for isa in TESTED_ISAS:
         hw = HW.with_isa(isa)
         for passes in (2, 3):
-            y = kernel(op, default_schedule(op, hw).replace(passes=passes), hw)(x, mask)
+            y = cached_kernel(op, default_schedule(op, hw).replace(passes=passes), hw)(x, mask)
             assert np.all(np.isfinite(y)) and y[:, 3].max() == 0.0 and y[1, 10:].max() == 0.0
             assert check_result(op, (x, mask), y, reference(op, (x, mask))) is None
 
@@ -354,7 +341,7 @@ def test_kernels_compile_for_avx512() -> None:
 def test_runtime_random_inputs_pass_the_generic_check() -> None:
     """What the tuner does: ``random_inputs`` (a negative scale too) and ``check_result``."""
     op = softmax_op(24, 40, scale=True, mask_rows=6, causal=True, Q=8)
-    k = kernel(op, default_schedule(op, HW), HW)
+    k = cached_kernel(op, default_schedule(op, HW), HW)
     for seed in range(4):
         inputs = random_inputs(op, seed)
         assert check_result(op, inputs, k(*inputs), reference(op, inputs)) is None

@@ -34,6 +34,7 @@ from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.rowwise import (
+    RowSchedule,
     default_shape,
     row_entries,
     row_problems,
@@ -42,7 +43,6 @@ from tunecache.compiler.kinds.rowwise import (
     vector_names,
 )
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
-from tunecache.compiler.schedule import ScheduleData
 
 __all__ = ["LayernormSchedule", "layernorm_op"]
 
@@ -51,19 +51,12 @@ AFFINES = ("gamma_beta", "gamma", "none")
 
 
 @dataclass(frozen=True, slots=True)
-class LayernormSchedule(ScheduleData):
-    """Knobs of a layernorm kernel (see the module docstring)."""
+class LayernormSchedule(RowSchedule):
+    """Knobs of a layernorm kernel (see the module docstring and ``rowwise.RowSchedule``)."""
 
     family: ClassVar[str] = "layernorm"
 
-    vec: int = 1
-    unroll: int = 1
-    rows: int = 1
     passes: int = 2
-    threads: int = 1
-
-    def __str__(self) -> str:
-        return f"v{self.vec} u{self.unroll} r{self.rows} p{self.passes} t{self.threads}"
 
 
 def layernorm_op(M: int, N: int, *, norm: str = "layer", affine: str | None = None,

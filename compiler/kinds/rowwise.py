@@ -19,31 +19,31 @@ any ``N`` (below the lanes too) is exact and nothing is read or written past a r
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
 from tunecache.compiler.codegen.abi import parallel_entry
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import threads_problem
+from tunecache.compiler.schedule import ScheduleData, threads_problem
 
 ROW_VECS = (1, 2, 4)
 ROW_UNROLLS = (1, 2, 4)
 MAX_ROWS = 8
 
 
-class RowSchedule(Protocol):
-    """The knobs every row-wise schedule family has (read-only: schedules are frozen)."""
+@dataclass(frozen=True, slots=True)
+class RowSchedule(ScheduleData):
+    """The knobs every row-wise schedule family has (each family sets its ``family`` and
+    may change the ``passes`` default)."""
 
-    @property
-    def vec(self) -> int: ...
-    @property
-    def unroll(self) -> int: ...
-    @property
-    def rows(self) -> int: ...
-    @property
-    def passes(self) -> int: ...
-    @property
-    def threads(self) -> int: ...
+    vec: int = 1
+    unroll: int = 1
+    rows: int = 1
+    passes: int = 2
+    threads: int = 1
+
+    def __str__(self) -> str:
+        return f"v{self.vec} u{self.unroll} r{self.rows} p{self.passes} t{self.threads}"
 
 
 def row_vectors(op: OpSignature, lanes: int) -> int:

@@ -41,6 +41,7 @@ from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.rowwise import (
+    RowSchedule,
     default_shape,
     row_entries,
     row_problems,
@@ -49,7 +50,6 @@ from tunecache.compiler.kinds.rowwise import (
     vector_names,
 )
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
-from tunecache.compiler.schedule import ScheduleData
 
 __all__ = ["SoftmaxSchedule", "softmax_op"]
 
@@ -59,19 +59,12 @@ _LOWEST = "(-__FLT_MAX__)"
 
 
 @dataclass(frozen=True, slots=True)
-class SoftmaxSchedule(ScheduleData):
-    """Knobs of a softmax kernel (see the module docstring)."""
+class SoftmaxSchedule(RowSchedule):
+    """Knobs of a softmax kernel (see the module docstring and ``rowwise.RowSchedule``)."""
 
     family: ClassVar[str] = "softmax"
 
-    vec: int = 1
-    unroll: int = 1
-    rows: int = 1
     passes: int = 3
-    threads: int = 1
-
-    def __str__(self) -> str:
-        return f"v{self.vec} u{self.unroll} r{self.rows} p{self.passes} t{self.threads}"
 
 
 def softmax_op(M: int, N: int, *, scale: bool = False, mask_rows: int = 0, causal: bool = False,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.rowwise import RowSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import ScheduleData, problems
 from tunecache.tuner.kinds import Strata, TunerKind
@@ -17,17 +18,17 @@ UNROLLS = (1, 2)
 PASSES = (2, 3)
 
 
-def _schedules(op: OpSignature, hw: HardwareSpec, cls: type[ScheduleData], threads: int,
-               unrolls: tuple[int, ...]) -> Iterator[ScheduleData]:
+def _schedules(op: OpSignature, hw: HardwareSpec, cls: type[RowSchedule], threads: int,
+               unrolls: tuple[int, ...]) -> Iterator[RowSchedule]:
     for vec in VECS:
         for rows in ROWS:
             for unroll in unrolls:
                 for passes in PASSES:
-                    yield cls(vec=vec, unroll=unroll, rows=rows,  # type: ignore[call-arg]
-                              passes=passes, threads=threads)
+                    yield cls(vec=vec, unroll=unroll, rows=rows, passes=passes,
+                              threads=threads)
 
 
-def rowwise_kind(name: str, cls: type[ScheduleData]) -> TunerKind:
+def rowwise_kind(name: str, cls: type[RowSchedule]) -> TunerKind:
     """The tuner side of a row-wise kind whose schedule class is ``cls``."""
 
     def pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[ScheduleData]:
