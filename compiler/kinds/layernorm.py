@@ -29,16 +29,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from tunecache.compiler.codegen.abi import HEADER, TIMER, WORKSPACE
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.rowwise import (
     RowSchedule,
     default_shape,
-    row_entries,
     row_problems,
     sweep,
+    translation_unit,
     tree,
     vector_names,
 )
@@ -332,15 +331,10 @@ def generate_layernorm(op: OpSignature, s: LayernormSchedule, d: IsaDialect) -> 
 
     setup = (f"  row_args a = {{{arg('X')}, {arg('R')}, {arg('gamma')}, {arg('beta')}, "
              f"(float *)args[{len(names) - 1}], ({arg('eps')})[0]}};\n")
-    parts = [d.prelude, HEADER, f"#define M {op.dim('M')}L\n#define N {op.dim('N')}L\n",
-             WORKSPACE,
-             "typedef struct { const float *x, *r, *gamma, *beta; float *y; float eps; } "
-             "row_args;\n",
-             _block(r, 1, s)]
-    if s.rows > 1:
-        parts.append(_block(r, s.rows, s))
-    parts += [row_entries(s.rows, s.threads, setup), TIMER]
-    return "\n".join(parts)
+    return translation_unit(
+        d.prelude, {"M": op.dim("M"), "N": op.dim("N")},
+        "const float *x, *r, *gamma, *beta; float *y; float eps;",
+        lambda rows: _block(r, rows, s), s, setup)
 
 
 def layernorm_problems(op: OpSignature, s: LayernormSchedule, hw: HardwareSpec) -> list[str]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tunecache.compiler.codegen.abi import parallel_entry
+from tunecache.compiler.codegen.abi import HEADER, TIMER, WORKSPACE, parallel_entry
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import ScheduleData, threads_problem
@@ -139,6 +139,19 @@ def sweep(rows: int, vec: int, unroll: int, lanes: int, lengths: Sequence[str], 
         out += ["    }", "  }"]
     out.append("}")
     return out
+
+
+def translation_unit(prelude: str, constants: dict[str, int], row_args: str,
+                     block: Callable[[int], str], s: RowSchedule, args_setup: str) -> str:
+    """A row-wise kernel's C: the ISA prelude, the ABI header and workspace, ``constants``
+    as ``#define``s, the ``row_args`` struct (its C members), ``block(1)`` and
+    ``block(s.rows)`` (the row-block functions), and the entry points and timer."""
+    parts = [prelude, HEADER, "".join(f"#define {k} {v}L\n" for k, v in constants.items()),
+             WORKSPACE, f"typedef struct {{ {row_args} }} row_args;\n", block(1)]
+    if s.rows > 1:
+        parts.append(block(s.rows))
+    parts += [row_entries(s.rows, s.threads, args_setup), TIMER]
+    return "\n".join(parts)
 
 
 def row_entries(rows: int, threads: int, args_setup: str) -> str:

@@ -36,16 +36,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from tunecache.compiler.codegen.abi import HEADER, TIMER, WORKSPACE
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.rowwise import (
     RowSchedule,
     default_shape,
-    row_entries,
     row_problems,
     sweep,
+    translation_unit,
     tree,
     vector_names,
 )
@@ -317,14 +316,9 @@ def generate_softmax(op: OpSignature, s: SoftmaxSchedule, d: IsaDialect) -> str:
         + (f"((const float *)args[{names.index('scale')}])[0]" if r.scaled else "1.0f")
         + "};\n"
     )
-    parts = [d.prelude, HEADER, "".join(f"#define {k} {v}L\n" for k, v in consts.items()),
-             WORKSPACE,
-             "typedef struct { const float *x, *mask; float *y; float scale; } row_args;\n",
-             _block(r, 1, s)]
-    if s.rows > 1:
-        parts.append(_block(r, s.rows, s))
-    parts += [row_entries(s.rows, s.threads, setup), TIMER]
-    return "\n".join(parts)
+    return translation_unit(d.prelude, consts,
+                            "const float *x, *mask; float *y; float scale;",
+                            lambda rows: _block(r, rows, s), s, setup)
 
 
 def softmax_problems(op: OpSignature, s: SoftmaxSchedule, hw: HardwareSpec) -> list[str]:
