@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -11,7 +11,7 @@ from tunecache.compiler.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.runtime import Kernel, load_kernel
+from tunecache.compiler.runtime import Kernel, check_result, load_kernel, reference
 from tunecache.compiler.schedule import ScheduleData
 
 
@@ -42,3 +42,21 @@ def build_all(cases: Sequence[tuple[OpSignature, ScheduleData, HardwareSpec]]) -
     """Build many kernels two at a time (the compiler runs in its own processes)."""
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda c: cached_kernel(*c), cases))
+
+
+def poisoned_run_problem(kernel: Kernel | Callable[..., np.ndarray], op: OpSignature,
+                inputs: tuple[np.ndarray, ...], offset: int = 0) -> str | None:
+    """Run ``kernel`` into a NaN-poisoned output (``offset`` floats into its buffer, to
+    misalign it), compare with the float64 reference, then run again into a fresh poisoned
+    buffer: None, or what went wrong."""
+    shape = op.arguments()[-1].shape
+    outs = []
+    for _ in range(2):
+        buffer = np.full(int(np.prod(shape)) + offset, np.nan, dtype=np.float32)
+        outs.append(buffer[offset:].reshape(shape))
+        kernel(*inputs, out=outs[-1])
+        if len(outs) == 1:
+            problem = check_result(op, inputs, outs[0], reference(op, inputs))
+            if problem:
+                return problem
+    return None if np.array_equal(outs[0], outs[1]) else "second call differs from the first"

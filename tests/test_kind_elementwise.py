@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from kernel_support import poisoned_run_problem
 
 import tunecache.compiler.kinds.elementwise as ew
 from tunecache.compiler.build import Artifact, build
@@ -26,7 +27,7 @@ from tunecache.compiler.kinds.elementwise import (
     elementwise_op,
 )
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
+from tunecache.compiler.runtime import load_kernel, random_inputs, reference
 from tunecache.compiler.schedule import problems, schedule_from_json
 
 HW = local_spec()
@@ -97,16 +98,7 @@ def _check(op: OpSignature, artifact: Artifact, inputs: tuple[np.ndarray, ...],
            offset: int = 0) -> str | None:
     """Run into a NaN-poisoned output (``offset`` floats into its buffer, to misalign it),
     compare with the float64 reference, then call again."""
-    kernel = load_kernel(op, artifact)
-    shape = op.arguments()[-1].shape
-    buffer = np.full(int(np.prod(shape)) + offset, np.nan, dtype=np.float32)
-    out = buffer[offset:].reshape(shape)
-    kernel(*inputs, out=out)
-    problem = check_result(op, inputs, out, reference(op, inputs))
-    if problem:
-        return problem
-    again = kernel(*inputs)
-    return None if np.array_equal(again, out) else "second call differs from the first"
+    return poisoned_run_problem(load_kernel(op, artifact), op, inputs, offset)
 
 
 def _run(cases: list[Case], seed: int = 3) -> None:

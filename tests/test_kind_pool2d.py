@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from kernel_support import poisoned_run_problem
 
 import tunecache.compiler.kinds.pool2d as pool
 from tunecache.compiler.build import Artifact, build
@@ -22,7 +23,7 @@ from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.kinds.pool2d import Pool2dSchedule, default_pool2d_schedule, pool2d_op
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
+from tunecache.compiler.runtime import load_kernel, random_inputs, reference
 from tunecache.compiler.schedule import problems, schedule_from_json
 
 HW = local_spec()
@@ -109,18 +110,7 @@ def _build_all(cases: list[Case]) -> list[Artifact]:
 def _check(op: OpSignature, artifact: Artifact, seed: int = 5, offset: int = 0) -> str | None:
     """Run into a NaN-poisoned output (``offset`` floats into its buffer, to misalign it),
     compare with the float64 reference, then call again."""
-    kernel = load_kernel(op, artifact)
-    inputs = random_inputs(op, seed=seed)
-    shape = op.arguments()[-1].shape
-    buffer = np.full(int(np.prod(shape)) + offset, np.nan, dtype=np.float32)
-    out = buffer[offset:].reshape(shape)
-    kernel(*inputs, out=out)
-    problem = check_result(op, inputs, out, reference(op, inputs))
-    if problem:
-        return problem
-    again = np.full_like(out, np.nan)
-    kernel(*inputs, out=again)
-    return None if np.array_equal(again, out) else "second call differs from the first"
+    return poisoned_run_problem(load_kernel(op, artifact), op, random_inputs(op, seed=seed), offset)
 
 
 def _run(cases: list[Case]) -> None:
