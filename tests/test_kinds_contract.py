@@ -89,3 +89,20 @@ def test_registry_lists_builtins_first_and_refuses_unknown_kinds() -> None:
     assert names[:3] == ("matmul", "batch_matmul", "conv2d")
     with pytest.raises(Exception, match="unknown kind 'conv9d'"):
         op_kind("conv9d")
+
+
+def test_layers_and_backends_name_what_is_missing() -> None:
+    from tunecache.compiler.backends import backend_for
+    from tunecache.compiler.errors import OpSignatureError
+
+    with pytest.raises(OpSignatureError, match=r"cost model has no module for op kind 'conv9d' "
+                                               r"\(costmodel/kinds/conv9d.py\)"):
+        cost_kind("conv9d")
+    with pytest.raises(OpSignatureError, match=r"tiler has no model for op kind 'conv9d' "
+                                               r"\(tuner/kinds/conv9d.py\)"):
+        tuner_kind("conv9d")
+    assert backend_for(HW).name == "cpu"
+    gpu = HW.with_isa("generic")
+    object.__setattr__(gpu, "isa", "sm_90")  # a device no registered backend serves
+    with pytest.raises(ValueError, match=r"no backend generates code for .*sm_90; backends: cpu"):
+        backend_for(gpu)
