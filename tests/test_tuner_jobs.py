@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,8 @@ from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.suites import Workload
 from tunecache.tuner.jobs import JobOptions, collect_workloads, merge_workloads, run_job
-from tunecache.tuner.measure import Runner, TimingConfig
+from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
+from tunecache.tuner.search import TuneConfig
 
 HW = local_spec()
 FAST = TimingConfig(min_time_s=0.01, min_repeats=3, timeout_s=30.0)
@@ -66,19 +68,42 @@ def test_skip_and_retune(tmp_path: Path) -> None:
     assert len(store.load()) == 4
 
 
+class _TickingRunner:
+    """A real runner on a simulated clock: each measured candidate costs one second, so the
+    budget logic is checked without depending on how busy the machine is."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def measure(self, batch: list[Candidate], progress: Any = None) -> list[MeasureResult]:
+        results = self.runner.measure(batch, progress=progress)
+        self.now += len(batch)
+        return results
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+
 def test_budget_is_respected_and_split_by_benefit(tmp_path: Path) -> None:
     big = OpSignature.matmul(96, 96, 96)
     workloads = [Workload(big, 10, "big"), Workload(A, 1, "a"), Workload(C, 1, "c")]
     budget = 6.0
-    start = time.monotonic()
-    with Runner(HW, FAST) as runner:
+    with Runner(HW, FAST) as real:
+        runner = _TickingRunner(real)
         summary = run_job(workloads, HW, Store(tmp_path),
-                          JobOptions(budget_s=budget, trials=50, baseline=False), runner=runner)
-    elapsed = time.monotonic() - start
-    # One batch (two builds + measurements) may finish after an op's deadline.
-    assert elapsed <= budget + 4.0
+                          JobOptions(budget_s=budget, trials=50, baseline=False),
+                          runner=runner, clock=runner.clock)  # type: ignore[arg-type]
+    batch = TuneConfig().batch
+    # A batch starts only before its op's deadline, so at most one batch runs past the budget.
+    assert summary.seconds <= budget + batch
     assert summary.ops[0].op == big  # heaviest first
+    assert summary.ops[0].trials >= budget - batch  # and it gets nearly all the budget
     assert summary.ops[0].trials >= summary.ops[-1].trials
+    assert all(o.trials < 50 for o in summary.ops)
 
 
 def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.runtime import compile_kernel
 from tunecache.compiler.schedule import default_schedule
 from tunecache.tuner.measure import (
     Candidate,
@@ -18,6 +19,7 @@ from tunecache.tuner.measure import (
     TimingConfig,
     best,
     noisy,
+    worker,
 )
 
 HW = local_spec()
@@ -145,17 +147,24 @@ def test_noisy_timings_are_retimed_and_the_quietest_attempt_kept() -> None:
     assert len(worker.requests) == 1
 
 
-def test_prepacked_timing_is_checked_and_not_slower() -> None:
-    op = OpSignature.conv2d(1, 64, 14, 14, 128, 3, 3, pads=1, epilogue="bias")
+def test_prepacked_timing_is_checked_and_times_the_bound_kernel() -> None:
+    op = OpSignature.conv2d(1, 16, 8, 8, 32, 3, 3, pads=1, epilogue="bias")
     schedule = default_schedule(op, HW)
-    timing = dataclasses.replace(FAST, min_time_s=0.05, min_repeats=5)
-    with Runner(HW, dataclasses.replace(timing, prepacked_weights=False)) as per_call, \
-            Runner(HW, dataclasses.replace(timing, prepacked_weights=True)) as packed:
+    with Runner(HW, dataclasses.replace(FAST, prepacked_weights=False)) as per_call, \
+            Runner(HW, dataclasses.replace(FAST, prepacked_weights=True)) as packed:
         [a] = per_call.measure([Candidate(op, schedule)])
         [b] = packed.measure([Candidate(op, schedule)])
+    # Both paths are checked against the reference before they are timed.
     assert a.status == b.status == "ok", (a.error, b.error)
-    # Same arithmetic minus the weight repacking: never meaningfully slower.
-    assert b.min_s <= a.min_s * 1.1
+    # The worker says which entry it timed: the weight-bound one only when asked for.
+    # (That packing once makes it faster is a timing claim: benchmarks/conv2d_vs_onnxruntime.)
+    path = compile_kernel(op, schedule, HW).path
+    timing = {"repeat_s": 0.001, "min_repeats": 1, "min_time_s": 0.0, "max_repeats": 1}
+    answers = [worker._measure_kernel({"op": op.text, "path": str(path), "prepacked": flag,
+                                       "timing": timing}, worker._Inputs())
+               for flag in (True, False)]
+    assert [r["status"] for r in answers] == ["ok", "ok"]
+    assert [r["prepacked"] for r in answers] == [True, False]
 
 
 def test_conv2d_is_timed_packed_by_default_and_matmuls_are_not() -> None:

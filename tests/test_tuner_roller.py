@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -14,7 +14,7 @@ from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import problems
 from tunecache.costmodel.analytic import estimate
-from tunecache.tuner.search import SMALL_OP_FLOPS, candidates, exhaustive_space
+from tunecache.tuner.search import SMALL_OP_FLOPS, candidates, exhaustive_space, roller
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=32 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="test", l3_shared_by=2)
@@ -69,13 +69,20 @@ def test_deterministic_across_processes() -> None:
     assert json.loads(out.stdout) == here
 
 
-def test_generation_is_fast() -> None:
-    worst = 0.0
+def test_generation_estimates_a_bounded_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pool the tiler scores stays in the low thousands even with many cores; its
+    # speed (< 50 ms per op) is a timing claim checked by benchmarks/tiler_quality.py.
+    scored = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        scored[0] += 1
+        return estimate(*args, **kwargs)
+
+    monkeypatch.setattr(roller, "estimate", counting)
     for op in OPS:
-        start = time.perf_counter()
-        candidates(op, MANY_CORES)
-        worst = max(worst, time.perf_counter() - start)
-    assert worst < 0.5  # the benchmark holds the 50 ms target; this guards against blow-ups
+        scored[0] = 0
+        assert len(candidates(op, MANY_CORES)) == 10
+        assert 10 <= scored[0] <= 5000, (op.text, scored[0])
 
 
 def test_spec_changes_candidates_sensibly() -> None:

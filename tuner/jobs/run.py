@@ -273,7 +273,7 @@ def run_job(
             progress.op_started(index, len(todo), workload, share)
             try:
                 result = tune_op(op, hw, runner, config=config, model=model, sink=sink,
-                                 measured=already, deadline=deadline)
+                                 measured=already, deadline=deadline, clock=clock)
             except KeyboardInterrupt:
                 summary.interrupted = True
                 item = OpSummary(op, workload.label, workload.count, "interrupted", 0, 0.0)

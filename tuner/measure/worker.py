@@ -85,7 +85,8 @@ def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any
     out = np.full(out_shape, np.nan, dtype=np.float32)
     run: Kernel | WeightBoundKernel = kernel
     args = inputs
-    if req.get("prepacked") and kernel.prepacks_weights:
+    prepacked = bool(req.get("prepacked")) and kernel.prepacks_weights
+    if prepacked:
         # Time what a deployed model runs: constant weights packed once, outside the loop.
         run = kernel.bind_weights(inputs[1])
         args = (inputs[0], *inputs[2:])
@@ -96,7 +97,7 @@ def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any
         if problem is not None:
             return {"status": "wrong_result", "error": problem}
     samples = time_calls(lambda n: run.time(*args, out=out, iters=n), req["timing"])
-    return {"status": "ok", "runtimes_s": samples}
+    return {"status": "ok", "runtimes_s": samples, "prepacked": prepacked}
 
 
 def _numpy_runner(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> Callable[[int], float]:

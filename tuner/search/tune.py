@@ -108,16 +108,18 @@ def tune_op(
     sink: Callable[[MeasureResult], None] | None = None,
     measured: Iterable[str] = (),
     deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> OpTuneResult:
     """Tune ``op``: measure up to ``config.trials`` ranked candidates, refine, then explore.
 
     ``measured`` holds schedule ids already measured for this op (they are skipped);
     ``sink`` receives every result as soon as it is measured; measurement stops at
-    ``deadline`` (a ``time.monotonic()`` value). Unsupported op kinds give a result with
-    ``error`` set rather than an exception, so a job can go on with other ops.
+    ``deadline`` (a ``clock()`` value; ``time.monotonic`` unless given). Unsupported op
+    kinds give a result with ``error`` set rather than an exception, so a job can go on
+    with other ops.
     """
     config = config or TuneConfig()
-    start = time.monotonic()
+    start = clock()
     done = set(measured)
     try:
         ranked = ranked_candidates(op, hw, config, model)
@@ -132,7 +134,7 @@ def tune_op(
         # checked between batches; every result reaches the sink as soon as it exists.
         nonlocal stopped
         for i in range(0, len(candidates), config.batch):
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and clock() >= deadline:
                 stopped = "budget"
                 return False
             batch = candidates[i:i + config.batch]
@@ -156,5 +158,5 @@ def tune_op(
             run(extra)
     if stopped is None and config.explore > 0:
         run(exploration(op, hw, config, done))
-    return OpTuneResult(op, tuple(results), time.monotonic() - start,
+    return OpTuneResult(op, tuple(results), clock() - start,
                         len(set(measured)), stopped)
