@@ -3,15 +3,20 @@
 Every function takes ``scores`` (higher = predicted faster) and ``labels`` (measured speed
 normalised within the group: ``best_median / median``, 1.0 for the fastest, 0.0 for a failed
 candidate). Ties in ``scores`` are broken by position, so results are deterministic.
+Rank correlation comes from scipy and NDCG from scikit-learn; the top-k score and the
+search-efficiency counts are this project's own measures (no library has them).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.stats import spearmanr
+from sklearn.metrics import ndcg_score
 
 REACH = 0.95
 """Search efficiency counts measurements until one reaches this fraction of the best."""
@@ -44,14 +49,30 @@ def pairwise_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
     return float(agree / pairs)
 
 
+def _finite(scores: np.ndarray) -> np.ndarray:
+    """Scores with NaN (no prediction) ranked below every real score."""
+    s = scores.astype(np.float64)
+    floor = np.nanmin(s) - 1.0 if not np.isnan(s).all() else 0.0
+    return np.where(np.isnan(s), floor, s)
+
+
 def spearman(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Spearman rank correlation (average ranks for ties); NaN if either side is constant."""
-    s = np.where(np.isnan(scores), -np.inf, scores.astype(np.float64))
-    rs = pd.Series(s).rank().to_numpy()
-    rl = pd.Series(labels).rank().to_numpy()
-    if rs.std() == 0 or rl.std() == 0:
+    """Spearman rank correlation (scipy; average ranks for ties); NaN if either side is
+    constant."""
+    s = _finite(scores)
+    if np.ptp(s) == 0 or np.ptp(labels) == 0:
         return float("nan")
-    return float(np.corrcoef(rs, rl)[0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(spearmanr(s, labels).statistic)
+
+
+def ndcg(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Normalised discounted cumulative gain of the score order, the labels as gains
+    (scikit-learn's ``ndcg_score``); 1.0 when the order is ideal. NaN for a single row."""
+    if len(labels) < 2:
+        return float("nan")
+    return float(ndcg_score(labels[None, :], _finite(scores)[None, :]))
 
 
 def measurements_to_reach(scores: np.ndarray, labels: np.ndarray, reach: float = REACH) -> int:
@@ -78,6 +99,7 @@ class RankingMetrics:
     top5: float
     pairwise: float
     spearman: float
+    ndcg: float
     top1_worst: float
     top5_worst: float
 
@@ -110,6 +132,7 @@ def group_metrics(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
         "top5": topk_score(scores, labels, 5),
         "pairwise": pairwise_accuracy(scores, labels),
         "spearman": spearman(scores, labels),
+        "ndcg": ndcg(scores, labels),
         "to_reach": float(measurements_to_reach(scores, labels)),
     }
 
@@ -129,6 +152,7 @@ def summarise(per_group: pd.DataFrame, prefix: str) -> RankingMetrics:
         top5=float(col("top5").mean()),
         pairwise=float(col("pairwise").mean()),
         spearman=float(col("spearman").mean()),
+        ndcg=float(col("ndcg").mean()),
         top1_worst=float(col("top1").min()),
         top5_worst=float(col("top5").min()),
     )

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from sklearn.model_selection import BaseCrossValidator, GroupKFold, LeaveOneGroupOut
 
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
@@ -545,29 +546,55 @@ class CostModel:
 
 
 def op_folds(data: TrainingSet, folds: int, seed: int = 0) -> np.ndarray:
-    """Fold index per group: operators shuffled (seeded) and dealt round-robin.
+    """Fold index per group from scikit-learn's ``GroupKFold`` over operators (shuffled,
+    seeded).
 
     Every group of one operator (on any hardware) lands in the same fold, so a held-out
     fold's operators were never seen in training.
     """
-    ops = np.array(sorted(data.groups["op_id"].unique()))
-    rng = np.random.default_rng(seed)
-    rng.shuffle(ops)
-    fold_of = {op: i % folds for i, op in enumerate(ops)}
-    return data.groups["op_id"].map(fold_of).to_numpy(dtype=np.int64)
+    return _fold_index(GroupKFold(n_splits=folds, shuffle=True, random_state=seed),
+                       data.groups["op_id"].to_numpy())
+
+
+def hardware_folds(data: TrainingSet) -> np.ndarray:
+    """Fold index per group from scikit-learn's ``LeaveOneGroupOut`` over hardware: each
+    fold holds out every measurement of one ``hw_id``."""
+    return _fold_index(LeaveOneGroupOut(), data.groups["hw_id"].to_numpy())
+
+
+def _fold_index(splitter: BaseCrossValidator, keys: np.ndarray) -> np.ndarray:
+    fold = np.full(len(keys), -1, dtype=np.int64)
+    for k, (_, held) in enumerate(splitter.split(keys, groups=keys)):
+        fold[held] = k
+    return fold
 
 
 def cross_validate(df: pd.DataFrame | TrainingSet, folds: int = 5,
-                   params: TrainParams | None = None, seed: int = 0) -> Evaluation:
-    """By-operator k-fold: every operator is scored once by a model that never saw it."""
+                   params: TrainParams | None = None, seed: int = 0,
+                   by: str = "op") -> Evaluation:
+    """Held-out evaluation: every group is scored once by a model that never saw its
+    operator (``by="op"``, k-fold over operators) or its hardware (``by="hardware"``,
+    leave-one-hardware-out)."""
     params = params or TrainParams()
     data = df if isinstance(df, TrainingSet) else prepare(df)
-    n_ops = int(data.groups["op_id"].nunique())
-    if n_ops < 2:
-        raise CostModelError(f"cross-validation by operator needs at least 2 operators, the data "
-                             f"has {n_ops}")
-    folds = max(2, min(folds, n_ops))
-    fold = op_folds(data, folds, seed)
+    if by == "op":
+        n_ops = int(data.groups["op_id"].nunique())
+        if n_ops < 2:
+            raise CostModelError(f"cross-validation by operator needs at least 2 operators, "
+                                 f"the data has {n_ops}")
+        folds = max(2, min(folds, n_ops))
+        fold = op_folds(data, folds, seed)
+        split = f"{folds}-fold by operator ({n_ops} ops)"
+    elif by == "hardware":
+        n_hw = int(data.groups["hw_id"].nunique())
+        if n_hw < 2:
+            raise CostModelError(f"leave-one-hardware-out needs records from at least 2 "
+                                 f"hardware ids, the data has {n_hw}")
+        fold = hardware_folds(data)
+        folds = n_hw
+        split = f"leave-one-hardware-out ({n_hw} hardware ids)"
+    else:
+        raise CostModelError(f"unknown split {by!r}: use 'op' or 'hardware'")
     scores = np.full(len(data.rows), np.nan)
     row_fold = fold[data.group]
     for k in range(folds):
@@ -575,4 +602,4 @@ def cross_validate(df: pd.DataFrame | TrainingSet, folds: int = 5,
         booster = _train_booster(train, params)
         held = row_fold == k
         scores[held] = booster.predict(_dmatrix(data.X[held], params.prior))
-    return _evaluate_scores(data, scores, f"{folds}-fold by operator ({n_ops} ops)")
+    return _evaluate_scores(data, scores, split)

@@ -22,6 +22,7 @@ from tunecache.costmodel.model import (
     ModelLoadError,
     TrainParams,
     cross_validate,
+    hardware_folds,
     op_folds,
     prepare,
 )
@@ -102,6 +103,7 @@ def test_metrics_on_a_known_order():
     assert M.topk_score(perfect, labels, 1) == 1.0
     assert M.pairwise_accuracy(perfect, labels) == 1.0
     assert M.spearman(perfect, labels) == pytest.approx(1.0)
+    assert M.ndcg(perfect, labels) == pytest.approx(1.0)
     assert M.measurements_to_reach(perfect, labels) == 1
     worst = -labels
     assert M.topk_score(worst, labels, 1) == 0.0
@@ -130,6 +132,35 @@ def test_held_out_operators_rank_better_than_the_analytic_estimate(data):
     assert ev.model.pairwise > 0.6
     assert ev.model.pairwise >= ev.analytic.pairwise - 0.01
     assert ev.model.top5 >= 0.75
+
+
+def test_library_metrics_agree_with_their_definitions():
+    labels = np.array([1.0, 0.5, 0.96, 0.0, 0.2])
+    reverse = -labels
+    assert M.spearman(reverse, labels) == pytest.approx(-1.0)
+    assert 0.0 < M.ndcg(reverse, labels) < M.ndcg(labels, labels)
+    # No prediction (NaN) ranks last, as in the top-k score.
+    nan_first = np.array([np.nan, 0.5, 0.96, 0.0, 0.2])
+    assert M.spearman(nan_first, labels) < 1.0
+    assert M.ndcg(np.array([0.0, 1.0]), np.array([1.0, 0.0])) < 1.0
+    assert np.isnan(M.spearman(np.ones(5), labels))
+
+
+def test_leave_one_hardware_out_holds_out_each_machine(frame):
+    # A second machine: the same measurements relabelled (enough to check the split).
+    ops = sorted(frame["op_id"].unique())[:8]
+    part = frame[frame["op_id"].isin(ops)]
+    other = part.assign(hw_id="x86_64-other")
+    data = prepare(pd.concat([part, other], ignore_index=True))
+    fold = hardware_folds(data)
+    by_fold = pd.Series(data.groups["hw_id"].to_numpy()).groupby(fold).unique()
+    assert sorted(len(v) for v in by_fold) == [1, 1]
+    assert {v[0] for v in by_fold} == {part["hw_id"].iloc[0], "x86_64-other"}
+    ev = cross_validate(data, params=FAST, by="hardware")
+    assert ev.split.startswith("leave-one-hardware-out (2")
+    assert ev.model.groups == len(data.groups) and not np.isnan(ev.scores).any()
+    with pytest.raises(CostModelError, match="at least 2 hardware ids"):
+        cross_validate(part, params=FAST, by="hardware")
 
 
 def test_folds_never_split_an_operator(data):
