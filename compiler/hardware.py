@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import re
+from collections.abc import Iterable
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -304,3 +306,39 @@ def local_spec(override: str | os.PathLike[str] | None = None) -> HardwareSpec:
 def runnable_isas(spec: HardwareSpec) -> tuple[str, ...]:
     """ISA levels whose code runs on ``spec``'s machine, best first."""
     return runnable_isas_for(spec.isa)
+
+
+# How much each difference between two machines counts when ranking tuned hardware by how
+# well its schedules should carry over: the ISA level decides the register tile, the core
+# count the parallel split, cache sizes the blocking (per halving or doubling), and the CPU
+# model and associativity only refine a tie.
+_ISA_STEP_DISTANCE = 8.0
+_CORES_DISTANCE = 2.0
+_CACHE_DISTANCE = (("l1d_bytes", 1.0), ("l2_bytes", 1.0), ("l3_bytes", 0.5))
+_MODEL_DISTANCE = 0.25
+_WAYS_DISTANCE = 0.05
+
+
+def hardware_distance(local: HardwareSpec, other: HardwareSpec) -> float | None:
+    """How far ``other``'s tuned schedules are from fitting ``local``: 0.0 for the same
+    spec, growing with ISA level, cores and cache sizes (log scale), then model and
+    associativity. None when ``other``'s code cannot run on ``local`` (another
+    architecture, or an ISA level ``local`` lacks): such a machine is never a neighbour."""
+    if other.arch != local.arch or other.isa not in runnable_isas(local):
+        return None
+    distance = _ISA_STEP_DISTANCE * (ISA_LEVELS.index(other.isa) - ISA_LEVELS.index(local.isa))
+    distance += _CORES_DISTANCE * abs(math.log2(other.cores / local.cores))
+    for name, weight in _CACHE_DISTANCE:
+        distance += weight * abs(math.log2(getattr(other, name) / getattr(local, name)))
+    distance += _MODEL_DISTANCE * (other.cpu_model != local.cpu_model)
+    distance += _WAYS_DISTANCE * sum(getattr(other, w) != getattr(local, w)
+                                     for w in ("l1d_ways", "l2_ways", "l3_ways", "l3_shared_by"))
+    return distance
+
+
+def nearest_hardware(local: HardwareSpec, others: Iterable[HardwareSpec]
+                     ) -> list[tuple[float, HardwareSpec]]:
+    """``others`` whose code runs on ``local``, nearest first (ties by ``hw_id``); the exact
+    spec itself, if among them, comes first at distance 0."""
+    ranked = [(d, o) for o in others if (d := hardware_distance(local, o)) is not None]
+    return sorted(ranked, key=lambda pair: (pair[0], pair[1].hw_id))

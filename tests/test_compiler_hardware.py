@@ -177,3 +177,28 @@ def test_cli_with_a_pinned_spec_above_the_cpu_says_so_in_one_line(tmp_path: Path
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines and lines[-1].startswith("error: ") and "CPU lacks" in lines[-1], done.stderr
     assert "Traceback" not in done.stderr
+
+
+ZEN3 = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=2, l1d_bytes=32 << 10,
+                    l2_bytes=512 << 10, l3_bytes=32 << 20, cpu_model="AMD EPYC 7B13",
+                    l3_shared_by=2)
+
+
+def test_hardware_distance_orders_neighbours_by_what_changes_kernels() -> None:
+    same_kind_other_vm = replace(ZEN3, cpu_model="AMD EPYC 7763", l3_ways=8)
+    more_cores = replace(ZEN3, cores=8, l3_shared_by=8)
+    smaller_l2 = replace(ZEN3, l2_bytes=256 << 10)
+    portable = ZEN3.with_isa("generic")
+    avx512 = replace(ZEN3, isa="avx512", vector_bits=512)
+    arm = replace(ZEN3, arch="aarch64", isa="generic", vector_bits=128)
+    assert hardware.hardware_distance(ZEN3, ZEN3) == 0.0
+    assert hardware.hardware_distance(ZEN3, same_kind_other_vm) == pytest.approx(0.3)
+    ranked = hardware.nearest_hardware(
+        ZEN3, [portable, more_cores, smaller_l2, same_kind_other_vm, avx512, arm, ZEN3])
+    assert [spec for _, spec in ranked] == [ZEN3, same_kind_other_vm, smaller_l2, more_cores,
+                                            portable]
+    # Code for an ISA the machine lacks, or another architecture, is never a neighbour.
+    assert hardware.hardware_distance(ZEN3, avx512) is None
+    assert hardware.hardware_distance(ZEN3, arm) is None
+    # An AVX-512 machine can borrow from AVX2 ones, at a cost.
+    assert hardware.hardware_distance(avx512, ZEN3) == pytest.approx(8.0)
