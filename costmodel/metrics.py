@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import spearmanr
-from sklearn.metrics import ndcg_score
 
 REACH = 0.95
 """Search efficiency counts measurements until one reaches this fraction of the best."""
@@ -59,6 +57,8 @@ def _finite(scores: np.ndarray) -> np.ndarray:
 def spearman(scores: np.ndarray, labels: np.ndarray) -> float:
     """Spearman rank correlation (scipy; average ranks for ties); NaN if either side is
     constant."""
+    from scipy.stats import spearmanr
+
     s = _finite(scores)
     if np.ptp(s) == 0 or np.ptp(labels) == 0:
         return float("nan")
@@ -70,6 +70,8 @@ def spearman(scores: np.ndarray, labels: np.ndarray) -> float:
 def ndcg(scores: np.ndarray, labels: np.ndarray) -> float:
     """Normalised discounted cumulative gain of the score order, the labels as gains
     (scikit-learn's ``ndcg_score``); 1.0 when the order is ideal. NaN for a single row."""
+    from sklearn.metrics import ndcg_score  # imported on use: deploys never evaluate
+
     if len(labels) < 2:
         return float("nan")
     return float(ndcg_score(labels[None, :], _finite(scores)[None, :]))

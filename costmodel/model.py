@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.model_selection import BaseCrossValidator, GroupKFold, LeaveOneGroupOut
 
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
@@ -552,6 +551,8 @@ def op_folds(data: TrainingSet, folds: int, seed: int = 0) -> np.ndarray:
     Every group of one operator (on any hardware) lands in the same fold, so a held-out
     fold's operators were never seen in training.
     """
+    from sklearn.model_selection import GroupKFold  # only evaluation needs scikit-learn
+
     return _fold_index(GroupKFold(n_splits=folds, shuffle=True, random_state=seed),
                        data.groups["op_id"].to_numpy())
 
@@ -559,10 +560,12 @@ def op_folds(data: TrainingSet, folds: int, seed: int = 0) -> np.ndarray:
 def hardware_folds(data: TrainingSet) -> np.ndarray:
     """Fold index per group from scikit-learn's ``LeaveOneGroupOut`` over hardware: each
     fold holds out every measurement of one ``hw_id``."""
+    from sklearn.model_selection import LeaveOneGroupOut
+
     return _fold_index(LeaveOneGroupOut(), data.groups["hw_id"].to_numpy())
 
 
-def _fold_index(splitter: BaseCrossValidator, keys: np.ndarray) -> np.ndarray:
+def _fold_index(splitter: Any, keys: np.ndarray) -> np.ndarray:
     fold = np.full(len(keys), -1, dtype=np.int64)
     for k, (_, held) in enumerate(splitter.split(keys, groups=keys)):
         fold[held] = k
