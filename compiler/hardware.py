@@ -54,6 +54,10 @@ class HardwareSpec:
     l3_shared_by: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("arch", "isa", "cpu_model"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise HardwareError(f"hardware {name} must be a string, got {value!r}")
         if self.isa not in ISA_LEVELS:
             raise HardwareError(
                 f"unknown ISA level {self.isa!r}; expected one of {', '.join(ISA_LEVELS)}"

@@ -21,3 +21,24 @@ def hw():
     from tunecache.compiler.hardware import local_spec
 
     return local_spec()
+
+
+_fault_cases: dict[str, int] = {"passed": 0, "failed": 0}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and "fault" in report.keywords:
+        _fault_cases["passed" if report.passed else "failed"] += 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from fault_support import FUZZED
+
+    explicit = _fault_cases["passed"] + _fault_cases["failed"]
+    if explicit == 0:
+        return
+    fuzzed = sum(FUZZED.values())
+    families = ", ".join(f"{name} {count}" for name, count in sorted(FUZZED.items()))
+    terminalreporter.write_line(
+        f"fault suite: {explicit + fuzzed} cases ({explicit} fault tests, {_fault_cases['failed']} "
+        f"failed; {fuzzed} fuzzed examples: {families or 'none'})")
