@@ -11,3 +11,7 @@ class StoreError(TunecacheError):
 
 class SnapshotError(StoreError):
     """A published snapshot or its pointer is missing, damaged or of an unknown version."""
+
+
+class StoreWarning(UserWarning):
+    """The store could not be read or written; what was asked went on without it."""

@@ -8,16 +8,20 @@ with ``schedule_from_json`` when the index is built, once per *distinct* schedul
 are far fewer schedules than entries), and shared by the entries that use them.
 
 Rows are ignored, never served, when their snapshot version is newer than this code reads,
-their codegen version differs from the running one, their compiler identity differs from
-the one asked for (when one is), their schedule JSON does not parse, or the parsed
-schedule's ``schedule_id`` differs from the row's (a forged or damaged row); for an op
-whose fastest row is ignored, the next fastest valid one is served. A missing or damaged
-snapshot gives an empty index and a warning: a deploy then simply misses.
+their codegen version differs from the running one, their compiler's family and major
+version (:func:`compiler_key`) differ from those of the compiler asked for (when one is),
+their schedule JSON does not parse, or the parsed schedule's ``schedule_id`` differs from the
+row's (a forged or damaged row); the schedule served is always the one parsed from the
+JSON, never the typed knob columns of version 1 snapshots. For an op whose fastest row is
+ignored, the next fastest valid one is served. A missing snapshot gives an empty index; a
+damaged one, or one whose bytes differ from the SHA-256 its pointer records, gives an empty
+index and a :class:`SnapshotWarning`: a deploy then simply misses.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
@@ -29,7 +33,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from tunecache.cache import paths
-from tunecache.cache.errors import SnapshotError
+from tunecache.cache.errors import SnapshotError, StoreWarning
 from tunecache.cache.publish import SNAPSHOT_VERSION
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.errors import TunecacheError
@@ -48,8 +52,38 @@ _COLUMNS = [
 """What the index reads: common to every snapshot version it serves."""
 
 
-class SnapshotWarning(UserWarning):
+class SnapshotWarning(StoreWarning):
     """The current snapshot could not be read; the index is empty."""
+
+
+_VERSION_AFTER_WORD = re.compile(r"version (\d+)\.")
+_DOTTED_VERSION = re.compile(r"(?<![\w.])(\d+)\.\d+")
+_GCC_NAME = re.compile(r"(?:[\w.+-]+-)?(?:gcc|cc)(?:-[\d.]+)?")
+
+
+def compiler_key(identity: str | None) -> str | None:
+    """The family and major version of a compiler identity, e.g. ``"gcc 12"``.
+
+    ``identity`` is what records store (``<first line of --version>;<target>``, e.g.
+    ``gcc (Debian 12.2.0-14+deb12u1) 12.2.0;x86_64-linux-gnu``). GCC under any name
+    (``cc``, ``gcc-12``, ``x86_64-linux-gnu-gcc``) is ``gcc``; Clang is ``clang`` (Apple's,
+    numbered differently, ``apple-clang``). Without a version it is the family alone; None
+    for an empty identity.
+    """
+    if not identity:
+        return None
+    first = identity.split(";")[0].strip()
+    lower = first.lower()
+    name = (lower.split() or [""])[0].rsplit("/", 1)[-1]
+    if "clang" in lower:
+        family = "apple-clang" if lower.startswith("apple") else "clang"
+    elif _GCC_NAME.fullmatch(name):
+        family = "gcc"
+    else:
+        family = name.rstrip("0123456789.-") or name
+    match = _VERSION_AFTER_WORD.search(lower)
+    majors = [match.group(1)] if match else _DOTTED_VERSION.findall(first)
+    return f"{family} {int(majors[-1])}" if majors else family or None
 
 
 class IndexEntry(NamedTuple):
@@ -153,8 +187,9 @@ class Index:
         root: the store root (see :class:`~tunecache.cache.store.Store`), or a Location.
         hw_id: the hardware to serve.
         codegen_version: only entries measured with this codegen version are served.
-        compiler: when given, only entries measured with this compiler identity; otherwise
-            the fastest entry over all compilers.
+        compiler: when given (a compiler identity), only entries measured with a compiler
+            of the same family and major version (:func:`compiler_key`); otherwise the
+            fastest entry over all compilers.
     """
 
     def __init__(
@@ -183,16 +218,17 @@ class Index:
             data = fs.read_bytes(self.location, paths.pointer_path(self.hw_id))
             if data is None:
                 return None
-            from tunecache.cache.store import Pointer
+            from tunecache.cache.store import Pointer, check_snapshot_bytes
 
             pointer = Pointer.from_json(data)
-            path = self.location.path(paths.snapshot_path(self.hw_id, pointer.snapshot))
-            with self.location.fs.open_input_file(path) as handle:
-                parquet = pq.ParquetFile(handle)
-                missing = [c for c in _COLUMNS if c not in parquet.schema_arrow.names]
-                if missing:
-                    raise SnapshotError(f"snapshot lacks column(s) {', '.join(missing)}")
-                table = parquet.read(columns=_COLUMNS)
+            content = fs.read_bytes(self.location,
+                                    paths.snapshot_path(self.hw_id, pointer.snapshot))
+            content = check_snapshot_bytes(self.hw_id, pointer, content)
+            parquet = pq.ParquetFile(pa.BufferReader(content))
+            missing = [c for c in _COLUMNS if c not in parquet.schema_arrow.names]
+            if missing:
+                raise SnapshotError(f"snapshot lacks column(s) {', '.join(missing)}")
+            table = parquet.read(columns=_COLUMNS)
             self.snapshot = pointer.snapshot
             return table
         except (TunecacheError, OSError, pa.ArrowException) as exc:
@@ -212,7 +248,10 @@ class Index:
                     pc.equal(table["codegen_version"], self.codegen_version)),
         )
         if self.compiler is not None:
-            keep = pc.and_(keep, pc.equal(table["compiler"], self.compiler))
+            want = compiler_key(self.compiler)
+            same = [c for c in pc.unique(table["compiler"]).to_pylist()
+                    if c is not None and compiler_key(c) == want]
+            keep = pc.and_(keep, pc.is_in(table["compiler"], pa.array(same, pa.string())))
         keep = pc.and_(keep, pc.and_(pc.is_finite(table["median_s"]),
                                      pc.is_valid(table["record_id"])))
         table = table.filter(pc.fill_null(keep, False))

@@ -15,11 +15,13 @@ snapshots are kept, so a deploy always reads a complete snapshot and ``rollback`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, TypeAlias
 
@@ -35,11 +37,14 @@ from tunecache.cache.publish import (
     PUBLISH_COLUMNS,
     SNAPSHOT_SCHEMA,
     SNAPSHOT_VERSION,
-    best_of,
+    parse_hardware,
+    select,
     snapshot_bytes,
     snapshot_digest,
 )
+from tunecache.cache.wanted import verify_wanted
 from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import schedule_from_json
 from tunecache.datasets import fs, io
@@ -54,24 +59,31 @@ from tunecache.datasets.paths import (
     partition_dir,
 )
 from tunecache.datasets.records import Record, records_to_table
-from tunecache.datasets.schema import STATUSES, conform
+from tunecache.datasets.schema import SCHEMA, STATUSES, conform
 
 MAX_ROWS_PER_FRAGMENT = 2_000_000
 COMPACT_MAX_FRAGMENT_BYTES = 256 << 20
 STALE_TEMP_SECONDS = 3600.0
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 RecordsLike: TypeAlias = Iterable[Record] | pa.Table | pd.DataFrame
 
 
 @dataclass(frozen=True, slots=True)
 class Pointer:
-    """The content of ``published/<hw_id>/CURRENT``."""
+    """The content of ``published/<hw_id>/CURRENT``.
+
+    ``digest`` is the digest of the snapshot's content (:func:`snapshot_digest`),
+    ``file_sha256`` the SHA-256 of the snapshot file's bytes, checked by every reader
+    (empty in pointers written before it existed: then the file is checked by reading it).
+    """
 
     snapshot: str
     digest: str
     entries: int
     published_at: str
     snapshot_version: int = SNAPSHOT_VERSION
+    file_sha256: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -86,21 +98,53 @@ class Pointer:
                 entries=int(data["entries"]),
                 published_at=str(data["published_at"]),
                 snapshot_version=int(data.get("snapshot_version", SNAPSHOT_VERSION)),
+                file_sha256=str(data.get("file_sha256", "")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise SnapshotError(f"damaged snapshot pointer: {exc}") from None
+        if pointer.file_sha256 and _SHA256_RE.fullmatch(pointer.file_sha256) is None:
+            raise SnapshotError("damaged snapshot pointer: file_sha256 is not a SHA-256 "
+                                "hex digest")
         return pointer
+
+
+def check_snapshot_bytes(hw_id: str, pointer: Pointer, data: bytes | None) -> bytes:
+    """``data``, the bytes of the snapshot ``pointer`` names, if they are the ones it pins.
+
+    Raises :class:`SnapshotError` when the file is missing or its SHA-256 differs from the
+    pointer's (damaged, truncated or replaced since it was published).
+    """
+    if data is None:
+        raise SnapshotError(f"snapshot {pointer.snapshot} of {hw_id} is missing")
+    if pointer.file_sha256 and hashlib.sha256(data).hexdigest() != pointer.file_sha256:
+        raise SnapshotError(f"snapshot {pointer.snapshot} of {hw_id} does not match the "
+                            "digest its CURRENT pointer records (damaged or replaced)")
+    return data
 
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    """What :meth:`Store.publish` did for one hardware."""
+    """What :meth:`Store.publish` did for one hardware.
+
+    ``snapshot``/``entries``: the current snapshot afterwards. ``rejected``: records refused
+    by validation (``rejections``: the first reasons, one line each). ``damaged``: record
+    fragments that could not be read (path: reason). ``lost``: entries of the previous
+    snapshot the new one lacks with no newer measurement of their op. ``refused``: why the
+    new snapshot was not made current (None when it was, or nothing changed).
+    ``repaired``: the current snapshot was damaged and has been rewritten.
+    """
 
     hw_id: str
     snapshot: str
     entries: int
     records: int
     changed: bool
+    rejected: int = 0
+    rejections: tuple[str, ...] = ()
+    damaged: tuple[str, ...] = ()
+    lost: int = 0
+    refused: str | None = None
+    repaired: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +160,13 @@ class CompactResult:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """Findings of :meth:`Store.verify`. ``ok`` is false when anything is damaged."""
+    """Findings of :meth:`Store.verify`. ``ok`` is false when anything is damaged.
+
+    ``damaged``: record fragments and wanted-list files that do not read (path, reason).
+    ``wanted_files``: wanted-list files read. ``models``: stored cost-model versions that
+    load (their ``model.json`` matches the digest in ``meta.json``). ``problems``: published
+    snapshots, pointers and models that are damaged or inconsistent.
+    """
 
     fragments: int
     rows: int
@@ -126,6 +176,8 @@ class VerifyReport:
     temporaries: list[str] = field(default_factory=list)
     published: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    wanted_files: int = 0
+    models: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -241,38 +293,119 @@ class Store:
 
     # -- publishing ----------------------------------------------------------------------
 
-    def publish(self, hw_id: str | Sequence[str] | None = None) -> list[PublishResult]:
-        """Publish the best schedule per op for each hardware (all with records by default).
+    def publish(self, hw_id: str | Sequence[str] | None = None, *,
+                force: bool = False) -> list[PublishResult]:
+        """Publish the best valid schedule per op for each hardware (all with records by
+        default); see :mod:`tunecache.cache.publish` for the rule.
 
-        A snapshot identical in content to the current one is not written again.
+        A snapshot identical in content to the current one is not written again, unless the
+        current one is damaged (then it is rewritten). Without ``force`` a new snapshot does
+        not become current when a record fragment of its hardware could not be read, or
+        when it would lose entries of the current one (an entry whose key is gone and whose
+        op has no newer measurement); the result then says why in ``refused``.
         """
         if hw_id is None:
             hw_ids = sorted({f.hw_id for f in self.fragments()})
         else:
             hw_ids = [hw_id] if isinstance(hw_id, str) else list(hw_id)
-        results = []
-        for hw in hw_ids:
-            check_part("hw_id", hw)
-            records = self.scan(hw_id=hw, columns=list(PUBLISH_COLUMNS))
-            snapshot = best_of(records)
-            digest = snapshot_digest(snapshot)
+        return [self._publish_one(check_part("hw_id", hw), force) for hw in hw_ids]
+
+    def _publish_one(self, hw: str, force: bool) -> PublishResult:
+        records, damaged = self._read_records(hw)
+        spec = self.hardware_spec(hw)
+        selection = select(records, {hw: spec} if spec is not None else {})
+        snapshot = selection.snapshot
+        current, previous = self._current_state(hw)
+        lost = 0
+        if current is not None:
+            lost = _lost(previous, snapshot) if previous is not None \
+                else max(0, current.entries - snapshot.num_rows)
+        result = PublishResult(
+            hw, current.snapshot if current else "", current.entries if current else 0,
+            records.num_rows, False, rejected=selection.rejected,
+            rejections=tuple(r.reason for r in selection.rejections[:MAX_REASONS]),
+            damaged=tuple(f"{path}: {reason}" for path, reason in damaged), lost=lost,
+        )
+        refused = _refusal(hw, damaged, lost, current)
+        if refused is not None and not force:
+            return replace(result, refused=refused)
+        digest = snapshot_digest(snapshot)
+        if current is not None and previous is not None and current.digest == digest:
+            return result
+        name = self._make_current(hw, snapshot, digest)
+        return replace(result, snapshot=name, entries=snapshot.num_rows, changed=True,
+                       repaired=current is not None and previous is None)
+
+    def _current_state(self, hw_id: str) -> tuple[Pointer | None, pa.Table | None]:
+        """The current pointer and, if intact, its snapshot (None when damaged)."""
+        try:
+            current = self.current(hw_id)
+        except SnapshotError as exc:
+            warnings.warn(f"{hw_id}: replacing a damaged pointer ({exc})", stacklevel=4)
+            return None, None
+        if current is None:
+            return None, None
+        try:
+            return current, self._current_table(hw_id, current)
+        except SnapshotError:
+            return current, None  # damaged: the next snapshot replaces it
+
+    def _make_current(self, hw_id: str, snapshot: pa.Table, digest: str) -> str:
+        """Write ``snapshot``, then point ``CURRENT`` at it (its file's SHA-256 included)."""
+        name = paths.new_snapshot_name(digest)
+        data = snapshot_bytes(snapshot).to_pybytes()
+        fs.write_atomic(self.location, paths.snapshot_path(hw_id, name), data)
+        self._set_pointer(hw_id, Pointer(name, digest, snapshot.num_rows,
+                                         datetime.now(timezone.utc).isoformat(),
+                                         file_sha256=hashlib.sha256(data).hexdigest()))
+        return name
+
+    def _read_records(self, hw_id: str) -> tuple[pa.Table, list[tuple[str, str]]]:
+        """The publish columns of every readable record of ``hw_id``, de-duplicated, and
+        the fragments that could not be read (path, reason)."""
+        columns = list(PUBLISH_COLUMNS)
+        tables: dict[str, pa.Table] = {}
+        damaged: dict[str, str] = {}
+        for _ in range(RELIST_ATTEMPTS):
+            todo = [f for f in self.fragments(hw_id)
+                    if f.path not in tables and f.path not in damaged]
+            got, vanished, bad = io.read_fragments(self.location, todo, columns)
+            tables.update(got)
+            damaged.update((f.path, reason) for f, reason in bad)
+            if not vanished:
+                break
+        else:
+            raise StoreError(f"fragments of {hw_id} under {self.root} kept disappearing "
+                             "while being read; try again")
+        parts = [tables[path] for path in sorted(tables)]
+        table = pa.concat_tables(parts) if parts else \
+            pa.schema([SCHEMA.field(c) for c in columns]).empty_table()
+        return io.dedup(table), sorted(damaged.items())
+
+    def hardware_spec(self, hw_id: str) -> HardwareSpec | None:
+        """The spec of ``hw_id`` from its records' ``hw_json`` (None when none has it).
+
+        A spec is identified by the hash of its content, so the first stored spec that
+        hashes to ``hw_id`` is the one; the column is read dictionary-encoded, fragment by
+        fragment until one is found.
+        """
+        for fragment in self.fragments(hw_id):
             try:
-                current = self.current(hw)
-            except SnapshotError as exc:
-                warnings.warn(f"{hw}: replacing a damaged pointer ({exc})", stacklevel=2)
-                current = None
-            if current is not None and current.digest == digest:
-                results.append(PublishResult(hw, current.snapshot, current.entries,
-                                             records.num_rows, False))
+                with self.location.fs.open_input_file(fragment.path) as handle:
+                    parquet = pq.ParquetFile(handle, read_dictionary=["hw_json"])
+                    if "hw_json" not in parquet.schema_arrow.names:
+                        continue
+                    column = parquet.read(columns=["hw_json"], use_threads=False)["hw_json"]
+            except (OSError, pa.ArrowException):
                 continue
-            name = paths.new_snapshot_name(digest)
-            fs.write_atomic(self.location, paths.snapshot_path(hw, name),
-                            snapshot_bytes(snapshot))
-            pointer = Pointer(name, digest, snapshot.num_rows,
-                              datetime.now(timezone.utc).isoformat())
-            self._set_pointer(hw, pointer)
-            results.append(PublishResult(hw, name, snapshot.num_rows, records.num_rows, True))
-        return results
+            for chunk in column.chunks:
+                values = chunk.dictionary if pa.types.is_dictionary(chunk.type) else \
+                    pc.unique(chunk)
+                for text in values.to_pylist():
+                    spec = parse_hardware(text)
+                    if spec is not None and spec.hw_id == hw_id:
+                        return spec
+        return None
 
     def _set_pointer(self, hw_id: str, pointer: Pointer) -> None:
         fs.write_atomic(self.location, paths.pointer_path(hw_id), pointer.to_json().encode())
@@ -290,26 +423,44 @@ class Store:
     def read_snapshot(self, hw_id: str, name: str | None = None) -> pa.Table:
         """A published snapshot (the current one by default) as an Arrow table.
 
-        Snapshots of every version read with the current snapshot columns (older versions'
-        extra columns, such as version 1's typed matmul knobs, are dropped), so snapshots of
+        The current snapshot is checked against the digest its pointer records. Snapshots
+        of every version read with the current snapshot columns (older versions' extra
+        columns, such as version 1's typed matmul knobs, are dropped), so snapshots of
         several hardware concatenate.
         """
         if name is None:
             pointer = self.current(hw_id)
             if pointer is None:
                 raise SnapshotError(f"nothing published for {hw_id} in {self.root}")
-            name = pointer.snapshot
-        path = self.location.path(paths.snapshot_path(hw_id, name))
+            return self._current_table(hw_id, pointer)
+        return self._parse_snapshot(hw_id, name, self._snapshot_bytes(hw_id, name))
+
+    def _snapshot_bytes(self, hw_id: str, name: str) -> bytes:
         try:
-            with self.location.fs.open_input_file(path) as handle:
-                table = pq.read_table(handle)
-        except FileNotFoundError:
-            raise SnapshotError(f"snapshot {name} of {hw_id} is missing") from None
-        except (OSError, pa.ArrowException) as exc:
-            raise SnapshotError(f"snapshot {name} of {hw_id} is damaged: {exc}") from None
+            data = fs.read_bytes(self.location, paths.snapshot_path(hw_id, name))
+        except OSError as exc:
+            raise SnapshotError(f"snapshot {name} of {hw_id} cannot be read: {exc}") from None
+        if data is None:
+            raise SnapshotError(f"snapshot {name} of {hw_id} is missing")
+        return data
+
+    def _current_table(self, hw_id: str, pointer: Pointer) -> pa.Table:
+        """The snapshot ``pointer`` names, if intact: its file digest matches the pointer's
+        (or, for pointers without one, its content digest does)."""
+        data = check_snapshot_bytes(hw_id, pointer,
+                                    self._snapshot_bytes(hw_id, pointer.snapshot))
+        table = self._parse_snapshot(hw_id, pointer.snapshot, data)
+        if not pointer.file_sha256 and snapshot_digest(table) != pointer.digest:
+            raise SnapshotError(f"snapshot {pointer.snapshot} of {hw_id} does not match the "
+                                "digest its CURRENT pointer records (damaged or replaced)")
+        return table
+
+    @staticmethod
+    def _parse_snapshot(hw_id: str, name: str, data: bytes) -> pa.Table:
         try:
+            table = pq.read_table(pa.BufferReader(data))
             return conform(table, SNAPSHOT_SCHEMA).replace_schema_metadata(table.schema.metadata)
-        except SchemaError as exc:
+        except (OSError, pa.ArrowException, SchemaError) as exc:
             raise SnapshotError(f"snapshot {name} of {hw_id} is damaged: {exc}") from None
 
     def rollback(self, hw_id: str, to: str | None = None) -> Pointer:
@@ -328,9 +479,11 @@ class Store:
         paths.check_snapshot_name(to)
         if to not in names:
             raise StoreError(f"{hw_id} has no snapshot {to}; snapshots: {', '.join(names)}")
-        table = self.read_snapshot(hw_id, to)
+        data = self._snapshot_bytes(hw_id, to)
+        table = self._parse_snapshot(hw_id, to, data)
         pointer = Pointer(to, snapshot_digest(table), table.num_rows,
-                          datetime.now(timezone.utc).isoformat())
+                          datetime.now(timezone.utc).isoformat(),
+                          file_sha256=hashlib.sha256(data).hexdigest())
         self._set_pointer(hw_id, pointer)
         return pointer
 
@@ -413,18 +566,22 @@ class Store:
                     continue
                 published[hw] = pointer.snapshot
                 problems.extend(f"{hw}: {p}" for p in _snapshot_problems(
-                    self.read_snapshot(hw, pointer.snapshot), hw))
+                    self._current_table(hw, pointer), hw))
             except TunecacheError as exc:
                 problems.append(f"{hw}: {exc}")
+        wanted_files, wanted_damaged = verify_wanted(self.location)
+        models, model_problems = _verify_models(self.location)
         return VerifyReport(
             fragments=len(fragments),
             rows=rows,
-            damaged=[(f.path, reason) for f, reason in damaged],
+            damaged=[(f.path, reason) for f, reason in damaged] + wanted_damaged,
             duplicate_rows=rows - unique,
             stray_files=sorted(stray),
             temporaries=fs.temporaries(self.location, ""),
             published=published,
-            problems=problems,
+            problems=problems + model_problems,
+            wanted_files=wanted_files,
+            models=models,
         )
 
     def stats(self) -> dict[str, Any]:
@@ -458,6 +615,74 @@ class Store:
             ],
             "published": published,
         }
+
+
+MAX_REASONS = 20
+"""Rejection reasons a :class:`PublishResult` keeps (it counts them all)."""
+RELIST_ATTEMPTS = 5
+
+
+def _lost(previous: pa.Table, snapshot: pa.Table) -> int:
+    """Entries of ``previous`` that ``snapshot`` drops: their key is gone and their op has
+    no measurement newer than theirs in ``snapshot``."""
+    keys = ["op_id", "codegen_version", "compiler"]
+
+    def frame(table: pa.Table) -> pd.DataFrame:
+        df = table.select([*keys, "measured_at"]).to_pandas()
+        df[keys] = df[keys].fillna("")
+        return df
+
+    old, new = frame(previous), frame(snapshot)
+    present = old.merge(new[keys].drop_duplicates().assign(_present=True), on=keys,
+                        how="left")["_present"].notna().to_numpy()
+    gone = old[~present]
+    if gone.empty:
+        return 0
+    newest = gone["op_id"].map(new.groupby("op_id")["measured_at"].max())
+    replaced = (newest > gone["measured_at"]).fillna(False).to_numpy(dtype=bool)
+    return int((~replaced).sum())
+
+
+def _refusal(hw_id: str, damaged: Sequence[tuple[str, str]], lost: int,
+             current: Pointer | None) -> str | None:
+    """Why a new snapshot of ``hw_id`` must not become current (None: it may)."""
+    why = []
+    if damaged:
+        why.append(f"{len(damaged)} damaged record fragment(s) could not be read "
+                   f"(first: {damaged[0][0]}; run `tunecache cache verify`)")
+    if lost and current is not None:
+        why.append(f"it would drop {lost} of the {current.entries} entries of the current "
+                   f"snapshot {current.snapshot}")
+    if not why:
+        return None
+    return (f"{hw_id}: not publishing: " + "; ".join(why)
+            + "; fix the store or publish with --force")
+
+
+def _verify_models(loc: Location) -> tuple[list[str], list[str]]:
+    """Stored cost-model versions that load, and problems (a damaged pointer or model)."""
+    from tunecache.costmodel import registry
+
+    if not fs.list_dirs(loc, registry.MODELS_DIR) and \
+            not fs.exists(loc, f"{registry.MODELS_DIR}/{registry.POINTER}"):
+        return [], []
+    good: list[str] = []
+    problems: list[str] = []
+    for version in registry.list_versions(loc):
+        try:
+            registry.load_version(loc, version)
+        except (TunecacheError, OSError) as exc:
+            problems.append(f"models: {exc}")
+        else:
+            good.append(version)
+    try:
+        current = registry.current_version(loc)
+    except (TunecacheError, OSError) as exc:
+        problems.append(f"models: {exc}")
+    else:
+        if current is not None and current not in good:
+            problems.append(f"models: CURRENT names {current}, which does not load")
+    return good, problems
 
 
 def _snapshot_problems(table: pa.Table, hw_id: str) -> list[str]:

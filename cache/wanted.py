@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tunecache.compiler.errors import TunecacheError
@@ -94,3 +95,57 @@ def load_wanted(loc: Location, hw_id: str) -> list[WantedOp]:
         out.append(WantedOp(op, count, tuple(sorted(models.get(text, ())))))
     out.sort(key=lambda w: (-w.count, w.op.text))
     return out
+
+
+def _problem(data: bytes) -> str | None:
+    """Why a wanted-list file's content is unusable (None when it is fine)."""
+    try:
+        table = pq.read_table(pa.BufferReader(data), schema=WANTED_SCHEMA)
+    except (pa.ArrowException, OSError) as exc:
+        return f"unreadable: {exc}"
+    if table.num_rows and pc.min(table["count"]).as_py() < 1:
+        return "a count below 1"
+    for text in pc.unique(table["op_text"]).to_pylist():
+        try:
+            OpSignature.parse(text)
+        except TunecacheError as exc:
+            return f"op text {text!r} does not parse: {exc}"
+    return None
+
+
+def verify_wanted(loc: Location) -> tuple[int, list[tuple[str, str]]]:
+    """Read every wanted-list file: how many there are, and the damaged ones (path, reason).
+
+    A file is damaged when it is not Parquet with the wanted-list columns, holds a count
+    below 1 or an op text that does not parse; a directory not named ``hw_id=<id>`` is
+    reported too. Hidden files (writers' temporaries) are left to ``verify``'s temporaries.
+    """
+    files = 0
+    damaged: list[tuple[str, str]] = []
+    for directory in fs.list_dirs(loc, WANTED_DIR):
+        relative = f"{WANTED_DIR}/{directory}"
+        hw_id = directory.removeprefix("hw_id=")
+        try:
+            check_part("hw_id", hw_id)
+            if hw_id == directory:
+                raise TunecacheError("not named hw_id=<hw_id>")
+        except TunecacheError as exc:
+            damaged.append((loc.path(relative), f"not a wanted-list directory: {exc}"))
+            continue
+        for name in fs.list_names(loc, relative):
+            if name.startswith((".", "_")):
+                continue
+            files += 1
+            path = f"{relative}/{name}"
+            if not name.endswith(".parquet"):
+                damaged.append((loc.path(path), "not a wanted-list file (*.parquet)"))
+                continue
+            try:
+                data = fs.read_bytes(loc, path)
+            except OSError as exc:
+                damaged.append((loc.path(path), f"unreadable: {exc}"))
+                continue
+            reason = _problem(data) if data is not None else None
+            if reason is not None:
+                damaged.append((loc.path(path), reason))
+    return files, damaged

@@ -304,6 +304,7 @@ def _forge(store: Store, tmp_path: Path, op: OpSignature, schedule_json: str) ->
               zip(table["op_text"].to_pylist(), table["schedule_json"].to_pylist(), strict=True)]
     column = table.schema.get_field_index("schedule_json")
     pq.write_table(table.set_column(column, "schedule_json", pa.array(forged)), path)
+    store.rollback(HW.hw_id, to=current.snapshot)  # re-point: CURRENT pins the file's digest
 
 
 def test_a_row_whose_json_does_not_hash_to_its_schedule_id_is_never_served(tmp_path):

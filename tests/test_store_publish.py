@@ -153,6 +153,7 @@ def test_index_skips_rows_from_a_newer_snapshot_version(tmp_path):
     table = pq.read_table(path)
     versions = pa.array([SNAPSHOT_VERSION, SNAPSHOT_VERSION + 1], pa.int16())
     pq.write_table(table.set_column(0, "snapshot_version", versions), path)
+    store.rollback(HW.hw_id, to=current.snapshot)  # re-point: CURRENT pins the file's digest
     index = Index(tmp_path, HW.hw_id)
     assert len(index) == 1
     assert index.ignored == 1

@@ -73,15 +73,39 @@ def cache_stats(root: str | None, as_json: bool) -> None:
 @cache_group.command("publish")
 @root_option
 @hw_ids_option
+@click.option("--force", is_flag=True,
+              help="Make the new snapshot current even though damaged fragments were read "
+                   "or it drops entries of the current one.")
 @json_option
-def cache_publish(root: str | None, hw_ids: tuple[str, ...], as_json: bool) -> None:
-    """Publish the best measured schedule per op for each hardware."""
-    results = Store(root).publish(list(hw_ids) or None)
-    rows = [asdict(r) for r in results]
+def cache_publish(root: str | None, hw_ids: tuple[str, ...], force: bool, as_json: bool) -> None:
+    """Publish the best valid measured schedule per op for each hardware.
+
+    Refuses (exit 1) to make a snapshot current when a record fragment could not be read
+    or when it would drop entries the current snapshot serves, unless --force.
+    """
+    results = Store(root).publish(list(hw_ids) or None, force=force)
     if as_json:
-        emit_json(rows)
-        return
-    click.echo(_table(rows, ["hw_id", "entries", "records", "changed", "snapshot"]))
+        emit_json([asdict(r) for r in results])
+    else:
+        rows = [{**asdict(r), "damaged": len(r.damaged)} for r in results]
+        click.echo(_table(rows, ["hw_id", "entries", "records", "rejected", "damaged",
+                                 "changed", "snapshot"]))
+        for result in results:
+            for path in result.damaged:
+                click.echo(f"{result.hw_id}: damaged fragment (not read): {path}", err=True)
+            for reason in result.rejections:
+                click.echo(f"rejected: {reason}", err=True)
+            if result.rejected:
+                click.echo(f"{result.hw_id}: {result.rejected} record(s) rejected by "
+                           "validation (never served)", err=True)
+            if result.repaired:
+                click.echo(f"{result.hw_id}: the current snapshot was damaged; rewritten as "
+                           f"{result.snapshot}", err=True)
+    refused = [r.refused for r in results if r.refused]
+    for reason in refused:
+        click.echo(f"error: {reason}", err=True)
+    if refused:
+        sys.exit(1)
 
 
 @cache_group.command("verify")
@@ -103,6 +127,8 @@ def cache_verify(root: str | None, as_json: bool) -> None:
             click.echo(f"leftover temporary (removed by compact): {path}")
         for hw, snapshot in report.published.items():
             click.echo(f"published {hw}: {snapshot}")
+        click.echo(f"wanted-list files: {report.wanted_files}  models: "
+                   f"{', '.join(report.models) or '-'}")
         for problem in report.problems:
             click.echo(f"problem: {problem}")
         click.echo("ok" if report.ok else "DAMAGED")
