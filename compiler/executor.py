@@ -19,11 +19,18 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler import onnx_ops
-from tunecache.compiler.frontend import FLOAT32, Graph, KernelNode, ModelError, OnnxNode
+from tunecache.compiler.frontend import (
+    FLOAT32,
+    Graph,
+    KernelNode,
+    ModelError,
+    OnnxNode,
+    TensorInfo,
+)
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 
-__all__ = ["Executor", "Kernel", "numpy_kernel"]
+__all__ = ["Executor", "Kernel", "check_inputs", "numpy_kernel"]
 
 Kernel = Callable[..., np.ndarray]
 """Called with the op's input arrays (``op.arguments()`` order and shapes, float32,
@@ -151,43 +158,59 @@ class Executor:
 
     def _check_inputs(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
                       ) -> dict[str, np.ndarray]:
-        expected = self.graph.inputs
-        names = [i.name for i in expected]
-        if isinstance(inputs, Mapping):
-            missing = [n for n in names if n not in inputs]
-            extra = sorted(set(inputs) - set(names))
-            if missing or extra:
-                parts = []
-                if missing:
-                    parts.append(f"missing {', '.join(map(repr, missing))}")
-                if extra:
-                    parts.append(f"unknown {', '.join(map(repr, extra))}")
-                raise ModelError(f"inputs for {self.graph.name!r} do not match: "
-                                 f"{'; '.join(parts)}; the model's inputs are "
-                                 f"{_describe(expected)}")
-            given = dict(inputs)
-        else:
-            if isinstance(inputs, np.ndarray) or len(inputs) != len(expected):
-                count = 1 if isinstance(inputs, np.ndarray) else len(inputs)
-                raise ModelError(f"{self.graph.name!r} takes {len(expected)} input(s) "
-                                 f"({_describe(expected)}), got {count}"
-                                 + (" (pass a list or a dict of arrays)"
-                                    if isinstance(inputs, np.ndarray) else ""))
-            given = dict(zip(names, inputs, strict=True))
-        checked = {}
-        for info in expected:
-            value = given[info.name]
-            if not isinstance(value, np.ndarray):
-                raise ModelError(f"input {info.name!r} must be a numpy array, got "
-                                 f"{type(value).__name__}")
-            if value.dtype != info.dtype:
-                raise ModelError(f"input {info.name!r} has dtype {value.dtype}; the model expects "
-                                 f"{info.dtype} (convert with .astype(np.{info.dtype}))")
-            if value.shape != info.shape:
-                raise ModelError(f"input {info.name!r} has shape {list(value.shape)}; the model "
-                                 f"expects {list(info.shape)}")
-            checked[info.name] = value
-        return checked
+        return check_inputs(self.graph.name, self.graph.inputs, inputs)
+
+
+def check_inputs(model: str, expected: Sequence[TensorInfo],
+                 inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
+                 dim_names: Mapping[str, Sequence[str]] | None = None) -> dict[str, np.ndarray]:
+    """``inputs`` by name, checked against ``expected``: names, numpy arrays, dtypes, shapes.
+
+    A ``-1`` dimension of ``expected`` accepts any size (messages show it by its name from
+    ``dim_names``, else ``?``). Raises :class:`ModelError` saying what was expected.
+    """
+    names = [i.name for i in expected]
+    if isinstance(inputs, Mapping):
+        missing = [n for n in names if n not in inputs]
+        extra = sorted(set(inputs) - set(names))
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {', '.join(map(repr, missing))}")
+            if extra:
+                parts.append(f"unknown {', '.join(map(repr, extra))}")
+            raise ModelError(f"inputs for {model!r} do not match: {'; '.join(parts)}; the "
+                             f"model's inputs are {_describe(expected, dim_names)}")
+        given = dict(inputs)
+    else:
+        if isinstance(inputs, np.ndarray) or len(inputs) != len(expected):
+            count = 1 if isinstance(inputs, np.ndarray) else len(inputs)
+            raise ModelError(f"{model!r} takes {len(expected)} input(s) "
+                             f"({_describe(expected, dim_names)}), got {count}"
+                             + (" (pass a list or a dict of arrays)"
+                                if isinstance(inputs, np.ndarray) else ""))
+        given = dict(zip(names, inputs, strict=True))
+    checked = {}
+    for info in expected:
+        value = given[info.name]
+        if not isinstance(value, np.ndarray):
+            raise ModelError(f"input {info.name!r} must be a numpy array, got "
+                             f"{type(value).__name__}")
+        if value.dtype != info.dtype:
+            raise ModelError(f"input {info.name!r} has dtype {value.dtype}; the model expects "
+                             f"{info.dtype} (convert with .astype(np.{info.dtype}))")
+        if len(value.shape) != len(info.shape) or any(
+                d >= 0 and d != v for d, v in zip(info.shape, value.shape, strict=False)):
+            raise ModelError(f"input {info.name!r} has shape {list(value.shape)}; the model "
+                             f"expects {_shape_text(info, dim_names)}")
+        checked[info.name] = value
+    return checked
+
+
+def _shape_text(info: TensorInfo, dim_names: Mapping[str, Sequence[str]] | None) -> str:
+    labels = (dim_names or {}).get(info.name, ())
+    return "[" + ", ".join(str(d) if d >= 0 else (labels[k] if k < len(labels) else "?")
+                           for k, d in enumerate(info.shape)) + "]"
 
 
 def _argument(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -196,5 +219,6 @@ def _argument(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(value.reshape(shape))
 
 
-def _describe(infos: Sequence[Any]) -> str:
-    return ", ".join(f"{i.name!r} {i.dtype} {list(i.shape)}" for i in infos) or "none"
+def _describe(infos: Sequence[TensorInfo],
+              dim_names: Mapping[str, Sequence[str]] | None = None) -> str:
+    return ", ".join(f"{i.name!r} {i.dtype} {_shape_text(i, dim_names)}" for i in infos) or "none"

@@ -13,11 +13,15 @@ neighbours fused in:
 * ``MatMul``/``Gemm`` + ``Add`` of a bias over the last axis (epilogue ``bias``) + ``Relu``.
 
 A neighbour is fused only when the intermediate tensor has exactly one use and is not a graph
-output. Every other node becomes an :class:`OnnxNode`, run by the executor with numpy; a node
-whose op the executor cannot run is an error here, at load time, naming the node and op type.
-See docs/ONNX.md for the op set, opset handling and fusion rules.
+output. Every other node becomes an :class:`OnnxNode`, run by the executor with numpy. Ops are
+checked after folding: a shape computation folds whatever its ops (those the executor lacks
+are evaluated with ONNX's reference implementation), and a node left that the executor cannot
+run is an error here, at load time, naming the node and op type. :func:`inspect_model` reads
+a model whose inputs keep dynamic dimensions: its interface, and the same check, sparing the
+nodes that compute from input shapes only. See docs/ONNX.md for the op set, opset handling,
+fusion rules and dynamic shapes.
 
-Needs the ``onnx`` package (``pip install tunecache[onnx]``); it is imported on first use.
+Needs the ``onnx`` package (a dependency of tunecache); it is imported on first use.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = [
-    "MIN_OPSET", "Graph", "KernelNode", "ModelError", "OnnxNode", "TensorInfo", "kernel_ops",
-    "load_graph", "supported_ops",
+    "MIN_OPSET", "Graph", "KernelNode", "ModelError", "ModelInfo", "ModelSource", "OnnxNode",
+    "TensorInfo", "inspect_model", "kernel_ops", "load_graph", "read_model", "supported_ops",
 ]
 
 # Opsets 7 and 8 differ from 9 only in ops we do not run or in ways the implementations
@@ -52,6 +56,9 @@ FLOAT32 = np.dtype(np.float32)
 # their values, so that data propagation sees Reshape targets, Slice bounds, etc.; larger
 # ones go as typed inputs, which keeps inference from copying the weights.
 _INFERENCE_VALUE_LIMIT = 1024
+# Ops whose value is not a function of their inputs: never folded, however constant.
+_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
+                               "RandomUniformLike", "Multinomial", "Bernoulli"})
 
 
 class ModelError(TunecacheError):
@@ -142,40 +149,133 @@ def _import_onnx() -> Any:
         import onnx.shape_inference
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ModelError(
-            "reading ONNX models needs the onnx package: pip install 'tunecache[onnx]'"
+            "reading ONNX models needs the onnx package: pip install onnx"
         ) from exc
     return onnx
 
 
-def load_graph(path_or_model: str | Path | onnx.ModelProto,
+@dataclass(frozen=True, eq=False)
+class ModelSource:
+    """A model read once and loaded many times (once per input shape): the ``ModelProto``
+    without its external data, the folder that data is read from, and a default name."""
+
+    model: Any
+    base_dir: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model's interface: inputs and outputs as declared (``-1`` for a dynamic dimension)
+    and, per input, each dimension's symbolic name (``""`` for a static one, ``"?"`` for an
+    unnamed dynamic one)."""
+
+    name: str
+    opset: int
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    dim_names: Mapping[str, tuple[str, ...]]
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether any input dimension is dynamic."""
+        return any(d < 0 for i in self.inputs for d in i.shape)
+
+    def describe(self, name: str) -> str:
+        """An input's shape with its dynamic dimensions named: ``[batch, sequence, 32]``."""
+        info = next(i for i in self.inputs if i.name == name)
+        labels = self.dim_names.get(name, ())
+        return "[" + ", ".join(str(d) if d >= 0 else (labels[k] if k < len(labels) else "?")
+                               for k, d in enumerate(info.shape)) + "]"
+
+    def complete(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]] | None:
+        """Every input's shape from ``shapes`` plus what its dimension names imply.
+
+        An input not in ``shapes`` gets its static dimensions and, for each named dynamic one,
+        the size the same name has in a given input (``attention_mask [batch, sequence]``
+        from ``input_ids``). None if some dimension stays unknown.
+        """
+        sizes: dict[str, int] = {}
+        for info in self.inputs:
+            given = shapes.get(info.name)
+            for k, label in enumerate(self.dim_names.get(info.name, ())):
+                if given is not None and label not in ("", "?") and k < len(given):
+                    sizes.setdefault(label, int(given[k]))
+        out: dict[str, tuple[int, ...]] = {}
+        for info in self.inputs:
+            given = shapes.get(info.name)
+            if given is not None:
+                out[info.name] = tuple(int(d) for d in given)
+                continue
+            labels = self.dim_names.get(info.name, ())
+            dims = [d if d >= 0 else sizes.get(labels[k] if k < len(labels) else "?", -1)
+                    for k, d in enumerate(info.shape)]
+            if any(d < 0 for d in dims):
+                return None
+            out[info.name] = tuple(dims)
+        return out
+
+
+def read_model(path: str | Path) -> ModelSource:
+    """Read a model file once (external data stays on disk, read at each load)."""
+    onnx = _import_onnx()
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"ONNX model {str(path)!r} does not exist or is not a file")
+    try:
+        # External data is read per initializer by numpy_helper.to_array (relative to the
+        # model's folder), straight into arrays, instead of into the proto and then again.
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise ModelError(f"cannot read ONNX model {str(path)!r}: not a valid ONNX protobuf "
+                         f"({type(exc).__name__}: {exc})") from exc
+    return ModelSource(model, str(path.parent), path.stem)
+
+
+def _source(path_or_model: str | Path | onnx.ModelProto | ModelSource) -> ModelSource:
+    onnx = _import_onnx()
+    if isinstance(path_or_model, ModelSource):
+        return path_or_model
+    if isinstance(path_or_model, (str, Path)):
+        return read_model(path_or_model)
+    if isinstance(path_or_model, onnx.ModelProto):
+        return ModelSource(path_or_model, "", "model")
+    raise ModelError(f"load_graph needs a path or an onnx.ModelProto, got "
+                     f"{type(path_or_model).__name__}")
+
+
+def load_graph(path_or_model: str | Path | onnx.ModelProto | ModelSource,
                input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
     """Read an ONNX model into a :class:`Graph`.
 
-    ``path_or_model`` is a file (external data is read relative to its folder) or a loaded
-    ``ModelProto`` (its external data must already be loaded). ``input_shapes`` fixes input
-    dimensions the model leaves dynamic (and must agree with the static ones); every input
-    dimension must be known in the end. Raises :class:`ModelError` for an unreadable or
-    malformed model, an op outside :func:`supported_ops`, or bad ``input_shapes``.
+    ``path_or_model`` is a file (external data is read relative to its folder), a loaded
+    ``ModelProto`` (its external data must already be loaded) or a :class:`ModelSource`.
+    ``input_shapes`` fixes input dimensions the model leaves dynamic (and must agree with the
+    static ones); every input dimension must be known in the end. Constant subgraphs (shape
+    computations included) are folded before ops are checked, so an op the executor cannot
+    run is an error only if it survives folding. Raises :class:`ModelError` for an unreadable
+    or malformed model, such an op, or bad ``input_shapes``.
     """
-    onnx = _import_onnx()
-    if isinstance(path_or_model, (str, Path)):
-        path = Path(path_or_model)
-        if not path.is_file():
-            raise ModelError(f"ONNX model {str(path)!r} does not exist or is not a file")
-        try:
-            # External data is read per initializer by numpy_helper.to_array (relative to the
-            # model's folder), straight into arrays, instead of into the proto and then again.
-            model = onnx.load(str(path), load_external_data=False)
-        except Exception as exc:
-            raise ModelError(f"cannot read ONNX model {str(path)!r}: not a valid ONNX protobuf "
-                             f"({type(exc).__name__}: {exc})") from exc
-        base_dir, default_name = str(path.parent), path.stem
-    elif isinstance(path_or_model, onnx.ModelProto):
-        model, base_dir, default_name = path_or_model, "", "model"
-    else:
-        raise ModelError(f"load_graph needs a path or an onnx.ModelProto, got "
-                         f"{type(path_or_model).__name__}")
-    return _Loader(onnx, model, base_dir, default_name, input_shapes).load()
+    source = _source(path_or_model)
+    return _Loader(_import_onnx(), source, input_shapes, symbolic=False).load()
+
+
+def inspect_model(path_or_model: str | Path | onnx.ModelProto | ModelSource,
+                  input_shapes: Mapping[str, Sequence[int]] | None = None, *,
+                  check: bool = True) -> ModelInfo:
+    """Describe a model's interface, its inputs' dimensions possibly dynamic.
+
+    With ``check`` (the default), the model is also checked: what is constant without the
+    dynamic sizes is folded, then every node the executor cannot run is refused
+    (``ModelError`` naming node and op) except those computing only from input shapes and
+    constants, which fold away once the shapes are known (see :func:`load_graph`). Without
+    it only the declared inputs and outputs are read (no weights, no shape inference).
+    ``input_shapes`` is checked against the declared shapes; the result keeps the model's
+    declared inputs (dynamic dimensions stay ``-1``).
+    """
+    source = _source(path_or_model)
+    loader = _Loader(_import_onnx(), source, input_shapes, symbolic=True)
+    return loader.inspect() if check else loader.interface()
 
 
 def kernel_ops(path: str | Path | onnx.ModelProto,
@@ -207,6 +307,12 @@ class _Node:
     outputs: tuple[str, ...]
     attrs: dict[str, Any]
     proto: Any
+    domain: str = ""
+
+    @property
+    def supported(self) -> bool:
+        """Whether the executor can run this node (default domain, an op in onnx_ops)."""
+        return not self.domain and self.op_type in onnx_ops.OPS
 
 
 def _attr_value(onnx: Any, attr: Any) -> Any:
@@ -235,13 +341,16 @@ def _fmt_shape(shape: Sequence[int | None]) -> str:
 class _Loader:
     """One load: reads, infers shapes, folds constants, fuses, and builds the Graph."""
 
-    def __init__(self, onnx: Any, model: Any, base_dir: str, default_name: str,
-                 input_shapes: Mapping[str, Sequence[int]] | None) -> None:
+    def __init__(self, onnx: Any, source: ModelSource,
+                 input_shapes: Mapping[str, Sequence[int]] | None, symbolic: bool) -> None:
         self.onnx = onnx
-        self.model = model
-        self.base_dir = base_dir
-        self.name = model.graph.name or default_name
+        self.model = source.model
+        self.base_dir = source.base_dir
+        self.name = self.model.graph.name or source.name
         self.input_shapes = dict(input_shapes or {})
+        # Symbolic: dynamic input dimensions stay unknown (inspect_model), else an error.
+        self.symbolic = symbolic
+        self.dim_names: dict[str, tuple[str, ...]] = {}
         self.constants: dict[str, np.ndarray] = {}
         self.shapes: dict[str, tuple[int | None, ...]] = {}
         self.dtypes: dict[str, np.dtype] = {}
@@ -249,7 +358,8 @@ class _Loader:
 
     # -- the pipeline ---------------------------------------------------------------------
 
-    def load(self) -> Graph:
+    def _folded(self) -> tuple[list[TensorInfo], list[_Node]]:
+        """Read, sort, infer shapes and fold constants; refuse what cannot run."""
         model = self.model
         if not model.HasField("graph") or not model.opset_import:
             raise ModelError(f"{self.name!r} is not an ONNX model: it has no graph or no opset "
@@ -261,7 +371,7 @@ class _Loader:
         nodes = self._sorted(nodes, inputs)
         self._infer_shapes(inputs, nodes)
         nodes = self._fold_constants(nodes)
-        for _ in range(3):
+        for _ in range(0 if self.symbolic else 3):
             # ONNX data propagation covers only some op versions (e.g. not Reshape targets
             # built by Concat at opset 13); inferring again over the folded graph, where
             # such targets are constants, fills the gaps.
@@ -269,6 +379,31 @@ class _Loader:
                 break
             self._infer_shapes(inputs, nodes)
             nodes = self._fold_constants(nodes)
+        self._reject_unsupported(nodes, self._shape_only(nodes) if self.symbolic else set())
+        return inputs, nodes
+
+    def inspect(self) -> ModelInfo:
+        inputs, _ = self._folded()
+        return ModelInfo(self.name, self.opset, tuple(inputs), tuple(self._outputs()),
+                         MappingProxyType(dict(self.dim_names)))
+
+    def interface(self) -> ModelInfo:
+        if not self.model.HasField("graph") or not self.model.opset_import:
+            raise ModelError(f"{self.name!r} is not an ONNX model: it has no graph or no opset "
+                             "import (an empty or truncated file?)")
+        opset = self._opset()
+        inputs = self._inputs()
+        outputs = []
+        for vi in self.model.graph.output:
+            dims = _dims(vi.type) or ()
+            outputs.append(TensorInfo(vi.name, tuple(-1 if d is None else d for d in dims),
+                                      onnx_ops.ONNX_DTYPES.get(vi.type.tensor_type.elem_type,
+                                                               FLOAT32)))
+        return ModelInfo(self.name, opset, tuple(inputs), tuple(outputs),
+                         MappingProxyType(dict(self.dim_names)))
+
+    def load(self) -> Graph:
+        inputs, nodes = self._folded()
         outputs = self._outputs()
         nodes = self._elide(self._live(nodes, {o.name for o in outputs}),
                             {o.name for o in outputs})
@@ -291,32 +426,39 @@ class _Loader:
 
     def _nodes(self) -> list[_Node]:
         nodes = []
-        unknown: list[str] = []
         seen: set[str] = set()
         for index, proto in enumerate(self.model.graph.node):
             name = proto.name or f"node{index}"
             if name in seen:
                 name = f"{name}#{index}"
             seen.add(name)
-            domain = proto.domain if proto.domain != "ai.onnx" else ""
-            if domain or proto.op_type not in onnx_ops.OPS:
-                op = f"{domain}.{proto.op_type}" if domain else proto.op_type
-                unknown.append(f"node {name!r} has op type {op!r}")
-                continue
             try:
                 attrs = {a.name: _attr_value(self.onnx, a) for a in proto.attribute}
             except Exception as exc:
                 raise ModelError(f"node {name!r} ({proto.op_type}) has an unreadable attribute: "
                                  f"{exc}") from exc
+            domain = proto.domain if proto.domain != "ai.onnx" else ""
             node = _Node(index, name, proto.op_type, tuple(proto.input), tuple(proto.output),
-                         attrs, proto)
-            self._check_node(node)
+                         attrs, proto, domain)
+            if node.supported:
+                self._check_node(node)
             nodes.append(node)
+        return nodes
+
+    def _reject_unsupported(self, nodes: list[_Node], shape_only: set[str]) -> None:
+        """Refuse the nodes the executor cannot run, after folding (an op that only computes
+        shapes is evaluated at load time and need not be runnable)."""
+        unknown = []
+        for node in nodes:
+            if node.supported or (not node.domain and node.outputs
+                                  and all(o in shape_only for o in node.outputs if o)):
+                continue
+            op = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+            unknown.append(f"node {node.name!r} has op type {op!r}")
         if unknown:
             more = f" (and {len(unknown) - 1} more unsupported node(s))" if len(unknown) > 1 else ""
             raise ModelError(f"{unknown[0]}, which tunecache cannot run{more}; supported op "
                              f"types: {', '.join(supported_ops())} (see docs/ONNX.md)")
-        return nodes
 
     def _check_node(self, node: _Node) -> None:
         """Load-time rejection of supported op types used in ways the executor cannot run."""
@@ -361,7 +503,9 @@ class _Loader:
 
     def _inputs(self) -> list[TensorInfo]:
         infos = []
-        declared = [vi for vi in self.model.graph.input if vi.name not in self.constants]
+        initializers = {init.name for init in self.model.graph.initializer}
+        declared = [vi for vi in self.model.graph.input
+                    if vi.name not in self.constants and vi.name not in initializers]
         names = {vi.name for vi in declared}
         extra = sorted(set(self.input_shapes) - names)
         if extra:
@@ -376,6 +520,10 @@ class _Loader:
                                  f"{self.onnx.TensorProto.DataType.Name(elem)}, which is not "
                                  "supported")
             dims = _dims(vi.type)
+            if dims is not None:
+                self.dim_names[vi.name] = tuple(
+                    "" if d.HasField("dim_value") else (d.dim_param or "?")
+                    for d in vi.type.tensor_type.shape.dim)
             override = self.input_shapes.get(vi.name)
             if override is not None:
                 wanted = tuple(int(d) for d in override)
@@ -387,8 +535,9 @@ class _Loader:
                 if any(w < 0 for w in wanted):
                     raise ModelError(f"input_shapes gives input {vi.name!r} a negative "
                                      f"dimension: {list(wanted)}")
-                dims = wanted
-            if dims is None or any(d is None for d in dims):
+                if not self.symbolic:
+                    dims = wanted
+            if dims is None or (not self.symbolic and any(d is None for d in dims)):
                 labels = [str(d.dim_param or "?") for d in vi.type.tensor_type.shape.dim
                           if not d.HasField("dim_value")] if dims is not None else []
                 shown = _fmt_shape(dims) if dims is not None else "unknown rank"
@@ -397,10 +546,10 @@ class _Loader:
                     + (f" (dims {', '.join(labels)})" if labels else "")
                     + f"; give its shape with input_shapes={{{vi.name!r}: [...]}}"
                 )
-            shape = tuple(int(d) for d in dims if d is not None)
-            self.shapes[vi.name] = shape
+            self.shapes[vi.name] = dims
             self.dtypes[vi.name] = dtype
-            infos.append(TensorInfo(vi.name, shape, dtype))
+            infos.append(TensorInfo(vi.name, tuple(-1 if d is None else int(d) for d in dims),
+                                    dtype))
         return infos
 
     def _missing_shapes(self, nodes: list[_Node]) -> bool:
@@ -421,8 +570,12 @@ class _Loader:
         graph.name = self.name
         graph.node.extend(n.proto for n in nodes)
         for info in inputs:
+            labels = self.dim_names.get(info.name, ())
+            named: list[int | str | None] = [
+                d if d >= 0 else (labels[k] if k < len(labels) and labels[k] != "?" else None)
+                for k, d in enumerate(info.shape)]
             graph.input.append(helper.make_tensor_value_info(
-                info.name, helper.np_dtype_to_tensor_dtype(info.dtype), list(info.shape)))
+                info.name, helper.np_dtype_to_tensor_dtype(info.dtype), named))
         for name, array in self.constants.items():
             if array.dtype.kind in "iub" or array.size <= _INFERENCE_VALUE_LIMIT:
                 graph.initializer.append(numpy_helper.from_array(array, name))
@@ -436,6 +589,8 @@ class _Loader:
         try:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
         except Exception as exc:
+            # An op tunecache does not know is the likelier culprit; name it instead.
+            self._reject_unsupported(nodes, set())
             raise ModelError(f"shape inference failed on model {self.name!r}: {exc}") from exc
         for vi in (*inferred.graph.value_info, *inferred.graph.output):
             if vi.name in self.constants or not vi.type.HasField("tensor_type"):
@@ -480,20 +635,15 @@ class _Loader:
         kept = []
         for node in nodes:
             values: list[np.ndarray] | None = None
-            if node.op_type in ("Shape", "Size") and node.inputs[0] not in self.constants:
+            if node.op_type in ("Shape", "Size") and not node.domain and (
+                    node.inputs[0] not in self.constants):
                 shape = self.shapes.get(node.inputs[0])
                 if shape is not None and all(d is not None for d in shape):
                     static = tuple(int(d) for d in shape if d is not None)
                     values = ([onnx_ops.shape_of(static, node.attrs)] if node.op_type == "Shape"
                               else [np.asarray(math.prod(static), dtype=np.int64)])
-            elif all(t == "" or t in self.constants for t in node.inputs):
-                impl = onnx_ops.OPS[node.op_type]
-                try:
-                    values = impl([self.constants[t] if t else None for t in node.inputs],
-                                  node.attrs, self.opset)
-                except Exception as exc:
-                    raise ModelError(f"node {node.name!r} ({node.op_type}) computes from "
-                                     f"constants only but failed: {exc}") from exc
+            elif self._foldable(node):
+                values = self._evaluate(node)
             if values is None:
                 kept.append(node)
                 continue
@@ -501,6 +651,39 @@ class _Loader:
                 if name:
                     self._set_constant(name, np.asarray(value))
         return kept
+
+    def _foldable(self, node: _Node) -> bool:
+        return (not node.domain and node.op_type not in _NONDETERMINISTIC
+                and all(t == "" or t in self.constants for t in node.inputs))
+
+    def _evaluate(self, node: _Node) -> list[np.ndarray]:
+        """A constant node's outputs: onnx_ops, or ONNX's reference implementation for an op
+        the executor does not run (it may only ever appear in shape computations)."""
+        args = [self.constants[t] if t else None for t in node.inputs]
+        try:
+            impl = onnx_ops.OPS.get(node.op_type)
+            if impl is not None:
+                return impl(args, node.attrs, self.opset)
+            from onnx.reference import ReferenceEvaluator
+
+            evaluator = ReferenceEvaluator(node.proto, opsets={"": self.opset})
+            feeds = {t: a for t, a in zip(node.inputs, args, strict=True) if t}
+            return [np.asarray(v) for v in evaluator.run(None, feeds)]
+        except Exception as exc:
+            raise ModelError(f"node {node.name!r} ({node.op_type}) computes from "
+                             f"constants only but failed: {exc}") from exc
+
+    def _shape_only(self, nodes: list[_Node]) -> set[str]:
+        """Tensors computed from input shapes and constants only: they fold once the input
+        shapes are known."""
+        derived: set[str] = set()
+        for node in nodes:
+            if node.domain or node.op_type in _NONDETERMINISTIC:
+                continue
+            if node.op_type in ("Shape", "Size") or all(
+                    t == "" or t in self.constants or t in derived for t in node.inputs):
+                derived.update(o for o in node.outputs if o)
+        return derived
 
     def _outputs(self) -> list[TensorInfo]:
         infos = []

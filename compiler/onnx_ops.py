@@ -122,9 +122,25 @@ _UNARY: dict[str, Callable[[Array], Any]] = {
     "Sigmoid": lambda x: np.reciprocal(x.dtype.type(1) + np.exp(-x)),
     "Not": np.logical_not,
     "Identity": lambda x: x,
+    "Cos": np.cos, "Sin": np.sin, "Sign": np.sign,
 }
 for _name, _fn in _UNARY.items():
     OPS[_name] = _unary(_fn)
+
+
+@_register("IsNaN")
+def _isnan(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) -> list[Array]:
+    x = inputs[0]
+    assert x is not None
+    return [_arr(np.isnan(x))]
+
+
+@_register("IsInf")
+def _isinf(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) -> list[Array]:
+    x = inputs[0]
+    assert x is not None
+    positive, negative = int(attrs.get("detect_positive", 1)), int(attrs.get("detect_negative", 1))
+    return [_arr(np.isinf(x) & (((x > 0) & bool(positive)) | ((x < 0) & bool(negative))))]
 
 
 def _div(a: Array, b: Array) -> Array:
@@ -138,7 +154,7 @@ _BINARY: dict[str, Callable[[Array, Array], Any]] = {
     "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _div,
     "Pow": np.power, "Equal": np.equal, "Less": np.less, "Greater": np.greater,
     "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
-    "And": np.logical_and, "Or": np.logical_or,
+    "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
 }
 
 
@@ -156,6 +172,15 @@ def _binary(name: str) -> OpImpl:
 
 for _name in _BINARY:
     OPS[_name] = _binary(_name)
+
+
+@_register("Mod")
+def _mod(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) -> list[Array]:
+    a, b = inputs[0], inputs[1]
+    assert a is not None and b is not None
+    # fmod=1 (required for floats): the sign of the dividend, as C's fmod; else the divisor's.
+    fn = np.fmod if attrs.get("fmod", 0) else np.mod
+    return [_arr(fn(a, b), a.dtype)]
 
 
 def _variadic(fn: Callable[[Array, Array], Any]) -> OpImpl:
@@ -279,6 +304,13 @@ def _softmax_family(log: bool) -> OpImpl:
 
 
 def _softmax(x: Array, axis: int, log: bool) -> Array:
+    # A row of -inf (attention fully masked) gives NaN, as ONNX specifies; exporters follow
+    # it with Where(IsNaN(...)), so numpy's warning about it is noise.
+    with np.errstate(invalid="ignore"):
+        return _softmax_rows(x, axis, log)
+
+
+def _softmax_rows(x: Array, axis: int, log: bool) -> Array:
     shifted = x - np.max(x, axis=axis, keepdims=True)
     if log:
         total = np.sum(np.exp(shifted), axis=axis, keepdims=True)
@@ -625,6 +657,55 @@ def _gather(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int
     axis = _axis(int(attrs.get("axis", 0)), x.ndim)
     idx = np.where(idx < 0, idx + x.shape[axis], idx)
     return [np.take(x, idx, axis=axis)]
+
+
+@_register("GatherElements")
+def _gather_elements(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
+                     opset: int) -> list[Array]:
+    x, idx = inputs[0], inputs[1]
+    assert x is not None and idx is not None
+    axis = _axis(int(attrs.get("axis", 0)), x.ndim)
+    idx = np.where(idx < 0, idx + x.shape[axis], idx)
+    return [np.take_along_axis(x, idx, axis=axis)]
+
+
+@_register("GatherND")
+def _gather_nd(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) -> list[Array]:
+    x, idx = inputs[0], inputs[1]
+    assert x is not None and idx is not None
+    b = int(attrs.get("batch_dims", 0))
+    depth = idx.shape[-1]
+    idx = np.where(idx < 0, idx + np.asarray(x.shape[b:b + depth]), idx)
+    batch = x.shape[:b]
+    # Flatten the batch dimensions into one, index each batch's slice with the tuple of
+    # index columns, then restore the batch dimensions in front.
+    xs = x.reshape((math.prod(batch), *x.shape[b:]))
+    ids = idx.reshape((math.prod(batch), -1, depth))
+    rows = np.arange(xs.shape[0]).reshape(-1, 1)
+    picked = xs[(rows, *(ids[..., k] for k in range(depth)))]
+    return [picked.reshape((*idx.shape[:-1], *x.shape[b + depth:]))]
+
+
+@_register("Trilu")
+def _trilu(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) -> list[Array]:
+    x = inputs[0]
+    assert x is not None
+    k_in = _opt(inputs, 1)
+    k = int(k_in.reshape(-1)[0]) if k_in is not None else 0
+    return [np.triu(x, k) if attrs.get("upper", 1) else np.tril(x, k)]
+
+
+@_register("CumSum")
+def _cumsum(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) -> list[Array]:
+    x, axis_in = inputs[0], inputs[1]
+    assert x is not None and axis_in is not None
+    axis = _axis(int(axis_in.reshape(-1)[0]), x.ndim)
+    y = np.flip(x, axis) if attrs.get("reverse", 0) else x
+    out = np.cumsum(y, axis=axis, dtype=x.dtype)
+    if attrs.get("exclusive", 0):
+        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)),
+                              np.take(out, range(out.shape[axis] - 1), axis=axis)], axis=axis)
+    return [np.flip(out, axis) if attrs.get("reverse", 0) else out]
 
 
 @_register("Shape")

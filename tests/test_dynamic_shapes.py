@@ -1,0 +1,232 @@
+"""Dynamic shapes: a model with symbolic batch/sequence axes compiles once and runs at any
+shape (each planned on first use, kept in a bounded LRU, recorded as wanted); shape-only
+subgraphs fold before ops are checked; the CLI takes its shapes from --inputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from onnx_support import F32, Builder, assert_close, ort_run
+from test_frontend_exporters import DATA, exporter_feeds
+
+from tunecache.cache.store import Store
+from tunecache.cache.wanted import load_wanted
+from tunecache.compiler.executor import Executor
+from tunecache.compiler.frontend import ModelError, inspect_model, load_graph
+from tunecache.compiler.hardware import local_spec
+from tunecache.tuner.deploy import CompiledModel, compile_model
+
+LLAMA = DATA / "llama_dynamo18.onnx"
+GPT2 = DATA / "gpt2_torchscript17.onnx"
+LLAMA_PAST = DATA / "llama_past_torchscript17.onnx"
+
+
+def count_plans(compiled: CompiledModel) -> list[dict[str, tuple[int, ...]]]:
+    """Wrap ``compiled.specialise`` to log the shapes it plans."""
+    planned: list[dict[str, tuple[int, ...]]] = []
+    inner = compiled.specialise
+    assert inner is not None
+
+    def logged(shapes: Mapping[str, tuple[int, ...]]) -> CompiledModel:
+        planned.append(dict(shapes))
+        return inner(shapes)
+    compiled.specialise = logged
+    return planned
+
+
+def test_compiles_once_and_runs_any_batch_and_sequence(tmp_path: Path) -> None:
+    compiled = compile_model(LLAMA, store=Store(tmp_path), policy="analytic")
+    assert compiled.info is not None and compiled.info.dynamic
+    assert compiled.plan == []  # nothing planned before a shape is known
+    planned = count_plans(compiled)
+    model = onnx.load(str(LLAMA))
+    shapes = [(1, 3), (2, 5), (3, 8), (1, 3)]
+    for batch, seq in shapes:
+        feeds = exporter_feeds(compiled.info, batch, seq, seed=batch * seq)
+        assert_close(compiled.run(feeds), ort_run(model, feeds), ["logits"])
+    assert [p["input_ids"] for p in planned] == [(1, 3), (2, 5), (3, 8)]
+    stats = compiled.shape_stats()
+    # Least recently run first; the repeated shape ran twice and was planned once.
+    assert [(s.inputs["input_ids"], s.runs) for s in stats] == [((2, 5), 1), ((3, 8), 1),
+                                                                ((1, 3), 2)]
+    assert all(s.compile_s >= 0 and s.kernel_nodes > 0 for s in stats)
+    summary = compiled.summary()
+    assert summary["dynamic"] and summary["inputs"]["input_ids"] == "[batch, sequence]"
+    assert len(summary["shapes"]) == 3
+
+
+def test_planned_shapes_are_bounded_least_recently_run_first(tmp_path: Path) -> None:
+    compiled = compile_model(GPT2, store=Store(tmp_path), policy="cache-only", max_shapes=2)
+    assert compiled.info is not None
+    planned = count_plans(compiled)
+    for seq in (2, 3, 4, 2):
+        compiled.run(exporter_feeds(compiled.info, 1, seq))
+    # 2 fell out when 4 came in (3 and 4 were kept), so its second run plans it again.
+    assert [p["input_ids"] for p in planned] == [(1, 2), (1, 3), (1, 4), (1, 2)]
+    assert compiled.evicted == 2
+    assert [s.inputs["input_ids"] for s in compiled.shape_stats()] == [(1, 4), (1, 2)]
+
+
+def test_each_new_shape_records_its_own_misses_as_wanted(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    compiled = compile_model(GPT2, store=store, policy="analytic")
+    assert compiled.info is not None
+    hw_id = local_spec().hw_id
+    assert load_wanted(store.location, hw_id) == []
+    for batch, seq in ((2, 5), (3, 7)):
+        compiled.run(exporter_feeds(compiled.info, batch, seq))
+        wanted = {w.op for w in load_wanted(store.location, hw_id)}
+        planned = compiled.prepare({"input_ids": (batch, seq)}).plan
+        assert {e.op for e in planned} <= wanted
+        assert any(e.op.kind == "matmul" and e.op.dim("M") == batch * seq for e in planned)
+
+
+def test_shape_given_at_compile_time_is_planned_then_others_on_first_run(tmp_path: Path) -> None:
+    # input_shapes names input_ids only; attention_mask [batch, sequence] follows by name.
+    compiled = compile_model(GPT2, store=Store(tmp_path), policy="cache-only",
+                             input_shapes={"input_ids": [2, 4]})
+    assert compiled.plan and [i.shape for i in compiled.graph.inputs] == [(2, 4), (2, 4)]
+    assert compiled.info is not None
+    planned = count_plans(compiled)
+    model = onnx.load(str(GPT2))
+    for batch, seq in ((2, 4), (1, 6)):
+        feeds = exporter_feeds(compiled.info, batch, seq)
+        assert_close(compiled.run(feeds), ort_run(model, feeds), ["logits"])
+    assert [p["input_ids"] for p in planned] == [(1, 6)]
+    assert compiled.prepare({"input_ids": (2, 4)}) is compiled
+
+
+def test_decode_step_with_past_runs_at_several_lengths(tmp_path: Path) -> None:
+    compiled = compile_model(LLAMA_PAST, store=Store(tmp_path), policy="cache-only")
+    assert compiled.info is not None
+    model = onnx.load(str(LLAMA_PAST))
+    for batch, seq, past in ((1, 1, 4), (2, 1, 6), (2, 3, 2)):
+        feeds = exporter_feeds(compiled.info, batch, seq, past=past)
+        names = [o.name for o in model.graph.output]
+        assert_close(compiled.run(feeds), ort_run(model, feeds), names)
+    with pytest.raises(ModelError, match=r"the shapes of 'attention_mask' \[batch, "
+                                         r"total_sequence\], .* are not determined"):
+        compiled.prepare({"input_ids": (1, 1)})
+
+
+def test_inputs_are_checked_against_the_declared_dims(tmp_path: Path) -> None:
+    compiled = compile_model(GPT2, store=Store(tmp_path), policy="cache-only")
+    ids = np.zeros((2, 3), np.int64)
+    with pytest.raises(ModelError, match=r"input 'input_ids' has shape \[2, 3, 1\]; the model "
+                                         r"expects \[batch, sequence\]"):
+        compiled.run({"input_ids": ids[..., None], "attention_mask": ids})
+    with pytest.raises(ModelError, match=r"input 'attention_mask' has dtype float32"):
+        compiled.run({"input_ids": ids, "attention_mask": ids.astype(np.float32)})
+    with pytest.raises(ModelError, match=r"missing 'attention_mask'.* 'input_ids' int64 "
+                                         r"\[batch, sequence\]"):
+        compiled.run({"input_ids": ids})
+    with pytest.raises(ModelError, match=r"'ids' is not an input of"):
+        compiled.prepare({"ids": (1, 2)})
+
+
+# -- folding before the op check -----------------------------------------------------------
+
+
+def masked_model(data_op: str | None = None) -> onnx.ModelProto:
+    """x [batch, seq] plus a causal mask built from x's shape alone: Shape, Gather, Range,
+    Unsqueeze, GreaterOrEqual, Concat, ConstantOfShape, Where, IsNaN, Cast, Equal, Expand, and
+    Softplus (an op the executor does not run) on that shape. ``data_op`` puts an op on the
+    data path too."""
+    b = Builder(17, seed=3)
+    x = b.input("x", ["batch", "seq"])
+    shape = b.node("Shape", [x])
+    seq = b.node("Gather", [shape, b.ints([1])], axis=0)                        # [1]
+    batch = b.node("Gather", [shape, b.ints([0])], axis=0)                      # [1]
+    r = b.node("Range", [b.const(np.int64(0)), b.node("Squeeze", [seq, b.ints([0])]),
+                         b.const(np.int64(1))])
+    causal = b.node("GreaterOrEqual", [b.unsqueeze(r, [1]), b.unsqueeze(r, [0])])
+    square = b.node("Concat", [seq, seq], axis=0)
+    zeros = b.node("ConstantOfShape", [square],
+                   value=onnx.numpy_helper.from_array(np.zeros(1, np.float32)))
+    mask = b.node("Where", [causal, zeros, b.const(np.float32(-1e4))])
+    mask = b.node("Where", [b.node("IsNaN", [mask]), zeros, mask])
+    # Softplus of the sequence length, as a float scale: computed from the shape only.
+    length = b.node("Cast", [seq], to=F32)
+    scale = b.node("Softplus", [b.node("Div", [length, b.const(np.float32(100.0))])])
+    same = b.node("Cast", [b.node("Equal", [batch, batch])], to=F32)
+    full = b.node("Expand", [mask, b.node("Concat", [batch, seq, seq], axis=0)])
+    y = b.node("Add", [b.unsqueeze(x, [1]), b.node("Mul", [full, b.node("Mul", [scale, same])])])
+    if data_op:
+        y = b.node(data_op, [y], name="on_data")
+    return b.model([b.node("Softmax", [y], axis=-1)], "masked")
+
+
+def test_folding_removes_shape_only_subgraphs() -> None:
+    model = masked_model()
+    assert inspect_model(model).dynamic  # checked without shapes: Softplus is shape-only
+    for batch, seq in ((1, 3), (2, 5), (4, 2)):
+        graph = load_graph(model, {"x": [batch, seq]})
+        assert sorted(n.op_type for n in graph.onnx_nodes) == ["Add", "Softmax", "Unsqueeze"]
+        feeds = {"x": np.random.default_rng(seq).standard_normal((batch, seq)).astype(np.float32)}
+        assert_close(Executor(graph).run(feeds), ort_run(model, feeds),
+                     [o.name for o in model.graph.output])
+
+
+def test_unsupported_op_after_folding_names_node_and_op(tmp_path: Path) -> None:
+    model = masked_model(data_op="Softplus")
+    message = r"node 'on_data' has op type 'Softplus', which tunecache cannot run"
+    with pytest.raises(ModelError, match=message):
+        load_graph(model, {"x": [2, 3]})
+    with pytest.raises(ModelError, match=message):
+        inspect_model(model)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(ModelError, match=message):  # at compile time, before any shape
+        compile_model(path, store=Store(tmp_path / "s"), policy="cache-only")
+
+
+# -- the CLI -------------------------------------------------------------------------------
+
+
+def tunecache(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tunecache.tuner.cli", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_run_takes_its_shapes_from_inputs(tmp_path: Path) -> None:
+    path = DATA / "bert_dynamo18.onnx"
+    feeds = exporter_feeds(inspect_model(path), batch=3, seq=6)
+    npz = tmp_path / "in.npz"
+    np.savez(npz, **feeds)
+    out = tunecache("run", str(path), "--inputs", str(npz), "--root", str(tmp_path / "s"),
+                    "--policy", "analytic", "--compare", "onnxruntime", "--repeat", "1",
+                    "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["outputs"] == {"last_hidden_state": [3, 6, 32]}
+    [shape] = report["shapes"]
+    assert shape["inputs"] == {"input_ids": [3, 6], "attention_mask": [3, 6]}
+    assert shape["compile_s"] >= 0 and shape["kernel_nodes"] > 0
+    assert all(e["max_abs"] < 1e-4 for e in report["onnxruntime"]["errors"].values())
+
+
+def test_cli_shape_errors_name_the_flags(tmp_path: Path) -> None:
+    path = DATA / "gpt2_dynamo18.onnx"
+    partial = tmp_path / "partial.npz"
+    np.savez(partial, input_ids=np.zeros((1, 4), np.int64))
+    root = ("--root", str(tmp_path / "s"))
+    for args, fragments in [
+        ((), ("--inputs FILE.npz", "--input-shape input_ids=", "[batch, sequence]")),
+        (("--inputs", str(partial)), ("--inputs", "missing 'attention_mask'")),
+        (("--input-shape", "ids=1,4"), ("--input-shape names 'ids'",)),
+        (("--input-shape", "input_ids=1,4,1"), ("--input-shape input_ids=1,4,1",)),
+    ]:
+        out = tunecache("run", str(path), *root, "--policy", "cache-only", *args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert all(f in out.stderr for f in fragments), (args, out.stderr)
+        assert "input_shapes" not in out.stderr and "Traceback" not in out.stderr
