@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import click
 import numpy as np
 
 from tunecache.cache.store import Store
+from tunecache.compiler import frontend
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import local_spec
 from tunecache.tuner.cli.common import (
@@ -25,7 +29,7 @@ from tunecache.tuner.deploy import POLICIES, CompiledModel, compile_model
 
 
 class InputShapeError(TunecacheError):
-    """A malformed --input-shape."""
+    """A malformed --input-shape, or --inputs that do not fit the model."""
 
 
 def _shapes(values: tuple[str, ...]) -> dict[str, list[int]] | None:
@@ -41,6 +45,66 @@ def _shapes(values: tuple[str, ...]) -> dict[str, list[int]] | None:
                                   "positive integers, e.g. input=1,3,224,224")
         shapes[name] = shape
     return shapes or None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The arrays of ``--inputs FILE``."""
+
+    path: Path
+    arrays: dict[str, np.ndarray]
+
+
+def _resolve_shapes(info: frontend.ModelInfo, flags: dict[str, list[int]],
+                    inputs: Inputs | None) -> dict[str, list[int]] | None:
+    """The input shapes to plan now: --input-shape, then the shapes of the --inputs arrays,
+    then what dimension names imply; None when some dynamic dimension stays open. Errors
+    name the flag at fault."""
+    declared = {i.name: i for i in info.inputs}
+    listing = ", ".join(f"{n} {info.describe(n)}" for n in declared) or "none"
+
+    def fits(name: str, shape: Sequence[int]) -> bool:
+        want = declared[name].shape
+        return len(want) == len(shape) and all(w < 0 or w == d for w, d in zip(want, shape,
+                                                                               strict=True))
+
+    for name, shape in flags.items():
+        if name not in declared:
+            raise InputShapeError(f"--input-shape names {name!r}, which is not an input of "
+                                  f"{info.name!r}; its inputs: {listing}")
+        if not fits(name, shape):
+            raise InputShapeError(f"--input-shape {name}={','.join(map(str, shape))}: the "
+                                  f"model declares {name} {info.describe(name)}")
+    shapes = dict(flags)
+    if inputs is not None:
+        where = f"--inputs {inputs.path}"
+        missing = [n for n in declared if n not in inputs.arrays]
+        extra = sorted(set(inputs.arrays) - set(declared))
+        if missing or extra:
+            parts = ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + (
+                [f"unknown {', '.join(map(repr, extra))}"] if extra else [])
+            raise InputShapeError(f"{where}: {'; '.join(parts)}; the model's inputs are "
+                                  f"{listing}")
+        for name, array in inputs.arrays.items():
+            if not fits(name, array.shape):
+                raise InputShapeError(f"{where}: {name!r} has shape {list(array.shape)}; the "
+                                      f"model declares {name} {info.describe(name)}")
+            if name in flags and tuple(flags[name]) != array.shape:
+                raise InputShapeError(f"--input-shape {name}={','.join(map(str, flags[name]))} "
+                                      f"contradicts {name!r} in {where}, of shape "
+                                      f"{list(array.shape)}")
+            shapes[name] = list(array.shape)
+    complete = info.complete(shapes)
+    return None if complete is None else {k: list(v) for k, v in complete.items()}
+
+
+def _open_inputs(info: frontend.ModelInfo) -> str:
+    """What to give for the dynamic inputs left open, naming the flags."""
+    shown = [i.name for i in info.inputs if any(d < 0 for d in i.shape)]
+    example = shown[0] if shown else "NAME"
+    verb = "have" if len(shown) > 1 else "has"
+    return (", ".join(f"{n!r} {info.describe(n)}" for n in shown) + f" {verb} dynamic "
+            f"dimensions; give --inputs FILE.npz or --input-shape {example}=D1,D2,...")
 
 
 def _common(func: Any) -> Any:
@@ -64,12 +128,23 @@ def _common(func: Any) -> Any:
 
 
 def _compile(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
-             input_shapes: tuple[str, ...], root: str | None, hardware: Path | None
-             ) -> CompiledModel:
-    return compile_model(
-        model_path, store=Store(root), policy=policy, expected_calls=expected_calls,
-        deadline_s=parse_duration(deadline) if deadline else None, hw=local_spec(hardware),
-        input_shapes=_shapes(input_shapes))
+             input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
+             inputs: Inputs | None = None) -> CompiledModel:
+    # Warnings (a store that cannot be read or written, …) become one `warning:` line each.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            flags = _shapes(input_shapes) or {}  # a malformed flag before the model
+            source = frontend.read_model(model_path)
+            shapes = _resolve_shapes(frontend.inspect_model(source, check=False), flags,
+                                     inputs)
+            return compile_model(
+                source, store=Store(root), policy=policy, expected_calls=expected_calls,
+                deadline_s=parse_duration(deadline) if deadline else None,
+                hw=local_spec(hardware), input_shapes=shapes)
+        finally:
+            for message in dict.fromkeys(" ".join(str(w.message).split()) for w in caught):
+                click.echo(f"warning: {message}", err=True)
 
 
 @click.command("compile")
@@ -87,6 +162,10 @@ def compile_command(model_path: Path, policy: str, expected_calls: int, deadline
     click.echo(f"{compiled.graph.name or model_path.name} on {compiled.hw.hw_id}: "
                f"{len(compiled.plan)} kernel nodes, compiled in "
                f"{compiled.timings['total_s']:.2f} s (policy {policy})")
+    if not _planned(compiled) and compiled.info is not None:
+        click.echo("  no input shape planned: " + _open_inputs(compiled.info).replace(
+            "give --inputs FILE.npz or", "each shape is planned on its first run;")
+            + " plans one now")
     for entry in compiled.plan:
         expected = f"{entry.expected_s * 1e3:.3f} ms" if entry.expected_s else "-"
         fused = "+".join(entry.fused) if len(entry.fused) > 1 else entry.node
@@ -94,6 +173,12 @@ def compile_command(model_path: Path, policy: str, expected_calls: int, deadline
         click.echo(f"      {entry.action:<8} {entry.source:<9} {expected:>12}  {entry.reason}")
     counts = compiled.summary()["actions"]
     click.echo("decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+
+
+def _planned(compiled: CompiledModel) -> bool:
+    """Whether an input shape was planned at compile time (a dynamic model given none has
+    only its interface)."""
+    return all(d >= 0 for i in compiled.graph.inputs for d in i.shape)
 
 
 def _random_inputs(compiled: CompiledModel, seed: int) -> dict[str, np.ndarray]:
@@ -140,15 +225,20 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
                 threads: int | None) -> None:
     """Compile and run an ONNX model; with --compare onnxruntime, check and time it against
     onnxruntime on the same inputs and thread count."""
+    given = Inputs(inputs_path, _load_inputs(inputs_path)) if inputs_path else None
     compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
-                        hardware)
-    inputs = _load_inputs(inputs_path) if inputs_path else _random_inputs(compiled, 0)
+                        hardware, given)
+    if given is None and not _planned(compiled):
+        assert compiled.info is not None
+        raise InputShapeError(_open_inputs(compiled.info))
+    inputs = given.arrays if given else _random_inputs(compiled, 0)
     outputs = compiled.run(inputs)
     ours = _time(lambda: compiled.run(inputs), repeat)
     report: dict[str, Any] = {
         "model": str(model_path), "hw_id": compiled.hw.hw_id,
         "compile_s": compiled.timings["total_s"], "latency_ms": statistics.median(ours) * 1e3,
         "outputs": {k: list(v.shape) for k, v in outputs.items()},
+        "shapes": [s.to_dict() for s in compiled.shape_stats()],
     }
     if compare == "onnxruntime":
         try:

@@ -5,7 +5,9 @@ this hardware, lets the :class:`~tunecache.tuner.deploy.policy.Policy` decide on
 guess, measure a few candidates now, or run numpy), records every miss in the wanted list
 for the next nightly job, builds the kernels (through the artifact cache, in parallel) and
 returns a :class:`CompiledModel` whose ``plan`` explains each decision and whose ``run``
-executes the graph with the generated kernels.
+executes the graph with the generated kernels. A model with dynamic input dimensions compiles
+once and plans each new input shape on its first run, the same way (docs/ONNX.md, "Dynamic
+shapes").
 
 A warm compile (every kernel cached and built) runs no C compiler: it regenerates the C
 source from the validated schedule, finds the artifact by its hash and loads it.
@@ -13,23 +15,30 @@ source from the validated schedule, finds the artifact by its hash and loads it.
 
 from __future__ import annotations
 
+import threading
 import time
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+from tunecache.cache.errors import StoreWarning
 from tunecache.cache.index import Index
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import add_wanted
 from tunecache.compiler import frontend
-from tunecache.compiler.build import build
+from tunecache.compiler.build import build, find_compiler
 from tunecache.compiler.codegen import generate
-from tunecache.compiler.executor import Executor, Kernel, numpy_kernel
+from tunecache.compiler.errors import BuildError
+from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable, local_spec
+from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule
@@ -62,45 +71,227 @@ class PlanEntry:
         }
 
 
+DEFAULT_MAX_SHAPES = 16
+"""How many input shapes a model with dynamic dimensions keeps planned besides its
+compile-time one (least recently run dropped first)."""
+
+ShapeKey = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class ShapeStats:
+    """One planned input shape: the shapes by input, its compile seconds, runs so far."""
+
+    inputs: Mapping[str, tuple[int, ...]]
+    compile_s: float
+    runs: int
+    kernel_nodes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inputs": {k: list(v) for k, v in self.inputs.items()},
+                "compile_s": self.compile_s, "runs": self.runs, "kernel_nodes": self.kernel_nodes}
+
+
 @dataclass
 class CompiledModel:
-    """A graph with a kernel (or numpy fallback) per kernel node. Call :meth:`run`."""
+    """A graph with a kernel (or numpy fallback) per kernel node. Call :meth:`run`.
+
+    ``graph``, ``plan`` and ``kernels`` are the input shape planned at compile time. A model
+    with dynamic input dimensions (``info.dynamic``) runs at any shape its declared
+    dimensions allow: each other shape is planned on its first run by ``specialise`` (the
+    same load, policy, wanted-list recording and kernel build as the compile) and kept, up
+    to ``max_shapes`` of them, the least recently run dropped first. When no shape was known
+    at compile time, ``graph`` is the interface only (no steps) and ``plan`` is empty.
+    """
 
     graph: frontend.Graph
     plan: list[PlanEntry]
     kernels: dict[str, Kernel]
     hw: HardwareSpec
     timings: dict[str, float] = field(default_factory=dict)
+    info: frontend.ModelInfo | None = None
+    specialise: Callable[[Mapping[str, tuple[int, ...]]], CompiledModel] | None = field(
+        default=None, repr=False)
+    max_shapes: int = DEFAULT_MAX_SHAPES
+    evicted: int = field(default=0, init=False)
+    native: bool = True
+    """Run through one native program (arena + plan + C runner); off: the reference
+    executor, node by node in Python."""
     _executor: Executor | None = field(default=None, init=False, repr=False)
+    _program: NativeProgram | None = field(default=None, init=False, repr=False)
+    _run_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _shapes: OrderedDict[ShapeKey, CompiledModel] = field(
+        default_factory=OrderedDict, init=False, repr=False)
+    _runs: dict[ShapeKey, int] = field(default_factory=dict, init=False, repr=False)
+    # Planning a new shape happens under the lock: concurrent first runs plan it once.
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def executor(self) -> Executor:
+        """The reference executor: the graph walked in Python, node by node."""
         if self._executor is None:
             self._executor = Executor(self.graph, dict(self.kernels))
         return self._executor
 
+    @property
+    def program(self) -> NativeProgram | None:
+        """The native program runs use (built on the first run, traced on its inputs), or
+        None before that or when ``native`` is off."""
+        return self._program
+
+    def _execute(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
+                 ) -> dict[str, np.ndarray]:
+        if not self.native:
+            return self.executor.run(inputs)
+        # One arena per program: runs of one compiled model take turns.
+        with self._run_lock:
+            if self._program is None:
+                self._program = NativeProgram.build(self.graph, self.kernels, inputs)
+            try:
+                return self._program.run(inputs)
+            except PlanMismatch:  # a data-dependent shape: the executor handles any
+                return self.executor.run(inputs)
+
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model; returns its outputs by name."""
-        return self.executor.run(inputs)
+        """Run the model; returns its outputs by name. A new shape of a dynamic model is
+        planned first (see the class doc; :meth:`shape_stats` tells what it cost)."""
+        if self.specialise is None or self.info is None:
+            with self._lock:
+                key = self._own_key()
+                self._runs[key] = self._runs.get(key, 0) + 1
+            return self._execute(inputs)
+        given = check_inputs(self.info.name, self.info.inputs, inputs, self.info.dim_names)
+        key = tuple(tuple(given[i.name].shape) for i in self.info.inputs)
+        return self._for_key(key, count=True)._execute(given)
+
+    def prepare(self, shapes: Mapping[str, Sequence[int]]) -> CompiledModel:
+        """Plan and build input ``shapes`` now rather than on their first run; returns the
+        model planned for them. Inputs left out take the sizes their dimension names imply
+        (``attention_mask [batch, sequence]`` from ``input_ids``)."""
+        info = self.info
+        if info is None:
+            return self
+        for name, shape in shapes.items():
+            _check_shape(info, name, tuple(int(d) for d in shape))
+        complete = info.complete(shapes)
+        if complete is None:
+            open_inputs = [i.name for i in info.inputs if i.name not in shapes
+                           and any(d < 0 for d in i.shape)]
+            raise frontend.ModelError(
+                "the shapes of " + ", ".join(f"{n!r} {info.describe(n)}" for n in open_inputs)
+                + " are not determined by the given ones; give them too")
+        if self.specialise is None:
+            return self
+        return self._for_key(tuple(complete[i.name] for i in info.inputs), count=False)
+
+    def shape_stats(self) -> list[ShapeStats]:
+        """The planned shapes, the compile-time one first, then least recently run first."""
+        with self._lock:
+            out = []
+            own = self._own_key()
+            names = [i.name for i in self.graph.inputs]
+            if all(d >= 0 for shape in own for d in shape):
+                out.append(ShapeStats(dict(zip(names, own, strict=True)),
+                                      self.timings.get("total_s", 0.0), self._runs.get(own, 0),
+                                      len(self.plan)))
+            for key, compiled in self._shapes.items():
+                out.append(ShapeStats(dict(zip(names, key, strict=True)),
+                                      compiled.timings.get("total_s", 0.0),
+                                      self._runs.get(key, 0), len(compiled.plan)))
+            return out
 
     def summary(self) -> dict[str, Any]:
         actions: dict[str, int] = {}
         for entry in self.plan:
             actions[entry.action] = actions.get(entry.action, 0) + 1
-        return {"model": self.graph.name, "hw_id": self.hw.hw_id, "kernel_nodes": len(self.plan),
-                "actions": actions, "timings_s": self.timings,
-                "plan": [e.to_dict() for e in self.plan]}
+        out = {"model": self.graph.name, "hw_id": self.hw.hw_id, "kernel_nodes": len(self.plan),
+               "actions": actions, "timings_s": self.timings,
+               "plan": [e.to_dict() for e in self.plan]}
+        if self.info is not None:
+            out["dynamic"] = self.info.dynamic
+            out["inputs"] = {i.name: self.info.describe(i.name) for i in self.info.inputs}
+            out["shapes"] = [s.to_dict() for s in self.shape_stats()]
+        return out
+
+    def _own_key(self) -> ShapeKey:
+        return tuple(tuple(i.shape) for i in self.graph.inputs)
+
+    def _for_key(self, key: ShapeKey, count: bool) -> CompiledModel:
+        assert self.specialise is not None and self.info is not None
+        with self._lock:
+            if count:
+                self._runs[key] = self._runs.get(key, 0) + 1
+            if key == self._own_key():
+                return self
+            planned = self._shapes.get(key)
+            if planned is not None:
+                self._shapes.move_to_end(key)
+                return planned
+            names = [i.name for i in self.info.inputs]
+            planned = self.specialise(dict(zip(names, key, strict=True)))
+            self._shapes[key] = planned
+            while len(self._shapes) > self.max_shapes:
+                dropped, _ = self._shapes.popitem(last=False)
+                self._runs.pop(dropped, None)
+                self.evicted += 1
+            return planned
 
 
-def _index(store: Store, hw: HardwareSpec) -> Index | None:
+def _check_shape(info: frontend.ModelInfo, name: str, shape: tuple[int, ...]) -> None:
+    declared = next((i for i in info.inputs if i.name == name), None)
+    if declared is None:
+        raise frontend.ModelError(f"{name!r} is not an input of {info.name!r}; its inputs: "
+                                  + ", ".join(f"{i.name} {info.describe(i.name)}"
+                                              for i in info.inputs))
+    if len(shape) != len(declared.shape) or any(
+            d >= 0 and d != s for d, s in zip(declared.shape, shape, strict=False)) or any(
+            s < 1 for s in shape):
+        raise frontend.ModelError(f"input {name!r} has shape {list(shape)}; the model expects "
+                                  f"{info.describe(name)}")
+
+
+def _local_compiler() -> str | None:
+    """The identity of the C compiler kernels will be built with (None: there is none)."""
     try:
-        return Index(store.location, hw.hw_id)
-    except Exception:  # a broken store must not break a deploy; it then just misses
+        return find_compiler().identity
+    except BuildError:
         return None
 
 
+def _index(store: Store, hw: HardwareSpec) -> Index | None:
+    """The published cache of ``hw`` for this codegen version and compiler family.
+
+    The store is never fatal: when it cannot be read (unreachable, damaged, unreadable)
+    this warns with the cause and returns None, and every op is then a miss that the
+    policy decides (a guess, or numpy under cache-only).
+    """
+    try:
+        return Index(store.location, hw.hw_id, compiler=_local_compiler())
+    except Exception as exc:  # whatever the store does, the deploy goes on
+        warnings.warn(f"cache of {store.root} unavailable ({type(exc).__name__}: {exc}); "
+                      "every op is decided as a cache miss", StoreWarning, stacklevel=3)
+        return None
+
+
+def _record_wanted(store: Store, hw: HardwareSpec,
+                   items: Sequence[tuple[OpSignature, int, str | None]]) -> None:
+    """Append missed ops to the wanted list, best-effort: a store that cannot take them
+    (read-only, full, unreachable) costs a warning naming the cause, not the deploy."""
+    try:
+        add_wanted(store.location, hw.hw_id, items)
+    except Exception as exc:  # the wanted list is advisory
+        warnings.warn(f"could not record {len(items)} missed op(s) in the wanted list of "
+                      f"{store.root}: {_cause(exc)}", StoreWarning, stacklevel=3)
+
+
+def _cause(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror} ({type(exc).__name__})"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def compile_model(
-    path: str | Path,
+    path: str | Path | frontend.ModelSource,
     *,
     store: Store | str | None = None,
     policy: str | PolicyConfig = "balanced",
@@ -112,18 +303,58 @@ def compile_model(
     clock: Callable[[], float] = time.monotonic,
     record_wanted: bool = True,
     use_model: bool = True,
+    max_shapes: int = DEFAULT_MAX_SHAPES,
 ) -> CompiledModel:
-    """Compile the ONNX model at ``path`` against ``store``'s cache (see the module doc)."""
+    """Compile the ONNX model at ``path`` (or read by :func:`frontend.read_model`) against
+    ``store``'s cache (see the module doc).
+
+    The input shape is planned now when it is known: every input static, or its dynamic
+    dimensions given by ``input_shapes`` (directly or through dimension names). A model with
+    dynamic dimensions is otherwise only checked now, and each shape is planned on its
+    first run (:class:`CompiledModel`); ``max_shapes`` bounds how many it keeps.
+    """
     t0 = time.perf_counter()
     hw = hw or local_spec()
     store = store if isinstance(store, Store) else Store(store)
     config = policy if isinstance(policy, PolicyConfig) else PolicyConfig(
         name=policy, expected_calls=expected_calls, deadline_s=deadline_s)
-    graph = frontend.load_graph(path, input_shapes)
-    t_load = time.perf_counter()
-    index = _index(store, hw)
+    source = path if isinstance(path, frontend.ModelSource) else frontend.read_model(path)
+    label = source.name if isinstance(path, frontend.ModelSource) else Path(path).name
+    info = frontend.inspect_model(source, input_shapes, check=False)
+    shapes = info.complete(input_shapes or {})
+    if shapes is None:
+        info = frontend.inspect_model(source, input_shapes)  # refuse what cannot run, now
     if model is None and use_model and config.name in ("balanced", "tune"):
         model = _current_model(store, hw)
+
+    def specialise(concrete: Mapping[str, tuple[int, ...]]) -> CompiledModel:
+        return _compile_shape(label, source, concrete, store=store, config=config, hw=hw,
+                              model=model, clock=clock, record_wanted=record_wanted)
+
+    if shapes is None:
+        interface = frontend.Graph(info.name, info.opset, info.inputs, info.outputs,
+                                   MappingProxyType({}), ())
+        compiled = CompiledModel(interface, [], {}, hw)
+        compiled.timings = {"load_s": time.perf_counter() - t0}
+    else:
+        compiled = specialise(shapes)
+    compiled.timings["total_s"] = time.perf_counter() - t0
+    compiled.info = info
+    compiled.specialise = specialise if info.dynamic else None
+    compiled.max_shapes = max_shapes
+    return compiled
+
+
+def _compile_shape(label: str, source: frontend.ModelSource,
+                   input_shapes: Mapping[str, Sequence[int]], *, store: Store,
+                   config: PolicyConfig, hw: HardwareSpec, model: Ranker | None,
+                   clock: Callable[[], float], record_wanted: bool) -> CompiledModel:
+    """Plan and build one concrete input shape: look every kernel op up, decide each miss,
+    record the misses as wanted, build the kernels."""
+    t0 = time.perf_counter()
+    graph = frontend.load_graph(source, input_shapes)
+    t_load = time.perf_counter()
+    index = _index(store, hw)
     decider = Policy(config, hw, model=model, clock=clock)
     plan: list[PlanEntry] = []
     misses: dict[OpSignature, int] = {}
@@ -153,8 +384,8 @@ def compile_model(
             runner.close()
     t_decide = time.perf_counter()
     if record_wanted and misses:
-        add_wanted(store.location, hw.hw_id,
-                   [(op, count, graph.name or Path(path).name) for op, count in misses.items()])
+        _record_wanted(store, hw, [(op, count, graph.name or label)
+                                   for op, count in misses.items()])
     kernels = _build_kernels(plan, hw)
     t_build = time.perf_counter()
     compiled = CompiledModel(graph, plan, kernels, hw)
@@ -179,7 +410,11 @@ def _measure_now(op: OpSignature, hw: HardwareSpec, store: Store, runner: Runner
     job_id = f"compile-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def sink(result: Any) -> None:
-        store.append(to_records([result], hw, job_id=job_id))
+        try:
+            store.append(to_records([result], hw, job_id=job_id))
+        except Exception as exc:  # the measurement still serves this compile
+            warnings.warn(f"could not record a measurement of {op.text} in {store.root}: "
+                          f"{_cause(exc)}", StoreWarning, stacklevel=2)
 
     result = tune_op(op, hw, runner, config=TuneConfig(trials=config.trials, refine=False),
                      model=model, sink=sink)

@@ -1,0 +1,399 @@
+"""A loaded graph compiled into one native program: an arena, a plan, one call per run.
+
+:class:`NativeProgram` turns a :class:`~tunecache.compiler.frontend.Graph` and its loaded
+kernels into
+
+* a **static arena**: every intermediate tensor written by a kernel gets an offset, planned
+  from lifetimes (:mod:`tunecache.compiler.native.arena`), so a run allocates nothing;
+* **views**: Reshape, Flatten, Squeeze, Unsqueeze, Identity and Dropout cost nothing, their
+  output is their input's bytes;
+* **native segments**: runs of consecutive kernel calls, each executed by one call into the
+  generic C runner (:mod:`tunecache.compiler.native.runner`) with constant weights packed
+  into the kernels' layouts once, here;
+* **bridges**: an op with no generated code yet runs in numpy between two segments, reading
+  arena views and handing its result to the next segment by pointer. Their count and share
+  of the steps are reported (:attr:`NativeProgram.numpy_steps`).
+
+Shapes come from one traced run of the reference executor on example inputs (the graph's
+shapes are static), so the plan is exact. Outputs are fresh arrays on every run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tunecache.compiler import onnx_ops
+from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.executor import check_inputs, numpy_kernel
+from tunecache.compiler.frontend import FLOAT32, Graph, KernelNode, ModelError, OnnxNode
+from tunecache.compiler.native.arena import ALIGN, Lifetime, plan_arena
+from tunecache.compiler.native.runner import MAX_ARGS, REF_DTYPE, STEP_DTYPE, run_plan_function
+
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+"""Ops whose output is their first input's bytes under another shape."""
+
+_ARENA = 0
+
+
+class PlanMismatch(ModelError):
+    """A run produced a tensor whose shape differs from the traced one (an op whose output
+    shape depends on the data); the program cannot run these inputs, the executor can."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Where a tensor's bytes are: a region (0 = the arena) and a byte offset in it."""
+
+    region: int
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _NativeCall:
+    entry: int
+    """Function pointer of the kernel entry."""
+    inputs: tuple[str, ...]
+    """Tensor names in argument order (a packed weight is named ``packed:<node>``)."""
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    steps: np.ndarray
+    refs: np.ndarray
+    first_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Bridge:
+    """A step run in Python: a numpy op, or a kernel node without a native kernel."""
+
+    run: Any
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    label: str
+
+
+class NativeProgram:
+    """A graph run by native code; build once with :meth:`build`, call :meth:`run` often."""
+
+    graph: Graph
+    arena_bytes: int
+    """Peak bytes of the planned arena (intermediates written by kernels)."""
+    unplanned_bytes: int
+    """What those intermediates would take without reuse."""
+    native_steps: int
+    numpy_steps: int
+    """Steps run in Python: ops with no generated code yet (views are free and not counted)."""
+    segments: int
+    """Native calls per run (one per run of consecutive kernel steps)."""
+    _shapes: dict[str, tuple[tuple[int, ...], np.dtype]]
+    _constants: dict[str, np.ndarray]
+    _alias: dict[str, str]
+    _arena: np.ndarray
+    _where: dict[str, _Where]
+    _bases: list[int]
+    _dynamic: dict[str, int]
+    _entries: Any
+    _base_array: Any
+    _schedule: list[_Segment | _Bridge]
+    _run_plan: Any
+
+    # -- building -------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, graph: Graph, kernels: Mapping[str, Any],
+              example_inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
+              ) -> NativeProgram:
+        """Plan ``graph`` with ``kernels`` (kernel node name -> loaded kernel; nodes without
+        one, or whose kernel is not native, run their numpy reference) using shapes traced
+        from one reference run on ``example_inputs``."""
+        self = cls.__new__(cls)
+        self.graph = graph
+        self._shapes = {}
+        self._shapes = _trace(graph, kernels, self._check(example_inputs))
+        self._constants = {}
+        self._alias = {}
+        items = self._classify(graph, kernels)
+        self._place(items)
+        self._assemble(items)
+        return self
+
+    def _classify(self, graph: Graph, kernels: Mapping[str, Any]) -> list[_NativeCall | _Bridge]:
+        items: list[_NativeCall | _Bridge] = []
+        for step in graph.steps:
+            if isinstance(step, OnnxNode) and self._is_view(step):
+                self._alias[step.outputs[0]] = self._root(step.inputs[0])
+                continue
+            if isinstance(step, KernelNode):
+                call = self._native_call(step, kernels.get(step.name))
+                if call is not None:
+                    items.append(call)
+                    continue
+            items.append(self._bridge(step, kernels))
+        return items
+
+    def _root(self, name: str) -> str:
+        while name in self._alias:
+            name = self._alias[name]
+        return name
+
+    def _is_view(self, node: OnnxNode) -> bool:
+        if node.op_type not in VIEW_OPS or not node.inputs or not node.outputs[0]:
+            return False
+        if any(o for o in node.outputs[1:]):  # Dropout's mask is wanted
+            return False
+        source, target = node.inputs[0], node.outputs[0]
+        if source in self.graph.constants or source not in self._shapes:
+            return False
+        (src_shape, src_dtype), (dst_shape, dst_dtype) = self._shapes[source], self._shapes[target]
+        return src_dtype == dst_dtype == FLOAT32 and \
+            int(np.prod(src_shape)) == int(np.prod(dst_shape))
+
+    def _native_call(self, node: KernelNode, kernel: Any) -> _NativeCall | None:
+        library = getattr(kernel, "_lib", None)
+        if library is None:
+            return None
+        shapes = [a.shape for a in node.op.arguments() if a.role == "input"]
+        names = list(node.inputs)
+        for i, (name, shape) in enumerate(zip(node.inputs, shapes, strict=True)):
+            if name in self.graph.constants:
+                prepared = np.ascontiguousarray(self.graph.constants[name].reshape(shape),
+                                                dtype=FLOAT32)
+                names[i] = f"const:{node.name}:{i}"
+                self._constants[names[i]] = prepared
+        entry = library.tc_kernel
+        if kernel.prepacks_weights and names[1].startswith("const:"):
+            bound = kernel.bind_weights(self._constants.pop(names[1]))
+            names[1] = f"packed:{node.name}"
+            self._constants[names[1]] = bound.packed
+            entry = bound.entry
+        if len(names) + 1 > MAX_ARGS:
+            return None
+        address = ctypes.cast(entry, ctypes.c_void_p).value
+        assert address is not None
+        return _NativeCall(address, tuple(names), node.output)
+
+    def _bridge(self, step: KernelNode | OnnxNode, kernels: Mapping[str, Any]) -> _Bridge:
+        if isinstance(step, KernelNode):
+            return _Bridge(_kernel_function(step, kernels.get(step.name)), step.inputs,
+                           (step.output,), f"kernel node {step.name!r} ({step.op.text})")
+        return _Bridge(_onnx_function(step, self.graph.opset), step.inputs, step.outputs,
+                       f"node {step.name!r} ({step.op_type})")
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def _place(self, items: list[_NativeCall | _Bridge]) -> None:
+        """Arena offsets for every tensor a native call writes; regions for the rest."""
+        outputs = {self._root(o.name) for o in self.graph.outputs}
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for index, item in enumerate(items):
+            for name in item.inputs:
+                if name:
+                    last[self._root(name)] = index
+            if isinstance(item, _NativeCall):
+                first[item.output] = index
+        for alias, root in self._alias.items():
+            if alias in outputs or root in outputs:
+                outputs.add(root)
+        lifetimes = []
+        for name, start in first.items():
+            shape, dtype = self._shapes[name]
+            end = len(items) if name in outputs else max(last.get(name, start), start)
+            lifetimes.append(Lifetime(name, int(np.prod(shape)) * dtype.itemsize, start, end))
+        plan = plan_arena(lifetimes)
+        self.arena_bytes, self.unplanned_bytes = plan.peak_bytes, plan.total_bytes
+        raw = np.zeros(plan.peak_bytes + ALIGN, dtype=np.uint8)
+        start = -raw.ctypes.data % ALIGN
+        self._arena = raw[start:start + plan.peak_bytes]
+        self._where: dict[str, _Where] = {n: _Where(_ARENA, o) for n, o in plan.offsets.items()}
+        self._bases: list[int] = [self._arena.ctypes.data]
+        self._dynamic: dict[str, int] = {}
+        for name, array in self._constants.items():
+            self._where[name] = _Where(len(self._bases))
+            self._bases.append(array.ctypes.data)
+
+    def _region_for(self, name: str) -> _Where:
+        """Where a tensor a native call reads lives: arena, constant, or a per-run region
+        (a graph input, or a result of a bridge) whose pointer is set before each run."""
+        root = self._root(name)
+        if root in self._where:
+            return self._where[root]
+        if root in self.graph.constants:  # a constant reached through a view
+            self._constants[root] = np.ascontiguousarray(self.graph.constants[root],
+                                                         dtype=FLOAT32)
+            self._where[root] = _Where(len(self._bases))
+            self._bases.append(self._constants[root].ctypes.data)
+            return self._where[root]
+        self._where[root] = _Where(len(self._bases))
+        self._dynamic[root] = len(self._bases)
+        self._bases.append(0)
+        return self._where[root]
+
+    def _view(self, name: str) -> np.ndarray:
+        """An arena tensor as a numpy array of its traced shape (valid during its lifetime)."""
+        shape, dtype = self._shapes[name]
+        offset = self._where[self._root(name)].offset
+        count = int(np.prod(shape))
+        return self._arena[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+
+    # -- the plan -------------------------------------------------------------------------
+
+    def _assemble(self, items: list[_NativeCall | _Bridge]) -> None:
+        entries: list[int] = []
+        schedule: list[_Segment | _Bridge] = []
+        pending: list[_NativeCall] = []
+        for index, item in enumerate(items):
+            if isinstance(item, _NativeCall):
+                pending.append(item)
+                continue
+            if pending:
+                schedule.append(self._segment(pending, entries, index - len(pending)))
+                pending = []
+            schedule.append(item)
+        if pending:
+            schedule.append(self._segment(pending, entries, len(items) - len(pending)))
+        self._entries = (ctypes.c_void_p * max(len(entries), 1))(*entries)
+        self._base_array = (ctypes.c_void_p * len(self._bases))(*self._bases)
+        self._schedule = schedule
+        self._run_plan = run_plan_function()
+        self.native_steps = sum(isinstance(i, _NativeCall) for i in items)
+        self.numpy_steps = len(items) - self.native_steps
+        self.segments = sum(isinstance(s, _Segment) for s in schedule)
+
+    def _segment(self, calls: list[_NativeCall], entries: list[int], first: int) -> _Segment:
+        steps = np.zeros(len(calls), dtype=STEP_DTYPE)
+        refs: list[tuple[int, int]] = []
+        for i, call in enumerate(calls):
+            if call.entry not in entries:
+                entries.append(call.entry)
+            places = [self._region_for(n) for n in (*call.inputs, call.output)]
+            steps[i] = (entries.index(call.entry), len(places), len(refs))
+            refs.extend((w.region, w.offset) for w in places)
+        return _Segment(steps, np.array(refs, dtype=REF_DTYPE), first)
+
+    # -- running --------------------------------------------------------------------------
+
+    def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
+            ) -> dict[str, np.ndarray]:
+        """Run the model; ``{output name: array}`` in the model's output order (fresh
+        arrays). Inputs are checked as :meth:`Executor.run` checks them."""
+        values: dict[str, Any] = {}
+        for name, array in self._check(inputs).items():
+            self._publish(name, array, values)
+        for item in self._schedule:
+            if isinstance(item, _Segment):
+                self._run_segment(item)
+            else:
+                self._run_bridge(item, values)
+        return {o.name: self._result(o.name, values) for o in self.graph.outputs}
+
+    def __call__(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
+                 ) -> dict[str, np.ndarray]:
+        return self.run(inputs)
+
+    def _check(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
+               ) -> dict[str, np.ndarray]:
+        checked = check_inputs(self.graph.name, self.graph.inputs, inputs)
+        for name, array in checked.items():
+            if self._shapes and array.shape != self._shapes[name][0]:
+                raise ModelError(f"input {name!r} has shape {list(array.shape)}; this program "
+                                 f"was planned for {list(self._shapes[name][0])}")
+        return checked
+
+    def _publish(self, name: str, value: Any, values: dict[str, Any]) -> None:
+        """Keep a value computed outside the arena; native calls read it by pointer."""
+        region = self._dynamic.get(name)
+        if region is not None:
+            value = np.ascontiguousarray(value, dtype=FLOAT32)
+            self._base_array[region] = value.ctypes.data
+        values[name] = value
+
+    def _run_segment(self, segment: _Segment) -> None:
+        failed = self._run_plan(len(segment.steps), segment.steps.ctypes.data,
+                                segment.refs.ctypes.data, ctypes.addressof(self._entries),
+                                ctypes.addressof(self._base_array))
+        if failed:
+            raise ModelError(f"step {segment.first_step + failed - 1} of {self.graph.name!r} "
+                             "could not allocate its kernel's workspace")
+
+    def _value(self, name: str, values: dict[str, Any]) -> Any:
+        if name in values:
+            return values[name]
+        if name in self.graph.constants:
+            return self.graph.constants[name]
+        root = self._root(name)
+        if root in values:
+            return np.reshape(values[root], self._shapes[name][0])
+        return self._view(name)
+
+    def _run_bridge(self, bridge: _Bridge, values: dict[str, Any]) -> None:
+        args = [self._value(n, values) if n else None for n in bridge.inputs]
+        try:
+            results = bridge.run(*args)
+        except TunecacheError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"{bridge.label} failed: {type(exc).__name__}: {exc}") from exc
+        if isinstance(results, np.ndarray):
+            results = [results]
+        for name, result in zip(bridge.outputs, results, strict=False):
+            if not name:
+                continue
+            if np.shape(result) != self._shapes[name][0]:
+                raise PlanMismatch(f"{bridge.label} produced {name!r} of shape "
+                                   f"{list(np.shape(result))}; the plan has "
+                                   f"{list(self._shapes[name][0])}")
+            if isinstance(result, np.ndarray) and np.may_share_memory(result, self._arena):
+                result = result.copy()  # the arena slot may be reused before its last read
+            self._publish(name, result, values)
+
+    def _result(self, name: str, values: dict[str, Any]) -> np.ndarray:
+        value = self._value(name, values)
+        array = np.asarray(value)
+        shape = self._shapes[name][0]
+        return np.array(array.reshape(shape), copy=True)
+
+
+def _kernel_function(node: KernelNode, kernel: Any) -> Any:
+    """A kernel node as a function of its input values (any shape with the right element
+    count), returning its output in the node's ONNX shape."""
+    fn = kernel if kernel is not None else numpy_kernel(node.op)
+    shapes = [a.shape for a in node.op.arguments() if a.role == "input"]
+
+    def run(*values: np.ndarray) -> np.ndarray:
+        args = [np.ascontiguousarray(np.reshape(v, s), dtype=FLOAT32)
+                for v, s in zip(values, shapes, strict=True)]
+        return np.reshape(fn(*args), node.output_shape)
+    return run
+
+
+def _onnx_function(node: OnnxNode, opset: int) -> Any:
+    impl, attrs = onnx_ops.OPS[node.op_type], node.attrs
+
+    def run(*values: Any) -> Sequence[Any]:
+        return impl(list(values), attrs, opset)
+    return run
+
+
+def _trace(graph: Graph, kernels: Mapping[str, Any], inputs: Mapping[str, np.ndarray]
+           ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of every tensor, from one run of the steps on ``inputs``."""
+    values: dict[str, Any] = {**graph.constants, **inputs}
+    for step in graph.steps:
+        if isinstance(step, KernelNode):
+            run = _kernel_function(step, kernels.get(step.name))
+            values[step.output] = run(*(values[n] for n in step.inputs))
+            continue
+        results = _onnx_function(step, graph.opset)(
+            *(values[n] if n else None for n in step.inputs))
+        for name, result in zip(step.outputs, results, strict=False):
+            if name:
+                values[name] = result
+    return {name: (tuple(np.shape(v)), np.asarray(v).dtype) for name, v in values.items()}

@@ -1,0 +1,113 @@
+"""The native whole-model program: arena planning, the C runner, and models run through it
+against the reference executor and onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx_support import (
+    Builder,
+    assert_close,
+    bert_layer_model,
+    mobilenet_model,
+    ort_run,
+    random_feeds,
+    resnet_model,
+)
+
+from tunecache.cache.store import Store
+from tunecache.compiler.frontend import ModelError
+from tunecache.compiler.native import Lifetime, NativeProgram, plan_arena
+from tunecache.compiler.native.arena import ALIGN
+from tunecache.tuner.deploy import compile_model
+
+
+def _overlapping(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_arena_never_overlaps_tensors_alive_together() -> None:
+    rng = np.random.default_rng(0)
+    tensors = []
+    for i in range(60):
+        first = int(rng.integers(0, 40))
+        tensors.append(Lifetime(f"t{i}", int(rng.integers(1, 5000)), first,
+                                first + int(rng.integers(0, 6))))
+    plan = plan_arena(tensors)
+    for t in tensors:
+        assert plan.offsets[t.name] % ALIGN == 0
+        assert plan.offsets[t.name] + t.nbytes <= plan.peak_bytes
+    for a in tensors:
+        for b in tensors:
+            if a.name < b.name and a.overlaps(b):
+                span_a = (plan.offsets[a.name], plan.offsets[a.name] + a.nbytes)
+                span_b = (plan.offsets[b.name], plan.offsets[b.name] + b.nbytes)
+                assert not _overlapping(span_a, span_b), (a, b)
+    # Reuse: far less than every tensor side by side, never less than the busiest step.
+    busiest = max(sum(t.nbytes for t in tensors if t.first <= s <= t.last) for s in range(46))
+    assert busiest <= plan.peak_bytes < plan.total_bytes
+
+
+def test_a_chain_reuses_two_buffers() -> None:
+    chain = [Lifetime(f"t{i}", 1000, i, i + 1) for i in range(10)]
+    plan = plan_arena(chain)
+    assert plan.peak_bytes == 2 * 1024
+    assert plan_arena([]).peak_bytes == 0
+
+
+def _compiled(model: onnx.ModelProto, tmp_path: Path):  # type: ignore[no-untyped-def]
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    return compile_model(path, store=Store(tmp_path / "store"), policy="analytic",
+                         record_wanted=False)
+
+
+@pytest.mark.parametrize("make", [resnet_model, mobilenet_model, bert_layer_model],
+                         ids=["resnet", "mobilenet", "bert_layer"])
+def test_models_run_natively_and_match_the_reference(make, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    model = make()
+    compiled = _compiled(model, tmp_path)
+    feeds = random_feeds(model)
+    program = NativeProgram.build(compiled.graph, compiled.kernels, feeds)
+    assert program.native_steps == len(compiled.graph.kernel_nodes)
+    assert 0 < program.arena_bytes <= program.unplanned_bytes
+    reference = compiled.run(feeds)
+    for seed in (0, 1):  # runs are independent: nothing stale is left in the arena
+        feeds = random_feeds(model, seed)
+        got = program.run(feeds)
+        assert_close(got, ort_run(model, feeds), [o.name for o in model.graph.output])
+    again = program.run(random_feeds(model, 0))
+    for name, value in reference.items():
+        np.testing.assert_array_equal(again[name], value)
+
+
+def test_outputs_are_fresh_arrays_and_views_cost_nothing(tmp_path: Path) -> None:
+    b = Builder(13)
+    x = b.input("x", [2, 6])
+    h = b.node("MatMul", [x, b.weight(6, 8)], name="mm1")
+    flat = b.node("Reshape", [h, b.const(np.array([4, 4], dtype=np.int64))])
+    back = b.node("Reshape", [flat, b.const(np.array([2, 8], dtype=np.int64))])
+    y = b.node("MatMul", [back, b.weight(8, 3)], name="mm2")
+    model = b.model([y, flat])
+    compiled = _compiled(model, tmp_path)
+    feeds = random_feeds(model)
+    program = NativeProgram.build(compiled.graph, compiled.kernels, feeds)
+    assert (program.native_steps, program.numpy_steps, program.segments) == (2, 0, 1)
+    first = program.run(feeds)
+    assert_close(first, ort_run(model, feeds), [y, flat])
+    kept = {k: v.copy() for k, v in first.items()}
+    program.run(random_feeds(model, 3))
+    for name, value in kept.items():
+        np.testing.assert_array_equal(first[name], value)  # not overwritten by a later run
+
+
+def test_shapes_other_than_planned_are_refused(tmp_path: Path) -> None:
+    model = bert_layer_model()
+    compiled = _compiled(model, tmp_path)
+    feeds = random_feeds(model)
+    program = NativeProgram.build(compiled.graph, compiled.kernels, feeds)
+    with pytest.raises(ModelError, match=r"planned for|expects"):
+        program.run({k: np.concatenate([v, v]) for k, v in feeds.items()})
