@@ -5,19 +5,31 @@ object is compiled under a unique temporary name in the cache directory and publ
 an atomic rename, so any number of processes may build the same kernel at once; a warm build
 finds the published file and never runs the compiler.
 
+Integrity: beside every ``<key>.so`` lies ``<key>.json``, recording the SHA-256 and size of
+the object's bytes (and of its C source) at build time. A lookup trusts a cached object only
+if its bytes match that record; a truncated, replaced or unrecorded object is rebuilt, never
+loaded; :func:`open_verified` checks just before each load. A cache directory writable by
+every user is refused (:class:`BuildError` naming it and the fix): anyone could plant code
+there, and swap a file between the check and the load.
+
 The cache lives in ``$TUNECACHE_BUILD_CACHE``, else ``<user cache dir>/tunecache/kernels``.
 The C compiler is ``$CC``, else the first of ``cc``, ``gcc``, ``clang`` on ``PATH``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
+import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +40,9 @@ from tunecache.compiler.errors import BuildError
 
 BUILD_CACHE_ENV = "TUNECACHE_BUILD_CACHE"
 DEFAULT_TIMEOUT_S = 120.0
+RECORD_SUFFIX = ".json"
+_RECORD_MAX_BYTES = 4096
+_DIR_MODE = 0o775
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +65,7 @@ class Artifact:
     key: str
     cached: bool
     compile_seconds: float
+    sha256: str = ""
 
 
 def build_cache_dir() -> Path:
@@ -126,44 +142,238 @@ def build_source(
     folder = root / key[:2]
     target = folder / f"{key}.so"
     if target.exists():
-        return Artifact(target, key, True, 0.0)
+        _refuse_shared_writable(folder)
+        digest = _matching_digest(target)
+        if digest is not None:
+            return Artifact(target, key, True, 0.0, digest)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+        folder.mkdir(mode=_DIR_MODE, exist_ok=True)
     except OSError as exc:
         raise BuildError(f"cannot create build cache folder {folder}: {exc.strerror}") from None
+    _refuse_shared_writable(folder)
     _publish_text(folder / f"{key}.c", source)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{key}.", suffix=".so.tmp", dir=folder)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    command = [cc.path, *flags, "-x", "c", str(folder / f"{key}.c"), "-o", str(tmp)]
+    tmp = _temp_path(folder, f".{key}.", ".so.tmp")
+    try:
+        seconds = _compile(cc, flags, folder / f"{key}.c", tmp, timeout_s)
+        digest = _publish_object(tmp, target, source)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Artifact(target, key, False, seconds, digest)
+
+
+def _compile(cc: CompilerInfo, flags: tuple[str, ...], source: Path, out: Path,
+             timeout_s: float) -> float:
+    """Run the compiler on ``source`` into ``out``; its wall time, or BuildError."""
+    command = [cc.path, *flags, "-x", "c", str(source), "-o", str(out)]
     started = time.perf_counter()
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
                                 check=False)
     except subprocess.TimeoutExpired:
-        tmp.unlink(missing_ok=True)
         raise BuildError(f"C compiler timed out after {timeout_s:.0f} s: {' '.join(command)}") \
             from None
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise BuildError(f"cannot run C compiler {cc.path}: {exc.strerror}") from None
-    seconds = time.perf_counter() - started
     if result.returncode != 0:
-        tmp.unlink(missing_ok=True)
         message = (result.stderr or result.stdout).strip()
         if len(message) > 4000:
             message = message[:2000] + "\n...\n" + message[-2000:]
-        raise BuildError(
-            f"C compiler failed (exit {result.returncode}) on {folder / (key + '.c')}:\n{message}"
-        )
-    os.replace(tmp, target)
-    return Artifact(target, key, False, seconds)
+        raise BuildError(f"C compiler failed (exit {result.returncode}) on {source}:\n{message}")
+    return time.perf_counter() - started
+
+
+def _temp_path(folder: Path, prefix: str, suffix: str) -> Path:
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
+    os.close(fd)
+    return Path(name)
+
+
+def _publish_object(tmp: Path, target: Path, source: str) -> str:
+    """Record ``tmp``'s digest and move it to ``target``; returns the published digest.
+
+    Under the folder's lock, a valid object already at ``target`` (another process built the
+    same key meanwhile) is kept rather than replaced, so a verified pair never changes; an
+    invalid one is replaced. The record is renamed into place before the object, and both are
+    on disk (fsync) before the folder entry points at them.
+    """
+    with tmp.open("rb") as handle:
+        digest, size = _digest_of(handle.fileno())
+        os.fsync(handle.fileno())
+    record = {"sha256": digest, "bytes": size,
+              "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
+    with _folder_lock(target.parent):
+        existing = _matching_digest(target)
+        if existing is not None:
+            return existing
+        _publish_bytes(_record_path(target), json.dumps(record, sort_keys=True).encode())
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    return digest
+
+
+def _record_path(artifact: Path) -> Path:
+    return artifact.with_suffix(RECORD_SUFFIX)
+
+
+def _digest_of(fd: int) -> tuple[str, int]:
+    """SHA-256 hex digest and size of the bytes of open file ``fd``, read from its start."""
+    h = hashlib.sha256()
+    size = 0
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        h.update(chunk)
+        size += len(chunk)
+        offset += len(chunk)
+    return h.hexdigest(), size
+
+
+def _recorded(artifact: Path) -> tuple[str, int] | None:
+    """(sha256, size) from ``artifact``'s record, or None if it is missing or malformed."""
+    try:
+        with _record_path(artifact).open("rb") as handle:
+            raw = handle.read(_RECORD_MAX_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > _RECORD_MAX_BYTES:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    digest, size = data.get("sha256"), data.get("bytes")
+    if not isinstance(digest, str) or not isinstance(size, int) or isinstance(size, bool):
+        return None
+    return digest, size
+
+
+def _fd_matches(artifact: Path, fd: int) -> str | None:
+    """The digest of open ``fd`` if it equals ``artifact``'s record, else None."""
+    expected = _recorded(artifact)
+    if expected is None or os.fstat(fd).st_size != expected[1]:
+        return None
+    digest, _ = _digest_of(fd)
+    return digest if digest == expected[0] else None
+
+
+def _matching_digest(artifact: Path) -> str | None:
+    """The digest of ``artifact`` if its bytes match its record, else None."""
+    try:
+        fd = os.open(artifact, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _fd_matches(artifact, fd)
+    finally:
+        os.close(fd)
+
+
+def _refuse_shared_writable(folder: Path) -> None:
+    """BuildError if the cache root or ``folder`` (a key folder) is writable by every user."""
+    for directory in (folder.parent, folder):
+        try:
+            mode = directory.stat().st_mode
+        except OSError:
+            continue
+        if mode & stat.S_IWOTH:
+            raise BuildError(
+                f"build cache directory {directory} is writable by every user (mode "
+                f"{stat.S_IMODE(mode):o}), so anyone could plant code that tunecache would "
+                f"load; run `chmod o-w {directory}` or set ${BUILD_CACHE_ENV} to a private "
+                "directory"
+            )
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive advisory lock on a key folder (publishing and re-checking a pair)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def open_verified(artifact: Path) -> Iterator[str]:
+    """The path to load ``artifact`` from, inside the ``with``, once its bytes are known to
+    match its build record; BuildError (never a load) if they do not.
+
+    The bytes are hashed through a descriptor held open for the ``with``; on leaving it, a
+    path that no longer names that same file (replaced meanwhile) is a BuildError too. The
+    loader is given the real path, not ``/proc/self/fd/N``: the dynamic loader treats a name
+    it has loaded before as the same library, and descriptor numbers are reused.
+    """
+    path = Path(artifact)
+    _refuse_shared_writable(path.parent)
+    fd = _open_artifact(path)
+    try:
+        if _fd_matches(path, fd) is None:
+            # A publisher may be between renaming the record and the object: look again
+            # under its lock before calling the artifact bad.
+            os.close(fd)
+            fd = -1
+            with _folder_lock(path.parent):
+                fd = _open_artifact(path)
+                if _fd_matches(path, fd) is None:
+                    raise BuildError(
+                        f"kernel artifact {path} does not match the digest recorded when it "
+                        "was built (truncated, replaced, or built before digests were "
+                        "recorded); not loading it: build it again, or delete it"
+                    )
+        yield str(path)
+        if not _same_file(fd, path):
+            raise BuildError(f"kernel artifact {path} was replaced while it was loaded; "
+                             f"check who writes to the build cache {path.parent.parent}")
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        now = path.stat()
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _open_artifact(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BuildError(f"cannot open kernel artifact {path}: {exc.strerror}") from None
 
 
 def _publish_text(path: Path, text: str) -> None:
-    if path.exists():
-        return
+    """Write ``text`` to ``path`` atomically unless ``path`` already holds exactly it."""
+    data = text.encode()
+    with contextlib.suppress(OSError):
+        if path.read_bytes() == data:
+            return
+    _publish_bytes(path, data)
+
+
+def _publish_bytes(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically, on disk (fsync) before the rename."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

@@ -39,7 +39,9 @@ class KindSpec:
     ``epilogues`` the allowed epilogue steps in their fixed order; ``check`` an optional
     semantic check run after the structural one, returning problems as messages.
     ``epilogue_chain`` makes the epilogue a chain instead: any of the allowed steps, in any
-    order, repeats allowed (the ``elementwise`` kind).
+    order, repeats allowed (the ``elementwise`` kind). ``omit_default`` names attributes the
+    canonical text leaves out while they hold their default: attributes added to a kind
+    after its op texts were stored, so those texts (and their op ids) stay the same.
     """
 
     dims: tuple[str, ...]
@@ -48,6 +50,7 @@ class KindSpec:
     params: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     check: Callable[[OpSignature], list[str]] | None = None
     epilogue_chain: bool = False
+    omit_default: frozenset[str] = frozenset()
 
     @property
     def all_dims(self) -> tuple[str, ...]:
@@ -121,7 +124,7 @@ class OpSignature:
             found = spec.check(self)
             if found:
                 raise OpSignatureError(f"invalid {self.kind}: " + "; ".join(found))
-        object.__setattr__(self, "_text", self._render())
+        object.__setattr__(self, "_text", self._render(spec))
 
     # -- construction -------------------------------------------------------------------
 
@@ -167,10 +170,11 @@ class OpSignature:
         """A short stable hash of the canonical text (16 hex digits)."""
         return hashlib.sha256(self._text.encode()).hexdigest()[:16]
 
-    def _render(self) -> str:
+    def _render(self, spec: KindSpec) -> str:
         parts = [f"{name}={value}" for name, value in self.dims]
         parts.append(f"dtype={self.dtype}")
-        parts.extend(f"{name}={value}" for name, value in self.attrs)
+        parts.extend(f"{name}={value}" for name, value in self.attrs
+                     if name not in spec.omit_default or value != spec.attrs[name][0])
         parts.append("epilogue=" + ("+".join(self.epilogue) if self.epilogue else "none"))
         return f"{self.kind}({','.join(parts)})"
 
@@ -386,7 +390,14 @@ def parse_op(text: str) -> OpSignature:
             raise OpSignatureError(
                 f"cannot parse op {text!r}: dim {name}={raw!r} is not a {kind_of} integer"
             )
-        dims.append((name, int(raw)))
+        digits = raw.lstrip("0") or "0"
+        if len(digits) > len(str(MAX_DIM)):
+            # Checked on the text: int() refuses thousands of digits with a ValueError.
+            raise OpSignatureError(
+                f"cannot parse op {kind}(...): dim {name} has {len(digits)} digits; dims are at "
+                f"most {MAX_DIM}"
+            )
+        dims.append((name, int(digits)))
     attrs = tuple((name, values.get(name, choices[0])) for name, choices in spec.attrs.items())
     return OpSignature(
         kind,

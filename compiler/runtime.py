@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler.backends import backend_for
-from tunecache.compiler.build import Artifact
+from tunecache.compiler.build import Artifact, open_verified
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
@@ -34,7 +34,10 @@ class Kernel:
     _lib: ctypes.CDLL = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._lib = ctypes.CDLL(str(self.path))
+        # Only bytes that match the artifact's build record are loaded (their constructors
+        # run at load time): see tunecache.compiler.build.open_verified.
+        with open_verified(self.path) as loadable:
+            self._lib = ctypes.CDLL(loadable)
         self._entry = self._lib.tc_kernel
         self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         self._entry.restype = ctypes.c_int
@@ -184,7 +187,8 @@ class WeightBoundKernel:
 
 
 def load_kernel(op: OpSignature, artifact: Artifact | Path) -> Kernel:
-    """Load a built shared object as a callable kernel for ``op``."""
+    """Load a built shared object as a callable kernel for ``op``; BuildError, before any of
+    its code runs, if its bytes do not match the digest recorded when it was built."""
     path = artifact.path if isinstance(artifact, Artifact) else Path(artifact)
     return Kernel(op, path)
 

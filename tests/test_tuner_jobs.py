@@ -48,7 +48,9 @@ def test_tunes_ops_end_to_end_and_records_everything(tmp_path: Path) -> None:
     assert all(n >= 3 for n in per_op.values())
     assert set(frame["source"]) <= {"tiler", "refine", "model"}
     a = next(o for o in summary.ops if o.op == A)
-    assert a.best_gflops and a.baseline == "numpy" and a.ratio
+    # No ratio from a baseline too noisy to trust (a busy machine): flagged instead.
+    assert a.best_gflops and a.baseline == "numpy" and a.baseline_gflops
+    assert a.ratio or a.baseline_noisy
     fastest = frame[frame["op_text"] == A.text]["median_s"].min()
     assert a.best_gflops == pytest.approx(A.flops / fastest / 1e9)
 

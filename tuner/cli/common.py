@@ -16,6 +16,7 @@ from tunecache.compiler.errors import TunecacheError
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_USER_ERROR = 2
+EXIT_ENVIRONMENT = 1
 
 
 def emit_json(data: Any) -> None:
@@ -27,16 +28,49 @@ class BudgetError(TunecacheError):
     """A --budget value that is not a duration."""
 
 
-def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``15m``, ``1.5h`` or ``1h30m``."""
-    match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*",
-                         text)
-    if not text.strip() or match is None or not any(match.groups()):
-        raise BudgetError(f"--budget {text!r} is not a duration; use e.g. 600, 90s, 15m, 1h30m")
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-    total = hours * 3600 + minutes * 60 + seconds
-    if total <= 0:
-        raise BudgetError(f"--budget {text!r} must be positive")
+DURATION_FORMS = ("90 or 90s (seconds), 10m, 1h, 1.5h, 1h30m, or 1h30 (= 1h30m: a bare number "
+                  "after a unit counts in the next smaller unit)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0}
+_NEXT_UNIT = {None: "s", "h": "m", "m": "s"}
+_DURATION_PART = re.compile(r"\s*(\d{1,9}(?:\.\d{1,9})?)\s*([hms]?)", re.IGNORECASE)
+
+
+def parse_duration(text: str, option: str | None = None) -> float:
+    """Seconds from a duration: ``90``, ``90s``, ``10m``, ``1h``, ``1.5h``, ``1h30m``, and
+    ``1h30`` (= 1 h 30 min). Units go from hours down to seconds, each at most once; a final
+    bare number takes the unit after the previous one (seconds if it stands alone).
+    BudgetError naming the accepted forms (and ``option``, the flag it came from) otherwise."""
+    given = f"{option} {text!r}" if option else repr(text)
+    seconds = _duration_seconds(text)
+    if seconds is None:
+        raise BudgetError(f"{given} is not a duration; use {DURATION_FORMS}")
+    if seconds <= 0:
+        raise BudgetError(f"{given} must be positive")
+    return seconds
+
+
+def _duration_seconds(text: str) -> float | None:
+    total = 0.0
+    last: str | None = None
+    position = 0
+    body = text.strip()
+    if not body:
+        return None
+    while position < len(body):
+        match = _DURATION_PART.match(body, position)
+        if match is None:
+            return None
+        number, unit = float(match.group(1)), match.group(2).lower() or None
+        if unit is None:
+            unit = _NEXT_UNIT.get(last)
+            if unit is None or match.end() != len(body):
+                return None  # a bare number after seconds, or not at the end
+        order = "hms"
+        if last is not None and order.index(unit) <= order.index(last):
+            return None  # units repeated or out of order ("30m1h", "1h1h")
+        total += number * _UNIT_SECONDS[unit]
+        last = unit
+        position = match.end()
     return total
 
 

@@ -22,7 +22,11 @@ from tunecache.tuner.cli.common import (
     threads_option_with,
 )
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
-from tunecache.tuner.measure.baseline import measure_baseline
+from tunecache.tuner.measure.baseline import baseline_is_noisy, measure_baseline
+
+# A schedule is a dozen small fields; anything much larger is not one (and a deeply nested
+# document would only exhaust the JSON parser).
+MAX_SCHEDULE_BYTES = 64 * 1024
 
 
 @click.command("hw")
@@ -82,14 +86,7 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
     spec = local_spec(hardware)
     op = OpSignature.parse(op_text)
     if schedule_text:
-        text = schedule_text
-        if schedule_text.startswith("@"):
-            try:
-                text = Path(schedule_text[1:]).read_text()
-            except OSError as exc:
-                raise click.BadParameter(f"cannot read {schedule_text[1:]}: {exc.strerror}",
-                                         param_hint="--schedule") from None
-        schedule = schedule_from_json(text)
+        schedule = schedule_from_json(_schedule_json(schedule_text))
         if threads is not None:
             schedule = schedule.replace(threads=threads)
     else:
@@ -119,6 +116,7 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
         "kernel": _result_row(result),
         "recorded_in": stored,
     }
+    report["baseline_noisy"] = baseline is not None and baseline_is_noisy(baseline, timing)
     for name in BASELINES:
         ours = baseline is not None and baseline.source == name
         report[name] = _result_row(baseline) if ours and baseline else None
@@ -136,6 +134,27 @@ def bench_op_command(op_text: str, schedule_text: str | None, threads: int | Non
 BASELINES = ("numpy", "onnxruntime")
 
 
+def _schedule_json(option: str) -> str:
+    """The JSON text of ``--schedule`` (inline, or ``@FILE``), at most MAX_SCHEDULE_BYTES."""
+    if option.startswith("@"):
+        where = option[1:]
+        try:
+            with Path(where).open("rb") as handle:
+                data = handle.read(MAX_SCHEDULE_BYTES + 1)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {where}: {exc.strerror}",
+                                     param_hint="--schedule") from None
+    else:
+        where, data = "the schedule JSON", option.encode(errors="replace")
+    if len(data) > MAX_SCHEDULE_BYTES:
+        raise click.BadParameter(f"{where} is larger than a schedule can be "
+                                 f"({MAX_SCHEDULE_BYTES // 1024} KiB)", param_hint="--schedule")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise click.BadParameter(f"{where} is not UTF-8 text", param_hint="--schedule") from None
+
+
 def _print_bench(report: dict[str, Any], spec: HardwareSpec) -> None:
     click.echo(f"op        {report['op']}")
     click.echo(f"hardware  {spec.hw_id} ({spec.isa}), {report['threads']} thread(s)")
@@ -151,10 +170,12 @@ def _print_bench(report: dict[str, Any], spec: HardwareSpec) -> None:
             f"{name:<9} {row['gflops']:8.2f} GFLOP/s   median {row['median_ms']:.4f} ms   "
             f"min {row['min_ms']:.4f} ms   ({row['repeats']} repeats)"
         )
+    noisy = " (baseline timing noisy: median far above min; take with care)" \
+        if report["baseline_noisy"] else ""
     if report["ratio_to_numpy"] is not None:
-        click.echo(f"ratio     {report['ratio_to_numpy']:.3f}x numpy")
+        click.echo(f"ratio     {report['ratio_to_numpy']:.3f}x numpy{noisy}")
     if report["ratio_to_onnxruntime"] is not None:
-        click.echo(f"ratio     {report['ratio_to_onnxruntime']:.3f}x onnxruntime")
+        click.echo(f"ratio     {report['ratio_to_onnxruntime']:.3f}x onnxruntime{noisy}")
     if report["recorded_in"]:
         click.echo(f"recorded  in the store at {report['recorded_in']}")
 

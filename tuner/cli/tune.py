@@ -82,11 +82,13 @@ def _print_summary(summary: JobSummary) -> None:
         op = o.op.text if len(o.op.text) <= 62 else o.op.text[:59] + "..."
         gflops = f"{o.best_gflops:.1f}" if o.best_gflops else "-"
         base = f"{o.baseline} {o.baseline_gflops:.1f}" if o.baseline_gflops else "-"
-        ratio = f"{o.ratio:.2f}x" if o.ratio else "-"
+        ratio = "noisy" if o.baseline_noisy else f"{o.ratio:.2f}x" if o.ratio else "-"
         click.echo(f"{op:<62} {o.count:>4} {o.status:<11} {gflops:>8} {base:>14} {ratio:>6} "
                    f"{o.trials:>6} {o.seconds:>6.1f}s")
-        if o.note and o.status != "tuned":
+        if o.note and (o.status != "tuned" or o.baseline_noisy):
             click.echo(f"    {o.note}")
+    if summary.budget_note:
+        click.echo(f"budget: {summary.budget_note}")
     for problem in summary.problems:
         click.echo(f"problem: {problem}")
     if summary.published:
@@ -102,7 +104,8 @@ def _print_summary(summary: JobSummary) -> None:
               help="An ONNX model: every kernel-worthy node, counted. Repeatable.")
 @click.option("--wanted", is_flag=True, help="The ops deployments missed in the cache.")
 @click.option("--budget", default=None, metavar="DURATION",
-              help="Wall time for the whole job (600, 90s, 15m, 1h30m), split by benefit.")
+              help="Wall time for the whole job, split by benefit: 600, 90s, 15m, 1h, 1.5h, "
+                   "1h30m, 1h30 (= 1h30m).")
 @click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True,
               help="Ranked candidates measured per op (plus refinement).")
 @click.option("--explore", type=click.IntRange(min=0), default=0, show_default=True,
@@ -132,7 +135,7 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
     rerunning an interrupted job continues where it stopped.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    budget_s = parse_duration(budget) if budget is not None else None
+    budget_s = parse_duration(budget, "--budget") if budget is not None else None
     if not (suites or ops or models or wanted):
         raise click.UsageError("nothing to tune: give --suite, --op, --model or --wanted")
     hw = local_spec(hardware)

@@ -7,6 +7,13 @@ an op does not use flows to the rest. Every measurement is appended to the store
 it exists; ops already tuned for this hardware and codegen version (at least ``trials`` +
 ``explore`` schedules measured) are skipped unless ``retune``; a rerun after Ctrl-C or SIGKILL continues
 where the job stopped. At the end the job can retrain the cost model and publish the cache.
+
+The budget covers tuning and the baselines: each op's share ends its measurements
+(:func:`~tunecache.tuner.search.tune_op` stops batches at the deadline and bounds each
+measurement by it), a tenth of it is kept for the op's baseline, and an overrun (compiling or
+starting a worker cannot be cut short) is reported in the summary with its cause. A baseline
+whose repeats still spread beyond the runner's noise tolerance after a retime is flagged
+``baseline_noisy`` and no ratio is computed from it.
 """
 
 from __future__ import annotations
@@ -28,9 +35,13 @@ from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.suites import Workload, get_suite
 from tunecache.tuner.measure import MeasureResult, Runner, TimingConfig
-from tunecache.tuner.measure.baseline import measure_baseline
+from tunecache.tuner.measure.baseline import baseline_is_noisy, measure_baseline
 from tunecache.tuner.measure.records import to_records
 from tunecache.tuner.search import OpTuneResult, Ranker, TuneConfig, tune_op
+from tunecache.tuner.search.tune import MIN_MEASURE_S, within
+
+# The part of an op's budget share kept for timing its baseline after tuning.
+BASELINE_SHARE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +74,13 @@ class OpSummary:
     baseline: str | None = None
     baseline_gflops: float | None = None
     note: str | None = None
+    baseline_noisy: bool = False
 
     @property
     def ratio(self) -> float | None:
-        if self.best_gflops and self.baseline_gflops:
+        """Best GFLOP/s over the baseline's; None without both, or if the baseline's timing
+        was too noisy to trust."""
+        if self.best_gflops and self.baseline_gflops and not self.baseline_noisy:
             return self.best_gflops / self.baseline_gflops
         return None
 
@@ -77,7 +91,7 @@ class OpSummary:
             "seconds": round(self.seconds, 3), "best_gflops": self.best_gflops,
             "best_schedule": self.best_schedule, "baseline": self.baseline,
             "baseline_gflops": self.baseline_gflops, "ratio_to_baseline": self.ratio,
-            "note": self.note,
+            "baseline_noisy": self.baseline_noisy, "note": self.note,
         }
 
 
@@ -94,6 +108,9 @@ class JobSummary:
     interrupted: bool = False
     published: list[str] = field(default_factory=list)
     trained: str | None = None
+    budget_s: float | None = None
+    over_budget_s: float = 0.0
+    budget_note: str | None = None
 
     @property
     def trials(self) -> int:
@@ -104,7 +121,9 @@ class JobSummary:
             "job_id": self.job_id, "hw_id": self.hw_id, "store": self.store,
             "seconds": round(self.seconds, 3), "interrupted": self.interrupted,
             "trials": self.trials, "problems": self.problems, "published": self.published,
-            "trained_model": self.trained, "ops": [o.to_dict() for o in self.ops],
+            "trained_model": self.trained, "budget_s": self.budget_s,
+            "over_budget_s": round(self.over_budget_s, 3), "budget_note": self.budget_note,
+            "ops": [o.to_dict() for o in self.ops],
         }
 
 
@@ -237,7 +256,7 @@ def run_job(
     options = options or JobOptions()
     progress = progress or SilentProgress()
     job_id = options.job_id or f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    summary = JobSummary(job_id, hw.hw_id, store.root)
+    summary = JobSummary(job_id, hw.hw_id, store.root, budget_s=options.budget_s)
     start = clock()
     end = start + options.budget_s if options.budget_s is not None else None
     todo = merge_workloads(workloads)
@@ -247,6 +266,8 @@ def run_job(
     model_version = getattr(model, "version", None) if model is not None else None
     own_runner = runner is None
     runner = runner or Runner(hw, TimingConfig(min_time_s=0.1, min_repeats=5))
+    overruns: list[str] = []
+    candidate_s: float | None = None
 
     def sink(result: MeasureResult) -> None:
         store.append(to_records([result], hw, job_id=job_id, model_version=model_version))
@@ -263,23 +284,32 @@ def run_job(
                 summary.ops.append(item)
                 progress.op_finished(item)
                 continue
-            deadline = None
+            op_end = None
+            tune_end = None
             share = None
             if end is not None:
                 now = clock()
                 remaining_weight = sum(w.weight for w in todo[index:]) or 1.0
                 share = max(0.0, (end - now) * workload.weight / remaining_weight)
-                deadline = now + share
+                op_end = now + share
+                tune_end = op_end - (share * BASELINE_SHARE if options.baseline else 0.0)
             progress.op_started(index, len(todo), workload, share)
             try:
                 result = tune_op(op, hw, runner, config=config, model=model, sink=sink,
-                                 measured=already, deadline=deadline, clock=clock)
+                                 measured=already, deadline=tune_end, clock=clock,
+                                 candidate_s=candidate_s)
             except KeyboardInterrupt:
                 summary.interrupted = True
                 item = OpSummary(op, workload.label, workload.count, "interrupted", 0, 0.0)
                 summary.ops.append(item)
                 break
-            item = _summarise(workload, result, runner, options)
+            if result.candidate_s is not None:
+                candidate_s = min(candidate_s or result.candidate_s, result.candidate_s)
+            if result.overrun_s > 0:
+                overruns.append(f"{op.op_id}: a batch ended {result.overrun_s:.1f} s past its "
+                                "tuning deadline (compiling and starting a worker cannot be cut "
+                                "short)")
+            item = _summarise(workload, result, runner, options, op_end, clock)
             summary.ops.append(item)
             progress.op_finished(item)
     except KeyboardInterrupt:
@@ -288,19 +318,44 @@ def run_job(
         if own_runner:
             runner.close()
         summary.seconds = clock() - start
+    if options.budget_s is not None and summary.seconds > options.budget_s:
+        summary.over_budget_s = summary.seconds - options.budget_s
+        why = "; ".join(overruns) if overruns else \
+            "time outside measurements (ranking candidates, recording results)"
+        summary.budget_note = (f"budget {options.budget_s:g} s exceeded by "
+                               f"{summary.over_budget_s:.1f} s: {why}")
     return summary
 
 
-def _baseline(op: OpSignature, threads: int, runner: Runner) -> tuple[str | None, float | None]:
-    """The kind's baseline (numpy, or onnxruntime when installed) at the same thread count."""
+def _baseline(op: OpSignature, threads: int, runner: Runner
+              ) -> tuple[str | None, float | None, bool]:
+    """The kind's baseline (numpy, or onnxruntime when installed) at the same thread count:
+    its name, GFLOP/s, and whether its timing was too noisy to compare with."""
     base = measure_baseline(op, threads, runner)
     if base is None or not base.ok or not base.gflops:
-        return None, None
-    return base.source, base.gflops
+        return None, None, False
+    return base.source, base.gflops, baseline_is_noisy(base, runner.timing)
+
+
+def _timed_baseline(op: OpSignature, threads: int, runner: Runner, deadline: float | None,
+                    clock: Callable[[], float]) -> tuple[str | None, float | None, bool, str | None]:
+    """:func:`_baseline` bounded by ``deadline``: skipped (with a note) when none is left."""
+    if deadline is None:
+        return (*_baseline(op, threads, runner), None)
+    remaining = deadline - clock()
+    if remaining < MIN_MEASURE_S:
+        return None, None, False, "baseline skipped: the op's budget was spent"
+    original = runner.timing
+    runner.timing = within(original, remaining)
+    try:
+        return (*_baseline(op, threads, runner), None)
+    finally:
+        runner.timing = original
 
 
 def _summarise(workload: Workload, result: OpTuneResult, runner: Runner,
-               options: JobOptions) -> OpSummary:
+               options: JobOptions, deadline: float | None = None,
+               clock: Callable[[], float] = time.monotonic) -> OpSummary:
     op = workload.op
     if result.error is not None:
         return OpSummary(op, workload.label, workload.count, "unsupported", 0, result.seconds,
@@ -316,8 +371,14 @@ def _summarise(workload: Workload, result: OpTuneResult, runner: Runner,
                          result.seconds, note=note)
     baseline_name: str | None = None
     baseline_gflops: float | None = None
+    noisy = False
+    notes = [f"stopped by {result.stopped_by}"] if result.stopped_by else []
     if options.baseline and best.schedule is not None:
-        baseline_name, baseline_gflops = _baseline(op, best.schedule.threads, runner)
-    stopped = f"stopped by {result.stopped_by}" if result.stopped_by else None
+        baseline_name, baseline_gflops, noisy, skipped = _timed_baseline(
+            op, best.schedule.threads, runner, deadline, clock)
+        notes += [skipped] if skipped else []
+        notes += ["baseline too noisy to compare (spread beyond the noise tolerance after a "
+                  "retime)"] if noisy else []
     return OpSummary(op, workload.label, workload.count, "tuned", result.trials, result.seconds,
-                     best.gflops, str(best.schedule), baseline_name, baseline_gflops, stopped)
+                     best.gflops, str(best.schedule), baseline_name, baseline_gflops,
+                     "; ".join(notes) or None, noisy)

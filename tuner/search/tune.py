@@ -8,20 +8,27 @@ optional local refinement measures neighbours of the best (other K/M blocks, unr
 other parallel axis). An optional exploration then measures a fixed, stratified sample of
 the whole legal schedule grid (``roller.exhaustive_space``): schedules the tiler would not
 propose, so that the cost model also learns from the tiler's mistakes.
+
+Deadlines: a batch starts only if it is expected to end in time (its size shrinks to the
+candidates the remaining time fits, at the cost per candidate seen so far; one candidate while
+that cost is unknown), and while a batch runs each kernel's measurement times out at the
+deadline (:func:`within`). A measurement cut short by the deadline says nothing about its
+schedule, so it is dropped, not recorded. What cannot be cut short (compiling, starting a
+worker) can still overrun; the result says by how much (``overrun_s``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
 from tunecache.tuner.kinds import legal_neighbours, tuner_kind
-from tunecache.tuner.measure import Candidate, MeasureResult, Runner
+from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
 from tunecache.tuner.search import roller
 
 POOL_SIZE = 40
@@ -61,6 +68,8 @@ class OpTuneResult:
     previously_measured: int = 0
     stopped_by: str | None = None
     error: str | None = None
+    overrun_s: float = 0.0
+    candidate_s: float | None = None
 
     @property
     def best(self) -> MeasureResult | None:
@@ -70,6 +79,20 @@ class OpTuneResult:
     @property
     def trials(self) -> int:
         return len(self.results)
+
+
+# Below this, a measurement cannot even load and check a kernel: the batch is not started.
+MIN_MEASURE_S = 0.05
+
+
+def within(timing: TimingConfig, remaining_s: float) -> TimingConfig:
+    """``timing`` for a measurement that must end within ``remaining_s``: its timeout is at
+    most that, and its timed part at most a quarter of it. Unchanged if it already fits."""
+    if remaining_s >= timing.timeout_s:
+        return timing
+    remaining_s = max(remaining_s, MIN_MEASURE_S)
+    return replace(timing, timeout_s=remaining_s,
+                   min_time_s=min(timing.min_time_s, remaining_s / 4))
 
 
 def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
@@ -109,14 +132,16 @@ def tune_op(
     measured: Iterable[str] = (),
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    candidate_s: float | None = None,
 ) -> OpTuneResult:
     """Tune ``op``: measure up to ``config.trials`` ranked candidates, refine, then explore.
 
     ``measured`` holds schedule ids already measured for this op (they are skipped);
     ``sink`` receives every result as soon as it is measured; measurement stops at
-    ``deadline`` (a ``clock()`` value; ``time.monotonic`` unless given). Unsupported op
-    kinds give a result with ``error`` set rather than an exception, so a job can go on
-    with other ops.
+    ``deadline`` (a ``clock()`` value; ``time.monotonic`` unless given; see the module doc),
+    and ``candidate_s``, a guess of one candidate's cost (build and measurement) from earlier
+    ops, keeps a first batch that would not fit from starting. Unsupported op kinds give a
+    result with ``error`` set rather than an exception, so a job can go on with other ops.
     """
     config = config or TuneConfig()
     start = clock()
@@ -125,38 +150,94 @@ def tune_op(
         ranked = ranked_candidates(op, hw, config, model)
     except ValueError as exc:
         return OpTuneResult(op, (), 0.0, len(done), error=str(exc))
-    results: list[MeasureResult] = []
-    stopped: str | None = None
+    loop = _Loop(runner, config, sink, deadline, clock, candidate_s)
     budget = max(0, config.trials - len(done))
-
-    def run(candidates: list[Candidate]) -> bool:
-        # Small batches: the runner compiles a batch in parallel, and the deadline is
-        # checked between batches; every result reaches the sink as soon as it exists.
-        nonlocal stopped
-        for i in range(0, len(candidates), config.batch):
-            if deadline is not None and clock() >= deadline:
-                stopped = "budget"
-                return False
-            batch = candidates[i:i + config.batch]
-
-            def record(result: MeasureResult) -> None:
-                results.append(result)
-                if sink is not None:
-                    sink(result)
-
-            runner.measure(batch, progress=record)
-            done.update(c.schedule.schedule_id for c in batch)
-        return True
-
     todo = [c for c in ranked if c.schedule.schedule_id not in done][:budget]
-    if run(todo) and config.refine and results:
-        best = min((r for r in results if r.ok and r.median_s), default=None,
+    if loop.run(todo, done) and config.refine and loop.results:
+        best = min((r for r in loop.results if r.ok and r.median_s), default=None,
                    key=lambda r: r.median_s or float("inf"))
         if best is not None and best.schedule is not None:
             extra = [Candidate(op, s, "refine") for s in neighbours(op, best.schedule, hw)
                      if s.schedule_id not in done][: config.refine_trials]
-            run(extra)
-    if stopped is None and config.explore > 0:
-        run(exploration(op, hw, config, done))
-    return OpTuneResult(op, tuple(results), clock() - start,
-                        len(set(measured)), stopped)
+            loop.run(extra, done)
+    if loop.stopped is None and config.explore > 0:
+        loop.run(exploration(op, hw, config, done), done)
+    return OpTuneResult(op, tuple(loop.results), clock() - start, len(set(measured)),
+                        loop.stopped, overrun_s=loop.overrun_s, candidate_s=loop.candidate_s)
+
+
+class _Loop:
+    """Measures candidates in small batches against a deadline (see the module doc)."""
+
+    def __init__(self, runner: Runner, config: TuneConfig,
+                 sink: Callable[[MeasureResult], None] | None, deadline: float | None,
+                 clock: Callable[[], float], candidate_s: float | None) -> None:
+        self.runner = runner
+        self.config = config
+        self.sink = sink
+        self.deadline = deadline
+        self.clock = clock
+        self.candidate_s = candidate_s
+        self.results: list[MeasureResult] = []
+        self.stopped: str | None = None
+        self.overrun_s = 0.0
+
+    def run(self, candidates: list[Candidate], done: set[str]) -> bool:
+        """Measure ``candidates`` (adding each measured id to ``done``); False if stopped."""
+        queue = list(candidates)
+        while queue:
+            size = self._batch_size()
+            if size == 0:
+                self.stopped = "budget"
+                return False
+            batch, queue = queue[:size], queue[size:]
+            started = self.clock()
+            if not self._measure(batch, done):
+                self.stopped = "budget"
+                return False
+            self.candidate_s = (self.clock() - started) / len(batch)
+        return True
+
+    def _batch_size(self) -> int:
+        """How many candidates the next batch may hold: 0 when the deadline leaves no room."""
+        if self.deadline is None:
+            return self.config.batch
+        remaining = self.deadline - self.clock()
+        if remaining < MIN_MEASURE_S:
+            return 0
+        if not self.candidate_s:
+            # Cost unknown: one candidate first, so a deadline cuts short at most one
+            # measurement (and one worker restart) of an op too big for its share.
+            return 1
+        return min(self.config.batch, int(remaining // self.candidate_s))
+
+    def _measure(self, batch: list[Candidate], done: set[str]) -> bool:
+        """One batch, each kernel's measurement bounded by the deadline; False if the
+        deadline cut one short (that one is dropped: it says nothing about its schedule)."""
+        original = self.runner.timing
+        cut = False
+
+        def bound() -> None:
+            if self.deadline is not None:
+                self.runner.timing = within(original, self.deadline - self.clock())
+
+        def record(result: MeasureResult) -> None:
+            nonlocal cut
+            if result.status == "timeout" and self.runner.timing.timeout_s < original.timeout_s:
+                cut = True
+            else:
+                self.results.append(result)
+                if result.schedule is not None:
+                    done.add(result.schedule.schedule_id)
+                if self.sink is not None:
+                    self.sink(result)
+            bound()
+
+        bound()
+        try:
+            self.runner.measure(batch, progress=record)
+        finally:
+            self.runner.timing = original
+        if self.deadline is not None:
+            self.overrun_s = max(self.overrun_s, self.clock() - self.deadline)
+        return not cut

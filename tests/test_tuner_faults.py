@@ -1,0 +1,186 @@
+"""Tuning jobs under faults: budgets on a simulated clock (ops far bigger than their share),
+and baselines whose timing is too noisy to divide by (an injected numpy worker answer)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunecache.cache.store import Store
+from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.ops import OpSignature
+from tunecache.datasets.suites import Workload
+from tunecache.tuner.cli.tune import _print_summary
+from tunecache.tuner.jobs import JobOptions, run_job
+from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
+from tunecache.tuner.search import tune_op
+
+pytestmark = pytest.mark.fault
+
+HW = local_spec()
+OP = OpSignature.matmul(96, 96, 96)
+SMALL = OpSignature.matmul(24, 48, 16, epilogue="bias+relu")
+
+
+class SimulatedRunner:
+    """A runner on a simulated clock: a batch's build costs ``build_s``, each measurement
+    ``cost_s``, or the runner's timeout when that is shorter (the worker is then killed and
+    the result is ``timeout``, as the real runner does). Records the timeouts it was given."""
+
+    def __init__(self, cost_s: float, build_s: float = 0.0) -> None:
+        self.cost_s = cost_s
+        self.build_s = build_s
+        self.now = 0.0
+        self.timing = TimingConfig(timeout_s=60.0, min_time_s=0.1)
+        self.timeouts: list[float] = []
+        self.batches: list[int] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def measure(self, batch: Sequence[Candidate], progress: Any = None) -> list[MeasureResult]:
+        self.batches.append(len(batch))
+        self.now += self.build_s
+        out = []
+        for cand in batch:
+            timeout = self.timing.timeout_s
+            self.timeouts.append(timeout)
+            if self.cost_s > timeout:
+                self.now += timeout
+                result = MeasureResult(cand.op, cand.schedule, "timeout", "worker killed",
+                                       source=cand.source)
+            else:
+                self.now += self.cost_s
+                result = MeasureResult(cand.op, cand.schedule, "ok",
+                                       runtimes_s=(1e-3, 1e-3, 1e-3), source=cand.source)
+            if progress is not None:
+                progress(result)
+            out.append(result)
+        return out
+
+    def close(self) -> None:
+        return None
+
+
+def job(runner: SimulatedRunner, budget: float, tmp_path: Path,
+        workloads: Sequence[Workload] = (Workload(OP, 1, "op"),)) -> Any:
+    return run_job(list(workloads), HW, Store(tmp_path),
+                   JobOptions(budget_s=budget, trials=20, baseline=False, refine=False),
+                   runner=runner, clock=runner.clock)  # type: ignore[arg-type]
+
+
+def test_an_op_far_bigger_than_its_budget_is_cut_at_the_deadline(tmp_path: Path) -> None:
+    # Each measurement would take 30 s; the budget is 10 s (was: 2 x 30 s, 60 s in all).
+    runner = SimulatedRunner(cost_s=30.0, build_s=0.5)
+    summary = job(runner, 10.0, tmp_path)
+    assert summary.seconds <= 10.0 * 1.1
+    assert runner.batches == [1]  # cost unknown: one candidate, not a batch
+    assert runner.timeouts[0] <= 10.0
+    # The measurement the deadline cut short says nothing about its schedule: not recorded.
+    assert Store(tmp_path).load().empty
+    [op] = summary.ops
+    assert op.status == "no_result" and "stopped by budget" in (op.note or "")
+    # The build could not be cut short: the overrun is reported with its cause.
+    assert summary.over_budget_s == pytest.approx(0.5)
+    assert summary.budget_note and "exceeded by 0.5 s" in summary.budget_note
+    assert "cannot be cut short" in summary.budget_note
+    assert summary.to_dict()["over_budget_s"] == pytest.approx(0.5)
+
+
+def test_a_batch_that_would_not_fit_is_not_started(tmp_path: Path) -> None:
+    runner = SimulatedRunner(cost_s=3.0)
+    summary = job(runner, 10.0, tmp_path)
+    # 1 candidate (3 s, cost now known), 2 more (9 s); 1 s left fits none.
+    assert runner.batches == [1, 2]
+    assert summary.seconds == pytest.approx(9.0) and summary.seconds <= 10.0
+    assert summary.ops[0].trials == 3 and summary.budget_note is None
+    assert len(Store(tmp_path).load()) == 3
+
+
+def test_each_measurement_times_out_at_the_deadline(tmp_path: Path) -> None:
+    runner = SimulatedRunner(cost_s=0.5)
+    result = tune_op(OP, HW, runner, deadline=4.0, clock=runner.clock)  # type: ignore[arg-type]
+    assert runner.now <= 4.0
+    assert all(t <= 4.0 for t in runner.timeouts)
+    # Every timeout was what was left when its measurement started.
+    assert runner.timeouts[0] == pytest.approx(4.0) and runner.timeouts[-1] < 1.0
+    assert result.stopped_by == "budget" and result.trials == len(runner.timeouts)
+    assert runner.timing.timeout_s == 60.0  # restored after each batch
+
+
+def test_later_ops_start_only_if_a_candidate_fits(tmp_path: Path) -> None:
+    # The first op teaches the job what a candidate costs; an op whose share is smaller
+    # than that is not started (it would only overrun).
+    runner = SimulatedRunner(cost_s=2.0)
+    tiny = OpSignature.matmul(8, 8, 8)
+    summary = job(runner, 9.0, tmp_path,
+                  [Workload(OP, 100, "big"), Workload(tiny, 1, "tiny")])
+    # big: 1 candidate (2 s), 2 (4 s), then 1 (2 s) of the 3 s left; tiny gets ~1 s: none.
+    assert summary.seconds == pytest.approx(8.0)
+    big, small = summary.ops
+    assert big.trials == 4 and small.trials == 0
+    assert "stopped by budget" in (small.note or "")
+
+
+class NumpyWorker:
+    """A numpy worker that answers every request with ``runtimes_s`` (no process)."""
+
+    def __init__(self, runtimes_s: list[float]) -> None:
+        self.runtimes_s = runtimes_s
+        self.requests: list[dict[str, Any]] = []
+
+    def alive(self) -> bool:
+        return True
+
+    def request(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.requests.append(req)
+        return {"event": "done", "id": req["id"], "status": "ok", "runtimes_s": self.runtimes_s}
+
+    def close(self) -> None:
+        return None
+
+    def kill(self) -> None:
+        return None
+
+
+FAST = TimingConfig(min_time_s=0.01, min_repeats=3, timeout_s=30.0)
+
+
+def _tune_with_baseline(tmp_path: Path, worker: NumpyWorker) -> Any:
+    with Runner(HW, FAST) as runner:
+        runner._workers["numpy"] = worker  # type: ignore[assignment]
+        return run_job([Workload(SMALL, 1, "small")], HW, Store(tmp_path),
+                       JobOptions(trials=1, refine=False, baseline=True), runner=runner)
+
+
+def test_a_noisy_baseline_is_flagged_not_divided(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # Under load: most repeats 1000x their fastest, every attempt.
+    worker = NumpyWorker([1e-6, 1e-3, 1e-3, 1e-3, 1e-3])
+    summary = _tune_with_baseline(tmp_path, worker)
+    [op] = summary.ops
+    assert op.status == "tuned" and op.best_gflops
+    assert len(worker.requests) == 1 + FAST.noise_retries  # retimed before giving up
+    assert op.baseline == "numpy" and op.baseline_noisy and op.ratio is None
+    row = summary.to_dict()["ops"][0]
+    assert row["baseline_noisy"] is True and row["ratio_to_baseline"] is None
+    assert "too noisy" in (op.note or "")
+    _print_summary(summary)
+    table = capsys.readouterr().out
+    row_text = table.splitlines()[3]
+    assert SMALL.text[:40] in row_text and " noisy " in row_text
+    assert not re.search(r"\d\.\d\dx", row_text)
+    assert "baseline too noisy" in table
+
+
+def test_a_quiet_baseline_gives_a_ratio(tmp_path: Path) -> None:
+    worker = NumpyWorker([1e-3, 1.01e-3, 1.02e-3])
+    summary = _tune_with_baseline(tmp_path, worker)
+    [op] = summary.ops
+    assert len(worker.requests) == 1
+    assert not op.baseline_noisy and op.ratio == pytest.approx(op.best_gflops / op.baseline_gflops)
+    assert summary.to_dict()["ops"][0]["baseline_noisy"] is False
