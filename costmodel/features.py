@@ -57,7 +57,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 7: layernorm (its kind column; it fills the row-wise block).
 # 8: pool2d (its kind column and block; the streaming roofline).
 # 9: elementwise (its kind column and block).
-FEATURE_VERSION = 9
+# 10: attention (its kind column and block).
+FEATURE_VERSION = 10
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
