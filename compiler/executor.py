@@ -85,7 +85,7 @@ class Executor:
             value = self._constants.get(name)
             fixed.append(None if value is None else _argument(value, shape))
         plan = list(zip(node.inputs, shapes, fixed, strict=True))
-        if fixed[1] is not None and getattr(fn, "prepacks_weights", False):
+        if len(fixed) > 1 and fixed[1] is not None and getattr(fn, "prepacks_weights", False):
             # Constant weights (conv W, matmul B) go into the kernel's layout once, not per call.
             fn = fn.bind_weights(fixed[1])  # type: ignore[attr-defined]
             del plan[1]

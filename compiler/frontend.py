@@ -37,6 +37,7 @@ import numpy as np
 
 from tunecache.compiler import onnx_ops
 from tunecache.compiler.errors import OpSignatureError, TunecacheError
+from tunecache.compiler.lowering import lowerings_for
 from tunecache.compiler.ops import OpSignature
 
 if TYPE_CHECKING:
@@ -342,8 +343,10 @@ class _Loader:
     """One load: reads, infers shapes, folds constants, fuses, and builds the Graph."""
 
     def __init__(self, onnx: Any, source: ModelSource,
-                 input_shapes: Mapping[str, Sequence[int]] | None, symbolic: bool) -> None:
+                 input_shapes: Mapping[str, Sequence[int]] | None, symbolic: bool,
+                 lower: bool = True) -> None:
         self.onnx = onnx
+        self.lower = lower
         self.model = source.model
         self.base_dir = source.base_dir
         self.name = self.model.graph.name or source.name
@@ -748,9 +751,44 @@ class _Loader:
                     slots[last] = kernel
                     continue
                 note = built
+            elif self.lower:
+                lowered = self._lowered(position)
+                if lowered is not None:
+                    slots[lowered[1]] = lowered[0]
+                    continue
             slots[position] = OnnxNode(node.name, node.op_type, node.inputs, node.outputs,
                                        MappingProxyType(node.attrs), note)
         return [s for s in slots if s is not None]
+
+    def _lowered(self, position: int) -> tuple[KernelNode, int] | None:
+        """The first registered lowering (:mod:`tunecache.compiler.lowering`) that turns the
+        node at ``position`` into a kernel, or None: it then runs in numpy."""
+        node = self.nodes[position]
+        if node.domain:
+            return None
+        for lowering in lowerings_for(node.op_type):
+            built = lowering(self, position)
+            if isinstance(built, tuple):
+                return built
+        return None
+
+    # -- the view lowerings have of the graph (lowering.FusionContext) ---------------------
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return self._shape(name)
+
+    def is_float32(self, name: str) -> bool:
+        return self._float32(name)
+
+    def sole_consumer(self, tensor: str) -> int | None:
+        return self._next(tensor)
+
+    def add_constant(self, base: str, array: np.ndarray) -> str:
+        return self._new_constant(base, array)
+
+    def finish(self, position: int, fused: list[int], sig: OpSignature, inputs: list[str],
+               output: str) -> tuple[KernelNode, int] | str:
+        return self._finish(position, fused, sig, inputs, output)
 
     def _next(self, tensor: str) -> int | None:
         """The position of the only node using ``tensor``, if fusing it away is safe."""

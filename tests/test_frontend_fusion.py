@@ -35,8 +35,9 @@ def test_resnet_conv_bn_relu_and_residual_fusion() -> None:
     assert k["b1_conv2"].nodes == ("b1_conv2", "b1_bn2", "b1_add", "b1_relu2")
     assert k["b1_conv2"].op.epilogue == ("bias", "add", "relu")
     # the residual operand is the MaxPool output, the fourth kernel argument
-    maxpool = next(s for s in graph.onnx_nodes if s.op_type == "MaxPool")
-    assert k["b1_conv2"].inputs[3] == maxpool.outputs[0]
+    maxpool = next(s for s in graph.kernel_nodes if s.op.kind == "pool2d" and
+                   s.op.attr("mode") == "max")
+    assert k["b1_conv2"].inputs[3] == maxpool.output
     assert k["b2_conv1"].op.epilogue == ("bias", "relu")  # the conv's own bias, BN-folded
     assert k["b2_short"].nodes == ("b2_short", "b2_short_bn")
     assert k["b2_short"].op.epilogue == ("bias",)
@@ -44,8 +45,11 @@ def test_resnet_conv_bn_relu_and_residual_fusion() -> None:
     assert k["b2_conv2"].inputs[3] == k["b2_short"].output
     assert k["fc"].op.text == "matmul(M=1,N=10,K=16,dtype=float32,layout=nt,epilogue=bias)"
     assert k["fc"].output_shape == (1, 10)
-    # only pooling and flattening are left to numpy; no BatchNormalization, Add or Relu
-    assert [s.op_type for s in graph.onnx_nodes] == ["MaxPool", "GlobalAveragePool", "Flatten"]
+    # pooling is generated code too; only the flattening view is left (it costs nothing)
+    assert [s.op_type for s in graph.onnx_nodes] == ["Flatten"]
+    pools = [s.op for s in graph.kernel_nodes if s.op.kind == "pool2d"]
+    assert [(op.attr("mode"), op.dim("R"), op.dim("stride_h")) for op in pools] == [
+        ("max", 3, 2), ("avg", 2, 1)]  # global pooling: the window is the 2x2 plane
     # steps run in an order where every kernel's inputs already exist
     order = [s.name for s in graph.steps]
     assert order.index("b2_short") < order.index("b2_conv2")
@@ -77,8 +81,10 @@ def test_depthwise_blocks() -> None:
     graph = load_graph(models.mobilenet_model(13))
     k = kernels_by_name(graph)
     assert k["dw"].op.dim("groups") == 24 and k["dw"].op.epilogue == ("bias",)
-    # ReLU6 (Clip) is not an epilogue: it stays a numpy step after the kernel
-    assert [s.op_type for s in graph.onnx_nodes] == ["Clip", "Clip"]
+    # ReLU6 (Clip) is not a conv epilogue: it becomes an element-wise kernel after the conv
+    assert graph.onnx_nodes == ()
+    clips = [s for s in graph.kernel_nodes if s.op.kind == "elementwise"]
+    assert [c.op.epilogue for c in clips] == [("clip6",), ("clip6",)]
     assert k["project"].nodes == ("project", "project_bn", "residual")
     assert k["project"].op.epilogue == ("bias", "add")
     assert k["project"].inputs[3] == "x"
@@ -104,8 +110,19 @@ def test_bert_layer(opset: int, layer_norm_op: bool) -> None:
     types = [s.op_type for s in graph.onnx_nodes]
     # the Shape/Gather/Unsqueeze/Concat chains became constants
     assert not {"Shape", "Gather", "Unsqueeze", "Concat"} & set(types)
-    assert "Softmax" in types and "Erf" in types
-    assert ("LayerNormalization" in types) == layer_norm_op
+    # scale, mask and softmax are one kernel; so is the exported GELU
+    softmax = next(s for s in graph.kernel_nodes if s.op.kind == "softmax")
+    assert softmax.op.attr("scale") == "yes" and softmax.op.dim("mask_rows") == 2
+    assert len(softmax.nodes) == 3
+    gelu = next(s for s in graph.kernel_nodes if s.op.kind == "elementwise"
+                and "gelu_erf" in s.op.epilogue)
+    assert gelu.op.epilogue == ("gelu_erf",) and len(gelu.nodes) == 5
+    assert "Softmax" not in types and "Erf" not in types
+    # LayerNormalization with the residual Add before it: one kernel per norm
+    norms = [s for s in graph.kernel_nodes if s.op.kind == "layernorm"]
+    assert len(norms) == (2 if layer_norm_op else 0)
+    assert all(n.op.attr("residual") == "yes" for n in norms)
+    assert ("LayerNormalization" in types) is False
 
 
 def test_matmul_and_gemm_mapping_and_fallbacks() -> None:
@@ -125,7 +142,10 @@ def test_matmul_and_gemm_mapping_and_fallbacks() -> None:
     assert order.index("c_side") < order.index("c_grp")  # placed at its last fused node
     assert k["c_twice"].nodes == ("c_twice",)   # output used twice
     assert k["c_out"].nodes == ("c_out",)       # output is a graph output
-    assert "c_out_relu" in n and "c_twice_relu" in n
+    # the Relu the conv could not take runs as an element-wise kernel (with the Mul after it)
+    assert k["c_out_relu"].op.text == "elementwise(M=20,N=4,dtype=float32,operand=full,epilogue=relu)"
+    assert k["c_twice_relu"].nodes == ("c_twice_relu", "mul11")
+    assert k["c_twice_relu"].op.epilogue == ("relu", "mul")
     assert k["mm_rows"].nodes == ("mm_rows", "mm_rows_add", "mm_rows_relu")
     assert k["mm_rows"].op.text == "matmul(M=30,N=6,K=4,dtype=float32,layout=nn,epilogue=bias+relu)"
     assert k["mm_shared_a"].op.text == (
@@ -135,7 +155,8 @@ def test_matmul_and_gemm_mapping_and_fallbacks() -> None:
     assert k["mm_vec"].nodes == ("mm_vec",)
     assert "broadcast batch dimensions [2, 3] x [1, 3]" in n["mm_bcast"].note
     assert n["gemm_alpha"].note == "alpha=0.5 with neither operand constant"
-    assert n["mm_vec_add"].note == ""
+    # an Add of a vector the matmul could not take (N=1): a kernel with a per-row operand
+    assert k["mm_vec_add"].op.text == "elementwise(M=6,N=5,dtype=float32,operand=row,epilogue=add)"
 
 
 def test_gemm_attributes() -> None:
@@ -166,7 +187,10 @@ def test_kernel_ops_counts_and_labels(tmp_path) -> None:
     assert counts[qkv] == (4, "query, key, value (+1 more)")
     bmm = "batch_matmul(B=8,M=8,N=8,K=8,dtype=float32,layout=nn,shared=none,epilogue=none)"
     assert counts[bmm] == (2, "scores, context")
-    assert sum(c for c, _ in counts.values()) == 8
+    # 8 matmuls, the scaled and masked softmax, GELU and the two residual layer norms
+    assert sum(c for c, _ in counts.values()) == 12
+    assert sum(c for op, (c, _) in zip(counts, counts.values(), strict=True)
+               if op.startswith("layernorm(")) == 2
     assert ops[0][0].text == qkv  # first-use order
 
 
@@ -202,7 +226,8 @@ def test_resnet50_sized_load_folds_every_batchnorm() -> None:
     params = sum(int(np.prod(i.dims)) for i in model.graph.initializer)
     assert 25_000_000 < params < 26_000_000
     graph = load_graph(model)
-    assert len(graph.kernel_nodes) == 54  # 53 convs (all BN-folded) and the classifier
+    # 53 convs (all BN-folded), the classifier, the stem's max pool and the global pool
+    assert len(graph.kernel_nodes) == 56
     assert all(len(n.nodes) >= 2 for n in graph.kernel_nodes if n.op.kind == "conv2d")
 
 

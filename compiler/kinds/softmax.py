@@ -128,9 +128,10 @@ def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
         z.reshape(mr, m // mr, n)[...] += next(rest)[:, None, :]
     if op.attr("causal") == "yes":
         z.reshape(m // q, q, n)[:, ~causal_keep(q, n)] = -np.inf
-    z -= z.max(axis=1, keepdims=True)
-    np.exp(z, out=z)
-    z /= z.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a fully masked row is NaN
+        z -= z.max(axis=1, keepdims=True)
+        np.exp(z, out=z)
+        z /= z.sum(axis=1, keepdims=True)
     return z
 
 

@@ -168,7 +168,7 @@ class NativeProgram:
                 names[i] = f"const:{node.name}:{i}"
                 self._constants[names[i]] = prepared
         entry = library.tc_kernel
-        if kernel.prepacks_weights and names[1].startswith("const:"):
+        if len(names) > 1 and kernel.prepacks_weights and names[1].startswith("const:"):
             bound = kernel.bind_weights(self._constants.pop(names[1]))
             names[1] = f"packed:{node.name}"
             self._constants[names[1]] = bound.packed

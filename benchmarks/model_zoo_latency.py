@@ -1,0 +1,273 @@
+"""Latency of the CNN zoo compiled by tunecache, against onnxruntime and OpenVINO.
+
+For each model of ``benchmarks/cnn_zoo.py`` (batch 1, 224x224, random weights) and each
+thread count: tunecache untuned (analytic policy, fresh store, fresh build cache, the
+hardware spec's cores set to the thread count), onnxruntime (``intra_op_num_threads``, all
+graph optimisations) and OpenVINO (``INFERENCE_NUM_THREADS``, latency hint, f32 inference
+precision). Every measurement runs in its own process with ``OMP_NUM_THREADS`` and the BLAS
+thread counts set to the same number, and reports the median latency over ``--repeat`` runs,
+its peak RSS, and (tunecache) the cold and warm compile times. The error column is
+max |ours - onnxruntime| / max |onnxruntime| on the same input.
+
+    python benchmarks/model_zoo_latency.py [--only squeezenet1_1,vgg16] [--threads 1,2]
+        [--repeat 20] [--size 224] [--no-write]
+
+OpenVINO is an optional extra: ``pip install 'tunecache[openvino]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+ENGINES = ("onnxruntime", "tunecache", "openvino")
+INSTALL_HINT = ("error: OpenVINO is not installed; install the extra with "
+                "pip install 'tunecache[openvino]' (or pip install openvino)")
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One engine's figures for one model at one thread count; ``error`` when it failed."""
+
+    ms: float = float("nan")
+    rss_mib: float = float("nan")
+    cold_s: float = float("nan")
+    warm_s: float = float("nan")
+    rel_err: float = float("nan")
+    error: str = ""
+
+
+def median_ms(fn: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``fn`` in milliseconds over ``repeat`` calls after one warm-up."""
+    fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+# -- child processes: one engine, one model, one thread count --------------------------------
+
+
+def _run_tunecache(path: Path, image: np.ndarray, threads: int, repeat: int,
+                   work: Path) -> tuple[float, np.ndarray, dict[str, float]]:
+    from tunecache.cache.store import Store
+    from tunecache.compiler.hardware import local_spec
+    from tunecache.tuner.deploy import compile_model
+
+    hw = replace(local_spec(), cores=threads)
+    store = Store(work / f"store-{path.stem}-{threads}")
+    start = time.perf_counter()
+    compile_model(path, store=store, policy="analytic", record_wanted=False, hw=hw)
+    cold_s = time.perf_counter() - start
+    start = time.perf_counter()
+    compiled = compile_model(path, store=store, policy="analytic", record_wanted=False, hw=hw)
+    warm_s = time.perf_counter() - start
+    (name,) = [i.name for i in compiled.graph.inputs]
+    ms = median_ms(lambda: compiled.run({name: image}), repeat)
+    (out,) = compiled.run({name: image}).values()
+    return ms, out, {"cold_s": cold_s, "warm_s": warm_s}
+
+
+def _run_onnxruntime(path: Path, image: np.ndarray, threads: int,
+                     repeat: int) -> tuple[float, np.ndarray, dict[str, float]]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feeds = {session.get_inputs()[0].name: image}
+    ms = median_ms(lambda: session.run(None, feeds), repeat)
+    return ms, session.run(None, feeds)[0], {}
+
+
+def _run_openvino(path: Path, image: np.ndarray, threads: int,
+                  repeat: int) -> tuple[float, np.ndarray, dict[str, float]]:
+    import openvino as ov  # type: ignore[import-untyped]
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+        "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+    ms = median_ms(lambda: request.infer([image]), repeat)
+    request.infer([image])
+    return ms, np.array(request.get_output_tensor(0).data), {}
+
+
+def child(engine: str, path: Path, threads: int, repeat: int, work: Path) -> None:
+    """Measure ``engine`` on the model at ``path``; save its output beside the model and
+    print one JSON line of figures (or ``{"error": ...}``)."""
+    image = np.load(work / "image.npy", allow_pickle=False)
+    try:
+        if engine == "tunecache":
+            ms, out, extra = _run_tunecache(path, image, threads, repeat, work)
+        elif engine == "onnxruntime":
+            ms, out, extra = _run_onnxruntime(path, image, threads, repeat)
+        else:
+            ms, out, extra = _run_openvino(path, image, threads, repeat)
+    except Exception as exc:  # reported as a value: the row says which engine failed, and why
+        print(json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}))
+        return
+    np.save(work / f"{path.stem}-{engine}-{threads}.npy", out, allow_pickle=False)
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"ms": ms, "rss_mib": rss_mib, **extra}))
+
+
+# -- parent --------------------------------------------------------------------------------
+
+
+def _measure(engine: str, key: str, threads: int, args: argparse.Namespace,
+             work: Path) -> Measurement:
+    env = dict(os.environ)
+    env.update({name: str(threads) for name in THREAD_ENV})
+    env["TUNECACHE_BUILD_CACHE"] = str(work / f"kernels-{key}-{threads}")  # cold each time
+    env.pop("TUNECACHE_HARDWARE", None)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", engine, str(work / f"{key}.onnx"),
+         "--threads", str(threads), "--repeat", str(args.repeat), "--work", str(work)],
+        env=env, capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Measurement(error=f"exit {proc.returncode}: {tail}")
+    data = json.loads(lines[-1])
+    if "error" in data:
+        return Measurement(error=str(data["error"]))
+    return Measurement(**data)
+
+
+def _rel_err(work: Path, key: str, engine: str, threads: int) -> float:
+    ref = np.load(work / f"{key}-onnxruntime-{threads}.npy", allow_pickle=False)
+    got = np.load(work / f"{key}-{engine}-{threads}.npy", allow_pickle=False)
+    scale = float(np.max(np.abs(ref))) or 1.0
+    return float(np.max(np.abs(got - ref))) / scale
+
+
+def _selected(only: str | None) -> list[str] | str:
+    """Zoo keys named by ``--only`` (exact or a unique prefix), or an error message."""
+    from cnn_zoo import ZOO
+
+    if not only:
+        return list(ZOO)
+    keys = []
+    for want in only.split(","):
+        matches = [k for k in ZOO if k == want] or [k for k in ZOO if k.startswith(want)]
+        if len(matches) != 1:
+            return f"--only {want!r} names no single zoo model; choose from {', '.join(ZOO)}"
+        keys.append(matches[0])
+    return keys
+
+
+def _fmt(value: float, spec: str, unit: str = "") -> str:
+    return "—" if np.isnan(value) else f"{value:{spec}}{unit}"
+
+
+def _row(key: str, threads: int, m: dict[str, Measurement]) -> str:
+    ours, ort, ov = m["tunecache"], m["onnxruntime"], m["openvino"]
+    peers = [x.ms for x in (ort, ov) if not np.isnan(x.ms)]
+    ratio = ours.ms / min(peers) if peers and not np.isnan(ours.ms) else float("nan")
+    failed = "; ".join(f"{e}: {x.error}" for e, x in m.items() if x.error)
+    return (f"| {key} | {threads} | {_fmt(ours.ms, '.2f', ' ms')} | {_fmt(ort.ms, '.2f', ' ms')} | "
+            f"{_fmt(ov.ms, '.2f', ' ms')} | **{_fmt(ratio, '.2f', 'x')}** | "
+            f"{_fmt(ours.rel_err, '.1e')} / {_fmt(ov.rel_err, '.1e')} | "
+            f"{_fmt(ours.rss_mib, '.0f')} / {_fmt(ort.rss_mib, '.0f')} / "
+            f"{_fmt(ov.rss_mib, '.0f')} MiB | {_fmt(ours.cold_s, '.1f', ' s')} | "
+            f"{_fmt(ours.warm_s, '.2f', ' s')} | {failed} |")
+
+
+def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str:
+    from _report import git_revision, machine_summary
+
+    return "\n".join([
+        machine_summary(), "",
+        f"Revision `{git_revision()}`. Zoo models of `benchmarks/cnn_zoo.py` (batch 1, "
+        f"{args.size}x{args.size}, random weights); {versions}. Each figure from its own "
+        f"process, medians of {args.repeat} runs; tunecache untuned (analytic schedules, "
+        "empty store and build cache, spec cores = threads; warm compile = the same compile "
+        "again in that process); error = max |x - onnxruntime| ÷ max |onnxruntime|; peak RSS "
+        "of each process (ours includes compiling).", "",
+        "| model | threads | tunecache | onnxruntime | OpenVINO | ours ÷ best peer | "
+        "rel. err (ours / OpenVINO) | peak RSS (ours / ORT / OV) | cold compile | "
+        "warm compile | failures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *rows])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--only", default=None, help="comma-separated zoo keys (or prefixes)")
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--child", nargs=2, metavar=("ENGINE", "MODEL"))
+    parser.add_argument("--work", type=Path)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child[0], Path(args.child[1]), int(args.threads), args.repeat, args.work)
+        return 0
+    keys = _selected(args.only)
+    try:
+        threads = [int(t) for t in args.threads.split(",")]
+    except ValueError:
+        threads = []
+    if isinstance(keys, str) or not threads or min(threads) < 1:
+        print(f"error: {keys if isinstance(keys, str) else '--threads takes positive integers'}",
+              file=sys.stderr)
+        return 2
+    try:
+        import openvino
+    except ImportError:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 1
+    import onnx
+    import onnxruntime
+    from cnn_zoo import ZOO
+
+    work = Path(tempfile.mkdtemp(prefix="model-zoo-"))
+    np.save(work / "image.npy", np.random.default_rng(0).standard_normal(
+        (1, 3, args.size, args.size)).astype(np.float32), allow_pickle=False)
+    rows = []
+    for key in keys:
+        onnx.save(ZOO[key](args.size), work / f"{key}.onnx")
+        for n in threads:
+            # onnxruntime first: its output is the reference the others' errors are against
+            m = {e: _measure(e, key, n, args, work) for e in ENGINES}
+            for engine in ("tunecache", "openvino"):
+                if not (m[engine].error or m["onnxruntime"].error):
+                    m[engine] = replace(m[engine], rel_err=_rel_err(work, key, engine, n))
+            rows.append(_row(key, n, m))
+            print(rows[-1], flush=True)
+    versions = (f"onnxruntime {onnxruntime.__version__}, OpenVINO "
+                f"{openvino.get_version().split('-')[0]}")
+    text = _report(rows, args, versions)
+    print(text)
+    if not args.no_write:
+        from _report import write_section
+
+        write_section("model_zoo", text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""ONNX node patterns lowered onto registered op kinds, so they run as generated kernels.
+
+The frontend (:mod:`tunecache.compiler.frontend`) walks a folded, sorted graph and, at each
+node not yet taken by an earlier fusion, asks the lowerings registered for its op type, in
+registration order, to turn it (and single-use followers it can fuse) into one
+:class:`~tunecache.compiler.frontend.KernelNode`. A lowering returns the kernel node and
+the position of the last node it took, or ``None``/a reason when the pattern does not
+apply; the node then runs in numpy. One module per family of kinds, each registering its
+op types here: the frontend never branches on them.
+
+A lowering sees the graph through :class:`FusionContext`: static shapes and dtypes,
+constants, single-consumer links and a way to add constants, nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tunecache.compiler.ops import OpSignature
+
+
+class GraphNode(Protocol):
+    """What a lowering reads of a node."""
+
+    name: str
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Any]
+
+
+class FusionContext(Protocol):
+    """The frontend's view of the graph being lowered."""
+
+    @property
+    def nodes(self) -> Sequence[GraphNode]:
+        """The graph's nodes in execution order (positions index it)."""
+
+    constants: dict[str, np.ndarray]
+    opset: int
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The static shape of a tensor, None when unknown."""
+
+    def is_float32(self, name: str) -> bool:
+        """Whether a tensor is float32."""
+
+    def sole_consumer(self, tensor: str) -> int | None:
+        """The position of the only node reading ``tensor``, if fusing it away is safe (one
+        use, not a graph output, not yet taken)."""
+
+    def add_constant(self, base: str, array: np.ndarray) -> str:
+        """A new float32 constant named after ``base``; returns its name."""
+
+    def finish(self, position: int, fused: list[int], sig: OpSignature, inputs: list[str],
+               output: str) -> Any:
+        """The kernel node for ``fused`` (positions, ``position`` first), calling ``sig``
+        with ``inputs``; marks them taken. Returns ``(KernelNode, last position)``, or a
+        reason when the kernel cannot stand in for the nodes."""
+
+
+Lowering = Callable[[FusionContext, int], Any]
+"""``(context, position) -> (kernel node, last position) | reason it does not apply``."""
+
+_LOWERINGS: dict[str, list[Lowering]] = {}
+
+BUILTIN_LOWERINGS = ("rowwise", "pool", "elementwise")
+"""Modules loaded on first use, in this order, which is the order their lowerings are tried
+in: the residual-Add + LayerNormalization pattern comes before an Add starts a chain."""
+
+
+def register_lowering(*op_types: str) -> Callable[[Lowering], Lowering]:
+    """Register a lowering for ONNX ``op_types`` (tried after earlier registrations)."""
+    def decorate(fn: Lowering) -> Lowering:
+        for op_type in op_types:
+            _LOWERINGS.setdefault(op_type, []).append(fn)
+        return fn
+    return decorate
+
+
+def lowerings_for(op_type: str) -> tuple[Lowering, ...]:
+    """The lowerings to try for a node of ``op_type``, in order."""
+    _load_builtin()
+    return tuple(_LOWERINGS.get(op_type, ()))
+
+
+_loaded = False
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in BUILTIN_LOWERINGS:
+            importlib.import_module(f"tunecache.compiler.lowering.{module}")

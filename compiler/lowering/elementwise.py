@@ -1,0 +1,355 @@
+"""Chains of element-wise ONNX nodes onto the ``elementwise`` kind: one kernel per chain.
+
+A chain starts at an element-wise node and follows the only reader of its result while that
+reader is element-wise too and keeps the shape: ``Relu``, ``Sigmoid``, ``Tanh``, ``Exp``,
+``Neg``, ``Abs``, ``Sqrt``, ``Clip(0, 6)`` (ReLU6) and ``Clip(0, inf)``, the patterns
+``x * Sigmoid(x)`` (SiLU) and ``x * 0.5 * (1 + Erf(x / sqrt 2))`` (GELU as the exporters
+write it), and ``Add``/``Sub``/``Mul``/``Div`` with one operand that is the running value and
+another that broadcasts to it. Every extra operand of one kernel must broadcast the same way
+(``full``, per ``row``, per ``col``umn block or ``scalar``, see the kind): constants are
+re-laid out to fit (a per-channel constant of an NCHW tensor with batch 2 is tiled to
+``N*C`` rows), tensors must already fit. The chain stops before a node that does not fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tunecache.compiler.errors import OpSignatureError
+from tunecache.compiler.kinds.elementwise import MAX_STEPS, elementwise_op
+from tunecache.compiler.lowering import FusionContext, GraphNode, register_lowering
+
+UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Neg": "neg",
+         "Abs": "abs", "Sqrt": "sqrt"}
+BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
+_SQRT2 = math.sqrt(2.0)
+
+
+@dataclass
+class _Chain:
+    """A chain being grown: its steps, operands and the (M, N) view they need."""
+
+    shape: tuple[int, ...]
+    steps: list[str] = field(default_factory=list)
+    operands: list[str] = field(default_factory=list)
+    fused: list[int] = field(default_factory=list)
+    kind: str | None = None
+    split: int | None = None
+    """``M = prod(shape[:split])`` rows of ``N = prod(shape[split:])``."""
+
+    def rows_cols(self) -> tuple[int, int]:
+        split = len(self.shape) - 1 if self.split is None else self.split
+        return math.prod(self.shape[:split]), math.prod(self.shape[split:])
+
+
+def _broadcast(operand: tuple[int, ...], shape: tuple[int, ...]) -> tuple[str, int | None] | None:
+    """How a tensor of shape ``operand`` broadcasts over ``shape`` without copying, or None."""
+    if len(operand) > len(shape):
+        return None
+    o = (1,) * (len(shape) - len(operand)) + operand
+    if o == shape:
+        return "full", None
+    if math.prod(o) == 1:
+        return "scalar", None
+    varying = [i for i, d in enumerate(o) if d != 1]
+    if any(o[i] != shape[i] for i in varying):
+        return None
+    first, last = varying[0], varying[-1] + 1
+    if all(o[i] == shape[i] for i in range(first, len(shape))):
+        return "row", first
+    if all(o[i] == shape[i] for i in range(last)):
+        return "col", last
+    return None
+
+
+def _fits(value: np.ndarray, shape: tuple[int, ...], kind: str, split: int | None) -> bool:
+    """Whether a constant broadcast over ``shape`` is expressible as ``kind`` at ``split``."""
+    try:
+        full = np.broadcast_to(value, shape)
+    except ValueError:
+        return False
+    if kind == "full":
+        return True
+    rows = math.prod(shape[:split]) if split is not None else 1
+    table = full.reshape(rows, -1)
+    if kind == "scalar":
+        return bool((table == table.flat[0]).all())
+    if kind == "row":
+        return bool((table == table[:1]).all())
+    return bool((table == table[:, :1]).all())
+
+
+class _Grower:
+    def __init__(self, ctx: FusionContext, position: int) -> None:
+        self.ctx = ctx
+        node = ctx.nodes[position]
+        shape = ctx.shape(node.outputs[0])
+        self.chain = _Chain(shape) if shape is not None else None
+        self.constants: list[tuple[int, np.ndarray]] = []  # (operand index, value)
+
+    def operand(self, name: str) -> bool:
+        """Add an operand if it fits the chain's broadcast so far."""
+        chain, ctx = self.chain, self.ctx
+        assert chain is not None
+        value = ctx.constants.get(name)
+        if value is not None:
+            if value.dtype != np.float32 or not self._constant_fits(value):
+                return False
+            self.constants.append((len(chain.operands), value))
+            chain.operands.append(name)
+            return True
+        shape = ctx.shape(name)
+        if shape is None or not ctx.is_float32(name):
+            return False
+        how = _broadcast(shape, chain.shape)
+        if how is None:
+            return False
+        kind, split = how
+        if chain.kind is not None and (kind, split) != (chain.kind, chain.split) and not (
+                kind == chain.kind and split is None):
+            return False
+        if not all(_fits(v, chain.shape, kind, split) for _, v in self.constants):
+            return False
+        chain.kind, chain.split = kind, split if split is not None else chain.split
+        chain.operands.append(name)
+        return True
+
+    def _constant_fits(self, value: np.ndarray) -> bool:
+        chain = self.chain
+        assert chain is not None
+        if chain.kind is not None:
+            return _fits(value, chain.shape, chain.kind, chain.split)
+        return _fits(value, chain.shape, "full", None)
+
+    def settle(self) -> None:
+        """Choose the cheapest broadcast every constant fits when no tensor operand did."""
+        chain = self.chain
+        assert chain is not None
+        if chain.kind is not None or not chain.operands:
+            chain.kind = chain.kind or "full"
+            return
+        shape = chain.shape
+        options: list[tuple[str, int | None]] = [("scalar", None)]
+        for _, value in self.constants:
+            how = _broadcast(tuple(value.shape), shape)
+            if how is not None:
+                options.append(how)
+        options.append(("full", None))
+        for kind, split in options:
+            if all(_fits(v, shape, kind, split) for _, v in self.constants):
+                chain.kind, chain.split = kind, split
+                return
+
+    def operand_arrays(self) -> list[str]:
+        """The operand names, constants re-laid out as the chosen broadcast needs."""
+        chain, ctx = self.chain, self.ctx
+        assert chain is not None and chain.kind is not None
+        m, n = chain.rows_cols()
+        names = list(chain.operands)
+        for index, value in self.constants:
+            table = np.broadcast_to(value, chain.shape).reshape(m, n)
+            laid = {"full": table, "row": table[0], "col": table[:, 0],
+                    "scalar": table.reshape(-1)[:1]}[chain.kind]
+            names[index] = ctx.add_constant(f"{names[index]}/{chain.kind}",
+                                            np.ascontiguousarray(laid))
+        return names
+
+
+def _scalar(ctx: FusionContext, name: str | None) -> float | None:
+    if not name:
+        return None
+    value = ctx.constants.get(name)
+    if value is None or value.size != 1:
+        return None
+    return float(value.reshape(-1)[0])
+
+
+def _clip_step(ctx: FusionContext, attrs: dict[str, Any], inputs: tuple[str, ...]) -> str | None:
+    if ctx.opset < 11:
+        lo, hi = attrs.get("min"), attrs.get("max")
+    else:
+        lo = _scalar(ctx, inputs[1]) if len(inputs) > 1 and inputs[1] else None
+        hi = _scalar(ctx, inputs[2]) if len(inputs) > 2 and inputs[2] else None
+        if (len(inputs) > 1 and inputs[1] and lo is None) or (
+                len(inputs) > 2 and inputs[2] and hi is None):
+            return None
+    if lo == 0.0 and hi == 6.0:
+        return "clip6"
+    if lo == 0.0 and (hi is None or math.isinf(hi)):
+        return "relu"
+    return None
+
+
+def _silu(ctx: FusionContext, position: int, value: str) -> list[int] | None:
+    """``Sigmoid(value)`` read only by ``Mul(value, it)``: the positions of both."""
+    node = ctx.nodes[position]
+    if node.op_type != "Sigmoid":
+        return None
+    mul = ctx.sole_consumer(node.outputs[0])
+    if mul is None or ctx.nodes[mul].op_type != "Mul" or \
+            set(ctx.nodes[mul].inputs) != {value, node.outputs[0]}:
+        return None
+    return [position, mul]
+
+
+def _gelu(ctx: FusionContext, position: int, value: str) -> list[int] | None:
+    """GELU as the exporters write it, ``value * 0.5 * (1 + Erf(value / sqrt2))``, in any
+    association of the two products, starting at the node at ``position`` (the division or
+    the halving, whichever comes first): the positions of its five nodes, last one last."""
+    node = ctx.nodes[position]
+    if node.op_type not in ("Div", "Mul") or len(node.inputs) != 2 or value not in node.inputs:
+        return None
+    if _is_half(ctx, node, value):  # 0.5 * value first, then * (1 + erf)
+        outer = ctx.sole_consumer(node.outputs[0])
+        if outer is None or ctx.nodes[outer].op_type != "Mul":
+            return None
+        core = _erf_core_of(ctx, _other(ctx.nodes[outer].inputs, node.outputs[0]), value)
+        return None if core is None else sorted([position, *core, outer])
+    core = _erf_core(ctx, position, value)
+    if core is None:
+        return None
+    current = ctx.nodes[core[-1]].outputs[0]
+    rest: list[tuple[int, str | None]] = []
+    while len(rest) < 2:
+        nxt = ctx.sole_consumer(current)
+        if nxt is None or ctx.nodes[nxt].op_type != "Mul":
+            return None
+        other = _other(ctx.nodes[nxt].inputs, current)
+        half = _producer_if_half(ctx, other, value, nxt)
+        if half is not None and not rest:  # (1 + erf) * (0.5 * value)
+            return sorted([*core, half, nxt])
+        if other != value and _scalar(ctx, other) != 0.5:
+            return None
+        rest.append((nxt, other))
+        current = ctx.nodes[nxt].outputs[0]
+    others = [o for _, o in rest]
+    if value not in others or not any(_scalar(ctx, o) == 0.5 for o in others):
+        return None
+    return [*core, *(p for p, _ in rest)]
+
+
+def _is_half(ctx: FusionContext, node: GraphNode, value: str) -> bool:
+    return node.op_type == "Mul" and _scalar(ctx, _other(node.inputs, value)) == 0.5
+
+
+def _producer_if_half(ctx: FusionContext, tensor: str | None, value: str, user: int
+                      ) -> int | None:
+    """The position of ``Mul(value, 0.5)`` producing ``tensor`` for ``user`` alone."""
+    for position, node in enumerate(ctx.nodes):
+        if tensor in node.outputs:
+            if _is_half(ctx, node, value) and ctx.sole_consumer(tensor) == user:
+                return position
+            return None
+    return None
+
+
+def _erf_core(ctx: FusionContext, position: int, value: str) -> list[int] | None:
+    """``value / sqrt2 -> Erf -> + 1`` from the division at ``position``."""
+    first = ctx.nodes[position]
+    if first.op_type not in ("Div", "Mul") or first.inputs[0] != value:
+        return None
+    factor = _scalar(ctx, first.inputs[1])
+    expected = _SQRT2 if first.op_type == "Div" else 1.0 / _SQRT2
+    if factor is None or not math.isclose(factor, expected, rel_tol=1e-5):
+        return None
+    erf = ctx.sole_consumer(first.outputs[0])
+    if erf is None or ctx.nodes[erf].op_type != "Erf":
+        return None
+    plus = ctx.sole_consumer(ctx.nodes[erf].outputs[0])
+    if plus is None or ctx.nodes[plus].op_type != "Add" or \
+            _scalar(ctx, _other(ctx.nodes[plus].inputs, ctx.nodes[erf].outputs[0])) != 1.0:
+        return None
+    return [position, erf, plus]
+
+
+def _erf_core_of(ctx: FusionContext, tensor: str | None, value: str) -> list[int] | None:
+    """The ``value / sqrt2 -> Erf -> + 1`` nodes that produce ``tensor``."""
+    for position, node in enumerate(ctx.nodes):
+        if node.op_type in ("Div", "Mul") and node.inputs and node.inputs[0] == value:
+            core = _erf_core(ctx, position, value)
+            if core is not None and ctx.nodes[core[-1]].outputs[0] == tensor:
+                return core
+    return None
+
+
+def _other(inputs: tuple[str, ...], one: str) -> str | None:
+    if len(inputs) != 2 or one not in inputs:
+        return None
+    return inputs[1] if inputs[0] == one else inputs[0]
+
+
+def _step(ctx: FusionContext, grower: _Grower, position: int, value: str
+          ) -> tuple[list[str], list[int]] | None:
+    """The steps and node positions of the pattern starting at ``position`` applied to the
+    running ``value``, or None when it does not continue the chain."""
+    node = ctx.nodes[position]
+    if (fused := _gelu(ctx, position, value)) is not None:
+        return ["gelu_erf"], fused
+    if (fused := _silu(ctx, position, value)) is not None:
+        return ["silu"], fused
+    if node.inputs[0] != value and node.op_type not in ("Add", "Mul", "Sub"):
+        return None
+    if node.op_type in UNARY:
+        return [UNARY[node.op_type]], [position]
+    if node.op_type == "Clip":
+        step = _clip_step(ctx, node.attrs, node.inputs)
+        return ([step], [position]) if step else None
+    if node.op_type not in BINARY or len(node.inputs) != 2:
+        return None
+    other = _other(node.inputs, value)
+    if other is None or other == value:
+        return None
+    swapped = node.inputs[1] == value
+    if (swapped and node.op_type == "Div") or not grower.operand(other):
+        return None  # other / value has no step
+    if swapped and node.op_type == "Sub":  # other - value
+        return ["neg", "add"], [position]
+    return [BINARY[node.op_type]], [position]
+
+
+def _start_value(ctx: FusionContext, position: int, shape: tuple[int, ...]) -> str | None:
+    node = ctx.nodes[position]
+    candidates = [t for t in node.inputs[:2] if t and t not in ctx.constants
+                  and ctx.shape(t) == shape and ctx.is_float32(t)]
+    return candidates[0] if candidates else None
+
+
+def lower_chain(ctx: FusionContext, position: int) -> Any:
+    grower = _Grower(ctx, position)
+    chain = grower.chain
+    if chain is None or not chain.shape:
+        return "element-wise chains need a known, non-scalar shape"
+    value = _start_value(ctx, position, chain.shape)
+    if value is None:
+        return "no float32 input of the output's shape to stream"
+    first_input, current = value, value
+    at: int | None = position
+    while at is not None and len(chain.steps) < MAX_STEPS - 1:
+        if ctx.shape(ctx.nodes[at].outputs[0]) != chain.shape:
+            break
+        found = _step(ctx, grower, at, current)
+        if found is None:
+            break
+        steps, fused = found
+        chain.steps += steps
+        chain.fused += fused
+        current = ctx.nodes[fused[-1]].outputs[0]
+        at = ctx.sole_consumer(current)
+    if not chain.steps:
+        return "not an element-wise pattern the kind covers"
+    grower.settle()
+    m, n = chain.rows_cols()
+    try:
+        sig = elementwise_op(m, n, tuple(chain.steps), operand=chain.kind or "full")
+    except OpSignatureError as exc:
+        return f"no elementwise signature: {exc}"
+    return ctx.finish(position, chain.fused, sig, [first_input, *grower.operand_arrays()],
+                      current)
+
+
+for _op_type in (*UNARY, *BINARY, "Clip"):
+    register_lowering(_op_type)(lower_chain)
