@@ -21,6 +21,7 @@ from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
+from tunecache.compiler.threads import configure_openmp
 
 _NP_DTYPES = {"float32": np.dtype(np.float32)}
 
@@ -34,6 +35,7 @@ class Kernel:
     _lib: ctypes.CDLL = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        configure_openmp()  # before the first kernel brings libgomp in
         # Only bytes that match the artifact's build record are loaded (their constructors
         # run at load time): see tunecache.compiler.build.open_verified.
         with open_verified(self.path) as loadable:
