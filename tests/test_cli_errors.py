@@ -161,3 +161,26 @@ def test_truncated_kernel_in_the_build_cache_is_rebuilt(tmp_path: Path) -> None:
     again = tunecache(*args, env=env)
     assert again.returncode == 0, again.stderr
     assert all(so.stat().st_size > 100 for so in objects)
+
+
+def test_export_to_a_pipe_streams_and_leaves_it_in_place(tmp_path: Path) -> None:
+    # pyarrow deletes a path it fails to write; a device or a pipe must never be replaced.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen([sys.executable, "-c",
+                               f"import sys; sys.stdout.write(str(len(open({str(fifo)!r}, 'rb')"
+                               ".read())))"], stdout=subprocess.PIPE, text=True)
+    export = tunecache("cache", "export", str(fifo), "--root", str(tmp_path / "store"))
+    got, _ = reader.communicate(timeout=60)
+    assert export.returncode == 0, export.stderr
+    assert int(got) > 0 and fifo.is_fifo()
+
+
+def test_export_failure_leaves_no_partial_file(tmp_path: Path) -> None:
+    dest = tmp_path / "out.parquet"
+    dest.write_bytes(b"previous export")
+    export = tunecache("cache", "export", str(dest), "--root", str(tmp_path / "store"),
+                       "--format", "csv")
+    assert export.returncode == 0
+    assert dest.read_bytes() != b"previous export"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

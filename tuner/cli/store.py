@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import click
@@ -191,18 +193,38 @@ def cache_export(dest: str, root: str | None, hw_ids: tuple[str, ...], records: 
             from tunecache.cache.publish import SNAPSHOT_SCHEMA
             table = SNAPSHOT_SCHEMA.empty_table()
     fmt = fmt or ("csv" if dest.endswith(".csv") else "parquet")
-    if fmt == "csv":
-        flat = {name: (_json_strings(col) if pa.types.is_list(col.type) else col)
-                for name, col in zip(table.column_names, table.columns, strict=True)}
-        pacsv.write_csv(pa.table(flat), dest)
-    else:
-        pq.write_table(table, dest, compression="zstd")
+    _write_export(table, Path(dest), fmt)
     summary = {"dest": dest, "rows": table.num_rows, "format": fmt,
                "what": "records" if records else "published"}
     if as_json:
         emit_json(summary)
     else:
         click.echo(f"wrote {table.num_rows} {summary['what']} rows to {dest} ({fmt})")
+
+
+def _write_export(table: pa.Table, dest: Path, fmt: str) -> None:
+    """Write ``table`` to ``dest``: a regular file through a temporary one renamed over it
+    (never half-written), anything else (``/dev/stdout``, a pipe) as a stream. pyarrow
+    deletes a path it failed to write, which must not happen to a device."""
+    def write(sink: Any) -> None:
+        if fmt == "csv":
+            flat = {name: (_json_strings(col) if pa.types.is_list(col.type) else col)
+                    for name, col in zip(table.column_names, table.columns, strict=True)}
+            pacsv.write_csv(pa.table(flat), sink)
+        else:
+            pq.write_table(table, sink, compression="zstd")
+
+    if dest.exists() and not dest.is_file():
+        with open(dest, "wb") as stream:
+            write(stream)
+        return
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as stream:
+            write(stream)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @click.group("dataset")
