@@ -6,12 +6,13 @@ import json
 import stat
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from onnx_support import bert_layer_model, ort_run, random_feeds, resnet_model
+from onnx_support import Builder, assert_close, bert_layer_model, ort_run, random_feeds, resnet_model
 
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import load_wanted
@@ -129,3 +130,23 @@ def test_cli_errors(tmp_path: Path) -> None:
         out = tunecache(*args, "--root", str(tmp_path))
         assert out.returncode == 2, (args, out.stderr)
         assert fragment in out.stderr and "Traceback" not in out.stderr
+
+
+def test_threads_bound_every_kernel_of_a_compiled_model(tmp_path: Path) -> None:
+    b = Builder(13)
+    x = b.input("x", [256, 256])
+    y = b.node("Relu", [b.node("MatMul", [x, b.weight(256, 256)])])
+    model = b.model([y, b.node("MaxPool", [b.input("image", [1, 8, 64, 64])],
+                                           kernel_shape=[2, 2], strides=[2, 2])])
+    path = tmp_path / "two.onnx"
+    onnx.save(model, str(path))
+    wide = replace(HW, cores=4)  # the tiler proposes 4 threads for these; the run allows 1
+    unbounded = compile_model(path, store=Store(tmp_path / "store"), policy="analytic",
+                              hw=wide, record_wanted=False)
+    assert max(e.schedule.threads for e in unbounded.plan if e.schedule) > 1
+    compiled = compile_model(path, store=Store(tmp_path / "store"), policy="analytic",
+                             hw=wide, threads=1, record_wanted=False)
+    schedules = [e.schedule for e in compiled.plan if e.schedule is not None]
+    assert len(schedules) == len(compiled.plan) and {s.threads for s in schedules} == {1}
+    feeds = random_feeds(model)
+    assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])

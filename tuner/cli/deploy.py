@@ -129,7 +129,7 @@ def _common(func: Any) -> Any:
 
 def _compile(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
              input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
-             inputs: Inputs | None = None) -> CompiledModel:
+             inputs: Inputs | None = None, threads: int | None = None) -> CompiledModel:
     # Warnings (a store that cannot be read or written, …) become one `warning:` line each.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -141,7 +141,7 @@ def _compile(model_path: Path, policy: str, expected_calls: int, deadline: str |
             return compile_model(
                 source, store=Store(root), policy=policy, expected_calls=expected_calls,
                 deadline_s=parse_duration(deadline) if deadline else None,
-                hw=local_spec(hardware), input_shapes=shapes)
+                hw=local_spec(hardware), input_shapes=shapes, threads=threads)
         finally:
             for message in dict.fromkeys(" ".join(str(w.message).split()) for w in caught):
                 click.echo(f"warning: {message}", err=True)
@@ -218,7 +218,7 @@ def _time(fn: Any, repeat: int) -> list[float]:
               help="Also run onnxruntime: max abs/rel error and the latency ratio.")
 @click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True,
               help="Timed runs (median reported).")
-@threads_option_with("onnxruntime intra-op threads (default: every core).")
+@threads_option_with("Threads for our kernels and for onnxruntime alike (default: every core).")
 def run_command(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
                 input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
                 as_json: bool, inputs_path: Path | None, compare: str | None, repeat: int,
@@ -227,7 +227,7 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
     onnxruntime on the same inputs and thread count."""
     given = Inputs(inputs_path, _load_inputs(inputs_path)) if inputs_path else None
     compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
-                        hardware, given)
+                        hardware, given, threads)
     if given is None and not _planned(compiled):
         assert compiled.info is not None
         raise InputShapeError(_open_inputs(compiled.info))

@@ -21,7 +21,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -41,7 +41,7 @@ from tunecache.compiler.hardware import HardwareSpec, ensure_runnable, local_spe
 from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
-from tunecache.compiler.schedule import Schedule
+from tunecache.compiler.schedule import Schedule, default_schedule, problems
 from tunecache.tuner.deploy.policy import Decision, Policy, PolicyConfig
 from tunecache.tuner.measure import Runner, TimingConfig
 from tunecache.tuner.measure.records import to_records
@@ -304,6 +304,7 @@ def compile_model(
     record_wanted: bool = True,
     use_model: bool = True,
     max_shapes: int = DEFAULT_MAX_SHAPES,
+    threads: int | None = None,
 ) -> CompiledModel:
     """Compile the ONNX model at ``path`` (or read by :func:`frontend.read_model`) against
     ``store``'s cache (see the module doc).
@@ -311,7 +312,8 @@ def compile_model(
     The input shape is planned now when it is known: every input static, or its dynamic
     dimensions given by ``input_shapes`` (directly or through dimension names). A model with
     dynamic dimensions is otherwise only checked now, and each shape is planned on its
-    first run (:class:`CompiledModel`); ``max_shapes`` bounds how many it keeps.
+    first run (:class:`CompiledModel`); ``max_shapes`` bounds how many it keeps. With
+    ``threads``, no kernel uses more threads than that (schedules with more are re-fitted).
     """
     t0 = time.perf_counter()
     hw = hw or local_spec()
@@ -329,7 +331,8 @@ def compile_model(
 
     def specialise(concrete: Mapping[str, tuple[int, ...]]) -> CompiledModel:
         return _compile_shape(label, source, concrete, store=store, config=config, hw=hw,
-                              model=model, clock=clock, record_wanted=record_wanted)
+                              model=model, clock=clock, record_wanted=record_wanted,
+                              threads=threads)
 
     if shapes is None:
         interface = frontend.Graph(info.name, info.opset, info.inputs, info.outputs,
@@ -348,7 +351,8 @@ def compile_model(
 def _compile_shape(label: str, source: frontend.ModelSource,
                    input_shapes: Mapping[str, Sequence[int]], *, store: Store,
                    config: PolicyConfig, hw: HardwareSpec, model: Ranker | None,
-                   clock: Callable[[], float], record_wanted: bool) -> CompiledModel:
+                   clock: Callable[[], float], record_wanted: bool,
+                   threads: int | None = None) -> CompiledModel:
     """Plan and build one concrete input shape: look every kernel op up, decide each miss,
     record the misses as wanted, build the kernels."""
     t0 = time.perf_counter()
@@ -374,7 +378,8 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                 if decision.action == "measure":
                     runner = runner or Runner(hw, TimingConfig(min_time_s=0.05, min_repeats=5))
                     decision = _measure_now(op, hw, store, runner, decision, config, model)
-                decisions[op] = decision
+                decisions[op] = _within_threads(op, decision, hw, threads)
+                decision = decisions[op]
             if decision.action != "cache":
                 misses[op] = misses.get(op, 0) + 1
             plan.append(PlanEntry(node.name, node.nodes, op, decision.action, decision.source,
@@ -392,6 +397,20 @@ def _compile_shape(label: str, source: frontend.ModelSource,
     compiled.timings = {"load_s": t_load - t0, "decide_s": t_decide - t_load,
                         "build_s": t_build - t_decide, "total_s": t_build - t0}
     return compiled
+
+
+def _within_threads(op: OpSignature, decision: Decision, hw: HardwareSpec,
+                    threads: int | None) -> Decision:
+    """The decision with its schedule using at most ``threads`` threads: the same knobs with
+    fewer threads when that is legal, else the kind's default schedule for ``threads``."""
+    schedule = decision.schedule
+    if threads is None or schedule is None or schedule.threads <= threads:
+        return decision
+    bounded = schedule.replace(threads=threads)
+    if problems(op, bounded, hw):
+        bounded = default_schedule(op, hw, threads)
+    return replace(decision, schedule=bounded,
+                   reason=f"{decision.reason}; threads {schedule.threads} -> {threads}")
 
 
 def _current_model(store: Store, hw: HardwareSpec) -> Ranker | None:
