@@ -942,6 +942,8 @@ class _Loader:
         if a_shape is None or b_shape is None:
             raise ModelError(f"cannot determine the input shapes of node {node.name!r} "
                              f"({node.op_type}); give static input shapes")
+        if not a_shape or not b_shape:
+            return "a scalar operand (MatMul needs at least 1-D operands)"
         bias: str | None = None
         trans_a = trans_b = False
         # With a 1-D B the output has no N axis, so a following Add is not a bias over N.

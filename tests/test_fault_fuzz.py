@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 from fault_support import fuzzed
 from hypothesis import HealthCheck, given, settings
@@ -145,3 +146,73 @@ def test_hardware_spec_is_valid_or_refused(data: dict[str, Any]) -> None:
         return
     assert HardwareSpec.from_json(spec.to_json()) == spec
     assert spec.hw_id.startswith(f"{spec.arch}-{spec.isa}-")
+
+
+# -- ONNX graphs -----------------------------------------------------------------------------
+
+_UNARY = ["Relu", "Sigmoid", "Tanh", "Exp", "Abs", "Neg", "Sqrt", "Erf", "Softmax",
+          "Identity", "Flatten", "GlobalAveragePool", "LRN", "NoSuchOp"]
+
+
+@st.composite
+def onnx_graphs(draw: st.DrawFn) -> Any:
+    """Small models from a random sequence of ops with random attributes and operand
+    shapes: most are wrong somewhere (shapes, ranks, attributes, op types)."""
+    from onnx_support import Builder
+
+    b = Builder(draw(st.sampled_from([9, 13, 17])), seed=draw(st.integers(0, 9)))
+    shape = draw(st.lists(st.integers(1, 6), min_size=1, max_size=4))
+    x = b.input("x", shape)
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(["unary", "binary", "matmul", "conv", "pool", "reshape",
+                                   "transpose", "concat"]))
+        dims = draw(st.lists(st.integers(1, 6), min_size=1, max_size=4))
+        if op == "unary":
+            name = draw(st.sampled_from(_UNARY))
+            attrs = {"size": draw(st.integers(-1, 5))} if name == "LRN" else {}
+            if name in ("Softmax", "Flatten"):
+                attrs["axis"] = draw(st.integers(-5, 5))
+            x = b.node(name, [x], **attrs)
+        elif op == "binary":
+            other = b.weight(*dims) if draw(st.booleans()) else x
+            x = b.node(draw(st.sampled_from(["Add", "Mul", "Sub", "Div"])), [x, other])
+        elif op == "matmul":
+            x = b.node("MatMul", [x, b.weight(*dims)])
+        elif op == "conv":
+            k = draw(st.integers(1, 4))
+            x = b.node("Conv", [x, b.weight(draw(st.integers(1, 4)), draw(st.integers(1, 4)),
+                                           k, k)],
+                       strides=[draw(st.integers(0, 3))] * 2,
+                       pads=[draw(st.integers(-1, 3))] * 4,
+                       group=draw(st.integers(0, 3)))
+        elif op == "pool":
+            k = draw(st.integers(0, 4))
+            x = b.node(draw(st.sampled_from(["MaxPool", "AveragePool"])), [x],
+                       kernel_shape=[k, k], strides=[draw(st.integers(0, 3))] * 2,
+                       ceil_mode=draw(st.integers(0, 1)))
+        elif op == "reshape":
+            x = b.node("Reshape", [x, b.ints(draw(st.lists(st.integers(-2, 8), max_size=4)))])
+        elif op == "transpose":
+            x = b.node("Transpose", [x], perm=draw(st.permutations(range(len(dims)))))
+        else:
+            x = b.node("Concat", [x, b.weight(*dims)], axis=draw(st.integers(-4, 4)))
+    return b.model([x])
+
+
+@given(onnx_graphs())
+@settings(FUZZ, max_examples=120)
+def test_onnx_graph_loads_and_runs_or_is_refused(model: Any) -> None:
+    from tunecache.compiler.executor import Executor
+    from tunecache.compiler.frontend import load_graph
+
+    fuzzed("onnx graph")
+    try:
+        graph = load_graph(model)
+    except TunecacheError:
+        return
+    rng = np.random.default_rng(0)
+    feeds = {i.name: rng.standard_normal(i.shape).astype(np.float32) for i in graph.inputs}
+    try:
+        Executor(graph).run(feeds)
+    except TunecacheError:
+        return
