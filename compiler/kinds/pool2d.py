@@ -27,6 +27,15 @@ re-reads the few rows windows share from cache) and the output written once. Glo
 (``R=H, S=W``, no padding, no dilation) reduces each contiguous plane directly. Threads split
 the ``N*C*P`` output rows (the planes, for global pooling).
 
+Blocked layout (``layout=nchw{x}c``, X and Y ``[N][ceil(C/x)][H][W][x]``, see
+:mod:`tunecache.compiler.kinds.layouts`): a pixel's ``x`` channels are ``x/lanes`` vectors and
+the window reduces whole pixels, so no row buffer and no horizontal shuffles are needed.
+Threads split the output rows; each row's columns whose windows lie inside the input run
+without bounds checks (``vec`` output pixels per step, the window-width loop unrolled by
+``unroll``), the border columns check each tap; averages divide by the window's counted
+taps. Global pooling reduces a plane's pixels ``vec`` at a time. ``ow_block`` (one vector),
+``rows=1`` and ``nt=0`` do not apply.
+
 Schedule knobs (:class:`Pool2dSchedule`): ``vec`` (1, 2, 4: vectors per step of the
 vertical pass and of the global reduction), ``unroll`` (1, 2, 4: unroll of the window loops),
 ``ow_block`` (output columns per register tile of the horizontal pass: 1, 2 or 4 vectors),
@@ -48,10 +57,21 @@ from tunecache.compiler.codegen.abi import HEADER, TIMER, WORKSPACE, parallel_en
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.kinds.layouts import (
+    LAYOUTS,
+    NCHW,
+    channel_block,
+    from_layout,
+    layout_problems,
+    random_tensor,
+    tensor_shape,
+    to_layout,
+)
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window
 from tunecache.compiler.schedule import MAX_PACKED_BYTES, ScheduleData, threads_problem
 
-__all__ = ["MODES", "Pool2dSchedule", "axis_counts", "global_pool2d_op", "is_global", "pool2d_op"]
+__all__ = ["MODES", "Pool2dSchedule", "axis_counts", "global_pool2d_op", "is_blocked", "is_global",
+           "pool2d_op"]
 
 MODES = ("max", "avg")
 VEC_CHOICES = (1, 2, 4)
@@ -83,11 +103,12 @@ def pool2d_op(N: int, C: int, H: int, W: int, R: int, S: int, *, mode: str = "ma
               stride: int | tuple[int, int] = 1, pads: int | tuple[int, int, int, int] = 0,
               dilation: int | tuple[int, int] = 1, ceil_mode: bool = False,
               count_include_pad: bool = False, epilogue: tuple[str, ...] | str = (),
-              dtype: str = "float32") -> OpSignature:
+              dtype: str = "float32", layout: str = NCHW) -> OpSignature:
     """``Y[N,C,P,Q] = pool(X[N,C,H,W])`` over ``R x S`` windows.
 
     ``stride`` and ``dilation`` are ``(h, w)`` or one int for both; ``pads`` is
     ``(top, left, bottom, right)`` (ONNX ``pads`` order) or one int for all four.
+    ``layout`` (X's and Y's) is ``nchw`` or a channel-blocked ``nchw{x}c``.
     """
     sh, sw = (stride, stride) if isinstance(stride, int) else stride
     dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
@@ -100,14 +121,19 @@ def pool2d_op(N: int, C: int, H: int, W: int, R: int, S: int, *, mode: str = "ma
          ("stride_h", sh), ("stride_w", sw), ("pad_t", pt), ("pad_l", pl), ("pad_b", pb),
          ("pad_r", pr), ("dil_h", dh), ("dil_w", dw), ("ceil_mode", int(ceil_mode)),
          ("count_include_pad", int(count_include_pad))),
-        dtype, (("mode", mode),), steps,
+        dtype, (("mode", mode), ("layout", layout)), steps,
     )
 
 
 def global_pool2d_op(N: int, C: int, H: int, W: int, *, mode: str = "avg",
-                     epilogue: tuple[str, ...] | str = ()) -> OpSignature:
+                     epilogue: tuple[str, ...] | str = (), layout: str = NCHW) -> OpSignature:
     """ONNX ``GlobalAveragePool`` / ``GlobalMaxPool``: one window covering each plane."""
-    return pool2d_op(N, C, H, W, H, W, mode=mode, epilogue=epilogue)
+    return pool2d_op(N, C, H, W, H, W, mode=mode, epilogue=epilogue, layout=layout)
+
+
+def is_blocked(op: OpSignature) -> bool:
+    """X and Y are channel-blocked (``nchw{x}c``)."""
+    return bool(channel_block(op.attr("layout")))
 
 
 def is_global(op: OpSignature) -> bool:
@@ -174,8 +200,9 @@ def _padding_only_window(size: int, k: int, stride: int, lo: int, hi: int, dil: 
 
 def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     d = op.dims_dict
-    return (TensorArg("X", (d["N"], d["C"], d["H"], d["W"]), "input"),
-            TensorArg("Y", (d["N"], d["C"], op.out_h, op.out_w), "output"))
+    layout = op.attr("layout")
+    return (TensorArg("X", tensor_shape(d["N"], d["C"], d["H"], d["W"], layout), "input"),
+            TensorArg("Y", tensor_shape(d["N"], d["C"], op.out_h, op.out_w, layout), "output"))
 
 
 def _flops(op: OpSignature) -> int:
@@ -196,8 +223,8 @@ def axis_counts(size: int, k: int, stride: int, lo: int, hi: int, dil: int, outp
 def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     """Pooling in the inputs' dtype: a vertical then a horizontal reduction of strided slices
     of the padded input (R + S whole-array operations)."""
-    x = inputs[0]
     d = op.dims_dict
+    x = from_layout(inputs[0], op.attr("layout"), d["C"])
     avg = op.attr("mode") == "avg"
     (_, h, r, sh, pt, pb, dh, p), (_, w, s, sw, pl, pr, dw, q) = _axes(op)
     if is_global(op):
@@ -223,7 +250,13 @@ def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
             y /= (ch[:, None] * cw[None, :]).astype(x.dtype)
     if "relu" in op.epilogue:
         y = np.maximum(y, 0)
-    return np.ascontiguousarray(y, dtype=x.dtype)
+    return to_layout(np.ascontiguousarray(y, dtype=x.dtype), op.attr("layout"))
+
+
+def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Standard normal X, as for every kind; a blocked X gets zero padding lanes."""
+    d = op.dims_dict
+    return (random_tensor(rng, d["N"], d["C"], d["H"], d["W"], op.attr("layout")),)
 
 
 def _tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, float]:
@@ -273,6 +306,8 @@ def pool2d_problems(op: OpSignature, s: Pool2dSchedule, hw: HardwareSpec) -> lis
     """Every reason ``s`` is illegal for the pool2d ``op`` on ``hw`` (empty when legal)."""
     found: list[str] = []
     lanes = hw.lanes
+    if is_blocked(op):
+        return _blocked_problems(op, s, hw)
     if s.vec not in VEC_CHOICES:
         found.append(f"vec={s.vec}; expected one of {', '.join(map(str, VEC_CHOICES))}")
     if s.unroll not in UNROLL_CHOICES:
@@ -302,12 +337,32 @@ def pool2d_problems(op: OpSignature, s: Pool2dSchedule, hw: HardwareSpec) -> lis
     return found
 
 
+def _blocked_problems(op: OpSignature, s: Pool2dSchedule, hw: HardwareSpec) -> list[str]:
+    """Legality for a blocked layout: pixels per step, window unroll, threads; the row-buffer
+    knobs at their neutral values."""
+    found = layout_problems((op.attr("layout"),), hw)
+    what = f"layout={op.attr('layout')} (whole pixels are vectors)"
+    if s.vec not in VEC_CHOICES:
+        found.append(f"vec={s.vec}; expected one of {', '.join(map(str, VEC_CHOICES))}")
+    if s.unroll not in UNROLL_CHOICES:
+        found.append(f"unroll={s.unroll}; expected one of {', '.join(map(str, UNROLL_CHOICES))}")
+    if s.ow_block != hw.lanes:
+        found.append(f"ow_block does not apply to {what}; use {hw.lanes} (one {hw.isa} vector)")
+    if s.rows != 1:
+        found.append(f"rows does not apply to {what}; use 1")
+    if s.nt != 0:
+        found.append(f"nt does not apply to {what}; use 0")
+    return found + threads_problem(s.threads, hw)
+
+
 def default_pool2d_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> Pool2dSchedule:
     """Two vectors per step (four for global pooling of large planes), the output tile that
     wastes the fewest columns on the row's last tile (the wider on a tie), blocks of four
     rows, the window loops not unrolled, plain stores (streaming ones measured no faster
     here: the staging they need costs what the saved traffic gains)."""
     lanes = hw.lanes
+    if is_blocked(op):
+        return Pool2dSchedule(ow_block=lanes, vec=2, threads=threads)
     if is_global(op):
         plane = op.dim("H") * op.dim("W")
         vec = 4 if plane >= 8 * lanes else 2 if plane >= 2 * lanes else 1
@@ -580,10 +635,177 @@ static void pool_part(const float *X, float *Y, float *ws, int tid, int nth) {{
     return "\n".join(parts)
 
 
+# -- blocked layout -------------------------------------------------------------------------
+
+
+def _interior_columns(op: OpSignature) -> tuple[int, int]:
+    """Output columns ``[first, end)`` whose windows lie inside the input's width."""
+    d = op.dims_dict
+    q = op.out_w
+    first = min(q, -(-d["pad_l"] // d["stride_w"]))
+    last_start = d["W"] - 1 - (d["S"] - 1) * d["dil_w"] + d["pad_l"]
+    end = last_start // d["stride_w"] + 1 if last_start >= 0 else 0
+    return first, max(first, min(end, q))
+
+
+def _pixel_accumulators(op: OpSignature, pixels: int, nvb: int) -> list[str]:
+    fill = "VZERO()" if op.attr("mode") == "avg" else "VSET1(-__builtin_inff())"
+    return [f"  vec {', '.join(f'a{v}_{k} = {fill}' for k in range(nvb))};"
+            for v in range(pixels)]
+
+
+def _pixel_stores(op: OpSignature, pixels: int, nvb: int, scale: str) -> list[str]:
+    """Store ``pixels`` consecutive output pixels at ``y + q * XB``; ``scale`` (a float
+    expression of ``v``, the pixel) multiplies averages."""
+    avg = op.attr("mode") == "avg"
+    lines = []
+    for v in range(pixels):
+        if avg:
+            lines.append(f"  {{ const vec sc = VSET1({scale.format(v=v)});")
+        for k in range(nvb):
+            steps = ["vec t = " + (f"VMUL(a{v}_{k}, sc);" if avg else f"a{v}_{k};")]
+            steps += _finish(op, "t")
+            lines.append(f"    {{ {' '.join(steps)} VSTOREU(y + (q + {v}) * XB + {k} * LANES, t); }}")
+        if avg:
+            lines.append("  }")
+    return lines
+
+
+def _emit_blocked_windowed(op: OpSignature, s: Pool2dSchedule, nvb: int) -> str:
+    red = _reduce_op(op)
+    avg = op.attr("mode") == "avg"
+    first, end = _interior_columns(op)
+    parts = [f"#define Q0 {first}L\n#define Q1 {end}L\n"]
+    if avg:
+        parts.append(_COUNT)
+    border = [
+        "/* Output pixel q of the row at input row h0: taps inside the input only. */",
+        "static inline void border_pixel(const float *x, float *y, long h0, long q, "
+        "float scale) {",
+        "  (void)scale;",
+        *_pixel_accumulators(op, 1, nvb),
+        "  for (long r = 0; r < KH; r++) {",
+        "    const long h = h0 + r * DH;",
+        "    if (h < 0 || h >= IH) continue;",
+        "    for (long s = 0; s < KW; s++) {",
+        "      const long w = q * SW - PL + s * DW;",
+        "      if (w < 0 || w >= IW) continue;",
+        "      const float *xp = x + (h * IW + w) * XB;",
+        *(f"      a0_{k} = {red}(a0_{k}, VLOADU(xp + {k} * LANES));" for k in range(nvb)),
+        "    }",
+        "  }",
+        *_pixel_stores(op, 1, nvb, "scale"),
+        "}",
+    ]
+    parts.append("\n".join(border))
+    for pixels in dict.fromkeys((s.vec, 1)):
+        taps = [f"      a{v}_{k} = {red}(a{v}_{k}, VLOADU(xs + {v * op.dim('stride_w')} * XB "
+                f"+ {k} * LANES));" for v in range(pixels) for k in range(nvb)]
+        parts.append("\n".join([
+            f"/* Output pixels q..q+{pixels - 1} of the row at input row h0, their windows "
+            "inside the input's width. */",
+            f"static inline void interior_{pixels}(const float *x, float *y, long h0, long q, "
+            "const float *inv_w, float rscale) {",
+            "  (void)inv_w; (void)rscale;",
+            *_pixel_accumulators(op, pixels, nvb),
+            "  const float *xq = x + (q * SW - PL) * XB;",
+            "  for (long r = 0; r < KH; r++) {",
+            "    const long h = h0 + r * DH;",
+            "    if (h < 0 || h >= IH) continue;",
+            "    const float *xr = xq + h * IW * XB;",
+            f"    #pragma GCC unroll {s.unroll}",
+            "    for (long s = 0; s < KW; s++) {",
+            "      const float *xs = xr + s * DW * XB;",
+            *taps,
+            "    }",
+            "  }",
+            *_pixel_stores(op, pixels, nvb, "rscale * inv_w[q + {v}]"),
+            "}",
+        ]))
+    setup = ("  float *inv_w = ws + tid * WS_THREAD;\n"
+             "  for (long q = 0; q < OW; q++) inv_w[q] = 1.0f / window_taps(q, IW, KW, SW, PL, "
+             "PR, DW);\n" if avg else "  const float *inv_w = NULL;\n  (void)ws;\n")
+    rscale = "1.0f / window_taps(p, IH, KH, SH, PT, PB, DH)" if avg else "1.0f"
+    col = "rscale * inv_w[q]" if avg else "1.0f"
+    parts.append(f"""\
+static void pool_part(const float *X, float *Y, float *ws, int tid, int nth) {{
+  long lo, hi;
+  split_range(NBLK * OH, tid, nth, &lo, &hi);
+  if (lo >= hi) return;
+{setup}  for (long item = lo; item < hi; item++) {{
+    const long p = item % OH;
+    const float *x = X + item / OH * (IH * IW * XB);
+    float *y = Y + item * (OW * XB);
+    const long h0 = p * SH - PT;
+    const float rscale = {rscale};
+    (void)rscale;
+    long q = 0;
+    for (; q < Q0; q++) border_pixel(x, y, h0, q, {col});
+    for (; q + {s.vec} <= Q1; q += {s.vec}) interior_{s.vec}(x, y, h0, q, inv_w, rscale);
+    for (; q < Q1; q++) interior_1(x, y, h0, q, inv_w, rscale);
+    for (; q < OW; q++) border_pixel(x, y, h0, q, {col});
+  }}
+}}
+""")
+    return "\n".join(parts)
+
+
+def _emit_blocked_global(op: OpSignature, s: Pool2dSchedule, nvb: int) -> str:
+    red = _reduce_op(op)
+    nv = s.vec
+    taps = "\n".join(f"      a{v}_{k} = {red}(a{v}_{k}, VLOADU(x + (i + {v}) * XB + {k} * LANES));"
+                     for v in range(nv) for k in range(nvb))
+    rest = "\n".join(f"      a0_{k} = {red}(a0_{k}, VLOADU(x + i * XB + {k} * LANES));"
+                     for k in range(nvb))
+    combine = "\n".join(f"    a0_{k} = {red}(a0_{k}, a{v}_{k});"
+                        for v in range(1, nv) for k in range(nvb))
+    stores = "\n".join(_pixel_stores(op, 1, nvb, "1.0f / (float)(IH * IW)"))
+    return f"""\
+static void pool_part(const float *X, float *Y, float *ws, int tid, int nth) {{
+  (void)ws;
+  long lo, hi;
+  split_range(NBLK, tid, nth, &lo, &hi);
+  for (long b = lo; b < hi; b++) {{
+    const float *x = X + b * (IH * IW * XB);
+    float *y = Y + b * XB;
+    const long q = 0;
+{chr(10).join("  " + line for line in _pixel_accumulators(op, nv, nvb))}
+    long i = 0;
+    #pragma GCC unroll {s.unroll}
+    for (; i + {nv} <= IH * IW; i += {nv}) {{
+{taps}
+    }}
+    for (; i < IH * IW; i++) {{
+{rest}
+    }}
+{combine}
+{chr(10).join("  " + line for line in stores.splitlines())}
+  }}
+}}
+"""
+
+
+def _emit_blocked(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
+    """Pooling of blocked tensors: each output pixel's ``x`` channels are ``x/lanes``
+    vectors reduced over its window's pixels."""
+    x = channel_block(op.attr("layout"))
+    nvb = x // d.lanes
+    avg = op.attr("mode") == "avg"
+    ws = _round_up(op.out_w, _ALIGN) if avg and not is_global(op) else 0
+    head = (f"#define XB {x}L\n#define NBLK {op.dim('N') * -(-op.dim('C') // x)}L\n"
+            f"#define INCLUDE_PAD {op.dim('count_include_pad')}\n#define WS_THREAD {ws}L\n")
+    if is_global(op):
+        return head + _emit_blocked_global(op, s, nvb)
+    return head + _emit_blocked_windowed(op, s, nvb)
+
+
 def emit_pool2d(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
     """The C translation unit for the pool2d ``op`` under ``s`` (validated by the caller)."""
     out = [d.prelude, HEADER, _constants(op, d.lanes), WORKSPACE]
-    if is_global(op):
+    if is_blocked(op):
+        out.append(_emit_blocked(op, s, d))
+        call, ws = "pool_part(X, Y, ws, TID, NTH);", f"{s.threads} * WS_THREAD"
+    elif is_global(op):
         out.append(_emit_global(op, s, d))
         call, ws = "pool_part(X, Y, TID, NTH);", "0"
     else:
@@ -600,7 +822,7 @@ KIND = register(OpKind(
     name="pool2d",
     spec=KindSpec(
         dims=("N", "C", "H", "W", "R", "S"),
-        attrs={"mode": MODES},
+        attrs={"mode": MODES, "layout": LAYOUTS},
         epilogues=("relu",),
         params={
             "stride_h": (1, 1), "stride_w": (1, 1),
@@ -608,6 +830,7 @@ KIND = register(OpKind(
             "dil_h": (1, 1), "dil_w": (1, 1), "ceil_mode": (0, 0), "count_include_pad": (0, 0),
         },
         check=_signature_problems,
+        omit_default=frozenset({"layout"}),
     ),
     arguments=_arguments,
     flops=_flops,
@@ -625,6 +848,7 @@ KIND = register(OpKind(
     },
     baseline="numpy",
     tolerance=_tolerance,
+    random_inputs=_random_inputs,
     examples=(
         "pool2d(N=1,C=64,H=112,W=112,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,pad_b=1,"
         "pad_r=1,mode=max)",  # ResNet-50 stem
@@ -632,5 +856,9 @@ KIND = register(OpKind(
         "pool2d(N=1,C=192,H=35,W=35,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,mode=avg)",  # Inception
         "pool2d(N=1,C=64,H=224,W=224,R=2,S=2,stride_h=2,stride_w=2,mode=max)",  # VGG
         "pool2d(N=1,C=96,H=54,W=54,R=3,S=3,stride_h=2,stride_w=2,ceil_mode=1,mode=max)",  # SqueezeNet
+        # the ResNet-50 stem pool and global average pool on blocked activations
+        "pool2d(N=1,C=64,H=112,W=112,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,pad_b=1,"
+        "pad_r=1,mode=max,layout=nchw16c)",
+        "pool2d(N=1,C=2048,H=7,W=7,R=7,S=7,mode=avg,layout=nchw16c)",
     ),
 ))

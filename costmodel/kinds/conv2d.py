@@ -4,7 +4,7 @@ estimates and the conv2d schedule family's feature block."""
 from __future__ import annotations
 
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, is_depthwise
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, conv2d_blocks, is_depthwise
 from tunecache.compiler.ops import OpSignature
 from tunecache.costmodel.analytic import (
     Estimate,
@@ -79,6 +79,8 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     # Weights are packed once, when a model is compiled (and tuning times conv2d that way,
     # codegen v2): per call they are only read, once, whatever the layout.
     pack_bytes = 8.0 * in_elems if direct else 8.0 * n * groups * cg * rs * pixels
+    if conv2d_blocks(op)[0]:
+        pack_bytes *= _blocked_input_copy(op)
     memory_s = pack_bytes / (pack_bw * busy) + (8.0 * out_elems + 4.0 * weights) / (
         arch.bytes_per_cycle["l3"] * arch.ghz * 1e9 * busy)
     if depthwise:
@@ -86,6 +88,13 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     overhead_s = arch.call_overhead_s + (arch.fork_join_s if T > 1 else 0.0)
     seconds = compute_s + memory_s + overhead_s
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+def _blocked_input_copy(op: OpSignature) -> float:
+    """The input copy of a blocked input relative to NCHW's transposition: none when it is
+    read in place (no padding), row copies (memcpy, about a quarter) with a border."""
+    d = op.dims_dict
+    return 0.25 if any(d[k] for k in ("pad_t", "pad_l", "pad_b", "pad_r")) else 0.0
 
 
 def _estimate_plane(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Estimate:
@@ -130,6 +139,7 @@ def _op_values(op: OpSignature) -> tuple[float, ...]:
         d["R"], d["S"], l2(op.out_h), l2(op.out_w),
         d["stride_h"], d["stride_w"], d["pad_t"] + d["pad_b"], d["pad_l"] + d["pad_r"],
         d["dil_h"], d["dil_w"], l2(d["groups"]), float(is_depthwise(op)),
+        *conv2d_blocks(op),
     )
 
 
@@ -190,7 +200,7 @@ FEATURES = FeatureBlock(
         "log_conv_n", "log_conv_c", "log_conv_h", "log_conv_w", "log_conv_f",
         "conv_r", "conv_s", "log_conv_p", "log_conv_q",
         "conv_stride_h", "conv_stride_w", "conv_pad_h", "conv_pad_w", "conv_dil_h", "conv_dil_w",
-        "log_conv_groups", "conv_depthwise",
+        "log_conv_groups", "conv_depthwise", "layout_in_block", "layout_out_block",
     ),
     op_values=_op_values,
     knob_names=("conv_algo_gemm", "oc_block", "ow_block", "oh_block", "ic_block", "log_ic_block",

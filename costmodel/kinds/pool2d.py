@@ -8,6 +8,7 @@ passes (about 2x on 35x35 planes, under 10% on ResNet's 112x112 max pool)."""
 from __future__ import annotations
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.layouts import channel_block
 from tunecache.compiler.kinds.pool2d import Pool2dSchedule, is_global
 from tunecache.compiler.ops import OpSignature
 from tunecache.costmodel.analytic import Estimate, ceil_div, round_up
@@ -21,6 +22,9 @@ def estimate(op: OpSignature, s: Pool2dSchedule, hw: HardwareSpec) -> Estimate:
     d = op.dims_dict
     planes = d["N"] * d["C"]
     p, q = op.out_h, op.out_w
+    x = channel_block(op.attr("layout"))
+    if x:
+        return _estimate_blocked(op, s, hw, x)
     if is_global(op):
         ops = planes * ceil_div(d["H"] * d["W"], hw.lanes) * 1.5
         penalty = 1.0
@@ -35,11 +39,25 @@ def estimate(op: OpSignature, s: Pool2dSchedule, hw: HardwareSpec) -> Estimate:
                               out_bytes=4.0 * planes * p * q, nontemporal=bool(s.nt))
 
 
+def _estimate_blocked(op: OpSignature, s: Pool2dSchedule, hw: HardwareSpec, x: int) -> Estimate:
+    """Blocked layout: per output pixel, ``x/lanes`` vectors loaded and reduced per window
+    tap, no row buffer; threads split output rows."""
+    d = op.dims_dict
+    blocks = d["N"] * ceil_div(d["C"], x)
+    p, q = op.out_h, op.out_w
+    vectors = blocks * p * q * max(1, x // hw.lanes)
+    ops = vectors * (d["R"] * d["S"] + 1) * 1.5
+    return streaming_estimate(op, hw, threads=s.threads, work_items=blocks * p,
+                              vector_ops=ops, in_flight=s.vec,
+                              out_bytes=4.0 * vectors * hw.lanes, nontemporal=False)
+
+
 def _op_values(op: OpSignature) -> tuple[float, ...]:
     d = op.dims_dict
+    x = channel_block(op.attr("layout"))
     return (l2(d["N"]), l2(d["C"]), l2(d["H"]), l2(d["W"]), d["R"], d["S"], l2(op.out_h),
             l2(op.out_w), d["stride_h"], d["stride_w"], float(op.attr("mode") == "max"),
-            float(is_global(op)))
+            float(is_global(op)), x, x)
 
 
 def _knob_values(s: Pool2dSchedule, hw: HardwareSpec) -> tuple[float, ...]:
@@ -57,7 +75,7 @@ def _cross_values(op: OpSignature, s: Pool2dSchedule, hw: HardwareSpec) -> tuple
 FEATURES = FeatureBlock(
     op_names=("log_conv_n", "log_conv_c", "log_conv_h", "log_conv_w", "conv_r", "conv_s",
               "log_conv_p", "log_conv_q", "conv_stride_h", "conv_stride_w", "pool_max",
-              "pool_global"),
+              "pool_global", "layout_in_block", "layout_out_block"),
     op_values=_op_values,
     knob_names=("ow_block", "vec_per_step", "step_unroll", "rows_per_block", "nontemporal"),
     knob_values=_knob_values,

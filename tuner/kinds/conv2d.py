@@ -7,7 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds.conv2d.space import MAX_OW_BLOCK, Conv2dSchedule, is_depthwise
+from tunecache.compiler.kinds.conv2d.space import (
+    MAX_OW_BLOCK,
+    Conv2dSchedule,
+    conv2d_blocks,
+    is_depthwise,
+)
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MAX_MR, problems
 from tunecache.costmodel.analytic import round_up
@@ -17,8 +22,10 @@ from tunecache.tuner.kinds import Strata, TunerKind, balanced, register
 def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv2dSchedule]:
     """Conv2d candidates: direct register tiles (pixels x channel vectors) and, unless
     depthwise, implicit-GEMM tiles (channels x pixel vectors), with channel blocks sized
-    so a block's weights stay in L1/L2 and reduction depths like matmul's kc."""
+    so a block's weights stay in L1/L2 and reduction depths like matmul's kc. Blocked
+    layouts take direct tiles only, channel blocks of the input's block."""
     d = op.dims_dict
+    xi, xo = conv2d_blocks(op)
     lanes, regs = hw.lanes, hw.vector_registers
     groups = d["groups"]
     cg, fg = d["C"] // groups, d["F"] // groups
@@ -35,7 +42,8 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
             for oh in (1, 2, 4):
                 if ow * oh > max_rows or (oh > 1 and (oh > p or q > max_rows // 2)):
                     continue
-                ics = [1] if depthwise else sorted({min(cg, b) for b in (lanes, 64, 256)})
+                ics = ([1] if depthwise else [xi] if xi
+                       else sorted({min(cg, b) for b in (lanes, 64, 256)}))
                 for ic in ics:
                     for order in ("fp", "pf"):
                         for unroll in ((0, 1) if d["S"] > 1 else (0,)):
@@ -44,6 +52,8 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
                                     oc_block=nv * lanes, ow_block=ow, oh_block=oh, ic_block=ic,
                                     algorithm="direct", loop_order=order, unroll_kw=unroll,
                                     threads=threads, parallel=par)
+    if xi or xo:
+        return
     if depthwise:
         # The plane kernel: output columns in the lanes, rows of the tile in registers.
         for nv in (1, 2, 4):
@@ -82,6 +92,7 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
     lanes, regs = hw.lanes, hw.vector_registers
     cg = d["C"] // d["groups"]
     rs = d["R"] * d["S"]
+    xi, _ = conv2d_blocks(op)
     pars = ["oc", "pixel"] if threads > 1 else ["oc"]
     strata: Strata = {}
 
@@ -95,7 +106,8 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
             for oh in (1, 2, 4):
                 if ow * oh > max_rows:
                     continue
-                for ic in sorted({1, lanes, 32, 64, 128, cg} & set(range(1, cg + 1))):
+                ics = [xi] if xi else sorted({1, lanes, 32, 64, 128, cg} & set(range(1, cg + 1)))
+                for ic in ics:
                     for order in ("fp", "pf"):
                         for unroll in (0, 1):
                             for par in pars:

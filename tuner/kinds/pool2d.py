@@ -1,5 +1,6 @@
 """The tuner's side of ``pool2d``: output tiles of one to four vectors, vectors per step,
-row blocks and streaming stores (global pooling: vectors per step only)."""
+row blocks and streaming stores (global pooling and blocked layouts: vectors or pixels per
+step and unrolling only)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tunecache.compiler.kinds.pool2d import (
     UNROLL_CHOICES,
     VEC_CHOICES,
     Pool2dSchedule,
+    is_blocked,
     is_global,
 )
 from tunecache.compiler.ops import OpSignature
@@ -21,7 +23,7 @@ from tunecache.tuner.kinds import Strata, TunerKind, register
 
 def _schedules(op: OpSignature, hw: HardwareSpec, threads: int, unrolls: tuple[int, ...],
                nts: tuple[int, ...]) -> Iterator[Pool2dSchedule]:
-    if is_global(op):
+    if is_global(op) or is_blocked(op):
         for vec in VEC_CHOICES:
             for unroll in unrolls:
                 yield Pool2dSchedule(ow_block=hw.lanes, vec=vec, unroll=unroll, threads=threads)

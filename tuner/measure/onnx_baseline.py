@@ -19,6 +19,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from tunecache.compiler.kinds.conv2d import nchw_conv2d
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import random_inputs
 from tunecache.tuner.measure.worker import time_calls
@@ -72,7 +73,9 @@ def run_conv(op: OpSignature, inputs: tuple[np.ndarray, ...], threads: int = 1) 
 
 def time_onnxruntime_conv(op: OpSignature, threads: int, timing: dict[str, Any],
                           seed: int = 0) -> list[float]:
-    """Per-call seconds of each repeat (same protocol as the measurement worker)."""
+    """Per-call seconds of each repeat (same protocol as the measurement worker). A conv2d
+    on blocked layouts is compared with onnxruntime's NCHW convolution of the same shape."""
+    op = nchw_conv2d(op)
     inputs = random_inputs(op, seed)
     bias = inputs[2] if "bias" in op.epilogue else None
     sess = conv_session(op, inputs[1], bias, threads)

@@ -1,12 +1,15 @@
 """The ``conv2d`` kind: 2-D cross-correlation (ONNX ``Conv``), then the epilogue.
 
-``X[N,C,H,W]`` with ``W[F,C/groups,R,S]`` into ``Y[N,F,P,Q]`` (``layout=nchw``), with integer
+``X[N,C,H,W]`` with ``W[F,C/groups,R,S]`` into ``Y[N,F,P,Q]``, with integer
 parameters ``stride_h, stride_w`` (default 1), ``pad_t, pad_l, pad_b, pad_r`` (default 0,
 asymmetric as ONNX ``pads`` gives them), ``dil_h, dil_w`` (default 1) and ``groups``
 (default 1; depthwise when ``groups == C``).
 ``P = (H + pad_t + pad_b - dil_h*(R-1) - 1) // stride_h + 1`` and likewise ``Q``.
 Epilogue: ``bias`` adds ``bias[F]``, ``add`` a residual tensor of the output's shape,
-``relu`` clamps at zero. Schedules: ``space.py``; kernels: ``emit.py``; docs/CONV2D.md.
+``relu`` clamps at zero. Attributes: ``layout`` (X's layout) and ``out_layout`` (Y's and
+``add``'s; left out of the text while ``nchw``), each ``nchw`` or a channel-blocked
+``nchw{x}c`` (:mod:`tunecache.compiler.kinds.layouts`). Schedules: ``space.py``; kernels:
+``emit.py``; docs/CONV2D.md.
 """
 
 from __future__ import annotations
@@ -18,25 +21,39 @@ from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
+    conv2d_blocks,
     conv2d_problems,
     default_conv2d_schedule,
     is_depthwise,
     plane_buffer_floats,
 )
+from tunecache.compiler.kinds.layouts import (
+    LAYOUTS,
+    NCHW,
+    channel_block,
+    from_layout,
+    random_tensor,
+    tensor_shape,
+    to_layout,
+)
 from tunecache.compiler.kinds.matmul import epilogue_tuple
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window
 
-__all__ = ["Conv2dSchedule", "conv2d_nchw", "conv2d_op", "is_depthwise", "plane_buffer_floats"]
+__all__ = ["Conv2dSchedule", "conv2d_blocks", "conv2d_nchw", "conv2d_op", "is_depthwise",
+           "nchw_conv2d", "plane_buffer_floats"]
 
 
 def conv2d_op(N: int, C: int, H: int, W: int, F: int, R: int, S: int, *,
               stride: int | tuple[int, int] = 1, pads: int | tuple[int, int, int, int] = 0,
               dilation: int | tuple[int, int] = 1, groups: int = 1,
-              epilogue: tuple[str, ...] | str = (), dtype: str = "float32") -> OpSignature:
+              epilogue: tuple[str, ...] | str = (), dtype: str = "float32",
+              layout: str = NCHW, out_layout: str = NCHW) -> OpSignature:
     """``Y[N,F,P,Q] = conv(X[N,C,H,W], W[F,C/groups,R,S])``.
 
     ``stride`` and ``dilation`` are ``(h, w)`` or one int for both; ``pads`` is
     ``(top, left, bottom, right)`` (ONNX ``pads`` order) or one int for all four.
+    ``layout`` is X's layout, ``out_layout`` Y's (and the residual's): ``nchw`` or
+    ``nchw{x}c``.
     """
     sh, sw = (stride, stride) if isinstance(stride, int) else stride
     dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
@@ -47,15 +64,26 @@ def conv2d_op(N: int, C: int, H: int, W: int, F: int, R: int, S: int, *,
          ("stride_h", sh), ("stride_w", sw), ("pad_t", pt), ("pad_l", pl),
          ("pad_b", pb), ("pad_r", pr), ("dil_h", dh), ("dil_w", dw), ("groups", groups)),
         dtype,
-        (("layout", "nchw"),),
+        (("layout", layout), ("out_layout", out_layout)),
         epilogue_tuple(epilogue),
     )
+
+
+def nchw_conv2d(op: OpSignature) -> OpSignature:
+    """``op`` with plain ``nchw`` input and output (itself when it has them)."""
+    plain = ((name, NCHW) for name, _ in op.attrs)
+    return op if all(v == NCHW for _, v in op.attrs) else OpSignature(
+        op.kind, op.dims, op.dtype, tuple(plain), op.epilogue)
 
 
 def _signature_problems(op: OpSignature) -> list[str]:
     d = op.dims_dict
     found = []
     g = d["groups"]
+    blocks = {channel_block(layout) for _, layout in op.attrs} - {0}
+    if len(blocks) > 1:
+        found.append(f"layout={op.attr('layout')} and out_layout={op.attr('out_layout')} "
+                     "block channels differently; use one block size")
     if d["C"] % g:
         found.append(f"input channels C={d['C']} are not divisible by groups={g}")
     if d["F"] % g:
@@ -75,9 +103,9 @@ def _signature_problems(op: OpSignature) -> list[str]:
 
 def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     d = op.dims_dict
-    out_shape = (d["N"], d["F"], op.out_h, op.out_w)
+    out_shape = tensor_shape(d["N"], d["F"], op.out_h, op.out_w, op.attr("out_layout"))
     args = [
-        TensorArg("X", (d["N"], d["C"], d["H"], d["W"]), "input"),
+        TensorArg("X", tensor_shape(d["N"], d["C"], d["H"], d["W"], op.attr("layout")), "input"),
         TensorArg("W", (d["F"], d["C"] // d["groups"], d["R"], d["S"]), "input"),
     ]
     if "bias" in op.epilogue:
@@ -133,22 +161,38 @@ def conv2d_nchw(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stride: t
 def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     d = op.dims_dict
     has_bias = "bias" in op.epilogue
-    y = conv2d_nchw(inputs[0], inputs[1], inputs[2] if has_bias else None,
+    out_layout = op.attr("out_layout")
+    y = conv2d_nchw(from_layout(inputs[0], op.attr("layout"), d["C"]), inputs[1],
+                    inputs[2] if has_bias else None,
                     (d["stride_h"], d["stride_w"]),
                     (d["pad_t"], d["pad_l"], d["pad_b"], d["pad_r"]),
                     (d["dil_h"], d["dil_w"]), d["groups"])
     if "add" in op.epilogue:
-        y += inputs[-1]
+        y += from_layout(inputs[-1], out_layout, d["F"])
     if "relu" in op.epilogue:
         np.maximum(y, 0, out=y)
-    return y
+    return to_layout(y, out_layout)
+
+
+def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Standard normal inputs, as for every kind; blocked tensors get zero padding lanes."""
+    d = op.dims_dict
+    out: list[np.ndarray] = [random_tensor(rng, d["N"], d["C"], d["H"], d["W"],
+                                           op.attr("layout"))]
+    for arg in op.arguments()[1:-1]:
+        if arg.name == "add":
+            out.append(random_tensor(rng, d["N"], d["F"], op.out_h, op.out_w,
+                                     op.attr("out_layout")))
+        else:
+            out.append(rng.standard_normal(arg.shape, dtype=np.float32))
+    return tuple(out)
 
 
 KIND = register(OpKind(
     name="conv2d",
     spec=KindSpec(
         dims=("N", "C", "H", "W", "F", "R", "S"),
-        attrs={"layout": ("nchw",)},
+        attrs={"layout": LAYOUTS, "out_layout": LAYOUTS},
         epilogues=("bias", "add", "relu"),
         params={
             "stride_h": (1, 1), "stride_w": (1, 1),
@@ -156,6 +200,7 @@ KIND = register(OpKind(
             "dil_h": (1, 1), "dil_w": (1, 1), "groups": (1, 1),
         },
         check=_signature_problems,
+        omit_default=frozenset({"out_layout"}),
     ),
     arguments=_arguments,
     flops=_flops,
@@ -173,9 +218,19 @@ KIND = register(OpKind(
     },
     baseline="onnxruntime",
     prepacked_timing=True,
+    random_inputs=_random_inputs,
     examples=("conv2d(N=1,C=64,H=56,W=56,F=64,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,"
               "epilogue=bias+relu)",
               "conv2d(N=1,C=32,H=28,W=28,F=32,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,"
               "pad_b=1,pad_r=1,groups=32,epilogue=bias)",
-              "conv2d(N=1,C=256,H=14,W=14,F=64,R=1,S=1,epilogue=bias+add+relu)"),
+              "conv2d(N=1,C=256,H=14,W=14,F=64,R=1,S=1,epilogue=bias+add+relu)",
+              # Blocked layouts (nchw16c runs on every ISA: whole vectors of 4, 8 or 16):
+              # the ResNet-50 stem from an NCHW image, a MobileNet-v2 depthwise layer and a
+              # bottleneck's last 1x1 with its residual, all kept blocked.
+              "conv2d(N=1,C=3,H=224,W=224,F=64,R=7,S=7,stride_h=2,stride_w=2,pad_t=3,pad_l=3,"
+              "pad_b=3,pad_r=3,layout=nchw,out_layout=nchw16c,epilogue=bias+relu)",
+              "conv2d(N=1,C=144,H=56,W=56,F=144,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,"
+              "groups=144,layout=nchw16c,out_layout=nchw16c,epilogue=bias+relu)",
+              "conv2d(N=1,C=64,H=56,W=56,F=256,R=1,S=1,layout=nchw16c,out_layout=nchw16c,"
+              "epilogue=bias+add+relu)"),
 ))

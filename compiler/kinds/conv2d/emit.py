@@ -2,7 +2,9 @@
 
 Same ABI as every kernel (``tc_kernel(void **args)`` / ``tc_time``), arguments in
 :meth:`OpSignature.arguments` order (``X, W[, bias][, add], Y``), shapes as compile-time
-constants. Layout conversions happen inside the kernel, so they are part of its measured time.
+constants. Layout conversions happen inside the kernel, so they are part of its measured time;
+blocked layouts (``nchw{x}c``, :class:`_DirectPlan`) skip most of them: a blocked input is
+read in place or copied row by row with its zero border, a blocked output gets whole vectors.
 
 ``direct`` (NCHW[x]c): the input is copied once per call into a zero-padded, channel-blocked
 layout ``Xb[N][G][C/icb][Hp][Wp][icb]`` (padding done here, so the inner loops have no bounds
@@ -24,6 +26,8 @@ directly. Partial tiles go through a local tile merged by scalar code, as in mat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tunecache.compiler.codegen.abi import (
     ALIGN_FLOATS,
     PackedWeights,
@@ -34,7 +38,12 @@ from tunecache.compiler.codegen.abi import (
 from tunecache.compiler.codegen.epilogue import render
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, accumulate, micro_kernel, store
-from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, is_depthwise, plane_buffer_floats
+from tunecache.compiler.kinds.conv2d.space import (
+    Conv2dSchedule,
+    conv2d_blocks,
+    is_depthwise,
+    plane_buffer_floats,
+)
 from tunecache.compiler.ops import OpSignature
 
 
@@ -189,24 +198,103 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
 # -- direct ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _DirectPlan:
+    """Sizes and data paths of one direct kernel.
+
+    ``source`` is how the input reaches the tile: ``nchw`` (copied into the zero-padded
+    blocked buffer ``Xb``), ``view`` (a blocked input without padding read in place),
+    ``rows`` (a blocked input copied row by row into ``Xb`` with its zero border) or
+    ``gather`` (a blocked input whose blocks do not match the channel blocks, copied element
+    by element). ``sink`` is how the tile reaches Y: ``nchw`` (through the scratch tile and
+    :func:`store_tile`, transposed), ``vector`` (the scratch tile's vectors stored whole into a
+    blocked Y) or ``scalar`` (a grouped convolution's tile into a blocked Y, element by
+    element).
+    """
+
+    depthwise: bool
+    xi: int
+    xo: int
+    icb: int
+    ncb: int
+    nfb: int
+    ngf: int
+    th: int
+    tw: int
+    source: str
+    sink: str
+    xb_floats: int
+    wb_floats: int
+    bias_floats: int
+
+
+def _direct_plan(op: OpSignature, s: Conv2dSchedule) -> _DirectPlan:
+    dims = op.dims_dict
+    depthwise = is_depthwise(op)
+    xi, xo = conv2d_blocks(op)
+    groups = dims["groups"]
+    cg = dims["C"] // groups
+    fg = dims["F"] // groups
+    icb = 1 if depthwise else min(s.ic_block, cg)
+    # A blocked Y's padding lanes are computed like channels (zero weights and bias), so
+    # tiles cover whole blocks; a grouped convolution's tiles do not (its sink zeroes them).
+    covers_blocks = bool(xo) and (depthwise or groups == 1)
+    if depthwise:
+        ncb = _cdiv(round_up(dims["C"], xo) if covers_blocks else dims["C"], s.oc_block)
+        nfb = _cdiv(fg, s.oc_block)
+        ngf = ncb  # channel blocks
+    else:
+        ncb = _cdiv(cg, icb)
+        nfb = _cdiv(round_up(fg, xo) if covers_blocks else fg, s.oc_block)
+        ngf = groups * nfb
+    hp = dims["H"] + dims["pad_t"] + dims["pad_b"]
+    wp = dims["W"] + dims["pad_l"] + dims["pad_r"]
+    if not xi:
+        source = "nchw"
+    elif depthwise or (icb == xi and (groups == 1 or cg % xi == 0)):
+        padded = any(dims[k] for k in ("pad_t", "pad_l", "pad_b", "pad_r"))
+        source = "rows" if padded else "view"
+    else:
+        source = "gather"
+    sink = "nchw" if not xo else "vector" if covers_blocks else "scalar"
+    if source == "view":
+        xb_floats = 0
+    elif source == "rows":
+        xb_floats = dims["N"] * _cdiv(dims["C"], xi) * hp * wp * xi
+    elif depthwise:
+        xb_floats = dims["N"] * ncb * hp * wp * s.oc_block
+    else:
+        xb_floats = dims["N"] * groups * ncb * hp * wp * icb
+    if depthwise:
+        wb_floats = ncb * dims["R"] * dims["S"] * s.oc_block
+    else:
+        wb_floats = groups * nfb * ncb * dims["R"] * dims["S"] * icb * s.oc_block
+    bias_floats = ngf * s.oc_block if sink == "vector" and "bias" in op.epilogue else 0
+    return _DirectPlan(depthwise, xi, xo, icb, ncb, nfb, ngf, min(s.oh_block, op.out_h),
+                       min(s.ow_block, op.out_w), source, sink, xb_floats, wb_floats,
+                       bias_floats)
+
+
 def _direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
-                depthwise: bool) -> str:
+                depthwise: bool, xi: int = 0) -> str:
     """A register tile of ``th`` x ``tw`` pixels (rows) x OCB channels (vectors) over the whole
     reduction, stored to the aligned scratch ``tile`` for :func:`store_tile`'s epilogue.
 
     Dense: per input channel, OCB weights as vectors times each pixel's input broadcast.
-    Depthwise: per tap, OCB weights times each pixel's OCB channels, both vectors.
+    Depthwise: per tap, OCB weights times each pixel's OCB channels, both vectors (read from
+    ``Xb``'s OCB-channel pixels, or with ``xi`` from a blocked input's ``xi``-channel pixels).
     """
     pixels = [(i, j) for i in range(th) for j in range(tw)]
     tile = Tile(tuple(f"{i}_{j}" for i, j in pixels), s.oc_block // d.lanes, d.lanes)
     unroll = 16 if s.unroll_kw else 1
     if depthwise:
+        pixel, load = ("XI", "VLOADU") if xi else ("OCB", "VLOAD")
         loops = [Loop("for (long r = 0; r < R; r++)"),
                  Loop("for (long s = 0; s < S; s++)",
-                      ("const float *xr = xb + (r * DH * WP + s * DW) * OCB;",
+                      (f"const float *xr = xb + (r * DH * WP + s * DW) * {pixel};",
                        "const float *wr = wb + (r * S + s) * OCB;"), unroll)]
         columns = "VLOAD(wr + {o})"
-        rows = [f"VLOAD(xr + ({i} * SH * WP + {j} * SW) * OCB + {{o}})" for i, j in pixels]
+        rows = [f"{load}(xr + ({i} * SH * WP + {j} * SW) * {pixel} + {{o}})" for i, j in pixels]
     else:
         loops = [Loop("for (long cb = 0; cb < NCB; cb++)",
                       ("const float *xc = xb + cb * (HP * WP * ICB);",
@@ -224,39 +312,38 @@ def _direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
     return micro_kernel(signature, tile, loops, columns, rows, spec)
 
 
-def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
-    dims = op.dims_dict
-    depthwise = is_depthwise(op)
-    cg = dims["C"] // dims["groups"]
-    fg = dims["F"] // dims["groups"]
-    P, Q = op.out_h, op.out_w
-    tw = min(s.ow_block, Q)
-    th = min(s.oh_block, P)
-    icb = 1 if depthwise else min(s.ic_block, cg)
-    ncb = _cdiv(dims["C"], s.oc_block) if depthwise else _cdiv(cg, icb)
-    nfb = _cdiv(fg, s.oc_block)
-    hp = dims["H"] + dims["pad_t"] + dims["pad_b"]
-    wp = dims["W"] + dims["pad_l"] + dims["pad_r"]
-    if depthwise:
-        xb_floats = dims["N"] * ncb * hp * wp * s.oc_block
-        wb_floats = ncb * dims["R"] * dims["S"] * s.oc_block
-        ngf = ncb  # channel blocks
-    else:
-        xb_floats = dims["N"] * dims["groups"] * ncb * hp * wp * icb
-        wb_floats = dims["groups"] * nfb * ncb * dims["R"] * dims["S"] * icb * s.oc_block
-        ngf = dims["groups"] * nfb
-    off_wb = round_up(xb_floats, ALIGN_FLOATS)
-    ws_floats = off_wb + round_up(wb_floats, ALIGN_FLOATS)
-    npb = _cdiv(P, th)
-    nqt = _cdiv(Q, tw)
-    th_tail, tw_tail = P - (npb - 1) * th, Q - (nqt - 1) * tw
+def _blocked_store(op: OpSignature, s: Conv2dSchedule, lanes: int, xo: int) -> str:
+    """``store_tile`` of the ``vector`` sink: the scratch tile into a blocked Y at ``y`` (the
+    tile's first channel's lane at its first pixel) with the epilogue, vector by vector.
+    Vector ``v`` of a pixel lies ``v * lanes`` channels on, in the next block every ``xo``
+    channels; ``bp`` holds the tile's bias (zero beyond F), ``ad`` the residual at ``y``'s
+    position; vectors from ``vmax`` on lie beyond Y's last block (tiles wider than a block).
+    Storing from registers right after the reduction would keep the bias and relu's zero
+    live across it, and a full register tile then spills accumulators."""
+    block = op.out_h * op.out_w * xo
+    lines = []
+    for v in range(s.oc_block // lanes):
+        off = f"(i * Q + j) * XO + {(v * lanes // xo) * block + v * lanes % xo}"
+        epi = render(op.epilogue, "t", {"bias": f"VLOADU(bp + {v * lanes})",
+                                        "add": f"VLOADU(ad + {off})"}, vector=True)
+        put = (f"{{ vec t = VLOAD(tile + (i * TW + j) * OCB + {v * lanes}); "
+               f"{epi + ' ' if epi else ''}VSTOREU(y + {off}, t); }}")
+        guard = f"if ({v} < vmax) " if v and s.oc_block > xo else ""
+        lines.append(f"      {guard}{put}")
+    body = "\n".join(lines)
+    return f"""\
+static void store_tile(const float *restrict tile, float *restrict y, const float *restrict bp,
+                       const float *restrict ad, long th, long tw, long vmax) {{
+  (void)bp; (void)ad; (void)vmax;
+  for (long i = 0; i < th; i++)
+    for (long j = 0; j < tw; j++) {{
+{body}
+    }}
+}}
+"""
 
-    constants = {**_constants(op), "OCB": s.oc_block, "ICB": icb, "NCB": ncb, "NFB": nfb,
-                 "TH": th, "TW": tw, "NGF": ngf, "NPB": npb, "NQT": nqt, "OFF_WB": off_wb,
-                 "WB_FLOATS": wb_floats}
-    out = [preamble(d, constants, s.threads)]
-    if depthwise:
-        out.append("""\
+
+_DW_PACK_INPUT = """\
 /* Xb[n][cb][hp][wp][OCB]: zero-padded, channels blocked across groups. Items: (n, cb, hp). */
 static void pack_input(const float *restrict X, float *restrict Xb, long lo, long hi) {
   for (long t = lo; t < hi; t++) {
@@ -274,7 +361,9 @@ static void pack_input(const float *restrict X, float *restrict Xb, long lo, lon
     }
   }
 }
+"""
 
+_DW_PACK_WEIGHTS = """
 /* Wb[cb][r][s][OCB]. Items: cb. */
 static void pack_weights(const float *restrict Wt, float *restrict Wb, long lo, long hi) {
   for (long cb = lo; cb < hi; cb++)
@@ -284,11 +373,9 @@ static void pack_weights(const float *restrict Wt, float *restrict Wb, long lo, 
         Wb[(cb * R * S + rs) * OCB + o] = c < C ? Wt[c * R * S + rs] : 0.0f;
       }
 }
-#define PACK_ITEMS (NB * NCB * HP)
-#define WPACK_ITEMS NCB
-""")
-    else:
-        out.append("""\
+"""
+
+_DENSE_PACK_INPUT = """\
 /* Xb[n][g][cb][hp][wp][ICB]: zero-padded, channel-blocked. Items: (n, g, cb, hp). */
 static void pack_input(const float *restrict X, float *restrict Xb, long lo, long hi) {
   for (long t = lo; t < hi; t++) {
@@ -307,7 +394,9 @@ static void pack_input(const float *restrict X, float *restrict Xb, long lo, lon
     }
   }
 }
+"""
 
+_DENSE_PACK_WEIGHTS = """
 /* Wb[g][fb][cb][r][s][ICB][OCB]. Items: (g, fb). */
 static void pack_weights(const float *restrict Wt, float *restrict Wb, long lo, long hi) {
   for (long t = lo; t < hi; t++) {
@@ -329,18 +418,91 @@ static void pack_weights(const float *restrict Wt, float *restrict Wb, long lo, 
       }
   }
 }
-#define PACK_ITEMS (NB * G * NCB * HP)
-#define WPACK_ITEMS (G * NFB)
-""")
-    variants = {(th, tw): "ukr_full"}
-    variants.setdefault((th, tw_tail), "ukr_qtail")
-    variants.setdefault((th_tail, tw), "ukr_ptail")
-    variants.setdefault((th_tail, tw_tail), "ukr_corner")
-    for (vh, vw), name in variants.items():
-        out.append(_direct_ukr(name, vh, vw, s, d, depthwise))
-    # Output channel f0 + o, o < fvalid, of the th x tw tile at (p0, q0) of image n.
+"""
+
+# A blocked input whose blocks are the kernel's channel blocks, with a zero border: one
+# memcpy per row instead of NCHW's per-element transposition.
+_ROWS_PACK_INPUT = """\
+/* Xb[n][b][hp][wp][XI]: the blocked input with its zero border. Items: (n, b, hp). */
+static void pack_input(const float *restrict X, float *restrict Xb, long lo, long hi) {
+  for (long t = lo; t < hi; t++) {
+    const long hp = t % HP, nb = t / HP;
+    float *restrict dst = Xb + t * (WP * XI);
+    const long ih = hp - PT;
+    if (ih < 0 || ih >= H) { memset(dst, 0, sizeof(float) * WP * XI); continue; }
+    memset(dst, 0, sizeof(float) * PL * XI);
+    memcpy(dst + PL * XI, X + (nb * H + ih) * (W * XI), sizeof(float) * W * XI);
+    memset(dst + (PL + W) * XI, 0, sizeof(float) * (WP - PL - W) * XI);
+  }
+}
+"""
+
+_GATHER_PACK_INPUT = _DENSE_PACK_INPUT.replace(
+    "Xb[n][g][cb][hp][wp][ICB]: zero-padded, channel-blocked.",
+    "Xb[n][g][cb][hp][wp][ICB] from the blocked input: zero-padded.",
+).replace(
+    "const float *restrict src = X + ((n * C + g * CG + ci) * H + ih) * W;\n"
+    "      for (long iw = 0; iw < W; iw++) dst[(PL + iw) * ICB + c] = src[iw];",
+    "const long cx = g * CG + ci;\n"
+    "      const float *restrict src = X + ((n * CBX + cx / XI) * H + ih) * W * XI + cx % XI;\n"
+    "      for (long iw = 0; iw < W; iw++) dst[(PL + iw) * ICB + c] = src[iw * XI];",
+)
+
+
+def _pack_code(plan: _DirectPlan) -> str:
+    """``pack_input`` (none for a ``view``), ``pack_weights`` and their item counts."""
+    if plan.depthwise:
+        weights, witems = _DW_PACK_WEIGHTS, "NCB"
+        inputs, items = _DW_PACK_INPUT, "(NB * NCB * HP)"
+    else:
+        weights, witems = _DENSE_PACK_WEIGHTS, "(G * NFB)"
+        inputs, items = _DENSE_PACK_INPUT, "(NB * G * NCB * HP)"
+    if plan.source == "rows":
+        inputs, items = _ROWS_PACK_INPUT, "(NB * CBX * HP)"
+    elif plan.source == "gather":
+        inputs = _GATHER_PACK_INPUT
+    elif plan.source == "view":
+        inputs, items = "", "0"
+    return f"{inputs}{weights}#define PACK_ITEMS {items}\n#define WPACK_ITEMS {witems}\n"
+
+
+def _store_tile_code(op: OpSignature, s: Conv2dSchedule, lanes: int, plan: _DirectPlan) -> str:
+    """``store_tile``: output channel f0 + o, o < fvalid, of the th x tw tile at (p0, q0) of
+    image n, from the scratch tile into Y (NCHW, or blocked for the ``scalar`` sink), with
+    the epilogue; the ``scalar`` sink also gets ``zero_lanes`` for Y's padding lanes. The
+    ``vector`` sink's is :func:`_blocked_store`."""
+    if plan.sink == "vector":
+        return _blocked_store(op, s, lanes, plan.xo)
+    if plan.sink == "scalar":
+        epi = _epilogue_scalar(op, "v", "f", "o_off + j * XO")
+        return f"""\
+static void store_tile(const float *restrict tile, float *restrict Y, const float *restrict bias,
+                       const float *restrict add, long n, long f0, long fvalid, long p0, long q0,
+                       long th, long tw) {{
+  (void)bias; (void)add;
+  for (long o = 0; o < fvalid; o++) {{
+    const long f = f0 + o;
+    for (long i = 0; i < th; i++) {{
+      const long o_off = ((n * CBY + f / XO) * P + p0 + i) * Q * XO + q0 * XO + f % XO;
+      for (long j = 0; j < tw; j++) {{
+        float v = tile[(i * TW + j) * OCB + o];
+        {epi}
+        Y[o_off + j * XO] = v;
+      }}
+    }}
+  }}
+}}
+
+/* Y's lanes beyond F (the last block's padding) are zero. Items: (n, pixel). */
+static void zero_lanes(float *restrict Y, long lo, long hi) {{
+  for (long t = lo; t < hi; t++) {{
+    float *restrict y = Y + ((t / (P * Q) * CBY + CBY - 1) * P * Q + t % (P * Q)) * XO;
+    for (long l = F - (CBY - 1) * XO; l < XO; l++) y[l] = 0.0f;
+  }}
+}}
+"""
     epi = _epilogue_scalar(op, "v", "f", "o_off + j")
-    out.append(f"""\
+    return f"""\
 static void store_tile(const float *restrict tile, float *restrict Y, const float *restrict bias,
                        const float *restrict add, long n, long f0, long fvalid, long p0, long q0,
                        long th, long tw) {{
@@ -358,20 +520,33 @@ static void store_tile(const float *restrict tile, float *restrict Y, const floa
     }}
   }}
 }}
-""")
-    if depthwise:
-        x_at = "Xb + ((n * NCB + gf) * HP + p0 * SH) * WP * OCB + q0 * SW * OCB"
-        w_at = "Wb + gf * (R * S * OCB)"
-        f0, fvalid = "gf * OCB", "MIN(OCB, C - gf * OCB)"
-    else:
-        x_at = ("Xb + (((n * G + gf / NFB) * NCB) * HP + p0 * SH) * WP * ICB + q0 * SW * ICB")
-        w_at = "Wb + gf * (NCB * R * S * ICB * OCB)"
-        f0, fvalid = "(gf / NFB) * FG + (gf % NFB) * OCB", "MIN(OCB, FG - (gf % NFB) * OCB)"
-    calls = []
-    for (vh, vw), name in variants.items():
-        calls.append(f"if (th == {vh} && tw == {vw}) {name}(xb, wb, tile);")
+"""
+
+
+def _tile_addresses(plan: _DirectPlan) -> tuple[str, str, str, str]:
+    """C expressions of a tile's input and weights, its first output channel and how many
+    of its channels are real (``gf`` is the tile's channel block, ``n`` the image)."""
+    if plan.depthwise:
+        if plan.xi:
+            x_at = ("Xb + ((n * CBX + (gf * OCB) / XI) * HP + p0 * SH) * WP * XI "
+                    "+ q0 * SW * XI + (gf * OCB) % XI")
+        else:
+            x_at = "Xb + ((n * NCB + gf) * HP + p0 * SH) * WP * OCB + q0 * SW * OCB"
+        return x_at, "Wb + gf * (R * S * OCB)", "gf * OCB", "MIN(OCB, C - gf * OCB)"
+    x_at = "Xb + (((n * G + gf / NFB) * NCB) * HP + p0 * SH) * WP * ICB + q0 * SW * ICB"
+    return (x_at, "Wb + gf * (NCB * R * S * ICB * OCB)", "(gf / NFB) * FG + (gf % NFB) * OCB",
+            "MIN(OCB, FG - (gf % NFB) * OCB)")
+
+
+def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectPlan,
+               variants: dict[tuple[int, int], str]) -> str:
+    """``conv_body``: pack (input and, unless pre-packed, weights), a barrier, then every
+    tile of this thread's share: its micro-kernel, then its store."""
+    x_at, w_at, f0, fvalid = _tile_addresses(plan)
+    vector = plan.sink == "vector"
+    calls = [f"if (th == {vh} && tw == {vw}) {name}(xb, wb, tile);"
+             for (vh, vw), name in variants.items()]
     dispatch = "\n          else ".join(calls)
-    tile_floats = th * tw * s.oc_block
     split_oc = s.parallel == "oc"
     oc_range = ("long gf_lo, gf_hi; split_range(NGF, tid, nth, &gf_lo, &gf_hi);" if split_oc
                 else "const long gf_lo = 0, gf_hi = NGF;")
@@ -383,15 +558,38 @@ static void store_tile(const float *restrict tile, float *restrict Y, const floa
     else:
         loops = ("for (long pb = pb_lo; pb < pb_hi; pb++)\n"
                  "      for (long gf = gf_lo; gf < gf_hi; gf++) {")
-    out.append(f"""\
+    if plan.source == "view":
+        head = "  const float *Xb = X; float *Wb_ws = ws + OFF_WB;\n"
+        pack = ""
+    else:
+        head = "  float *Xb = ws, *Wb_ws = ws + OFF_WB;\n"
+        pack = ("  { long lo, hi; split_range(PACK_ITEMS, tid, nth, &lo, &hi); "
+                "pack_input(X, Xb, lo, hi); }\n")
+    head += "  const float *Wb = packed ? Wt : Wb_ws;\n"
+    head += f"  float tile[{plan.th * plan.tw * s.oc_block}] __attribute__((aligned(64)));\n"
+    if vector:
+        if plan.bias_floats:
+            head += "  float *Bp = ws + OFF_BP;\n"
+            pack += ("  if (tid == 0)\n"
+                     "    for (long f = 0; f < BP_FLOATS; f++) Bp[f] = f < F ? bias[f] : 0.0f;\n")
+        bp = "Bp + f0" if plan.bias_floats else "NULL"
+        nv = s.oc_block // d.lanes
+        vmax = f"MIN({nv}, (CBY * XO - f0) / {d.lanes})" if s.oc_block > plan.xo else str(nv)
+        after = f"""
+        const long f0 = {f0};
+        float *yp = Y + ((n * CBY + f0 / XO) * P + p0) * Q * XO + q0 * XO + f0 % XO;
+        store_tile(tile, yp, {bp}, add ? add + (yp - Y) : NULL, th, tw, {vmax});"""
+    else:
+        after = f"\n        store_tile(tile, Y, bias, add, n, {f0}, {fvalid}, p0, q0, th, tw);"
+    tail = ""
+    if plan.sink == "scalar" and op.dim("F") % plan.xo:
+        tail = ("  { long lo, hi; split_range(NB * P * Q, tid, nth, &lo, &hi); "
+                "zero_lanes(Y, lo, hi); }\n")
+    return f"""\
 static void conv_body(const float *restrict X, const float *restrict Wt,
                       const float *restrict bias, const float *restrict add, float *restrict Y,
                       float *ws, int tid, int nth, int packed) {{
-  float *Xb = ws, *Wb_ws = ws + OFF_WB;
-  const float *Wb = packed ? Wt : Wb_ws;
-  float tile[{tile_floats}] __attribute__((aligned(64)));
-  {{ long lo, hi; split_range(PACK_ITEMS, tid, nth, &lo, &hi); pack_input(X, Xb, lo, hi); }}
-  if (!packed) {{
+{head}{pack}  if (!packed) {{
     long lo, hi; split_range(WPACK_ITEMS, tid, nth, &lo, &hi); pack_weights(Wt, Wb_ws, lo, hi);
   }}
   BARRIER();
@@ -404,12 +602,44 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
         const long q0 = qt * TW, tw = MIN(TW, Q - q0);
         const float *xb = {x_at};
         const float *wb = {w_at};
-        {dispatch}
-        store_tile(tile, Y, bias, add, n, {f0}, {fvalid}, p0, q0, th, tw);
+        {dispatch}{after}
       }}
     }}
-}}
-""")
+{tail}}}
+"""
+
+
+def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
+    dims = op.dims_dict
+    plan = _direct_plan(op, s)
+    P, Q = op.out_h, op.out_w
+    th, tw = plan.th, plan.tw
+    off_wb = round_up(plan.xb_floats, ALIGN_FLOATS)
+    ws_floats = off_wb + round_up(plan.wb_floats, ALIGN_FLOATS)
+    npb = _cdiv(P, th)
+    nqt = _cdiv(Q, tw)
+    th_tail, tw_tail = P - (npb - 1) * th, Q - (nqt - 1) * tw
+
+    constants: dict[str, int | str] = {
+        **_constants(op), "OCB": s.oc_block, "ICB": plan.icb, "NCB": plan.ncb, "NFB": plan.nfb,
+        "TH": th, "TW": tw, "NGF": plan.ngf, "NPB": npb, "NQT": nqt, "OFF_WB": off_wb,
+        "WB_FLOATS": plan.wb_floats}
+    if plan.xi:
+        constants.update(XI=plan.xi, CBX=_cdiv(dims["C"], plan.xi))
+    if plan.xo:
+        constants.update(XO=plan.xo, CBY=_cdiv(dims["F"], plan.xo))
+    if plan.bias_floats:
+        constants.update(OFF_BP=ws_floats, BP_FLOATS=plan.bias_floats)
+        ws_floats += round_up(plan.bias_floats, ALIGN_FLOATS)
+    out = [preamble(d, constants, s.threads), _pack_code(plan)]
+    variants = {(th, tw): "ukr_full"}
+    variants.setdefault((th, tw_tail), "ukr_qtail")
+    variants.setdefault((th_tail, tw), "ukr_ptail")
+    variants.setdefault((th_tail, tw_tail), "ukr_corner")
+    for (vh, vw), name in variants.items():
+        out.append(_direct_ukr(name, vh, vw, s, d, plan.depthwise, plan.xi))
+    out.append(_store_tile_code(op, s, d.lanes, plan))
+    out.append(_conv_body(op, s, d, plan, variants))
     out.append(_entries(op, s.threads, f"{ws_floats}L", prepack=True))
     return "\n".join(out)
 

@@ -27,6 +27,11 @@ Knobs of :class:`Conv2dSchedule`:
   and threads split channels (``parallel="oc"``).
 * ``threads`` and ``parallel``: OpenMP threads and what they split: ``oc`` (output-channel
   blocks) or ``pixel`` (output rows for ``direct``, pixel panels for ``gemm``).
+
+Blocked layouts (``layout``/``out_layout`` ``nchw{x}c``) run on ``direct`` only (not the plane
+kernel, not ``gemm``): a blocked input fixes ``ic_block`` to its block ``x``; a depthwise
+tile covers part of one block (``oc_block`` divides ``x``), a dense one whole blocks or part
+of one (``oc_block`` a multiple or a divisor of ``x``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.layouts import channel_block, layout_problems
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import (
     MAX_BLOCK,
@@ -84,6 +90,41 @@ def is_depthwise(op: OpSignature) -> bool:
     return d["C"] == d["groups"] and d["F"] == d["groups"]
 
 
+def conv2d_blocks(op: OpSignature) -> tuple[int, int]:
+    """Channel blocks of X and Y: ``x`` of a blocked ``nchw{x}c`` layout, 0 for ``nchw``."""
+    return channel_block(op.attr("layout")), channel_block(op.attr("out_layout"))
+
+
+def _blocked_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
+    """What blocked layouts ask of a schedule (empty for ``nchw`` in and out)."""
+    xi, xo = conv2d_blocks(op)
+    if not (xi or xo):
+        return []
+    found = layout_problems((op.attr("layout"), op.attr("out_layout")), hw)
+    what = f"layout={op.attr('layout')}, out_layout={op.attr('out_layout')}"
+    if s.algorithm != "direct":
+        found.append(f"algorithm={s.algorithm} reads and writes nchw only; use direct for "
+                     f"{what}")
+    elif not s.pack_w and is_depthwise(op):
+        found.append(f"the depthwise plane kernel (pack_w=0) reads and writes nchw planes; "
+                     f"use pack_w=1 for {what}")
+    x = max(xi, xo)
+    if s.oc_block < 1:
+        return found
+    if is_depthwise(op):
+        if x % s.oc_block:
+            found.append(f"oc_block={s.oc_block} must divide the {x}-channel blocks of {what} "
+                         "(a depthwise tile reads and writes part of one block)")
+    else:
+        if xi and s.ic_block != xi:
+            found.append(f"ic_block={s.ic_block} must be {xi}, the channel block of "
+                         f"layout={op.attr('layout')} (the input is read in place)")
+        if xo and s.oc_block % xo and xo % s.oc_block:
+            found.append(f"oc_block={s.oc_block} must be a multiple or a divisor of the "
+                         f"{xo}-channel blocks of out_layout={op.attr('out_layout')}")
+    return found
+
+
 def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
     """Every reason ``s`` is illegal for the conv2d ``op`` on ``hw`` (empty when legal)."""
     found: list[str] = []
@@ -92,8 +133,10 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
     if s.algorithm not in CONV_ALGORITHMS:
         found.append(f"algorithm={s.algorithm!r}; expected one of {', '.join(CONV_ALGORITHMS)}")
         return found
+    blocked = _blocked_problems(op, s, hw)
     if direct and s.pack_w == 0 and is_depthwise(op):
-        return _plane_problems(op, s, hw)
+        return _plane_problems(op, s, hw) + blocked
+    found += blocked
     # The vector dimension is output channels for direct, output pixels for gemm.
     vec_knob, vec_value = ("oc_block", s.oc_block) if direct else ("ow_block", s.ow_block)
     bcast_knob, bcast_value, bcast_max = (
@@ -243,6 +286,11 @@ def default_conv2d_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1,
                               algorithm="gemm", threads=threads, parallel=parallel)
     width = fg if not is_depthwise(op) else d["C"]
     nv = 2 if width >= 2 * lanes and regs > 16 else 1
+    xi, xo = conv2d_blocks(op)
+    if is_depthwise(op) and max(xi, xo) % (nv * lanes):
+        nv = 1  # a depthwise tile stays inside one block of a blocked layout
+    if xi and not is_depthwise(op):
+        ic_block = xi
     max_ow = min(MAX_OW_BLOCK, (regs - nv - 1) // nv, 28)
     ow = min(q, max_ow)
     if q > max_ow:
