@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 
 from tunecache.compiler.build import build
 from tunecache.compiler.codegen import generate
-from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.hardware import HardwareSpec, cpu_isa
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import Kernel, check_result, load_kernel, reference
 from tunecache.compiler.schedule import ScheduleData
@@ -28,6 +30,24 @@ def bound_weights_problem(kernel: Kernel, inputs: tuple[np.ndarray, ...],
 
 
 _kernels: dict[tuple[str, str, str], Kernel] = {}
+
+FULL = os.environ.get("TUNECACHE_TEST_FULL") == "1"
+LOWER_ISA_SHARE = 3
+"""On ISA levels below the machine's, one variant in this many is built and run."""
+
+C = TypeVar("C", bound=tuple[Any, ...])
+
+
+def sampled(cases: Sequence[C], hw_at: int = 2) -> list[C]:
+    """Every case on the machine's own ISA level; on lower levels (the same emitters with a
+    narrower vocabulary) every third, spread over the list, unless ``TUNECACHE_TEST_FULL=1``.
+    Cases are tuples with their hardware spec at position ``hw_at``."""
+    if FULL:
+        return list(cases)
+    own = [c[hw_at].isa == cpu_isa() for c in cases]
+    lower = [i for i, mine in enumerate(own) if not mine][::LOWER_ISA_SHARE]
+    keep = set(lower)
+    return [c for i, c in enumerate(cases) if own[i] or i in keep]
 
 
 def cached_kernel(op: OpSignature, s: ScheduleData, hw: HardwareSpec) -> Kernel:

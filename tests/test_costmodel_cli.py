@@ -24,10 +24,10 @@ def tc(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _sample(tmp_path: Path) -> Path:
-    """A quarter of the fixture's operators (every kind), enough for the CLI's plumbing:
+    """An eighth of the fixture's operators (every kind), enough for the CLI's plumbing:
     model quality is tests/test_costmodel_model.py's and the benchmark's business."""
     table = pq.read_table(FIXTURE)
-    ops = sorted(set(table.column("op_id").to_pylist()))[::4]
+    ops = sorted(set(table.column("op_id").to_pylist()))[::8]
     path = tmp_path / "sample.parquet"
     pq.write_table(table.filter(pc.is_in(table.column("op_id"), pa.array(ops))), path)
     return path
