@@ -32,15 +32,21 @@ def bound_weights_problem(kernel: Kernel, inputs: tuple[np.ndarray, ...],
 _kernels: dict[tuple[str, str, str], Kernel] = {}
 
 FULL = os.environ.get("TUNECACHE_TEST_FULL") == "1"
-LOWER_ISA_SHARE = 3
+LOWER_ISA_SHARE = 6
 """On ISA levels below the machine's, one variant in this many is built and run."""
 
 C = TypeVar("C", bound=tuple[Any, ...])
 
 
+def examples(full: int) -> int:
+    """Hypothesis examples for a test that builds a kernel per example: ``full`` with
+    ``TUNECACHE_TEST_FULL=1``, half of it otherwise."""
+    return full if FULL else max(1, full // 2)
+
+
 def sampled(cases: Sequence[C], hw_at: int = 2) -> list[C]:
     """Every case on the machine's own ISA level; on lower levels (the same emitters with a
-    narrower vocabulary) every third, spread over the list, unless ``TUNECACHE_TEST_FULL=1``.
+    narrower vocabulary) one in six, spread over the list, unless ``TUNECACHE_TEST_FULL=1``.
     Cases are tuples with their hardware spec at position ``hw_at``."""
     if FULL:
         return list(cases)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from kernel_support import poisoned_run_problem, sampled
+from kernel_support import examples, poisoned_run_problem, sampled
 
 import tunecache.compiler.kinds.elementwise as ew
 from tunecache.compiler.build import Artifact, build
@@ -266,7 +266,7 @@ def chains(draw: st.DrawFn) -> OpSignature:
 
 
 @given(chains(), st.data())
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 def test_random_chains_and_schedules(op: OpSignature, data: st.DataObject) -> None:
     hw = HW.with_isa(data.draw(st.sampled_from(ISAS)))
     s = data.draw(st.sampled_from(_variants(hw)))

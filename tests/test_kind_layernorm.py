@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_support import build_all, cached_kernel, poisoned_run_problem, sampled
+from kernel_support import build_all, cached_kernel, examples, poisoned_run_problem, sampled
 
 import tunecache.compiler.kinds.layernorm  # noqa: F401  (registers the kind)
 from tunecache.compiler.build import build
@@ -27,7 +27,7 @@ from tunecache.compiler.schedule import default_schedule, problems, schedule_fro
 HW = local_spec()
 TESTED_ISAS = tuple(isa for isa in ("avx2", "generic") if isa in runnable_isas(HW))
 T2 = min(2, HW.cores)
-SLOW = settings(max_examples=25, deadline=None,
+SLOW = settings(max_examples=examples(25), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

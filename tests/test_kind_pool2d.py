@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from kernel_support import poisoned_run_problem, sampled
+from kernel_support import examples, poisoned_run_problem, sampled
 
 import tunecache.compiler.kinds.pool2d as pool
 from tunecache.compiler.build import Artifact, build
@@ -309,7 +309,7 @@ def test_every_schedule_of_global_pooling(isa: str) -> None:
 
 
 @given(pool_ops(), st.data())
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 def test_random_ops_and_schedules(op: OpSignature, data: st.DataObject) -> None:
     hw = HW.with_isa(data.draw(st.sampled_from(ISAS)))
     s = data.draw(st.sampled_from(_schedules(op, hw)))

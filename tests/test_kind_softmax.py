@@ -13,7 +13,7 @@ import pytest
 import scipy.special
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_support import build_all, cached_kernel, poisoned_run_problem, sampled
+from kernel_support import build_all, cached_kernel, examples, poisoned_run_problem, sampled
 
 import tunecache.compiler.kinds.softmax  # noqa: F401  (registers the kind)
 from tunecache.compiler.build import build, build_source
@@ -35,7 +35,7 @@ from tunecache.compiler.schedule import (
 HW = local_spec()
 TESTED_ISAS = tuple(isa for isa in ("avx2", "generic") if isa in runnable_isas(HW))
 T2 = min(2, HW.cores)
-SLOW = settings(max_examples=25, deadline=None,
+SLOW = settings(max_examples=examples(25), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
