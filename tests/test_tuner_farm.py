@@ -17,14 +17,22 @@ from tunecache.compiler.hardware import local_spec  # noqa: E402
 from tunecache.compiler.ops import OpSignature  # noqa: E402
 from tunecache.datasets.suites import Workload  # noqa: E402
 from tunecache.tuner.jobs import JobOptions  # noqa: E402
-from tunecache.tuner.jobs.farm import FarmPlan, hw_resource, run_farm_job  # noqa: E402
+from tunecache.tuner.jobs.farm import (  # noqa: E402
+    FarmPlan,
+    hw_resource,
+    run_farm_job,
+    worker_env,
+)
 
 HW = local_spec()
 OPS = [OpSignature.matmul(16 + 8 * i, 32, 24, epilogue="bias") for i in range(4)]
 
 
 @pytest.fixture
-def cluster():
+def cluster(monkeypatch: pytest.MonkeyPatch):
+    # The nodes start as `tunecache farm worker` starts them: workers not niced.
+    for name, value in worker_env().items():
+        monkeypatch.setenv(name, value)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     nodes = [c.add_node(num_cpus=1, resources={hw_resource(HW.hw_id): 1}) for _ in range(2)]
     c.wait_for_nodes()
