@@ -7,8 +7,11 @@ import os
 import platform
 import re
 import shlex
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +64,14 @@ def write_section(name: str, markdown: str, doc: Path = DOC) -> None:
     else:
         text = text.rstrip() + f"\n\n## {name}\n\n{block}\n"
     doc.write_text(text)
+
+
+def median_ms(fn: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``fn`` in milliseconds over ``repeat`` calls after one warm-up."""
+    fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3

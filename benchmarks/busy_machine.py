@@ -14,17 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
+
+from _report import median_ms  # noqa: E402
 
 POLICIES: dict[str, dict[str, str]] = {
     "libgomp default (spin 300k)": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": ""},
@@ -41,16 +40,6 @@ def _model(key: str) -> object:
     if key == "bert":
         return bert_layer_model(17, True, batch=1, seq=128, hidden=768, heads=12)
     return mobilenet_v2_model(224)
-
-
-def _median_ms(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
 
 
 def child(key: str, engine: str, threads: int, repeat: int, work: Path) -> None:
@@ -70,14 +59,14 @@ def child(key: str, engine: str, threads: int, repeat: int, work: Path) -> None:
         options.intra_op_num_threads = threads
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
-        ms = _median_ms(lambda: session.run(names, feeds), repeat)
+        ms = median_ms(lambda: session.run(names, feeds), repeat)
     else:
         from tunecache.cache.store import Store
         from tunecache.tuner.deploy import compile_model
 
         compiled = compile_model(path, store=Store(work / "store"), policy="analytic",
                                  record_wanted=False)
-        ms = _median_ms(lambda: compiled.run(feeds), repeat)
+        ms = median_ms(lambda: compiled.run(feeds), repeat)
     print(json.dumps({"ms": ms}))
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _report import git_revision, machine_summary, write_section
+from _report import git_revision, machine_summary, median_ms, write_section
 from onnx_support import bert_layer_model, mobilenet_v2_model, random_feeds, resnet50_model
 
 from tunecache.cache.store import Store
@@ -40,16 +39,6 @@ from tunecache.tuner.deploy import CompiledModel, compile_model
 from tunecache.tuner.jobs import JobOptions, run_job
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def median_ms(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    fn()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
 
 
 def kernel_share(compiled: CompiledModel, feeds: dict[str, np.ndarray], repeat: int) -> float:

@@ -21,12 +21,11 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,6 +33,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+from _report import median_ms  # noqa: E402
 
 ENGINES = ("onnxruntime", "tunecache", "openvino")
 INSTALL_HINT = ("error: OpenVINO is not installed; install the extra with "
@@ -51,17 +52,6 @@ class Measurement:
     warm_s: float = float("nan")
     rel_err: float = float("nan")
     error: str = ""
-
-
-def median_ms(fn: Callable[[], object], repeat: int) -> float:
-    """Median wall time of ``fn`` in milliseconds over ``repeat`` calls after one warm-up."""
-    fn()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
 
 
 # -- child processes: one engine, one model, one thread count --------------------------------
