@@ -731,6 +731,8 @@ class _Loader:
     def _fuse(self, nodes: list[_Node], outputs: set[str]) -> list[Step]:
         self.uses: dict[str, int] = {}
         self.consumer: dict[str, int] = {}
+        self.producers = {t: position for position, node in enumerate(nodes)
+                          for t in node.outputs if t}
         for position, node in enumerate(nodes):
             for t in node.inputs:
                 if t:
@@ -779,6 +781,9 @@ class _Loader:
 
     def is_float32(self, name: str) -> bool:
         return self._float32(name)
+
+    def producer(self, tensor: str) -> int | None:
+        return self.producers.get(tensor)
 
     def sole_consumer(self, tensor: str) -> int | None:
         return self._next(tensor)

@@ -50,6 +50,9 @@ class FusionContext(Protocol):
     def is_float32(self, name: str) -> bool:
         """Whether a tensor is float32."""
 
+    def producer(self, tensor: str) -> int | None:
+        """The position of the node writing ``tensor`` (None: an input or a constant)."""
+
     def sole_consumer(self, tensor: str) -> int | None:
         """The position of the only node reading ``tensor``, if fusing it away is safe (one
         use, not a graph output, not yet taken)."""
@@ -68,6 +71,19 @@ Lowering = Callable[[FusionContext, int], Any]
 """``(context, position) -> (kernel node, last position) | reason it does not apply``."""
 
 _LOWERINGS: dict[str, list[Lowering]] = {}
+
+
+def scalar_constant(ctx: FusionContext, name: str | None) -> float | None:
+    """The value of a one-element constant, or None."""
+    value = ctx.constants.get(name) if name else None
+    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+
+
+def other_input(inputs: tuple[str, ...], one: str | None) -> str | None:
+    """The other input of a two-input node that reads ``one``, or None."""
+    if len(inputs) != 2 or one not in inputs:
+        return None
+    return inputs[1] if inputs[0] == one else inputs[0]
 
 BUILTIN_LOWERINGS = ("rowwise", "pool", "elementwise")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried

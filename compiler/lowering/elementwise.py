@@ -21,7 +21,13 @@ import numpy as np
 
 from tunecache.compiler.errors import OpSignatureError
 from tunecache.compiler.kinds.elementwise import MAX_STEPS, elementwise_op
-from tunecache.compiler.lowering import FusionContext, GraphNode, register_lowering
+from tunecache.compiler.lowering import (
+    FusionContext,
+    GraphNode,
+    other_input,
+    register_lowering,
+    scalar_constant,
+)
 
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Neg": "neg",
          "Abs": "abs", "Sqrt": "sqrt"}
@@ -159,21 +165,12 @@ class _Grower:
         return names
 
 
-def _scalar(ctx: FusionContext, name: str | None) -> float | None:
-    if not name:
-        return None
-    value = ctx.constants.get(name)
-    if value is None or value.size != 1:
-        return None
-    return float(value.reshape(-1)[0])
-
-
 def _clip_step(ctx: FusionContext, attrs: dict[str, Any], inputs: tuple[str, ...]) -> str | None:
     if ctx.opset < 11:
         lo, hi = attrs.get("min"), attrs.get("max")
     else:
-        lo = _scalar(ctx, inputs[1]) if len(inputs) > 1 and inputs[1] else None
-        hi = _scalar(ctx, inputs[2]) if len(inputs) > 2 and inputs[2] else None
+        lo = scalar_constant(ctx, inputs[1]) if len(inputs) > 1 and inputs[1] else None
+        hi = scalar_constant(ctx, inputs[2]) if len(inputs) > 2 and inputs[2] else None
         if (len(inputs) > 1 and inputs[1] and lo is None) or (
                 len(inputs) > 2 and inputs[2] and hi is None):
             return None
@@ -207,7 +204,7 @@ def _gelu(ctx: FusionContext, position: int, value: str) -> list[int] | None:
         outer = ctx.sole_consumer(node.outputs[0])
         if outer is None or ctx.nodes[outer].op_type != "Mul":
             return None
-        core = _erf_core_of(ctx, _other(ctx.nodes[outer].inputs, node.outputs[0]), value)
+        core = _erf_core_of(ctx, other_input(ctx.nodes[outer].inputs, node.outputs[0]), value)
         return None if core is None else sorted([position, *core, outer])
     core = _erf_core(ctx, position, value)
     if core is None:
@@ -218,33 +215,32 @@ def _gelu(ctx: FusionContext, position: int, value: str) -> list[int] | None:
         nxt = ctx.sole_consumer(current)
         if nxt is None or ctx.nodes[nxt].op_type != "Mul":
             return None
-        other = _other(ctx.nodes[nxt].inputs, current)
+        other = other_input(ctx.nodes[nxt].inputs, current)
         half = _producer_if_half(ctx, other, value, nxt)
         if half is not None and not rest:  # (1 + erf) * (0.5 * value)
             return sorted([*core, half, nxt])
-        if other != value and _scalar(ctx, other) != 0.5:
+        if other != value and scalar_constant(ctx, other) != 0.5:
             return None
         rest.append((nxt, other))
         current = ctx.nodes[nxt].outputs[0]
     others = [o for _, o in rest]
-    if value not in others or not any(_scalar(ctx, o) == 0.5 for o in others):
+    if value not in others or not any(scalar_constant(ctx, o) == 0.5 for o in others):
         return None
     return [*core, *(p for p, _ in rest)]
 
 
 def _is_half(ctx: FusionContext, node: GraphNode, value: str) -> bool:
-    return node.op_type == "Mul" and _scalar(ctx, _other(node.inputs, value)) == 0.5
+    return node.op_type == "Mul" and scalar_constant(ctx, other_input(node.inputs, value)) == 0.5
 
 
 def _producer_if_half(ctx: FusionContext, tensor: str | None, value: str, user: int
                       ) -> int | None:
     """The position of ``Mul(value, 0.5)`` producing ``tensor`` for ``user`` alone."""
-    for position, node in enumerate(ctx.nodes):
-        if tensor in node.outputs:
-            if _is_half(ctx, node, value) and ctx.sole_consumer(tensor) == user:
-                return position
-            return None
-    return None
+    position = ctx.producer(tensor) if tensor else None
+    if position is None or not _is_half(ctx, ctx.nodes[position], value) or \
+            ctx.sole_consumer(tensor or "") != user:
+        return None
+    return position
 
 
 def _erf_core(ctx: FusionContext, position: int, value: str) -> list[int] | None:
@@ -252,7 +248,7 @@ def _erf_core(ctx: FusionContext, position: int, value: str) -> list[int] | None
     first = ctx.nodes[position]
     if first.op_type not in ("Div", "Mul") or first.inputs[0] != value:
         return None
-    factor = _scalar(ctx, first.inputs[1])
+    factor = scalar_constant(ctx, first.inputs[1])
     expected = _SQRT2 if first.op_type == "Div" else 1.0 / _SQRT2
     if factor is None or not math.isclose(factor, expected, rel_tol=1e-5):
         return None
@@ -261,25 +257,24 @@ def _erf_core(ctx: FusionContext, position: int, value: str) -> list[int] | None
         return None
     plus = ctx.sole_consumer(ctx.nodes[erf].outputs[0])
     if plus is None or ctx.nodes[plus].op_type != "Add" or \
-            _scalar(ctx, _other(ctx.nodes[plus].inputs, ctx.nodes[erf].outputs[0])) != 1.0:
+            scalar_constant(ctx, other_input(ctx.nodes[plus].inputs, ctx.nodes[erf].outputs[0])) != 1.0:
         return None
     return [position, erf, plus]
 
 
 def _erf_core_of(ctx: FusionContext, tensor: str | None, value: str) -> list[int] | None:
     """The ``value / sqrt2 -> Erf -> + 1`` nodes that produce ``tensor``."""
-    for position, node in enumerate(ctx.nodes):
-        if node.op_type in ("Div", "Mul") and node.inputs and node.inputs[0] == value:
-            core = _erf_core(ctx, position, value)
-            if core is not None and ctx.nodes[core[-1]].outputs[0] == tensor:
+    plus = ctx.producer(tensor) if tensor else None
+    if plus is None:
+        return None
+    for operand in ctx.nodes[plus].inputs:
+        erf = ctx.producer(operand)
+        if erf is not None and ctx.nodes[erf].op_type == "Erf":
+            first = ctx.producer(ctx.nodes[erf].inputs[0])
+            core = _erf_core(ctx, first, value) if first is not None else None
+            if core is not None and core[-1] == plus:
                 return core
     return None
-
-
-def _other(inputs: tuple[str, ...], one: str) -> str | None:
-    if len(inputs) != 2 or one not in inputs:
-        return None
-    return inputs[1] if inputs[0] == one else inputs[0]
 
 
 def _step(ctx: FusionContext, grower: _Grower, position: int, value: str
@@ -300,7 +295,7 @@ def _step(ctx: FusionContext, grower: _Grower, position: int, value: str
         return ([step], [position]) if step else None
     if node.op_type not in BINARY or len(node.inputs) != 2:
         return None
-    other = _other(node.inputs, value)
+    other = other_input(node.inputs, value)
     if other is None or other == value:
         return None
     swapped = node.inputs[1] == value

@@ -12,7 +12,12 @@ import numpy as np
 from tunecache.compiler.errors import OpSignatureError
 from tunecache.compiler.kinds.layernorm import layernorm_op
 from tunecache.compiler.kinds.softmax import softmax_op
-from tunecache.compiler.lowering import FusionContext, register_lowering
+from tunecache.compiler.lowering import (
+    FusionContext,
+    other_input,
+    register_lowering,
+    scalar_constant,
+)
 
 
 def _last_axis(attrs: dict[str, Any], rank: int, default: int) -> bool:
@@ -49,7 +54,7 @@ def lower_scaled_masked_softmax(ctx: FusionContext, position: int) -> Any:
         scale, current = factor, node.outputs[0]
         nxt = ctx.sole_consumer(current)
         if nxt is not None and ctx.nodes[nxt].op_type == "Add":
-            mask = _other(ctx.nodes[nxt].inputs, current)
+            mask = other_input(ctx.nodes[nxt].inputs, current)
             fused.append(nxt)
             current = ctx.nodes[nxt].outputs[0]
     else:
@@ -75,20 +80,11 @@ def lower_scaled_masked_softmax(ctx: FusionContext, position: int) -> Any:
     return ctx.finish(position, fused, sig, inputs, ctx.nodes[softmax].outputs[0])
 
 
-def _scalar(ctx: FusionContext, name: str) -> float | None:
-    value = ctx.constants.get(name)
-    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
-
-
-def _other(inputs: tuple[str, ...], one: str) -> str | None:
-    return inputs[1] if inputs[0] == one else inputs[0] if inputs[1] == one else None
-
-
 def _scaled(ctx: FusionContext, op_type: str, inputs: tuple[str, ...]
             ) -> tuple[str | None, float | None]:
     """``(x, factor)`` for ``x / c`` or ``x * c`` (either side for the product)."""
     for x, c in ((inputs[0], inputs[1]), (inputs[1], inputs[0]) if op_type == "Mul" else ("", "")):
-        value = _scalar(ctx, c) if c else None
+        value = scalar_constant(ctx, c) if c else None
         if value is not None and x not in ctx.constants and value != 0.0:
             return x, (1.0 / value if op_type == "Div" else value)
     return None, None
