@@ -258,3 +258,27 @@ def test_identity_and_dropout_do_not_block_fusion() -> None:
     feeds = models.random_feeds(model)
     got = Executor(graph).run(feeds)
     np.testing.assert_allclose(got[kept], models.ort_run(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["half_first", "value_then_half", "half_of_erf_first"])
+def test_exported_gelu_in_every_association_is_one_kernel(form: str) -> None:
+    b = models.Builder(13)
+    x = b.input("x", [3, 10])
+    half = b.const(np.float32(0.5))
+    if form == "half_first":  # (0.5 * x) * (1 + erf(x / sqrt2)), the halving written first
+        h = b.node("Mul", [x, half])
+    erf = b.node("Erf", [b.node("Div", [x, b.const(np.float32(np.sqrt(2.0)))])])
+    plus = b.node("Add", [erf, b.const(np.float32(1.0))])
+    if form == "half_first":
+        y = b.node("Mul", [h, plus])
+    elif form == "value_then_half":  # (x * (1 + erf)) * 0.5
+        y = b.node("Mul", [b.node("Mul", [x, plus]), half])
+    else:  # (1 + erf) * (0.5 * x), the halving written after the erf
+        y = b.node("Mul", [plus, b.node("Mul", [x, half])])
+    model = b.model([y])
+    graph = load_graph(model)
+    [gelu] = graph.kernel_nodes
+    assert gelu.op.epilogue == ("gelu_erf",) and len(gelu.nodes) == 5
+    assert graph.onnx_nodes == ()
+    feeds = models.random_feeds(model)
+    models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds), [y])
