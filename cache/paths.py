@@ -1,4 +1,5 @@
-"""Layout of the published part of a store: ``published/<hw_id>/{CURRENT,snapshot-*.parquet}``.
+"""Layout of the published part of a store:
+``published/<hw_id>/{CURRENT,HARDWARE.json,snapshot-*.parquet}``.
 
 Snapshot names are sortable by creation time and end with a digest of their content; the
 ``CURRENT`` pointer names one of them. Every name read back from a store is checked against
@@ -15,6 +16,7 @@ from tunecache.datasets.paths import check_part
 
 PUBLISHED_DIR = "published"
 POINTER_NAME = "CURRENT"
+HARDWARE_NAME = "HARDWARE.json"
 SNAPSHOT_RE = re.compile(r"snapshot-([0-9]{8}T[0-9]{12}Z)-([0-9a-f]{16})\.parquet")
 
 
@@ -24,6 +26,12 @@ def published_dir(hw_id: str) -> str:
 
 def pointer_path(hw_id: str) -> str:
     return f"{published_dir(hw_id)}/{POINTER_NAME}"
+
+
+def hardware_path(hw_id: str) -> str:
+    """The spec of a published hardware, for finding the nearest one (its content hashes to
+    ``hw_id``; a file that does not is ignored)."""
+    return f"{published_dir(hw_id)}/{HARDWARE_NAME}"
 
 
 def check_snapshot_name(name: object) -> str:

@@ -329,12 +329,21 @@ class Store:
         refused = _refusal(hw, damaged, lost, current)
         if refused is not None and not force:
             return replace(result, refused=refused)
+        if spec is not None:
+            self._write_spec(spec)
         digest = snapshot_digest(snapshot)
         if current is not None and previous is not None and current.digest == digest:
             return result
         name = self._make_current(hw, snapshot, digest)
         return replace(result, snapshot=name, entries=snapshot.num_rows, changed=True,
                        repaired=current is not None and previous is None)
+
+    def _write_spec(self, spec: HardwareSpec) -> None:
+        """Keep ``published/<hw_id>/HARDWARE.json`` beside the snapshots (written once)."""
+        path = paths.hardware_path(spec.hw_id)
+        text = spec.to_json().encode()
+        if fs.read_bytes(self.location, path) != text:
+            fs.write_atomic(self.location, path, text)
 
     def _current_state(self, hw_id: str) -> tuple[Pointer | None, pa.Table | None]:
         """The current pointer and, if intact, its snapshot (None when damaged)."""

@@ -451,9 +451,23 @@ class CostModel:
     # -- use ------------------------------------------------------------------------------
 
     def covers(self, hw: HardwareSpec | str) -> bool:
-        """Whether the training data held measurements from this hardware."""
+        """Whether to rank with this model on ``hw``: the training data held measurements
+        from it, or :meth:`transfers` (it ranks hardware it never saw better than the
+        analytic estimate does)."""
         hw_id = hw if isinstance(hw, str) else hw.hw_id
-        return hw_id in self.meta.training.get("hw_ids", [])
+        return hw_id in self.meta.training.get("hw_ids", []) or self.transfers()
+
+    def transfers(self) -> bool:
+        """Whether the leave-one-hardware-out evaluation recorded at training
+        (``metrics["by_hardware"]``) has the model's top-1 above the analytic estimate's."""
+        held = (self.meta.metrics or {}).get("by_hardware")
+        if not isinstance(held, dict):
+            return False
+        model, analytic = held.get("model"), held.get("analytic")
+        try:
+            return float(model["top1"]) > float(analytic["top1"])  # type: ignore[index]
+        except (TypeError, KeyError, ValueError):
+            return False
 
     def predict_matrix(self, X: np.ndarray) -> np.ndarray:
         """Scores for feature rows (``features.feature_matrix`` / ``features.matrix``)."""

@@ -25,6 +25,7 @@ from tunecache.compiler.hardware import HardwareSpec
 from tunecache.costmodel.model import META_FILE, MODEL_FILE, CostModel, ModelLoadError
 from tunecache.datasets import fs, location
 from tunecache.datasets.location import Location
+from tunecache.datasets.seed import seed_location
 
 MODELS_DIR = "models"
 POINTER = "CURRENT"
@@ -100,6 +101,23 @@ def load_current(root: str | os.PathLike[str] | Location | None = None,
     if hw is not None and not model.covers(hw):
         return None
     return model
+
+
+def load_serving(root: str | os.PathLike[str] | Location | None,
+                 hw: HardwareSpec) -> CostModel | None:
+    """The model to rank candidates with on ``hw``: the store's current one when it covers
+    ``hw``, else the shipped seed's when that does (:mod:`tunecache.datasets.seed`), else
+    None. A damaged store model raises; a damaged seed model counts as absent."""
+    model = load_current(root, hw)
+    if model is not None:
+        return model
+    seed = seed_location()
+    if seed is None or seed.uri == location.resolve(root).uri:
+        return None
+    try:
+        return load_current(seed, hw)
+    except ModelLoadError:
+        return None
 
 
 def list_versions(root: str | os.PathLike[str] | Location | None = None) -> list[str]:

@@ -135,6 +135,9 @@ def model_train(root: str | None, out: str | None, folds: int, as_json: bool) ->
     n_ops = int(data.groups["op_id"].nunique())
     if folds and n_ops >= 2:
         metrics = cross_validate(data, folds=folds).to_dict(per_group=False)
+        if data.groups["hw_id"].nunique() >= 2:
+            metrics["by_hardware"] = cross_validate(data, by="hardware").to_dict(
+                per_group=False)
     start = time.perf_counter()
     model = CostModel.fit(data, metrics=metrics)
     elapsed = time.perf_counter() - start
@@ -160,6 +163,13 @@ def model_train(root: str | None, out: str | None, folds: int, as_json: bool) ->
         m, a = metrics["model"], metrics["analytic"]
         click.echo(f"held-out by operator: top-1 {_pct(m['top1'])} (analytic {_pct(a['top1'])}), "
                    f"top-5 {_pct(m['top5'])} (analytic {_pct(a['top5'])})")
+    held = (metrics or {}).get("by_hardware")
+    if held:
+        m, a = held["model"], held["analytic"]
+        click.echo(f"held-out by hardware: top-1 {_pct(m['top1'])} (analytic "
+                   f"{_pct(a['top1'])}), top-5 {_pct(m['top5'])} (analytic {_pct(a['top5'])}); "
+                   + ("used on unseen hardware" if model.transfers()
+                      else "not used on unseen hardware"))
 
 
 @model_group.command("eval")

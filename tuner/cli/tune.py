@@ -187,7 +187,7 @@ def _current_model(store: Store, hw: Any) -> Any:
     from tunecache.costmodel import registry
 
     try:
-        return registry.load_current(store.location, hw)
+        return registry.load_serving(store.location, hw)
     except TunecacheError as exc:
         log.warning("not using the cost model: %s", exc)
         return None

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tunecache.cache.errors import StoreWarning
-from tunecache.cache.index import Index
+from tunecache.cache.nearest import CacheView, Served
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import add_wanted
 from tunecache.compiler import frontend
@@ -42,7 +42,8 @@ from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule, default_schedule, problems
-from tunecache.tuner.deploy.policy import Decision, Policy, PolicyConfig
+from tunecache.datasets.seed import seed_location
+from tunecache.tuner.deploy.policy import Decision, Nearest, Policy, PolicyConfig
 from tunecache.tuner.measure import Runner, TimingConfig
 from tunecache.tuner.measure.records import to_records
 from tunecache.tuner.search import Ranker, TuneConfig, tune_op
@@ -60,6 +61,9 @@ class PlanEntry:
     reason: str
     expected_s: float | None
     schedule: Schedule | None
+    served_from: Mapping[str, object] | None = None
+    """Where a cached schedule came from (:meth:`Served.provenance`): exact or nearest
+    hardware, its distance and store; None for schedules the cache did not offer."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +72,7 @@ class PlanEntry:
             "reason": self.reason, "expected_ms": None if self.expected_s is None
             else self.expected_s * 1e3,
             "schedule": self.schedule.to_dict() if self.schedule else None,
+            "served_from": dict(self.served_from) if self.served_from else None,
         }
 
 
@@ -258,19 +263,41 @@ def _local_compiler() -> str | None:
         return None
 
 
-def _index(store: Store, hw: HardwareSpec) -> Index | None:
-    """The published cache of ``hw`` for this codegen version and compiler family.
+def _cache_view(store: Store, hw: HardwareSpec) -> CacheView | None:
+    """The published caches a compile on ``hw`` serves from: the store's, then the shipped
+    seed's, exact hardware first, then the nearest tuned hardware (for this codegen version
+    and compiler family).
 
     The store is never fatal: when it cannot be read (unreachable, damaged, unreadable)
-    this warns with the cause and returns None, and every op is then a miss that the
-    policy decides (a guess, or numpy under cache-only).
+    this warns with the cause, and its ops are misses that the policy decides (a guess, or
+    numpy under cache-only).
     """
+    stores = [(store.location, "store")]
+    seed = seed_location()
+    if seed is not None and seed.uri != store.location.uri:
+        stores.append((seed, "seed"))
     try:
-        return Index(store.location, hw.hw_id, compiler=_local_compiler())
+        return CacheView(stores, hw, compiler=_local_compiler())
     except Exception as exc:  # whatever the store does, the deploy goes on
         warnings.warn(f"cache of {store.root} unavailable ({type(exc).__name__}: {exc}); "
                       "every op is decided as a cache miss", StoreWarning, stacklevel=3)
         return None
+
+
+def _offer(served: Served | None, view: CacheView) -> tuple[Schedule | None, float | None,
+                                                          str, Nearest | None]:
+    """The exact hit (schedule, seconds, note) or the nearest hardware's offer."""
+    if served is None:
+        return None, None, "", None
+    entry = served.entry
+    if served.exact:
+        where = "" if served.store == "store" else f", {served.store}"
+        return (entry.schedule, entry.median_s,
+                f": measured {entry.median_s * 1e3:.3f} ms ({entry.n_measurements} "
+                f"measurement(s), {entry.source}{where})", None)
+    spec = view.spec_of(served.hw_id)
+    return None, None, "", Nearest(entry.schedule, entry.median_s, served.hw_id,
+                                   served.distance, spec.cores if spec else None)
 
 
 def _record_wanted(store: Store, hw: HardwareSpec,
@@ -358,23 +385,24 @@ def _compile_shape(label: str, source: frontend.ModelSource,
     t0 = time.perf_counter()
     graph = frontend.load_graph(source, input_shapes)
     t_load = time.perf_counter()
-    index = _index(store, hw)
+    view = _cache_view(store, hw)
     decider = Policy(config, hw, model=model, clock=clock)
     plan: list[PlanEntry] = []
     misses: dict[OpSignature, int] = {}
     decisions: dict[OpSignature, Decision] = {}
+    served_from: dict[OpSignature, Mapping[str, object] | None] = {}
     runner: Runner | None = None
     try:
         for node in graph.kernel_nodes:
             op = node.op
             decision = decisions.get(op)
             if decision is None:
-                entry = index.lookup(op) if index is not None else None
-                hit_note = (f": measured {entry.median_s * 1e3:.3f} ms "
-                            f"({entry.n_measurements} measurement(s), {entry.source})"
-                            if entry is not None else "")
-                decision = decider.decide(op, entry.schedule if entry else None,
-                                          entry.median_s if entry else None, hit_note)
+                served = view.lookup(op) if view is not None else None
+                hit, hit_s, hit_note, nearest = _offer(served, view) if view is not None \
+                    else (None, None, "", None)
+                decision = decider.decide(op, hit, hit_s, hit_note, nearest)
+                used = decision.source in ("cache", "nearest")
+                served_from[op] = served.provenance() if served is not None and used else None
                 if decision.action == "measure":
                     runner = runner or Runner(hw, TimingConfig(min_time_s=0.05, min_repeats=5))
                     decision = _measure_now(op, hw, store, runner, decision, config, model)
@@ -383,7 +411,8 @@ def _compile_shape(label: str, source: frontend.ModelSource,
             if decision.action != "cache":
                 misses[op] = misses.get(op, 0) + 1
             plan.append(PlanEntry(node.name, node.nodes, op, decision.action, decision.source,
-                                  decision.reason, decision.expected_s, decision.schedule))
+                                  decision.reason, decision.expected_s, decision.schedule,
+                                  served_from.get(op)))
     finally:
         if runner is not None:
             runner.close()
@@ -418,7 +447,7 @@ def _current_model(store: Store, hw: HardwareSpec) -> Ranker | None:
     from tunecache.costmodel import registry
 
     try:
-        model: Ranker | None = registry.load_current(store.location, hw)
+        model: Ranker | None = registry.load_serving(store.location, hw)
     except Exception:  # a damaged model must not break a deploy; the tiler ranks instead
         return None
     return model

@@ -16,9 +16,13 @@ Named policies:
 * ``cache-only`` — hits only; a miss runs numpy's reference implementation (no schedule that
   was never measured here is compiled);
 * ``analytic`` — a miss uses the tiler's top-1;
-* ``balanced`` (default) — a miss uses the cost model's (else the tiler's) top-1, unless
+* ``balanced`` (default) — a miss uses the schedule of the nearest tuned hardware (re-fitted
+  here) when the cache offers one, else the cost model's (else the tiler's) top-1, unless
   measuring pays for itself within the deadline;
 * ``tune`` — a miss is measured now whenever the deadline allows.
+
+A schedule from the nearest tuned hardware (:class:`Nearest`) is a measured schedule, but
+not measured here: ``cache-only`` does not serve it and ``analytic`` keeps to the tiler.
 
 Decisions depend only on the inputs and the clock passed in, so they are deterministic under
 a fake clock, and each carries a one-line reason.
@@ -35,10 +39,12 @@ from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule, default_schedule, problems
 from tunecache.tuner.search import Ranker, roller
+from tunecache.tuner.search.refit import refit
 
 POLICIES = ("cache-only", "analytic", "balanced", "tune")
-# Fraction of runtime an unmeasured guess loses, on average, to the best of a short search.
-GUESS_LOSS = {"tiler": 0.12, "model": 0.06, "default": 0.3}
+# Fraction of runtime an unmeasured guess loses, on average, to the best of a short search
+# (a neighbour's schedule: docs/BENCHMARKS.md, "Nearest-hardware serving").
+GUESS_LOSS = {"nearest": 0.05, "tiler": 0.12, "model": 0.06, "default": 0.3}
 COMPILE_S = 0.4  # one candidate's C compile (measured: 0.3-0.5 s here)
 MEASURE_OVERHEAD_S = 0.15  # check against the reference, warm-up, timing floor
 
@@ -72,8 +78,21 @@ class Guess:
     """The best unmeasured schedule for an op and where it came from."""
 
     schedule: Schedule
-    source: str  # "model", "tiler" or "default"
+    source: str  # "nearest", "model", "tiler" or "default"
     expected_s: float | None
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Nearest:
+    """What the cache offers on an exact miss: the published schedule of the nearest tuned
+    hardware (``hw_id``, ``cores``) at ``distance``, measured there at ``median_s``."""
+
+    schedule: Schedule
+    median_s: float
+    hw_id: str
+    distance: float
+    cores: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +146,20 @@ class Policy:
             return None
         return max(0.0, self.config.deadline_s - (self.clock() - self.started))
 
+    def _nearest_guess(self, op: OpSignature, nearest: Nearest | None) -> Guess | None:
+        if nearest is None:
+            return None
+        fitted = refit(op, nearest.schedule, self.hw, nearest.cores)
+        if fitted is None:
+            return None
+        return Guess(fitted, "nearest", nearest.median_s,
+                     f" (nearest tuned hardware {nearest.hw_id}, distance "
+                     f"{nearest.distance:.2f}: {nearest.median_s * 1e3:.3f} ms there)")
+
     def decide(self, op: OpSignature, hit: Schedule | None, hit_s: float | None = None,
-               hit_note: str = "") -> Decision:
-        """The decision for ``op`` given the cache's entry (``hit``, its measured seconds)."""
+               hit_note: str = "", nearest: Nearest | None = None) -> Decision:
+        """The decision for ``op`` given the cache's entry (``hit``, its measured seconds)
+        or, on a miss, what the nearest tuned hardware offers."""
         cfg = self.config
         if hit is not None:
             found = problems(op, hit, self.hw)
@@ -141,7 +171,8 @@ class Policy:
         if cfg.name == "cache-only":
             return Decision("numpy", None, "numpy",
                             f"{miss_reason}; policy cache-only runs the numpy reference", None)
-        guess = best_guess(op, self.hw, self.model, use_model=cfg.name != "analytic")
+        guess = (self._nearest_guess(op, nearest) if cfg.name in ("balanced", "tune") else None) \
+            or best_guess(op, self.hw, self.model, use_model=cfg.name != "analytic")
         if cfg.name == "analytic":
             return Decision("guess", guess.schedule, guess.source,
                             f"{miss_reason}; policy analytic uses the tiler's top-1",
@@ -158,7 +189,7 @@ class Policy:
                                 f"(~{cost:.1f} s)", expected, cost)
             return Decision("guess", guess.schedule, guess.source,
                             f"{miss_reason}; measuring (~{cost:.1f} s) does not fit the "
-                            f"deadline ({remaining:.1f} s left): {guess.source} top-1", expected)
+                            f"deadline ({remaining:.1f} s left): {_named(guess)}", expected)
         loss = GUESS_LOSS[guess.source]
         gain = (expected or 0.0) * loss * cfg.expected_calls
         if gain > cost and fits:
@@ -170,4 +201,10 @@ class Policy:
                f"{cost:.1f} s" if gain <= cost else
                f"tuning (~{cost:.1f} s) does not fit the deadline ({remaining:.1f} s left)")
         return Decision("guess", guess.schedule, guess.source,
-                        f"{miss_reason}; {why}: {guess.source} top-1", expected)
+                        f"{miss_reason}; {why}: {_named(guess)}", expected)
+
+
+def _named(guess: Guess) -> str:
+    if guess.source == "nearest":
+        return f"nearest hardware's schedule{guess.note}"
+    return f"{guess.source} top-1"

@@ -1,0 +1,155 @@
+"""Serving across machines: this hardware's published cache first, then its nearest neighbours.
+
+The exact ``hw_id`` stays the key of record: a hit there is a schedule measured on this very
+spec. On an exact miss, :class:`CacheView` offers the published entry of the nearest tuned
+hardware that has the op, as ranked by :func:`~tunecache.compiler.hardware.hardware_distance`
+(same ISA level and vector width first, then cores, cache sizes, CPU model). Hardware whose
+code this machine cannot run (another architecture, a higher ISA level) is never a
+neighbour. The caller (the compile-time policy) re-fits what it is offered to the local
+capacities and decides whether to use it.
+
+Several stores can back one view, searched in order at equal distance: a deploy uses its own
+store, then the seed shipped with tunecache (:mod:`tunecache.datasets.seed`). Each published
+hardware's spec is read from ``published/<hw_id>/HARDWARE.json`` (written by publish); a
+spec that does not hash to its directory's ``hw_id`` is ignored, never trusted. Neighbour
+indexes open lazily, on the first exact miss.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from tunecache.cache import paths
+from tunecache.cache.errors import StoreWarning
+from tunecache.cache.index import Index, IndexEntry
+from tunecache.compiler.codegen import CODEGEN_VERSION
+from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.hardware import HardwareSpec, nearest_hardware
+from tunecache.compiler.ops import OpSignature
+from tunecache.datasets import fs
+from tunecache.datasets.location import Location
+
+MAX_NEIGHBOURS = 4
+"""Tuned hardware consulted, nearest first, after the exact one misses."""
+
+
+class Served(NamedTuple):
+    """A published entry and where it came from: ``distance`` 0.0 is the exact hardware."""
+
+    entry: IndexEntry
+    hw_id: str
+    distance: float
+    store: str
+
+    @property
+    def exact(self) -> bool:
+        return self.distance == 0.0
+
+    def provenance(self) -> dict[str, object]:
+        """What ``compile --json`` reports about where the schedule came from."""
+        return {"kind": "exact" if self.exact else "nearest", "hw_id": self.hw_id,
+                "distance": round(self.distance, 3), "store": self.store}
+
+
+def published_specs(location: Location) -> list[HardwareSpec]:
+    """The specs of the hardware published in a store, each verified against its ``hw_id``."""
+    specs = []
+    for hw_id in fs.list_dirs(location, paths.PUBLISHED_DIR):
+        try:
+            data = fs.read_bytes(location, paths.hardware_path(hw_id))
+            spec = HardwareSpec.from_json(data.decode()) if data is not None else None
+        except (TunecacheError, OSError, UnicodeDecodeError, ValueError, TypeError,
+                json.JSONDecodeError):
+            continue
+        if spec is not None and spec.hw_id == hw_id:
+            specs.append(spec)
+    return specs
+
+
+class _Source(NamedTuple):
+    distance: float
+    rank: int
+    spec: HardwareSpec
+    location: Location
+    label: str
+
+
+class CacheView:
+    """The published caches a deploy on ``hw`` may serve from, exact hardware first.
+
+    Args:
+        stores: ``(location, label)`` pairs, searched in order at equal distance.
+        hw: the local hardware.
+        compiler: the local compiler identity (see :class:`~tunecache.cache.index.Index`).
+        neighbours: whether to offer other hardware's entries on an exact miss.
+    """
+
+    def __init__(self, stores: Sequence[tuple[Location, str]], hw: HardwareSpec,
+                 compiler: str | None = None, *, neighbours: bool = True,
+                 max_neighbours: int = MAX_NEIGHBOURS,
+                 codegen_version: str = CODEGEN_VERSION) -> None:
+        self.hw = hw
+        self.compiler = compiler
+        self.codegen_version = codegen_version
+        self._stores = list(stores)
+        self._exact = [(self._open(loc, hw.hw_id), label) for loc, label in self._stores]
+        self._neighbours: list[tuple[Index | None, _Source]] | None = \
+            None if neighbours else []
+        self._max_neighbours = max_neighbours
+
+    def _open(self, location: Location, hw_id: str) -> Index | None:
+        try:
+            return Index(location, hw_id, self.codegen_version, self.compiler)
+        except Exception as exc:  # whatever a store does, the deploy goes on
+            warnings.warn(f"cache of {location.uri} for {hw_id} unavailable "
+                          f"({type(exc).__name__}: {exc}); served as a miss",
+                          StoreWarning, stacklevel=3)
+            return None
+
+    @property
+    def exact_entries(self) -> int:
+        """Entries published for exactly this hardware, over every store."""
+        return sum(len(index) for index, _ in self._exact if index is not None)
+
+    def neighbours(self) -> list[tuple[str, float, str]]:
+        """The tuned hardware consulted on an exact miss: ``(hw_id, distance, store)``."""
+        return [(s.spec.hw_id, s.distance, s.label) for _, s in self._neighbour_indexes()]
+
+    def _neighbour_indexes(self) -> list[tuple[Index | None, _Source]]:
+        if self._neighbours is None:
+            sources = []
+            for rank, (location, label) in enumerate(self._stores):
+                try:
+                    specs = published_specs(location)
+                except Exception:  # an unreadable store has no neighbours to offer
+                    specs = []
+                for distance, spec in nearest_hardware(self.hw, specs):
+                    if spec.hw_id != self.hw.hw_id:
+                        sources.append(_Source(distance, rank, spec, location, label))
+            sources.sort(key=lambda s: (s.distance, s.rank, s.spec.hw_id))
+            self._neighbours = [(self._open(s.location, s.spec.hw_id), s)
+                                for s in sources[: self._max_neighbours]]
+        return self._neighbours
+
+    def lookup(self, op: OpSignature) -> Served | None:
+        """The exact entry for ``op``; on a miss, the nearest neighbour's; else None."""
+        for index, label in self._exact:
+            entry = index.lookup(op) if index is not None else None
+            if entry is not None:
+                return Served(entry, self.hw.hw_id, 0.0, label)
+        for index, source in self._neighbour_indexes():
+            entry = index.lookup(op) if index is not None else None
+            if entry is not None:
+                return Served(entry, source.spec.hw_id, max(source.distance, 1e-3),
+                              source.label)
+        return None
+
+    def spec_of(self, hw_id: str) -> HardwareSpec | None:
+        """The spec of a neighbour this view has consulted."""
+        if hw_id == self.hw.hw_id:
+            return self.hw
+        return next((s.spec for _, s in self._neighbour_indexes() if s.spec.hw_id == hw_id),
+                    None)
