@@ -26,6 +26,7 @@ from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule, problems
+from tunecache.costmodel.analytic import estimate
 from tunecache.datasets.location import resolve
 from tunecache.datasets.records import Record
 from tunecache.tuner.deploy import compile_model
@@ -108,10 +109,28 @@ def test_a_neighbours_schedule_is_refitted_to_the_local_cores() -> None:
     assert schedule.threads == BIGGER.cores > LOCAL.cores
     fitted = refit(OP, schedule, LOCAL, tuned_cores=BIGGER.cores)
     assert fitted is not None and fitted.threads == LOCAL.cores
-    assert fitted.replace(threads=schedule.threads) == schedule
     assert not problems(OP, fitted, LOCAL)
+    rethreaded = schedule.replace(threads=LOCAL.cores)
+    assert estimate(OP, fitted, LOCAL).seconds <= estimate(OP, rethreaded, LOCAL).seconds
     one = schedule.replace(threads=1)
     assert refit(OP, one, LOCAL, tuned_cores=BIGGER.cores) == one  # chosen, not "all cores"
+    # Same cores as where it was tuned: served exactly as measured.
+    assert refit(OP, rethreaded, LOCAL, tuned_cores=LOCAL.cores) == rethreaded
+
+
+@pytest.mark.skipif(LOCAL.cores < 2, reason="needs two cores to split across")
+def test_a_split_that_no_longer_fits_the_threads_is_mended() -> None:
+    # Measured on a one-core neighbour: M=128 as one 128-row panel, split over rows. With
+    # two threads that is one panel for two threads; the re-fit splits it.
+    op = OpSignature.matmul(128, 768, 768, epilogue="bias")
+    one_core = MatmulSchedule(mr=4, nr=2 * LOCAL.lanes, kc=384, mc=128, nc=768, parallel="m",
+                              threads=1)
+    assert not problems(op, one_core, dataclasses.replace(LOCAL, cores=1))
+    fitted = refit(op, one_core, LOCAL, tuned_cores=1)
+    assert fitted is not None and fitted.threads == LOCAL.cores
+    assert fitted != one_core.replace(threads=LOCAL.cores)
+    assert estimate(op, fitted, LOCAL).seconds * 1.1 < \
+        estimate(op, one_core.replace(threads=LOCAL.cores), LOCAL).seconds
     illegal = MatmulSchedule(mr=1000, nr=16, kc=256, mc=1000, nc=1024)
     assert refit(OP, illegal, LOCAL, tuned_cores=LOCAL.cores) is None
 
