@@ -213,3 +213,20 @@ def test_the_seed_store_is_the_last_resort_and_can_be_turned_off(
                              use_model=False, record_wanted=False)
     assert all(e.served_from is None for e in compiled.plan)
     assert resolve(tmp_path / "seed").uri  # the seed is an ordinary store
+
+
+def test_an_offered_schedule_is_measured_first_within_the_trials() -> None:
+    from test_tuner_faults import SimulatedRunner
+
+    from tunecache.tuner.search import TuneConfig, tune_op
+
+    offered = refit(OP, tuned(OP, BIGGER), LOCAL, tuned_cores=BIGGER.cores)
+    assert offered is not None
+    runner = SimulatedRunner(cost_s=0.01)
+    result = tune_op(OP, LOCAL, runner, config=TuneConfig(trials=3, refine=False),  # type: ignore[arg-type]
+                     clock=runner.clock, first=[offered])
+    assert len(result.results) == 3
+    assert result.results[0].schedule == offered
+    assert result.results[0].source == "offered"
+    ids = [r.schedule.schedule_id for r in result.results if r.schedule is not None]
+    assert len(set(ids)) == 3  # the offer is not measured twice when the tiler ranks it too

@@ -464,8 +464,9 @@ def _measure_now(op: OpSignature, hw: HardwareSpec, store: Store, runner: Runner
             warnings.warn(f"could not record a measurement of {op.text} in {store.root}: "
                           f"{_cause(exc)}", StoreWarning, stacklevel=2)
 
+    offered = [decision.schedule] if decision.schedule is not None else []
     result = tune_op(op, hw, runner, config=TuneConfig(trials=config.trials, refine=False),
-                     model=model, sink=sink)
+                     model=model, sink=sink, first=offered)
     best = result.best
     if best is None or best.schedule is None:
         return Decision("guess", decision.schedule, "tiler",

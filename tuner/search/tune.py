@@ -133,8 +133,12 @@ def tune_op(
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     candidate_s: float | None = None,
+    first: Sequence[Schedule] = (),
 ) -> OpTuneResult:
     """Tune ``op``: measure up to ``config.trials`` ranked candidates, refine, then explore.
+
+    ``first`` are schedules to measure before the ranked ones, within the same trials (the
+    schedule the nearest tuned hardware offers, re-fitted here: it competes with the tiler's).
 
     ``measured`` holds schedule ids already measured for this op (they are skipped);
     ``sink`` receives every result as soon as it is measured; measurement stops at
@@ -152,7 +156,9 @@ def tune_op(
         return OpTuneResult(op, (), 0.0, len(done), error=str(exc))
     loop = _Loop(runner, config, sink, deadline, clock, candidate_s)
     budget = max(0, config.trials - len(done))
-    todo = [c for c in ranked if c.schedule.schedule_id not in done][:budget]
+    offered = [Candidate(op, s, "offered") for s in first]
+    todo = _unique([c for c in (*offered, *ranked)
+                    if c.schedule.schedule_id not in done])[:budget]
     if loop.run(todo, done) and config.refine and loop.results:
         best = min((r for r in loop.results if r.ok and r.median_s), default=None,
                    key=lambda r: r.median_s or float("inf"))
@@ -164,6 +170,16 @@ def tune_op(
         loop.run(exploration(op, hw, config, done), done)
     return OpTuneResult(op, tuple(loop.results), clock() - start, len(set(measured)),
                         loop.stopped, overrun_s=loop.overrun_s, candidate_s=loop.candidate_s)
+
+
+def _unique(candidates: list[Candidate]) -> list[Candidate]:
+    seen: set[str] = set()
+    out = []
+    for c in candidates:
+        if c.schedule.schedule_id not in seen:
+            seen.add(c.schedule.schedule_id)
+            out.append(c)
+    return out
 
 
 class _Loop:
