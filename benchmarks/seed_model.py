@@ -60,7 +60,7 @@ def main() -> None:
     for split, ev in splits.items():
         for hw_id, r in per_hardware(ev.per_group).iterrows():
             lines.append(
-                f"| {split} | `{hw_id}` ({names.get(str(hw_id), '?')}) | {r['ops']} | "
+                f"| {split} | `{hw_id}` ({names.get(str(hw_id), '?')}) | {int(r['ops'])} | "
                 f"**{r['model_top1']:.3f}** ({r['model_top1_median']:.3f}) | "
                 f"{r['analytic_top1']:.3f} ({r['analytic_top1_median']:.3f}) | "
                 f"{r['model_top5']:.3f} | {r['analytic_top5']:.3f} |")
