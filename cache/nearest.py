@@ -73,6 +73,7 @@ class _Source(NamedTuple):
     distance: float
     rank: int
     spec: HardwareSpec
+    hw_id: str  # the spec's, computed once (a property that hashes the whole spec)
     location: Location
     label: str
 
@@ -92,10 +93,11 @@ class CacheView:
                  max_neighbours: int = MAX_NEIGHBOURS,
                  codegen_version: str = CODEGEN_VERSION) -> None:
         self.hw = hw
+        self.hw_id = hw.hw_id
         self.compiler = compiler
         self.codegen_version = codegen_version
         self._stores = list(stores)
-        self._exact = [(self._open(loc, hw.hw_id), label) for loc, label in self._stores]
+        self._exact = [(self._open(loc, self.hw_id), label) for loc, label in self._stores]
         self._neighbours: list[tuple[Index | None, _Source]] | None = \
             None if neighbours else []
         self._max_neighbours = max_neighbours
@@ -116,7 +118,7 @@ class CacheView:
 
     def neighbours(self) -> list[tuple[str, float, str]]:
         """The tuned hardware consulted on an exact miss: ``(hw_id, distance, store)``."""
-        return [(s.spec.hw_id, s.distance, s.label) for _, s in self._neighbour_indexes()]
+        return [(s.hw_id, s.distance, s.label) for _, s in self._neighbour_indexes()]
 
     def _neighbour_indexes(self) -> list[tuple[Index | None, _Source]]:
         if self._neighbours is None:
@@ -127,10 +129,11 @@ class CacheView:
                 except Exception:  # an unreadable store has no neighbours to offer
                     specs = []
                 for distance, spec in nearest_hardware(self.hw, specs):
-                    if spec.hw_id != self.hw.hw_id:
-                        sources.append(_Source(distance, rank, spec, location, label))
-            sources.sort(key=lambda s: (s.distance, s.rank, s.spec.hw_id))
-            self._neighbours = [(self._open(s.location, s.spec.hw_id), s)
+                    hw_id = spec.hw_id
+                    if hw_id != self.hw_id:
+                        sources.append(_Source(distance, rank, spec, hw_id, location, label))
+            sources.sort(key=lambda s: (s.distance, s.rank, s.hw_id))
+            self._neighbours = [(self._open(s.location, s.hw_id), s)
                                 for s in sources[: self._max_neighbours]]
         return self._neighbours
 
@@ -139,17 +142,16 @@ class CacheView:
         for index, label in self._exact:
             entry = index.lookup(op) if index is not None else None
             if entry is not None:
-                return Served(entry, self.hw.hw_id, 0.0, label)
+                return Served(entry, self.hw_id, 0.0, label)
         for index, source in self._neighbour_indexes():
             entry = index.lookup(op) if index is not None else None
             if entry is not None:
-                return Served(entry, source.spec.hw_id, max(source.distance, 1e-3),
-                              source.label)
+                return Served(entry, source.hw_id, max(source.distance, 1e-3), source.label)
         return None
 
     def spec_of(self, hw_id: str) -> HardwareSpec | None:
         """The spec of a neighbour this view has consulted."""
-        if hw_id == self.hw.hw_id:
+        if hw_id == self.hw_id:
             return self.hw
-        return next((s.spec for _, s in self._neighbour_indexes() if s.spec.hw_id == hw_id),
+        return next((s.spec for _, s in self._neighbour_indexes() if s.hw_id == hw_id),
                     None)
