@@ -31,6 +31,7 @@ from tunecache.compiler.hardware import HardwareSpec, nearest_hardware
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets import fs
 from tunecache.datasets.location import Location
+from tunecache.datasets.seed import seed_location
 
 MAX_NEIGHBOURS = 4
 """Tuned hardware consulted, nearest first, after the exact one misses."""
@@ -155,3 +156,14 @@ class CacheView:
             return self.hw
         return next((s.spec for _, s in self._neighbour_indexes() if s.hw_id == hw_id),
                     None)
+
+
+def serving_view(location: Location, hw: HardwareSpec, compiler: str | None = None, *,
+                 neighbours: bool = True) -> CacheView:
+    """The view a compile or a tuning job on ``hw`` reads: the store at ``location``, then
+    the seed (:func:`~tunecache.datasets.seed.seed_location`) unless it is off or the same."""
+    stores = [(location, "store")]
+    seed = seed_location()
+    if seed is not None and seed.uri != location.uri:
+        stores.append((seed, "seed"))
+    return CacheView(stores, hw, compiler, neighbours=neighbours)

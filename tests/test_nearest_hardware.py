@@ -230,3 +230,28 @@ def test_an_offered_schedule_is_measured_first_within_the_trials() -> None:
     assert result.results[0].source == "offered"
     ids = [r.schedule.schedule_id for r in result.results if r.schedule is not None]
     assert len(set(ids)) == 3  # the offer is not measured twice when the tiler ranks it too
+
+
+def test_a_nightly_job_starts_an_op_from_the_nearest_hardwares_schedule(tmp_path: Path) -> None:
+    from test_tuner_faults import SimulatedRunner
+
+    from tunecache.datasets.suites import Workload
+    from tunecache.tuner.jobs import JobOptions, run_job
+
+    store = publish(tmp_path, record(OP, tuned(OP, BIGGER), 1e-3, BIGGER))
+    offered = refit(OP, tuned(OP, BIGGER), LOCAL, tuned_cores=BIGGER.cores)
+    options = JobOptions(trials=2, refine=False, baseline=False)
+    runner = SimulatedRunner(cost_s=0.01)
+    run_job([Workload(OP, 1, "op")], LOCAL, store, options, runner=runner)  # type: ignore[arg-type]
+    mine = store.load(hw_id=LOCAL.hw_id)
+    assert len(mine) == 2
+    first = mine.sort_values("timestamp").iloc[0]
+    assert first["source"] == "offered"
+    assert first["schedule_id"] == offered.schedule_id  # type: ignore[union-attr]
+    # With offers turned off, the tiler's ranking starts.
+    again = Store(tmp_path / "other")
+    again.append(store.load(hw_id=BIGGER.hw_id))
+    again.publish()
+    run_job([Workload(OP, 1, "op")], LOCAL, again, dataclasses.replace(options, nearest=False),
+            runner=SimulatedRunner(cost_s=0.01))  # type: ignore[arg-type]
+    assert "offered" not in set(again.load(hw_id=LOCAL.hw_id)["source"])

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tunecache.cache.errors import StoreWarning
-from tunecache.cache.nearest import CacheView, Served
+from tunecache.cache.nearest import CacheView, Served, serving_view
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import add_wanted
 from tunecache.compiler import frontend
@@ -42,7 +42,6 @@ from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule, default_schedule, problems
-from tunecache.datasets.seed import seed_location
 from tunecache.tuner.deploy.policy import Decision, Nearest, Policy, PolicyConfig
 from tunecache.tuner.measure import Runner, TimingConfig
 from tunecache.tuner.measure.records import to_records
@@ -272,12 +271,8 @@ def _cache_view(store: Store, hw: HardwareSpec) -> CacheView | None:
     this warns with the cause, and its ops are misses that the policy decides (a guess, or
     numpy under cache-only).
     """
-    stores = [(store.location, "store")]
-    seed = seed_location()
-    if seed is not None and seed.uri != store.location.uri:
-        stores.append((seed, "seed"))
     try:
-        return CacheView(stores, hw, compiler=_local_compiler())
+        return serving_view(store.location, hw, compiler=_local_compiler())
     except Exception as exc:  # whatever the store does, the deploy goes on
         warnings.warn(f"cache of {store.root} unavailable ({type(exc).__name__}: {exc}); "
                       "every op is decided as a cache miss", StoreWarning, stacklevel=3)

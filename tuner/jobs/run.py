@@ -27,17 +27,20 @@ from typing import Any, Protocol
 
 import pyarrow.compute as pc
 
+from tunecache.cache.nearest import CacheView, serving_view
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import load_wanted
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import Schedule
 from tunecache.datasets.suites import Workload, get_suite
 from tunecache.tuner.measure import MeasureResult, Runner, TimingConfig
 from tunecache.tuner.measure.baseline import baseline_is_noisy, measure_baseline
 from tunecache.tuner.measure.records import to_records
 from tunecache.tuner.search import OpTuneResult, Ranker, TuneConfig, tune_op
+from tunecache.tuner.search.refit import refit
 from tunecache.tuner.search.tune import MIN_MEASURE_S, within
 
 # The part of an op's budget share kept for timing its baseline after tuning.
@@ -47,7 +50,9 @@ BASELINE_SHARE = 0.1
 @dataclass(frozen=True, slots=True)
 class JobOptions:
     """How a job runs. ``budget_s`` is wall time for the whole job (None: no limit);
-    ``explore`` schedules per op are drawn from the whole grid for the cost model."""
+    ``explore`` schedules per op are drawn from the whole grid for the cost model;
+    ``nearest``: an op this hardware has not published starts from the schedule of the
+    nearest tuned hardware (re-fitted here), measured first within the trials."""
 
     budget_s: float | None = None
     trials: int = 10
@@ -57,6 +62,7 @@ class JobOptions:
     baseline: bool = True
     explore: int = 0
     job_id: str | None = None
+    nearest: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +243,29 @@ def measured_schedules(store: Store, hw: HardwareSpec, ops: Sequence[OpSignature
     return out
 
 
+def _offer_view(store: Store, hw: HardwareSpec) -> CacheView | None:
+    """What the store and the seed offer this hardware; None when they cannot be read (the
+    job then starts every op from the tiler, as it always could)."""
+    try:
+        return serving_view(store.location, hw)
+    except Exception:  # offers are a head start, never a reason to fail a job
+        return None
+
+
+def _offers(view: CacheView | None, op: OpSignature, hw: HardwareSpec) -> list[Schedule]:
+    """The nearest tuned hardware's schedule for ``op``, re-fitted to ``hw`` (none when this
+    hardware has its own entry, or no neighbour has one that is legal here)."""
+    try:
+        served = view.lookup(op) if view is not None else None
+    except Exception:  # a damaged neighbour snapshot is skipped like a missing one
+        return []
+    if served is None or served.exact:
+        return []
+    spec = view.spec_of(served.hw_id) if view is not None else None
+    fitted = refit(op, served.entry.schedule, hw, spec.cores if spec else None)
+    return [fitted] if fitted is not None else []
+
+
 def run_job(
     workloads: Sequence[Workload],
     hw: HardwareSpec,
@@ -255,6 +284,7 @@ def run_job(
     """
     options = options or JobOptions()
     progress = progress or SilentProgress()
+    view = _offer_view(store, hw) if options.nearest and options.threads is None else None
     job_id = options.job_id or f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     summary = JobSummary(job_id, hw.hw_id, store.root, budget_s=options.budget_s)
     start = clock()
@@ -297,7 +327,7 @@ def run_job(
             try:
                 result = tune_op(op, hw, runner, config=config, model=model, sink=sink,
                                  measured=already, deadline=tune_end, clock=clock,
-                                 candidate_s=candidate_s)
+                                 candidate_s=candidate_s, first=_offers(view, op, hw))
             except KeyboardInterrupt:
                 summary.interrupted = True
                 item = OpSummary(op, workload.label, workload.count, "interrupted", 0, 0.0)
