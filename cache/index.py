@@ -297,7 +297,10 @@ class Index:
 
     def lookup(self, op: OpSignature) -> IndexEntry | None:
         """The published entry for ``op``, or None on a miss."""
-        text = op.text
+        return self.lookup_text(op.text)
+
+    def lookup_text(self, text: str) -> IndexEntry | None:
+        """The published entry for the op with canonical text ``text``, or None."""
         entry = self._memo.get(text)
         if entry is not None:
             return entry

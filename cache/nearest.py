@@ -1,4 +1,4 @@
-"""Serving across machines: this hardware's published cache first, then its nearest neighbours.
+"""Serving across machines and shapes: this hardware's entry first, then its nearest neighbours'.
 
 The exact ``hw_id`` stays the key of record: a hit there is a schedule measured on this very
 spec. On an exact miss, :class:`CacheView` offers the published entry of the nearest tuned
@@ -7,6 +7,13 @@ hardware that has the op, as ranked by :func:`~tunecache.compiler.hardware.hardw
 code this machine cannot run (another architecture, a higher ISA level) is never a
 neighbour. The caller (the compile-time policy) re-fits what it is offered to the local
 capacities and decides whether to use it.
+
+When no tuned hardware has the op itself, the view offers the entry of the **nearest tuned
+shape** on this hardware: an op of the same family (:func:`~tunecache.compiler.ops.shape_family`:
+same kind, parameters, attributes and epilogue) whose sizes are closest (the sum of
+``|log2|`` size ratios): a model compiled for sequence 128 that now runs at 64 starts from
+its tuned schedules (up to :data:`MAX_SHAPE_DISTANCE` away). The caller re-fits that
+schedule to the new sizes.
 
 Several stores can back one view, searched in order at equal distance: a deploy uses its own
 store, then the seed shipped with tunecache (:mod:`tunecache.datasets.seed`). Each published
@@ -18,6 +25,7 @@ indexes open lazily, on the first exact miss.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -28,31 +36,43 @@ from tunecache.cache.index import Index, IndexEntry
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec, nearest_hardware
-from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.ops import OpSignature, shape_family
 from tunecache.datasets import fs
 from tunecache.datasets.location import Location
 from tunecache.datasets.seed import seed_location
 
 MAX_NEIGHBOURS = 4
 """Tuned hardware consulted, nearest first, after the exact one misses."""
+MAX_SHAPE_DISTANCE = 4.0
+"""The farthest tuned shape offered (sum of ``|log2|`` size ratios: a sequence of 128 serves
+8 to 2048); beyond it the tiler's own ranking is the better start."""
 
 
 class Served(NamedTuple):
-    """A published entry and where it came from: ``distance`` 0.0 is the exact hardware."""
+    """A published entry and where it came from: ``distance`` 0.0 is the exact hardware;
+    ``shape_from`` the op text of the nearest tuned shape when the op itself had no entry
+    (``shape_distance``: the sum of ``|log2|`` size ratios)."""
 
     entry: IndexEntry
     hw_id: str
     distance: float
     store: str
+    shape_from: str | None = None
+    shape_distance: float = 0.0
 
     @property
     def exact(self) -> bool:
-        return self.distance == 0.0
+        return self.distance == 0.0 and self.shape_from is None
 
     def provenance(self) -> dict[str, object]:
         """What ``compile --json`` reports about where the schedule came from."""
-        return {"kind": "exact" if self.exact else "nearest", "hw_id": self.hw_id,
-                "distance": round(self.distance, 3), "store": self.store}
+        kind = "exact" if self.exact else "nearest_shape" if self.shape_from else "nearest"
+        out: dict[str, object] = {"kind": kind, "hw_id": self.hw_id,
+                                  "distance": round(self.distance, 3), "store": self.store}
+        if self.shape_from is not None:
+            out.update(shape_from=self.shape_from,
+                       shape_distance=round(self.shape_distance, 3))
+        return out
 
 
 def published_specs(location: Location) -> list[HardwareSpec]:
@@ -87,11 +107,12 @@ class CacheView:
         hw: the local hardware.
         compiler: the local compiler identity (see :class:`~tunecache.cache.index.Index`).
         neighbours: whether to offer other hardware's entries on an exact miss.
+        shapes: whether to offer the nearest tuned shape's entry when no hardware has the op.
     """
 
     def __init__(self, stores: Sequence[tuple[Location, str]], hw: HardwareSpec,
                  compiler: str | None = None, *, neighbours: bool = True,
-                 max_neighbours: int = MAX_NEIGHBOURS,
+                 shapes: bool = True, max_neighbours: int = MAX_NEIGHBOURS,
                  codegen_version: str = CODEGEN_VERSION) -> None:
         self.hw = hw
         self.hw_id = hw.hw_id
@@ -102,6 +123,8 @@ class CacheView:
         self._neighbours: list[tuple[Index | None, _Source]] | None = \
             None if neighbours else []
         self._max_neighbours = max_neighbours
+        self._shapes = shapes
+        self._families: dict[int, dict[str, list[tuple[tuple[int, ...], str]]]] = {}
 
     def _open(self, location: Location, hw_id: str) -> Index | None:
         try:
@@ -139,7 +162,8 @@ class CacheView:
         return self._neighbours
 
     def lookup(self, op: OpSignature) -> Served | None:
-        """The exact entry for ``op``; on a miss, the nearest neighbour's; else None."""
+        """The exact entry for ``op``; on a miss, the nearest neighbour's, then the nearest
+        tuned shape's on this hardware; else None."""
         for index, label in self._exact:
             entry = index.lookup(op) if index is not None else None
             if entry is not None:
@@ -148,7 +172,39 @@ class CacheView:
             entry = index.lookup(op) if index is not None else None
             if entry is not None:
                 return Served(entry, source.hw_id, max(source.distance, 1e-3), source.label)
-        return None
+        return self._nearest_shape(op) if self._shapes else None
+
+    def _nearest_shape(self, op: OpSignature) -> Served | None:
+        split = shape_family(op.text)
+        if split is None:
+            return None
+        family, sizes = split
+        best: tuple[float, str, Index, str] | None = None
+        for index, label in self._exact:
+            if index is None:
+                continue
+            for other, text in self._family_members(index).get(family, ()):
+                distance = sum(abs(math.log2(a / b)) for a, b in zip(sizes, other, strict=True))
+                if distance <= MAX_SHAPE_DISTANCE and (best is None or distance < best[0]):
+                    best = (distance, text, index, label)
+        if best is None:
+            return None
+        entry = best[2].lookup_text(best[1])
+        if entry is None:
+            return None
+        return Served(entry, self.hw_id, 0.0, best[3], best[1], best[0])
+
+    def _family_members(self, index: Index) -> dict[str, list[tuple[tuple[int, ...], str]]]:
+        """``index``'s op texts grouped by family (built on the first shape miss)."""
+        members = self._families.get(id(index))
+        if members is None:
+            members = {}
+            for text in index.ops():
+                split = shape_family(text)
+                if split is not None:
+                    members.setdefault(split[0], []).append((split[1], text))
+            self._families[id(index)] = members
+        return members
 
     def spec_of(self, hw_id: str) -> HardwareSpec | None:
         """The spec of a neighbour this view has consulted."""

@@ -280,6 +280,33 @@ def conv_window(size: int, pad_lo: int, pad_hi: int, kernel: int, dil: int,
     return extent, out
 
 
+def shape_family(text: str) -> tuple[str, tuple[int, ...]] | None:
+    """An op text split into its *family* (the text without its size dims: ops that differ
+    only in sizes share it) and its sizes in the kind's dim order; None when the text is not
+    a canonical op text. Reads the text without building an :class:`OpSignature`, so whole
+    indexes can be grouped cheaply."""
+    kind, sep, rest = text.partition("(")
+    if not sep or not rest.endswith(")"):
+        return None
+    try:
+        dims = _spec(kind).dims
+    except OpSignatureError:
+        return None
+    sizes: dict[str, int] = {}
+    others = []
+    for item in rest[:-1].split(","):
+        name, _, value = item.partition("=")
+        if name in dims:
+            if not value.isdigit():
+                return None
+            sizes[name] = int(value)
+        else:
+            others.append(item)
+    if len(sizes) != len(dims):
+        return None
+    return f"{kind}({','.join(others)})", tuple(sizes[d] for d in dims)
+
+
 def _kind(name: str) -> OpKind:
     from tunecache.compiler.kinds import op_kind
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -100,8 +101,12 @@ def test_exact_first_then_the_nearest_then_nothing_whose_code_cannot_run(tmp_pat
     assert far is not None and far.hw_id == BIGGER.hw_id and far.distance > near.distance
     assert view.lookup(only_foreign) is None
     assert [hw for hw, _, _ in view.neighbours()] == [SIBLING.hw_id, BIGGER.hw_id]
-    assert CacheView([(store.location, "store")], LOCAL, COMPILER,
-                     neighbours=False).lookup(only_sibling) is None
+    assert CacheView([(store.location, "store")], LOCAL, COMPILER, neighbours=False,
+                     shapes=False).lookup(only_sibling) is None
+    # Without hardware neighbours, this hardware's nearest tuned shape is what is left.
+    alone = CacheView([(store.location, "store")], LOCAL, COMPILER,
+                      neighbours=False).lookup(only_sibling)
+    assert alone is not None and alone.hw_id == LOCAL.hw_id and alone.shape_from == OP.text
 
 
 def test_a_neighbours_schedule_is_refitted_to_the_local_cores() -> None:
@@ -255,3 +260,71 @@ def test_a_nightly_job_starts_an_op_from_the_nearest_hardwares_schedule(tmp_path
     run_job([Workload(OP, 1, "op")], LOCAL, again, dataclasses.replace(options, nearest=False),
             runner=SimulatedRunner(cost_s=0.01))  # type: ignore[arg-type]
     assert "offered" not in set(again.load(hw_id=LOCAL.hw_id)["source"])
+
+
+def test_ops_that_differ_only_in_sizes_share_a_family() -> None:
+    from tunecache.compiler.ops import shape_family
+
+    a = shape_family(OpSignature.matmul(128, 768, 768, epilogue="bias").text)
+    b = shape_family(OpSignature.matmul(64, 768, 768, epilogue="bias").text)
+    c = shape_family(OpSignature.matmul(64, 768, 768).text)
+    assert a is not None and b is not None and c is not None
+    assert a[0] == b[0] != c[0] and (a[1], b[1]) == ((128, 768, 768), (64, 768, 768))
+    s1 = OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, stride=1, pads=1)
+    s2 = OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, stride=2, pads=1)
+    assert shape_family(s1.text)[0] != shape_family(s2.text)[0]  # type: ignore[index]
+    assert shape_family("matmul(M=x,N=1,K=1)") is None
+    assert shape_family("nonsense") is None
+
+
+def test_an_untuned_shape_is_served_the_nearest_tuned_shape_after_other_hardware(
+        tmp_path: Path) -> None:
+    seq128 = OpSignature.matmul(128, 768, 768, epilogue="bias")
+    seq512 = OpSignature.matmul(512, 768, 768, epilogue="bias")
+    seq96 = OpSignature.matmul(96, 768, 768, epilogue="bias")
+    other_kind = OpSignature.matmul(96, 768, 768)
+    on_sibling = OpSignature.matmul(80, 768, 768, epilogue="bias")
+    store = publish(tmp_path, record(seq128, tuned(seq128, LOCAL), 1e-3, LOCAL),
+                    record(seq512, tuned(seq512, LOCAL), 4e-3, LOCAL),
+                    record(on_sibling, tuned(on_sibling, SIBLING), 1e-3, SIBLING))
+    view = CacheView([(store.location, "store")], LOCAL, COMPILER)
+    served = view.lookup(seq96)
+    assert served is not None and served.shape_from == seq128.text
+    assert served.provenance()["kind"] == "nearest_shape"
+    assert served.provenance()["shape_distance"] == pytest.approx(math.log2(128 / 96), abs=1e-3)
+    assert not served.exact and served.hw_id == LOCAL.hw_id
+    # Another hardware with the op itself comes first; another family is never offered.
+    near = view.lookup(on_sibling)
+    assert near is not None and near.hw_id == SIBLING.hw_id and near.shape_from is None
+    assert view.lookup(OpSignature.matmul(96, 768, 768, epilogue="bias+relu")) is None
+    assert view.lookup(other_kind) is None
+    assert CacheView([(store.location, "store")], LOCAL, COMPILER, shapes=False).lookup(
+        seq96) is None
+    decision = Policy(PolicyConfig("balanced", expected_calls=1), LOCAL).decide(
+        seq96, None, nearest=Nearest(served.entry.schedule, served.entry.median_s,
+                                     served.hw_id, 0.0, LOCAL.cores, served.shape_from))
+    assert decision.source == "nearest" and "nearest tuned shape" in decision.reason
+    assert decision.schedule is not None and not problems(seq96, decision.schedule, LOCAL)
+
+
+def test_a_dynamic_model_runs_a_new_shape_from_its_tuned_shape(tmp_path: Path) -> None:
+    from test_frontend_exporters import DATA, exporter_feeds
+
+    gpt2 = DATA / "gpt2_torchscript17.onnx"
+    compiled = compile_model(gpt2, store=Store(tmp_path / "empty"), policy="analytic",
+                             record_wanted=False, input_shapes={"input_ids": (1, 8)})
+    store = publish(tmp_path / "store", *(record(e.op, e.schedule, 1e-4, LOCAL)
+                                          for e in compiled.plan if e.schedule is not None))
+    dynamic = compile_model(gpt2, store=store, policy="balanced", use_model=False)
+    assert dynamic.info is not None
+    planned = dynamic.prepare({"input_ids": (1, 6)})
+    kinds = {(e.served_from or {}).get("kind") for e in planned.plan}
+    assert "nearest_shape" in kinds and "exact" not in kinds
+    assert all(e.source == "nearest" for e in planned.plan
+               if (e.served_from or {}).get("kind") == "nearest_shape")
+    feeds = exporter_feeds(dynamic.info, 1, 6)
+    reference = ort_run(onnx.load(str(gpt2)), feeds)
+    np.testing.assert_allclose(dynamic.run(feeds)["logits"], reference[0], rtol=1e-4, atol=1e-4)
+    # The shape that ran is wanted in its own right for the nightly job.
+    assert {w.op for w in load_wanted(store.location, LOCAL.hw_id)} >= \
+        {e.op for e in planned.plan if e.source == "nearest"}

@@ -292,7 +292,8 @@ def _offer(served: Served | None, view: CacheView) -> tuple[Schedule | None, flo
                 f"measurement(s), {entry.source}{where})", None)
     spec = view.spec_of(served.hw_id)
     return None, None, "", Nearest(entry.schedule, entry.median_s, served.hw_id,
-                                   served.distance, spec.cores if spec else None)
+                                   served.distance, spec.cores if spec else None,
+                                   served.shape_from)
 
 
 def _record_wanted(store: Store, hw: HardwareSpec,

@@ -38,6 +38,7 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule, default_schedule, problems
+from tunecache.costmodel.analytic import estimate
 from tunecache.tuner.search import Ranker, roller
 from tunecache.tuner.search.refit import refit
 
@@ -93,6 +94,8 @@ class Nearest:
     hw_id: str
     distance: float
     cores: int | None = None
+    shape_from: str | None = None
+    """The op text the schedule was tuned for, when it is the nearest tuned shape's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +152,14 @@ class Policy:
     def _nearest_guess(self, op: OpSignature, nearest: Nearest | None) -> Guess | None:
         if nearest is None:
             return None
-        fitted = refit(op, nearest.schedule, self.hw, nearest.cores)
+        fitted = refit(op, nearest.schedule, self.hw, nearest.cores,
+                       resized=nearest.shape_from is not None)
         if fitted is None:
             return None
+        if nearest.shape_from is not None:
+            return Guess(fitted, "nearest", estimate(op, fitted, self.hw).seconds,
+                         f" (nearest tuned shape {nearest.shape_from}: "
+                         f"{nearest.median_s * 1e3:.3f} ms)")
         return Guess(fitted, "nearest", nearest.median_s,
                      f" (nearest tuned hardware {nearest.hw_id}, distance "
                      f"{nearest.distance:.2f}: {nearest.median_s * 1e3:.3f} ms there)")

@@ -253,8 +253,8 @@ def _offer_view(store: Store, hw: HardwareSpec) -> CacheView | None:
 
 
 def _offers(view: CacheView | None, op: OpSignature, hw: HardwareSpec) -> list[Schedule]:
-    """The nearest tuned hardware's schedule for ``op``, re-fitted to ``hw`` (none when this
-    hardware has its own entry, or no neighbour has one that is legal here)."""
+    """The nearest tuned hardware's (or shape's) schedule for ``op``, re-fitted to ``hw``
+    (none when this hardware has its own entry, or nothing legal here is offered)."""
     try:
         served = view.lookup(op) if view is not None else None
     except Exception:  # a damaged neighbour snapshot is skipped like a missing one
@@ -262,7 +262,8 @@ def _offers(view: CacheView | None, op: OpSignature, hw: HardwareSpec) -> list[S
     if served is None or served.exact:
         return []
     spec = view.spec_of(served.hw_id) if view is not None else None
-    fitted = refit(op, served.entry.schedule, hw, spec.cores if spec else None)
+    fitted = refit(op, served.entry.schedule, hw, spec.cores if spec else None,
+                   resized=served.shape_from is not None)
     return [fitted] if fitted is not None else []
 
 

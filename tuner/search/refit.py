@@ -28,9 +28,10 @@ REFIT_STEPS = 1
 
 
 def refit(op: OpSignature, schedule: Schedule, hw: HardwareSpec,
-          tuned_cores: int | None = None) -> Schedule | None:
+          tuned_cores: int | None = None, *, resized: bool = False) -> Schedule | None:
     """``schedule``, tuned on a machine with ``tuned_cores`` cores, fitted to ``hw``; None
-    when neither it nor its re-threaded form is legal here."""
+    when neither it nor its re-threaded form is legal here. ``resized``: it was tuned for
+    other sizes of the op (the nearest tuned shape), so its split is re-checked too."""
     threads = schedule.threads
     if tuned_cores is not None and threads == tuned_cores:
         threads = hw.cores
@@ -38,8 +39,8 @@ def refit(op: OpSignature, schedule: Schedule, hw: HardwareSpec,
     fitted = schedule.replace(threads=threads) if threads != schedule.threads else schedule
     for candidate in (fitted, schedule):
         if candidate.threads <= hw.cores and not problems(op, candidate, hw):
-            return _resplit(op, candidate, hw) if candidate.threads != schedule.threads \
-                else candidate
+            changed = resized or candidate.threads != schedule.threads
+            return _resplit(op, candidate, hw) if changed else candidate
     return None
 
 
