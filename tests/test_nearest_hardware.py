@@ -200,6 +200,13 @@ def test_cli_compile_json_names_where_each_schedule_came_from(tmp_path: Path) ->
     assert served[first.text]["distance"] == 0.0
     assert {served[op.text]["kind"] for op in rest} == {"nearest"}
     assert {served[op.text]["hw_id"] for op in rest} == {SIBLING.hw_id}
+    assert json.loads(done.stdout)["served"] == {"exact (store)": 1,
+                                                 "nearest (store)": len(plan) - 1}
+    text = subprocess.run(
+        [sys.executable, "-m", "tunecache.tuner.cli", "compile", str(model), "--root",
+         str(tmp_path / "store")], capture_output=True, text=True, timeout=300,
+        env={**os.environ})
+    assert f"schedules: {len(plan) - 1} nearest (store), 1 exact (store)" in text.stdout
 
 
 def test_the_seed_store_is_the_last_resort_and_can_be_turned_off(

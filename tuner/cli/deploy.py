@@ -171,8 +171,10 @@ def compile_command(model_path: Path, policy: str, expected_calls: int, deadline
         fused = "+".join(entry.fused) if len(entry.fused) > 1 else entry.node
         click.echo(f"  {fused}: {entry.op.text}")
         click.echo(f"      {entry.action:<8} {entry.source:<9} {expected:>12}  {entry.reason}")
-    counts = compiled.summary()["actions"]
-    click.echo("decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    summary = compiled.summary()
+    click.echo("decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["actions"].items())))
+    click.echo("schedules: " + ", ".join(f"{v} {k}" for k, v in sorted(
+        summary["served"].items(), key=lambda kv: -kv[1])))
 
 
 def _planned(compiled: CompiledModel) -> bool:

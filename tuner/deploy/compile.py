@@ -208,8 +208,13 @@ class CompiledModel:
         actions: dict[str, int] = {}
         for entry in self.plan:
             actions[entry.action] = actions.get(entry.action, 0) + 1
+        served: dict[str, int] = {}
+        for entry in self.plan:
+            where = entry.served_from
+            key = f"{where['kind']} ({where['store']})" if where else entry.source
+            served[key] = served.get(key, 0) + 1
         out = {"model": self.graph.name, "hw_id": self.hw.hw_id, "kernel_nodes": len(self.plan),
-               "actions": actions, "timings_s": self.timings,
+               "actions": actions, "served": served, "timings_s": self.timings,
                "plan": [e.to_dict() for e in self.plan]}
         if self.info is not None:
             out["dynamic"] = self.info.dynamic
