@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 import pandas as pd
@@ -159,17 +160,7 @@ def model_train(root: str | None, out: str | None, folds: int, as_json: bool) ->
                f"({t['ops']} ops, {len(t['hw_ids'])} hardware, {t['failed_rows']} failed) "
                f"in {elapsed:.1f} s")
     click.echo(f"saved: {where}" + (" (current)" if current else ""))
-    if metrics:
-        m, a = metrics["model"], metrics["analytic"]
-        click.echo(f"held-out by operator: top-1 {_pct(m['top1'])} (analytic {_pct(a['top1'])}), "
-                   f"top-5 {_pct(m['top5'])} (analytic {_pct(a['top5'])})")
-    held = (metrics or {}).get("by_hardware")
-    if held:
-        m, a = held["model"], held["analytic"]
-        click.echo(f"held-out by hardware: top-1 {_pct(m['top1'])} (analytic "
-                   f"{_pct(a['top1'])}), top-5 {_pct(m['top5'])} (analytic {_pct(a['top5'])}); "
-                   + ("used on unseen hardware" if model.transfers()
-                      else "not used on unseen hardware"))
+    _echo_held_out(metrics, model.transfers())
 
 
 @model_group.command("eval")
@@ -220,6 +211,7 @@ def model_show(root: str | None, model_dir: str | None, as_json: bool) -> None:
     if model is not None:
         meta = {k: v for k, v in model.meta.__dict__.items() if k != "feature_names"}
         meta["features"] = len(model.meta.feature_names)
+        meta["transfers"] = model.transfers()
     if as_json:
         emit_json({"current": meta, "stored": stored})
         return
@@ -231,15 +223,27 @@ def model_show(root: str | None, model_dir: str | None, as_json: bool) -> None:
                    f"{meta['features']} features), created {meta['created_at']}")
         click.echo(f"trained on {t['rows']} schedules, {t['groups']} groups, {t['ops']} ops, "
                    f"hardware {', '.join(t['hw_ids'])}; data fingerprint {t['fingerprint']}")
-        if meta.get("metrics"):
-            m, a = meta["metrics"]["model"], meta["metrics"]["analytic"]
-            click.echo(f"held-out by operator: top-1 {_pct(m['top1'])} (analytic "
-                       f"{_pct(a['top1'])}), top-5 {_pct(m['top5'])} (analytic "
-                       f"{_pct(a['top5'])})")
+        _echo_held_out(meta.get("metrics"), bool(meta.get("transfers")))
         libs = ", ".join(f"{k} {v}" for k, v in sorted(meta["libraries"].items()))
         click.echo(f"libraries: {libs}")
     if stored:
         click.echo("stored: " + ", ".join(stored))
+
+
+def _echo_held_out(metrics: dict[str, Any] | None, transfers: bool) -> None:
+    """The held-out evaluations recorded with a model, by operator and by hardware."""
+    if not metrics:
+        return
+    if "model" in metrics:
+        m, a = metrics["model"], metrics["analytic"]
+        click.echo(f"held-out by operator: top-1 {_pct(m['top1'])} (analytic "
+                   f"{_pct(a['top1'])}), top-5 {_pct(m['top5'])} (analytic {_pct(a['top5'])})")
+    held = metrics.get("by_hardware")
+    if held:
+        m, a = held["model"], held["analytic"]
+        click.echo(f"held-out by hardware: top-1 {_pct(m['top1'])} (analytic "
+                   f"{_pct(a['top1'])}), top-5 {_pct(m['top5'])} (analytic {_pct(a['top5'])}); "
+                   + ("used on unseen hardware" if transfers else "not used on unseen hardware"))
 
 
 COMMANDS = [model_group]
