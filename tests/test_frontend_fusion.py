@@ -118,10 +118,13 @@ def test_bert_layer(opset: int, layer_norm_op: bool) -> None:
                 and "gelu_erf" in s.op.epilogue)
     assert gelu.op.epilogue == ("gelu_erf",) and len(gelu.nodes) == 5
     assert "Softmax" not in types and "Erf" not in types
-    # LayerNormalization with the residual Add before it: one kernel per norm
+    # LayerNormalization with the residual Add before it: one kernel per norm; written out
+    # in nodes, the RMSNorm of the centred rows (t - mean t) with scale and bias is one
     norms = [s for s in graph.kernel_nodes if s.op.kind == "layernorm"]
-    assert len(norms) == (2 if layer_norm_op else 0)
-    assert all(n.op.attr("residual") == "yes" for n in norms)
+    assert len(norms) == 2
+    assert all(n.op.attr("residual") == ("yes" if layer_norm_op else "no") for n in norms)
+    assert all(n.op.attr("norm") == ("layer" if layer_norm_op else "rms") and
+               n.op.attr("affine") == "gamma_beta" for n in norms)
     assert ("LayerNormalization" in types) is False
 
 
