@@ -60,7 +60,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 10: attention (its kind column and block).
 # 11: reorder (its kind column and block) and the layout_in/out_block columns of conv2d and
 #     pool2d (0 for nchw: existing columns keep their values).
-FEATURE_VERSION = 11
+# 12: rotary (its kind column and block).
+FEATURE_VERSION = 12
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

@@ -85,10 +85,10 @@ def other_input(inputs: tuple[str, ...], one: str | None) -> str | None:
         return None
     return inputs[1] if inputs[0] == one else inputs[0]
 
-BUILTIN_LOWERINGS = ("rowwise", "rmsnorm", "pool", "elementwise")
+BUILTIN_LOWERINGS = ("rowwise", "rmsnorm", "pool", "rotary", "elementwise")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried
-in: the residual-Add + LayerNormalization pattern and the RMSNorm chain come before an
-element-wise chain claims their Add, Sqrt or Mul."""
+in: the residual-Add + LayerNormalization pattern, the RMSNorm chain and the rotary
+embedding come before an element-wise chain claims their Add, Sqrt, Neg or Mul."""
 
 
 def register_lowering(*op_types: str) -> Callable[[Lowering], Lowering]:
