@@ -24,7 +24,6 @@ indexes open lazily, on the first exact miss.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Sequence
@@ -82,8 +81,7 @@ def published_specs(location: Location) -> list[HardwareSpec]:
         try:
             data = fs.read_bytes(location, paths.hardware_path(hw_id))
             spec = HardwareSpec.from_json(data.decode()) if data is not None else None
-        except (TunecacheError, OSError, UnicodeDecodeError, ValueError, TypeError,
-                json.JSONDecodeError):
+        except (TunecacheError, OSError, ValueError, TypeError):  # JSON and decode errors
             continue
         if spec is not None and spec.hw_id == hw_id:
             specs.append(spec)

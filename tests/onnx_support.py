@@ -365,3 +365,20 @@ def fusion_cases_model(opset: int = 13) -> onnx.ModelProto:
                    alpha=0.5)
     return b.model([dil, out, out_relu, twice, rows, shared_a, shared_b, vec, bcast, bcast2,
                     alpha], "fusion_cases")
+
+
+def compile_and_compare(model: onnx.ModelProto, tmp_path: Any,
+                        feeds: Mapping[str, np.ndarray] | None = None) -> Any:
+    """Compile ``model`` under ``tmp_path`` (analytic schedules, real kernel builds), check
+    every planned node got a kernel and that the outputs match onnxruntime's; returns the
+    compiled model."""
+    from tunecache.cache.store import Store
+    from tunecache.tuner.deploy import compile_model
+
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    compiled = compile_model(path, store=Store(tmp_path / "store"), policy="analytic")
+    assert all(e.node in compiled.kernels for e in compiled.plan)
+    feeds = feeds or random_feeds(model)
+    assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
+    return compiled

@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from onnx_support import F32, Builder, assert_close, ort_run, random_feeds
+from onnx_support import F32, Builder, assert_close, compile_and_compare, ort_run, random_feeds
 from test_frontend_exporters import DATA, exporter_feeds
 
 from tunecache.cache.store import Store
 from tunecache.compiler.frontend import Graph, KernelNode, load_graph
-from tunecache.tuner.deploy import CompiledModel, compile_model
+from tunecache.tuner.deploy import compile_model
 
 SHAPE = (2, 5, 16)
 EPS = 1e-6
@@ -67,18 +67,6 @@ def rms_model(form: str) -> onnx.ModelProto:
         y = b.node("Mul", [y, weight])
         y = b.node("Add", [b.weight(SHAPE[-1], scale=0.1), y])
     return b.model([b.node("Add", [residual, y], name="out")])
-
-
-def compile_and_compare(model: onnx.ModelProto, tmp_path: Path,
-                        feeds: dict[str, np.ndarray] | None = None) -> CompiledModel:
-    """Compile ``model`` (analytic schedules, real builds), match onnxruntime."""
-    path = tmp_path / "model.onnx"
-    onnx.save(model, str(path))
-    compiled = compile_model(path, store=Store(tmp_path / "store"), policy="analytic")
-    assert all(e.node in compiled.kernels for e in compiled.plan)
-    feeds = feeds or random_feeds(model)
-    assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
-    return compiled
 
 
 @pytest.mark.parametrize("form", ["torchscript", "dynamo", "div", "centred"])

@@ -13,13 +13,13 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from onnx_support import Builder, assert_close, ort_run, random_feeds
+from onnx_support import Builder, assert_close, compile_and_compare, ort_run
 from test_frontend_exporters import DATA, exporter_feeds
 
 from tunecache.cache.store import Store
 from tunecache.compiler.frontend import Graph, KernelNode, load_graph
 from tunecache.compiler.kinds.rotary import rotary_tables
-from tunecache.tuner.deploy import CompiledModel, compile_model
+from tunecache.tuner.deploy import compile_model
 
 B, H, S, D = 2, 3, 5, 8
 SHAPE = (B, H, S, D)
@@ -75,18 +75,6 @@ def rotary_model(form: str, miss: str = "") -> onnx.ModelProto:
         y = b.node("Add", [b.node("Mul", [sin, rot]), cos_term], name="rope")
     out = b.node("Add", [y, y], name="out")
     return b.model([out, neg] if miss == "shared" else [out])
-
-
-def compile_and_compare(model: onnx.ModelProto, tmp_path: Path,
-                        feeds: dict[str, np.ndarray] | None = None) -> CompiledModel:
-    """Compile ``model`` (analytic schedules, real builds), match onnxruntime."""
-    path = tmp_path / "model.onnx"
-    onnx.save(model, str(path))
-    compiled = compile_model(path, store=Store(tmp_path / "store"), policy="analytic")
-    assert all(e.node in compiled.kernels for e in compiled.plan)
-    feeds = feeds or random_feeds(model)
-    assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
-    return compiled
 
 
 @pytest.mark.parametrize("form", ["torchscript", "dynamo", "batch", "per_batch"])

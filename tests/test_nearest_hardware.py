@@ -28,12 +28,11 @@ from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule, problems
 from tunecache.costmodel.analytic import estimate
-from tunecache.datasets.location import resolve
 from tunecache.datasets.records import Record
 from tunecache.tuner.deploy import compile_model
-from tunecache.tuner.deploy.policy import Nearest, Policy, PolicyConfig
+from tunecache.tuner.deploy.policy import Policy, PolicyConfig
 from tunecache.tuner.search import roller
-from tunecache.tuner.search.refit import refit
+from tunecache.tuner.search.refit import Nearest, refit
 
 LOCAL = local_spec()
 # Another VM of the same kind (only the model string differs), a bigger sibling, and a
@@ -224,7 +223,6 @@ def test_the_seed_store_is_the_last_resort_and_can_be_turned_off(
     compiled = compile_model(model, store=Store(tmp_path / "mine"), policy="balanced",
                              use_model=False, record_wanted=False)
     assert all(e.served_from is None for e in compiled.plan)
-    assert resolve(tmp_path / "seed").uri  # the seed is an ordinary store
 
 
 def test_an_offered_schedule_is_measured_first_within_the_trials() -> None:

@@ -115,3 +115,18 @@ def test_the_shipped_seed_is_current_and_verified() -> None:
     runnable = [s for s in specs if hardware_distance(local, s) is not None]
     assert here["exact_entries"] > 0 or len(here["neighbours"]) == \
         len([s for s in runnable if s.hw_id != local.hw_id])
+
+
+def test_a_damaged_manifest_and_a_missing_seed_are_one_line_errors(
+        two_machines: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "seed"
+    build_seed(two_machines[:1], out, folds=2)
+    (out / "SEED.json").write_text("{not json")
+    with pytest.raises(SeedError, match=r"SEED\.json is damaged"):
+        read_manifest(out)
+    done = subprocess.run([sys.executable, "-m", "tunecache.tuner.cli", "seed", "show"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TUNECACHE_SEED": "off"})
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "error: no seed: $TUNECACHE_SEED turns it off, or the shipped one is absent"]

@@ -139,3 +139,28 @@ def folds_option_with(help_text: str) -> Callable[[F], F]:
                             help=help_text)(func)
 
     return decorate
+
+
+def score(value: float | None) -> str:
+    """A ranking score (0..1) for the terminal; ``n/a`` when absent or NaN."""
+    return "n/a" if value is None or value != value else f"{float(value):.3f}"
+
+
+def echo_held_out(metrics: dict[str, Any] | None, transfers: bool) -> None:
+    """The held-out evaluations recorded with a model: by operator (the metrics' own
+    ``model``/``analytic``) and by hardware (``by_hardware``), and whether the model is used
+    on hardware it never saw."""
+    if not metrics:
+        return
+    if "model" in metrics:
+        _echo_split("by operator", metrics)
+    held = metrics.get("by_hardware")
+    if held:
+        _echo_split("by hardware", held)
+        click.echo("used on unseen hardware: " + ("yes" if transfers else "no"))
+
+
+def _echo_split(name: str, held: dict[str, Any]) -> None:
+    m, a = held["model"], held["analytic"]
+    click.echo(f"held-out {name}: top-1 {score(m['top1'])} (analytic {score(a['top1'])}), "
+               f"top-5 {score(m['top5'])} (analytic {score(a['top5'])})")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 import pandas as pd
@@ -21,7 +20,14 @@ from tunecache.costmodel.model import (
     prepare,
 )
 from tunecache.datasets import location
-from tunecache.tuner.cli.common import emit_json, folds_option_with, json_option, root_option
+from tunecache.tuner.cli.common import (
+    echo_held_out,
+    emit_json,
+    folds_option_with,
+    json_option,
+    root_option,
+    score,
+)
 
 
 class ModelCommandError(TunecacheError):
@@ -69,20 +75,16 @@ def _need_matplotlib() -> None:
         raise ModelCommandError("--png needs matplotlib: pip install 'tunecache[plots]'") from None
 
 
-def _pct(x: float) -> str:
-    return "n/a" if x != x else f"{x:.3f}"
-
-
 def _describe(ev: Evaluation) -> str:
     m, a, s = ev.model, ev.analytic, ev.search
     lines = [
         f"evaluation: {ev.split}, {m.groups} (op, hardware) groups",
         f"{'':24}{'model':>10}{'analytic':>10}",
-        f"{'top-1 score (mean)':24}{_pct(m.top1):>10}{_pct(a.top1):>10}",
-        f"{'top-5 score (mean)':24}{_pct(m.top5):>10}{_pct(a.top5):>10}",
-        f"{'top-1 score (worst op)':24}{_pct(m.top1_worst):>10}{_pct(a.top1_worst):>10}",
-        f"{'pairwise accuracy':24}{_pct(m.pairwise):>10}{_pct(a.pairwise):>10}",
-        f"{'Spearman':24}{_pct(m.spearman):>10}{_pct(a.spearman):>10}",
+        f"{'top-1 score (mean)':24}{score(m.top1):>10}{score(a.top1):>10}",
+        f"{'top-5 score (mean)':24}{score(m.top5):>10}{score(a.top5):>10}",
+        f"{'top-1 score (worst op)':24}{score(m.top1_worst):>10}{score(a.top1_worst):>10}",
+        f"{'pairwise accuracy':24}{score(m.pairwise):>10}{score(a.pairwise):>10}",
+        f"{'Spearman':24}{score(m.spearman):>10}{score(a.spearman):>10}",
         f"measurements to reach {s.reach:.2f} of the best (mean): model {s.model:.2f}, "
         f"analytic {s.analytic:.2f}, random {s.random:.2f} ({s.vs_random:.1f}x fewer than random)",
     ]
@@ -160,7 +162,7 @@ def model_train(root: str | None, out: str | None, folds: int, as_json: bool) ->
                f"({t['ops']} ops, {len(t['hw_ids'])} hardware, {t['failed_rows']} failed) "
                f"in {elapsed:.1f} s")
     click.echo(f"saved: {where}" + (" (current)" if current else ""))
-    _echo_held_out(metrics, model.transfers())
+    echo_held_out(metrics, model.transfers())
 
 
 @model_group.command("eval")
@@ -223,27 +225,11 @@ def model_show(root: str | None, model_dir: str | None, as_json: bool) -> None:
                    f"{meta['features']} features), created {meta['created_at']}")
         click.echo(f"trained on {t['rows']} schedules, {t['groups']} groups, {t['ops']} ops, "
                    f"hardware {', '.join(t['hw_ids'])}; data fingerprint {t['fingerprint']}")
-        _echo_held_out(meta.get("metrics"), bool(meta.get("transfers")))
+        echo_held_out(meta.get("metrics"), bool(meta.get("transfers")))
         libs = ", ".join(f"{k} {v}" for k, v in sorted(meta["libraries"].items()))
         click.echo(f"libraries: {libs}")
     if stored:
         click.echo("stored: " + ", ".join(stored))
-
-
-def _echo_held_out(metrics: dict[str, Any] | None, transfers: bool) -> None:
-    """The held-out evaluations recorded with a model, by operator and by hardware."""
-    if not metrics:
-        return
-    if "model" in metrics:
-        m, a = metrics["model"], metrics["analytic"]
-        click.echo(f"held-out by operator: top-1 {_pct(m['top1'])} (analytic "
-                   f"{_pct(a['top1'])}), top-5 {_pct(m['top5'])} (analytic {_pct(a['top5'])})")
-    held = metrics.get("by_hardware")
-    if held:
-        m, a = held["model"], held["analytic"]
-        click.echo(f"held-out by hardware: top-1 {_pct(m['top1'])} (analytic "
-                   f"{_pct(a['top1'])}), top-5 {_pct(m['top5'])} (analytic {_pct(a['top5'])}); "
-                   + ("used on unseen hardware" if transfers else "not used on unseen hardware"))
 
 
 COMMANDS = [model_group]

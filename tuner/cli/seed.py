@@ -11,7 +11,13 @@ from tunecache.cache.nearest import CacheView
 from tunecache.compiler.hardware import local_spec
 from tunecache.costmodel import registry
 from tunecache.datasets.seed import SEED_ENV, SEED_STORE, seed_location
-from tunecache.tuner.cli.common import emit_json, folds_option_with, hardware_option, json_option
+from tunecache.tuner.cli.common import (
+    echo_held_out,
+    emit_json,
+    folds_option_with,
+    hardware_option,
+    json_option,
+)
 from tunecache.tuner.jobs.seed import build_seed, read_manifest
 
 
@@ -69,10 +75,6 @@ def seed_show(hardware: Path | None, as_json: bool) -> None:
                f"{'used' if here['model_used'] else 'not used'}")
 
 
-def _pct(value: Any) -> str:
-    return "n/a" if value is None else f"{float(value):.2f}"
-
-
 def _describe(summary: dict[str, Any]) -> None:
     click.echo(f"{summary['records']} records, {summary['bytes'] / 1e6:.1f} MB, built "
                f"{summary['built_at']}")
@@ -80,12 +82,8 @@ def _describe(summary: dict[str, Any]) -> None:
         click.echo(f"  {h['hw_id']}: {h['isa']}, {h['cores']} cores, {h['cpu_model']}: "
                    f"{h['records']} records of {h['ops']} ops, {h['published']} published")
     click.echo(f"cost model {summary['model_version']}")
-    for name, key in (("by operator", "by_operator"), ("by hardware", "by_hardware")):
-        held = summary.get(key)
-        if held:
-            click.echo(f"  held out {name}: top-1 {_pct(held['model']['top1'])} (analytic "
-                       f"{_pct(held['analytic']['top1'])}), top-5 {_pct(held['model']['top5'])}")
-    click.echo("  used on unseen hardware: " + ("yes" if summary["model_transfers"] else "no"))
+    echo_held_out({**(summary["by_operator"] or {}), "by_hardware": summary["by_hardware"]},
+                  summary["model_transfers"])
 
 
 COMMANDS: list[click.Command] = [seed_group]

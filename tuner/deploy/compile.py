@@ -42,10 +42,11 @@ from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule, default_schedule, problems
-from tunecache.tuner.deploy.policy import Decision, Nearest, Policy, PolicyConfig
+from tunecache.tuner.deploy.policy import Decision, Policy, PolicyConfig
 from tunecache.tuner.measure import Runner, TimingConfig
 from tunecache.tuner.measure.records import to_records
 from tunecache.tuner.search import Ranker, TuneConfig, tune_op
+from tunecache.tuner.search.refit import Nearest
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,10 +296,7 @@ def _offer(served: Served | None, view: CacheView) -> tuple[Schedule | None, flo
         return (entry.schedule, entry.median_s,
                 f": measured {entry.median_s * 1e3:.3f} ms ({entry.n_measurements} "
                 f"measurement(s), {entry.source}{where})", None)
-    spec = view.spec_of(served.hw_id)
-    return None, None, "", Nearest(entry.schedule, entry.median_s, served.hw_id,
-                                   served.distance, spec.cores if spec else None,
-                                   served.shape_from)
+    return None, None, "", Nearest.from_served(served, view)
 
 
 def _record_wanted(store: Store, hw: HardwareSpec,

@@ -40,7 +40,7 @@ from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule, default_schedule, problems
 from tunecache.costmodel.analytic import estimate
 from tunecache.tuner.search import Ranker, roller
-from tunecache.tuner.search.refit import refit
+from tunecache.tuner.search.refit import Nearest
 
 POLICIES = ("cache-only", "analytic", "balanced", "tune")
 # Fraction of runtime an unmeasured guess loses, on average, to the best of a short search
@@ -82,20 +82,6 @@ class Guess:
     source: str  # "nearest", "model", "tiler" or "default"
     expected_s: float | None
     note: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Nearest:
-    """What the cache offers on an exact miss: the published schedule of the nearest tuned
-    hardware (``hw_id``, ``cores``) at ``distance``, measured there at ``median_s``."""
-
-    schedule: Schedule
-    median_s: float
-    hw_id: str
-    distance: float
-    cores: int | None = None
-    shape_from: str | None = None
-    """The op text the schedule was tuned for, when it is the nearest tuned shape's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +138,7 @@ class Policy:
     def _nearest_guess(self, op: OpSignature, nearest: Nearest | None) -> Guess | None:
         if nearest is None:
             return None
-        fitted = refit(op, nearest.schedule, self.hw, nearest.cores,
-                       resized=nearest.shape_from is not None)
+        fitted = nearest.fitted(op, self.hw)
         if fitted is None:
             return None
         if nearest.shape_from is not None:

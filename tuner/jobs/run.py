@@ -40,7 +40,7 @@ from tunecache.tuner.measure import MeasureResult, Runner, TimingConfig
 from tunecache.tuner.measure.baseline import baseline_is_noisy, measure_baseline
 from tunecache.tuner.measure.records import to_records
 from tunecache.tuner.search import OpTuneResult, Ranker, TuneConfig, tune_op
-from tunecache.tuner.search.refit import refit
+from tunecache.tuner.search.refit import Nearest
 from tunecache.tuner.search.tune import MIN_MEASURE_S, within
 
 # The part of an op's budget share kept for timing its baseline after tuning.
@@ -259,11 +259,9 @@ def _offers(view: CacheView | None, op: OpSignature, hw: HardwareSpec) -> list[S
         served = view.lookup(op) if view is not None else None
     except Exception:  # a damaged neighbour snapshot is skipped like a missing one
         return []
-    if served is None or served.exact:
+    if served is None or served.exact or view is None:
         return []
-    spec = view.spec_of(served.hw_id) if view is not None else None
-    fitted = refit(op, served.entry.schedule, hw, spec.cores if spec else None,
-                   resized=served.shape_from is not None)
+    fitted = Nearest.from_served(served, view).fitted(op, hw)
     return [fitted] if fitted is not None else []
 
 

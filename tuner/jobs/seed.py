@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -129,9 +129,7 @@ def build_seed(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike
         log(f"published {sum(published.values())} entries; training the cost model")
         model, metrics = _train(df, folds)
         registry.save(model, work)
-        summary = _summary(df, published, model, metrics, out)
-        summary = SeedSummary(**{**asdict(summary), "hardware": summary.hardware,
-                                 "bytes": _size(work)})
+        summary = replace(_summary(df, published, model, metrics, out), bytes=_size(work))
         (work / MANIFEST).write_text(json.dumps(summary.to_dict(), indent=2, sort_keys=True)
                                      + "\n")
         _swap(work, out)

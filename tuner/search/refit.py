@@ -15,6 +15,9 @@ here, or there is nothing to serve.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from tunecache.cache.nearest import CacheView, Served
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule, problems
@@ -58,3 +61,29 @@ def _resplit(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Schedule:
             break
         current, current_s = best, best_s
     return current
+
+
+@dataclass(frozen=True, slots=True)
+class Nearest:
+    """What the cache offers on a miss: the published schedule of the nearest tuned
+    hardware (``hw_id``, ``cores``) at ``distance``, measured there at ``median_s``, or of
+    the nearest tuned shape (``shape_from``) on this hardware."""
+
+    schedule: Schedule
+    median_s: float
+    hw_id: str
+    distance: float
+    cores: int | None = None
+    shape_from: str | None = None
+    """The op text the schedule was tuned for, when it is the nearest tuned shape's."""
+
+    @classmethod
+    def from_served(cls, served: Served, view: CacheView) -> Nearest:
+        """The offer of a non-exact entry that ``view`` served."""
+        spec = view.spec_of(served.hw_id)
+        return cls(served.entry.schedule, served.entry.median_s, served.hw_id,
+                   served.distance, spec.cores if spec else None, served.shape_from)
+
+    def fitted(self, op: OpSignature, hw: HardwareSpec) -> Schedule | None:
+        """The offered schedule re-fitted to ``op`` on ``hw`` (:func:`refit`)."""
+        return refit(op, self.schedule, hw, self.cores, resized=self.shape_from is not None)
