@@ -37,7 +37,8 @@ import numpy as np
 
 from tunecache.compiler import onnx_ops
 from tunecache.compiler.errors import OpSignatureError, TunecacheError
-from tunecache.compiler.lowering import lowerings_for
+from tunecache.compiler.kinds.conv2d import ACTIVATIONS
+from tunecache.compiler.lowering import clip_step, lowerings_for, other_input, silu_nodes
 from tunecache.compiler.ops import OpSignature
 
 if TYPE_CHECKING:
@@ -878,18 +879,29 @@ class _Loader:
         weight_name = w
         out = node.outputs[0]
         while True:
+            silu = self._silu_after(out)
+            if silu is not None:
+                epilogue.append("silu")
+                fused += silu
+                out = self.nodes[silu[-1]].outputs[0]
+                break
             nxt = self._next(out)
             if nxt is None:
                 break
             follower = self.nodes[nxt]
-            if follower.op_type == "BatchNormalization" and "add" not in epilogue and (
-                    "relu" not in epilogue):
+            activation = self._activation(follower, out)
+            if activation is not None:
+                epilogue.append(activation)
+                fused.append(nxt)
+                out = follower.outputs[0]
+                break
+            if follower.op_type == "BatchNormalization" and "add" not in epilogue:
                 folded = self._fold_bn(follower, weight_name, bias, f)
                 if folded is None:
                     break
                 weight_name, bias = folded
                 epilogue = ["bias"]
-            elif follower.op_type == "Add" and "relu" not in epilogue:
+            elif follower.op_type == "Add":
                 other = follower.inputs[1] if follower.inputs[0] == out else follower.inputs[0]
                 out_shape = self._shape(follower.outputs[0])
                 vector = (self._channel_constant(other, out_shape, 1)
@@ -906,18 +918,35 @@ class _Loader:
                     epilogue = [e for e in epilogue if e == "bias"] + ["add"]
                 else:
                     break
-            elif follower.op_type == "Relu":
-                epilogue.append("relu")
             else:
                 break
             fused.append(nxt)
             out = follower.outputs[0]
-            if follower.op_type == "Relu":
-                break
         sig = OpSignature.conv2d(n, c, h, wd, f, r, s, stride=p.stride, pads=p.pads,
                                  dilation=p.dilation, groups=p.groups, epilogue=tuple(epilogue))
         inputs = [x, weight_name] + ([bias] if bias else []) + ([add_input] if add_input else [])
         return self._finish(position, fused, sig, inputs, out)
+
+    def _activation(self, node: _Node, value: str) -> str | None:
+        """The conv epilogue activation ``node`` applies to ``value``, if it is one: ``Relu``,
+        ``Clip(0, 6)`` or ``Clip(0, inf)`` (another Clip is not)."""
+        if node.op_type == "Relu":
+            return "relu"
+        if node.op_type == "Clip" and node.inputs[0] == value:
+            step = clip_step(self, node.attrs, node.inputs)
+            return step if step in ACTIVATIONS else None
+        return None
+
+    def _silu_after(self, tensor: str) -> list[int] | None:
+        """The positions of ``Sigmoid(tensor)`` and ``Mul(tensor, it)`` when they are the only
+        readers of ``tensor`` (not a graph output) and may be fused away: a conv's SiLU."""
+        if self.uses.get(tensor) != 2 or tensor in self.graph_outputs:
+            return None
+        mul = self.consumer[tensor]
+        sigmoid = self.producer(other_input(self.nodes[mul].inputs, tensor) or "")
+        if sigmoid is None or self.taken[sigmoid] or self.taken[mul]:
+            return None
+        return silu_nodes(self, sigmoid, tensor)
 
     def _fold_bn(self, bn: _Node, weight: str, bias: str | None,
                  channels: int) -> tuple[str, str] | None:

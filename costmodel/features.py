@@ -72,7 +72,14 @@ def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
 
 
 _COST_KINDS: tuple[CostKind, ...] = all_cost_kinds()
-_EPILOGUE_STEPS = _union([kind.spec.epilogues for kind in all_kinds()])
+# Epilogue columns keep the order in which the layout first had them: a step a kind gains
+# that another kind already had (conv2d's clip6 and silu, elementwise's steps) keeps its
+# column; only a step no kind had before appends one (and changes the layout).
+_EPILOGUE_ORDER = ("bias", "relu", "add", "sub", "mul", "div", "sigmoid", "tanh", "gelu_erf",
+                   "gelu_tanh", "silu", "exp", "neg", "abs", "sqrt", "clip6")
+_KIND_EPILOGUES = _union([kind.spec.epilogues for kind in all_kinds()])
+_EPILOGUE_STEPS = tuple(s for s in _EPILOGUE_ORDER if s in _KIND_EPILOGUES) + tuple(
+    s for s in _KIND_EPILOGUES if s not in _EPILOGUE_ORDER)
 _COMMON_OP_NAMES = (
     *(f"kind_{kind.name}" for kind in _COST_KINDS),
     *(f"epi_{step}" for step in _EPILOGUE_STEPS),

@@ -8,8 +8,9 @@ benchmarks report them.
 Transformer suites are batch 1 with the sequence length in their description.
 
 Convolution suites are batch 1 at 224x224 with batch-norm folded into the convolution (hence
-``bias``), ReLU fused (MobileNet-v2's ReLU6 is listed as ``relu``: the clamp at 6 is not an
-epilogue we generate yet), and the residual add fused into the convolution that precedes it.
+``bias``), ReLU fused (MobileNet-v2's ReLU6 is listed as ``relu``, as it was before the
+``clip6`` epilogue existed, so the suite's ops and their tuning data stay the same), and the
+residual add fused into the convolution that precedes it.
 """
 
 from __future__ import annotations

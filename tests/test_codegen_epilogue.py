@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tunecache.compiler.build import build_source
-from tunecache.compiler.codegen.epilogue import STEPS, operand_tensors, render
+from tunecache.compiler.codegen.epilogue import STEPS, operand_tensors, reference, render
 from tunecache.compiler.codegen.isa import BASE_FLAGS, dialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel, store
 from tunecache.compiler.hardware import local_spec, runnable_isas
@@ -19,27 +19,37 @@ ISAS = runnable_isas(local_spec())
 EPILOGUES = [combo for n in range(len(STEPS) + 1) for combo in itertools.combinations(STEPS, n)]
 
 
+# Written out independently of the table's own numpy forms (silu in float64).
+_UNARY = {"relu": lambda y: np.maximum(y, np.float32(0)),
+          "clip6": lambda y: np.minimum(np.maximum(y, np.float32(0)), np.float32(6)),
+          "silu": lambda y: (y / (1.0 + np.exp(-y.astype(np.float64)))).astype(np.float32)}
+
+
 def _numpy(steps: tuple[str, ...], x: np.ndarray, operands: dict[str, np.ndarray]) -> np.ndarray:
     y = x.copy()
     for step in steps:
-        y = np.maximum(y, np.float32(0)) if step == "relu" else y + operands[step]
+        y = _UNARY[step](y) if step in _UNARY else y + operands[step]
     return y
 
 
-def _elementwise(isa: str, steps: tuple[str, ...]) -> ctypes.CDLL:
-    """``y = epilogue(x)`` over n floats: whole vectors, then a scalar tail."""
+def _elementwise(isa: str) -> ctypes.CDLL:
+    """``run_<k>``: ``y = epilogue(x)`` over n floats for ``EPILOGUES[k]``, whole vectors
+    then a scalar tail (one library for every epilogue)."""
     d = dialect(isa)
-    vector = render(steps, "t", {"bias": "VLOADU(bias + i)", "add": "VLOADU(add + i)"},
-                    vector=True)
-    scalar = render(steps, "v", {"bias": "bias[i]", "add": "add[i]"}, vector=False)
-    code = f"""{d.prelude}
-void run(const float *x, const float *bias, const float *add, float *y, long n) {{
+    functions = []
+    for k, steps in enumerate(EPILOGUES):
+        vector = render(steps, "t", {"bias": "VLOADU(bias + i)", "add": "VLOADU(add + i)"},
+                        vector=True)
+        scalar = render(steps, "v", {"bias": "bias[i]", "add": "add[i]"}, vector=False)
+        functions.append(f"""
+void run_{k}(const float *x, const float *bias, const float *add, float *y, long n) {{
   (void)bias; (void)add;
   long i = 0;
   for (; i + {d.lanes} <= n; i += {d.lanes}) {{ vec t = VLOADU(x + i); {vector} VSTOREU(y + i, t); }}
   for (; i < n; i++) {{ float v = x[i]; {scalar} y[i] = v; }}
 }}
-"""
+""")
+    code = d.prelude + "".join(functions)
     return ctypes.CDLL(str(build_source(code, BASE_FLAGS + d.flags).path))
 
 
@@ -47,15 +57,33 @@ void run(const float *x, const float *bias, const float *add, float *y, long n) 
 def test_vector_and_scalar_renderings_match_numpy(isa: str) -> None:
     rng = np.random.default_rng(0)
     n = 37  # whole vectors and a scalar tail on every ISA
-    x, bias, add = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    x = (4 * rng.standard_normal(n)).astype(np.float32)  # past both of clip6's bounds
+    x[:3] = (-100.0, 90.0, 0.0)  # silu where e**-x underflows, saturates, and at 0
+    bias, add = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
     ptr = ctypes.c_void_p
-    for steps in EPILOGUES:
-        lib = _elementwise(isa, steps)
+    lib = _elementwise(isa)
+    for k, steps in enumerate(EPILOGUES):
         y = np.full(n, np.nan, dtype=np.float32)
-        lib.run(ptr(x.ctypes.data), ptr(bias.ctypes.data), ptr(add.ctypes.data),
-                ptr(y.ctypes.data), ctypes.c_long(n))
+        getattr(lib, f"run_{k}")(ptr(x.ctypes.data), ptr(bias.ctypes.data),
+                                 ptr(add.ctypes.data), ptr(y.ctypes.data), ctypes.c_long(n))
         expected = _numpy(steps, x, {"bias": bias, "add": add})
-        assert np.array_equal(y, expected), (isa, steps)
+        if "silu" in steps:  # e**x is a polynomial within 2 ulp: float32 rounding, not exact
+            np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-30,
+                                       err_msg=f"{isa} {steps}")
+        else:
+            assert np.array_equal(y, expected), (isa, steps)
+    assert len(EPILOGUES) == 2 ** len(STEPS)
+
+
+def test_reference_applies_the_steps_in_order() -> None:
+    rng = np.random.default_rng(1)
+    x, bias, add = ((4 * rng.standard_normal((3, 5))).astype(np.float32) for _ in range(3))
+    for steps in EPILOGUES:
+        got = reference(steps, x.copy(), {"bias": bias, "add": add})
+        np.testing.assert_allclose(got, _numpy(steps, x, {"bias": bias, "add": add}),
+                                   rtol=1e-6, atol=0, err_msg=str(steps))
+    with pytest.raises(ValueError, match="reads tensor 'add', but the reference got only bias"):
+        reference(("add",), x.copy(), {"bias": bias})
 
 
 def test_render_names_what_was_wrong() -> None:

@@ -17,8 +17,9 @@ from kernel_support import bound_weights_problem, sampled
 
 from tunecache.compiler.build import Artifact, build
 from tunecache.compiler.codegen import generate
-from tunecache.compiler.errors import KernelArgumentError
+from tunecache.compiler.errors import KernelArgumentError, OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.kinds.conv2d import conv2d_op
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
@@ -223,6 +224,68 @@ def test_epilogue_order_is_bias_add_relu() -> None:
     expected = np.maximum(y0 + bias[None, :, None, None] + add, 0)
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
     assert (y == 0).any() and (y > 0).any()
+
+
+ACTIVATION_EPILOGUES = ("bias+clip6", "bias+silu", "bias+add+clip6")
+
+
+def _activation_cases(hw: HardwareSpec, epilogues: tuple[str, ...]) -> list[Case]:
+    """ReLU6 and SiLU tails on every kernel path: direct (through the NCHW store loop),
+    implicit GEMM (vector micro-kernel, scalar merge of the edge tiles), depthwise direct and
+    plane kernels, and blocked layouts (vector sink, grouped scalar sink, depthwise)."""
+    block = f"nchw{max(8, hw.lanes)}c"
+    out: list[Case] = []
+    for epi in epilogues:
+        dense = conv(1, 16, 9, 10, 24, 3, 3, pads=1, epilogue=epi)
+        dw = conv(1, 24, 11, 9, 24, 3, 3, stride=2, pads=1, groups=24, epilogue=epi)
+        out += [(f"direct {epi}", dense, direct(2, 4, 8)(hw), hw),
+                (f"gemm {epi}", dense, gemm(6, 2, 8)(hw), hw),
+                (f"depthwise direct {epi}", dw, direct(1, 4, 1, oh=2)(hw), hw),
+                (f"depthwise plane {epi}", dw, plane(1, 2)(hw), hw)]
+        for what, op in (
+                ("blocked", conv2d_op(1, 16, 7, 9, 40, 3, 3, pads=1, epilogue=epi,
+                                      layout=block, out_layout=block)),
+                ("blocked grouped", conv2d_op(1, 16, 6, 6, 24, 3, 3, pads=1, groups=2,
+                                              epilogue=epi, layout=block, out_layout=block)),
+                ("blocked depthwise", conv2d_op(1, 24, 8, 8, 24, 3, 3, pads=1, groups=24,
+                                                epilogue=epi, layout=block, out_layout=block))):
+            out.append((f"{what} {block} {epi}", op, default_conv2d_schedule(op, hw, T2), hw))
+    return out
+
+
+def test_relu6_and_silu_epilogues_on_every_kernel_path() -> None:
+    """Every path on the host ISA; SiLU (VEXP in vectors, FEXP in scalar loops) on the lower
+    ISA levels too."""
+    cases = _activation_cases(HW, ACTIVATION_EPILOGUES)
+    for isa in ISAS[1:]:
+        cases += _activation_cases(HW.with_isa(isa), ("bias+silu",))
+    for what, op, s, hw in cases:
+        assert not problems(op, s, hw), (what, hw.isa, problems(op, s, hw))
+    failures = []
+    for (what, op, s, hw), art in zip(cases, _build_all(cases), strict=True):
+        problem = _check(op, art, s)
+        if problem:
+            failures.append(f"{hw.isa} {what} {s}: {problem}")
+    assert not failures, "\n".join(failures)
+
+
+def test_activation_tails_clamp_and_saturate() -> None:
+    # Both clip6 bounds and SiLU's negative side are hit (the inputs' scale makes sure).
+    op = conv(1, 8, 6, 6, 16, 3, 3, pads=1, epilogue="bias+clip6")
+    inputs = random_inputs(op, seed=4)
+    y = load_kernel(op, build(generate(op, default_conv2d_schedule(op, HW), HW)))(*inputs)
+    assert (y == 0).any() and (y == 6).any() and ((y > 0) & (y < 6)).any()
+    silu = conv(1, 8, 6, 6, 16, 3, 3, pads=1, epilogue="bias+silu")
+    y = load_kernel(silu, build(generate(silu, default_conv2d_schedule(silu, HW), HW)))(*inputs)
+    expected = reference(silu, inputs)
+    assert (expected < -0.2).any() and (expected > 6).any()
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("epilogue", ["relu+clip6", "bias+clip6+silu", "add+relu+silu"])
+def test_at_most_one_activation(epilogue: str) -> None:
+    with pytest.raises(OpSignatureError, match=r"activations .*; at most one"):
+        conv(1, 8, 6, 6, 16, 3, 3, epilogue=epilogue)
 
 
 def test_layout_conversion_happens_inside_the_kernel() -> None:

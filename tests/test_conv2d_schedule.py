@@ -120,3 +120,14 @@ def test_defaults_are_legal_for_every_suite_conv_on_every_isa() -> None:
                         continue
                     assert not found, (isa, op.text, s, found)
         assert isinstance(default_schedule(CONV, hw), Conv2dSchedule)
+
+
+@pytest.mark.parametrize("groups", [1, 32])
+def test_analytic_estimate_charges_silu_not_the_cheap_steps(groups: int) -> None:
+    from tunecache.costmodel.analytic import estimate
+
+    def ms(epilogue: str) -> float:
+        op = OpSignature.conv2d(1, 32, 28, 28, 32, 3, 3, pads=1, groups=groups, epilogue=epilogue)
+        return estimate(op, default_conv2d_schedule(op, HW), HW).ms
+
+    assert ms("bias") == ms("bias+relu") == ms("bias+clip6") < ms("bias+silu")

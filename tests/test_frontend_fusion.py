@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("onnx")
 
+import onnx
 import onnx_support as models
 from onnx import helper
 
@@ -80,11 +81,11 @@ def test_bn_folding_makes_new_read_only_constants() -> None:
 def test_depthwise_blocks() -> None:
     graph = load_graph(models.mobilenet_model(13))
     k = kernels_by_name(graph)
-    assert k["dw"].op.dim("groups") == 24 and k["dw"].op.epilogue == ("bias",)
-    # ReLU6 (Clip) is not a conv epilogue: it becomes an element-wise kernel after the conv
+    assert k["dw"].op.dim("groups") == 24 and k["dw"].op.epilogue == ("bias", "clip6")
+    # ReLU6 (Clip(0, 6)) after the folded BatchNorm is the conv's epilogue: no extra kernel
+    assert k["expand"].op.epilogue == ("bias", "clip6") and len(k["expand"].nodes) == 3
     assert graph.onnx_nodes == ()
-    clips = [s for s in graph.kernel_nodes if s.op.kind == "elementwise"]
-    assert [c.op.epilogue for c in clips] == [("clip6",), ("clip6",)]
+    assert not [s for s in graph.kernel_nodes if s.op.kind == "elementwise"]
     assert k["project"].nodes == ("project", "project_bn", "residual")
     assert k["project"].op.epilogue == ("bias", "add")
     assert k["project"].inputs[3] == "x"
@@ -285,3 +286,79 @@ def test_exported_gelu_in_every_association_is_one_kernel(form: str) -> None:
     assert graph.onnx_nodes == ()
     feeds = models.random_feeds(model)
     models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds), [y])
+
+
+def activation_model(tail: str, opset: int = 13) -> tuple[onnx.ModelProto, str]:
+    """A 3x3 conv with bias whose outputs reach past 6 (weights of scale 1), then ``tail``:
+    ``clip6`` / ``clip4`` (Clip(0, 6) / Clip(0, 4)), ``silu`` (Mul(t, Sigmoid(t))) or
+    ``bn_silu`` (BatchNorm, then Mul(Sigmoid(t), t)). Returns the model and its output."""
+    b = models.Builder(opset, seed=8)
+    x = b.input("x", [1, 8, 10, 10])
+    bias = b.const(np.linspace(-1, 1, 16, dtype=np.float32), "b")
+    t = b.node("Conv", [x, b.weight(16, 8, 3, 3, scale=1.0), bias], name="conv",
+               kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    if tail in ("clip6", "clip4"):
+        y = b.clip(t, 0.0, 6.0 if tail == "clip6" else 4.0)
+    elif tail == "silu":
+        y = b.node("Mul", [t, b.node("Sigmoid", [t])])
+    else:
+        t = b.bn(t, 16)
+        y = b.node("Mul", [b.node("Sigmoid", [t]), t])
+    return b.model([y]), y
+
+
+@pytest.mark.parametrize(("tail", "opset", "step"), [
+    ("clip6", 13, "clip6"), ("clip6", 9, "clip6"), ("silu", 13, "silu"), ("bn_silu", 13, "silu")])
+def test_relu6_and_silu_after_a_conv_are_its_epilogue(tail: str, opset: int, step: str,
+                                                      tmp_path) -> None:
+    pytest.importorskip("onnxruntime")
+    model, y = activation_model(tail, opset)
+    graph = load_graph(model)
+    [conv] = graph.kernel_nodes
+    assert conv.op.kind == "conv2d" and conv.op.epilogue == ("bias", step)
+    assert len(conv.nodes) == {"clip6": 2, "silu": 3, "bn_silu": 4}[tail]
+    assert graph.onnx_nodes == () and conv.output == y
+    compiled = models.compile_and_compare(model, tmp_path)
+    assert [(e.op.kind, e.op.epilogue) for e in compiled.plan] == [("conv2d", ("bias", step))]
+    feeds = models.random_feeds(model)
+    [want] = models.ort_run(model, feeds)
+    got = compiled.run(feeds)[y]
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    if step == "clip6":
+        assert (want == 0).any() and (want == 6).any()
+
+
+def test_clip_to_other_bounds_is_not_a_conv_epilogue(tmp_path) -> None:
+    pytest.importorskip("onnxruntime")
+    model, _ = activation_model("clip4")
+    graph = load_graph(model)
+    [conv] = graph.kernel_nodes
+    assert conv.op.epilogue == ("bias",)
+    assert [s.op_type for s in graph.onnx_nodes] == ["Clip"]
+    models.compile_and_compare(model, tmp_path)
+
+
+@pytest.mark.parametrize("case", ["conv_output_is_graph_output", "sigmoid_is_graph_output",
+                                  "sigmoid_read_twice", "mul_of_another_tensor"])
+def test_silu_fuses_only_when_its_tensors_are_private(case: str) -> None:
+    b = models.Builder(13, seed=9)
+    x = b.input("x", [1, 4, 6, 6])
+    t = b.conv(x, 4, 4, 3, bias=True, name="conv")
+    s = b.node("Sigmoid", [t], name="sig")
+    outputs = []
+    if case == "mul_of_another_tensor":  # squeeze-excitation's gate: x * Sigmoid(t), not SiLU
+        outputs.append(b.node("Mul", [x, s], name="mul"))
+    else:
+        outputs.append(b.node("Mul", [t, s], name="mul"))
+    if case == "conv_output_is_graph_output":
+        outputs.append(t)
+    elif case == "sigmoid_is_graph_output":
+        outputs.append(s)
+    elif case == "sigmoid_read_twice":
+        outputs.append(b.node("Relu", [s]))
+    model = b.model(outputs)
+    graph = load_graph(model)
+    conv = kernels_by_name(graph)["conv"]
+    assert conv.op.epilogue == ("bias",) and conv.nodes == ("conv",)
+    feeds = models.random_feeds(model)
+    models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds), outputs)

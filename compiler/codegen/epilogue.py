@@ -2,9 +2,10 @@
 
 An epilogue is the tuple of step names an op carries (``op.epilogue``, e.g.
 ``("bias", "add", "relu")``), applied in that order to every output element once its
-reduction is complete. Each step is one :class:`Step` of :data:`STEPS`: a C statement updating
-the value ``{x}`` in place, once for a vector (the ``V*`` macros of ``isa.py``) and once for a
-float, reading ``{y}`` (an element or vector of the tensor it names) when it has an operand.
+reduction is complete. Each step is one :class:`Step` of :data:`STEPS`: the new value of
+``{x}`` as a vector expression (the ``V*`` macros of ``isa.py``), a C statement updating a
+float ``{x}`` in place, and the same step in numpy (for the kinds' references); a step with
+an operand reads ``{y}``, an element or vector of the tensor it names.
 :func:`render` turns the steps into C statements on one variable; the caller says where each
 operand tensor's element is (a C expression per tensor name), so the same table serves
 register tiles (vector C), edge and merge loops (scalar C) and elementwise kernels::
@@ -14,43 +15,58 @@ register tiles (vector C), edge and merge loops (scalar C) and elementwise kerne
     render(("bias", "relu"), "v", {"bias": "bias[j]"}, vector=False)
     # -> "v += bias[j]; if (v < 0.0f) v = 0.0f;"
 
-Adding a step is one entry here (plus any vector helper it needs in ``isa.py``, and the step
-in the kind's ``KindSpec.epilogues`` and reference), e.g. ReLU6::
-
-    "clip": Step(vector="{x} = VMIN(VMAX({x}, VZERO()), VSET1(6.0f));",
-                 scalar="{x} = fminf(fmaxf({x}, 0.0f), 6.0f);"),
-
-and ``sigmoid``/``silu``/``gelu`` likewise, their vector form calling an ``isa.py`` helper
-(``VEXP``, ``VTANH``, ``VERF``). A step reading a tensor names it in ``operand``; the kind's
-``arguments`` must list that tensor and each emitter passes its addressing.
+The activations ``relu``, ``clip6`` (ReLU6) and ``silu`` (``x * sigmoid(x)``) are the
+``elementwise`` kind's steps of the same names too: that kind takes their vector and numpy
+forms from here, so each is defined once. Adding a step is one entry here (plus any vector
+helper it needs in ``isa.py``, and the step in the kind's ``KindSpec.epilogues``); a step
+reading a tensor names it in ``operand``, the kind's ``arguments`` must list that tensor and
+each emitter passes its addressing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["STEPS", "Step", "operand_tensors", "render"]
+import numpy as np
+from scipy import special
+
+__all__ = ["STEPS", "Step", "operand_tensors", "reference", "render"]
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One epilogue step: ``vector`` and ``scalar`` C statements updating ``{x}`` (a ``vec``
-    or a ``float`` variable) in place, reading ``{y}`` (that tensor's vector or element) when
-    ``operand`` names a tensor. Statements, not expressions: the scalar forms keep the exact
-    C the kernels were tuned with (``if`` for relu compiles differently from a ``?:``)."""
+    """One epilogue step. ``vector``: the step's result as a ``vec`` expression of ``{x}``
+    (and ``{y}``); ``scalar``: a C statement updating the ``float`` variable ``{x}`` in
+    place; ``numpy``: the step on a float array ``numpy(x)``, or ``numpy(x, y)`` with the
+    operand broadcast to it, writing into ``x`` where it can. ``operand`` names the tensor
+    ``{y}`` reads. Scalar forms are statements: they keep the exact C the kernels were tuned
+    with (``if`` for relu compiles differently from a ``?:``)."""
 
     vector: str
     scalar: str
+    numpy: Callable[..., np.ndarray]
     operand: str | None = None
 
 
+def _add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.add(x, y, out=x)
+
+
 STEPS: Mapping[str, Step] = MappingProxyType({
-    "bias": Step(vector="{x} = VADD({x}, {y});", scalar="{x} += {y};", operand="bias"),
-    "add": Step(vector="{x} = VADD({x}, {y});", scalar="{x} += {y};", operand="add"),
+    "bias": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_add, operand="bias"),
+    "add": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_add, operand="add"),
     # Scalar relu keeps -0.0 and NaN as the kernels always have (the vector max does not).
-    "relu": Step(vector="{x} = VRELU({x});", scalar="if ({x} < 0.0f) {x} = 0.0f;"),
+    "relu": Step(vector="VRELU({x})", scalar="if ({x} < 0.0f) {x} = 0.0f;",
+                 numpy=lambda x: np.maximum(x, 0, out=x)),
+    "clip6": Step(vector="VMIN(VMAX({x}, VZERO()), VSET1(6.0f))",
+                  scalar="{x} = {x} < 0.0f ? 0.0f : ({x} > 6.0f ? 6.0f : {x});",
+                  numpy=lambda x: np.clip(x, 0, 6, out=x)),
+    # x / (1 + e**-x): one division, no separate sigmoid; FEXP is VEXP's scalar twin.
+    "silu": Step(vector="VDIV({x}, VADD(VSET1(1.0f), VEXP(VNEG({x}))))",
+                 scalar="{x} = {x} / (1.0f + FEXP(-{x}));",
+                 numpy=lambda x: np.multiply(x, special.expit(x), out=x)),
 })
 """Every epilogue step a kernel can fuse, by name."""
 
@@ -86,5 +102,24 @@ def render(steps: Sequence[str], value: str, operands: Mapping[str, str], *,
                 raise ValueError(f"epilogue step {name!r} reads tensor {step.operand!r}, but the "
                                  f"emitter gave only {', '.join(operands) or 'no operands'}")
             y = operands[step.operand]
-        out.append((step.vector if vector else step.scalar).format(x=value, y=y))
+        if vector:
+            out.append(f"{value} = {step.vector.format(x=value, y=y)};")
+        else:
+            out.append(step.scalar.format(x=value, y=y))
     return " ".join(out)
+
+
+def reference(steps: Sequence[str], value: np.ndarray,
+              operands: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``steps`` applied in order to the float array ``value`` in numpy (in place where the
+    dtype allows); ``operands`` maps a tensor name to an array broadcasting to ``value``."""
+    for name in steps:
+        step = _step(name)
+        if step.operand is None:
+            value = step.numpy(value)
+        elif step.operand not in operands:
+            raise ValueError(f"epilogue step {name!r} reads tensor {step.operand!r}, but the "
+                             f"reference got only {', '.join(operands) or 'no operands'}")
+        else:
+            value = step.numpy(value, operands[step.operand])
+    return value

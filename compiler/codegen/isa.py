@@ -16,6 +16,8 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
 * ``VEXP(v)``: e**v per lane, within 2 ulp (about 1.5e-7 relative) for
   ``-87.33 <= v <= 88``; 0 below (-inf included), saturating at e**88 above; NaN stays NaN.
   Cody-Waite reduction by ln 2 and the Cephes ``expf`` polynomial, no scalar code;
+  ``FEXP(x)`` is the same for one ``float`` in plain C (no libm: kernels link nothing), for
+  scalar epilogue loops;
 * more element-wise math: ``VNEG``, ``VABS``, ``VSQRT``, ``VSIGNOF(x, m)`` (``m >= 0`` with
   the sign of ``x``), ``VSEL_LT(x, y, a, b)`` (per lane ``x < y ? a : b``), ``VTANH(v)``
   (odd polynomial below ``|v| = 0.625``, ``1 - 2/(e**2|v| + 1)`` above; within 2e-7
@@ -320,6 +322,27 @@ static inline vec VERF(vec x) {
 }
 """
 
+# VEXP for one float, in plain C on every ISA: the clamp maps NaN to the low bound (so the
+# exponent conversion stays defined) and the result puts it back.
+_SCALAR_EXP = """\
+static inline float FEXP(float x) {
+  const float c = x > TC_EXP_LO ? (x < TC_EXP_HI ? x : TC_EXP_HI) : TC_EXP_LO;
+  const float n = (c * TC_LOG2E + 12582912.0f) - 12582912.0f;
+  float r = c - n * TC_LN2_HI;
+  r = r - n * TC_LN2_LO;
+  float p = TC_EXP_P0 * r + TC_EXP_P1;
+  p = p * r + TC_EXP_P2;
+  p = p * r + TC_EXP_P3;
+  p = p * r + TC_EXP_P4;
+  p = p * r + TC_EXP_P5;
+  p = p * (r * r) + (r + 1.0f);
+  union { int i; float f; } e;
+  e.i = ((int)n + 127) << 23;
+  if (x < TC_EXP_LO) return 0.0f;
+  return x == x ? p * e.f : x;
+}
+"""
+
 
 def _generic_flags() -> tuple[str, ...]:
     return ("-march=x86-64",) if platform.machine() in ("x86_64", "AMD64") else ()
@@ -327,13 +350,16 @@ def _generic_flags() -> tuple[str, ...]:
 
 DIALECTS: dict[str, IsaDialect] = {
     "avx512": IsaDialect(
-        "avx512", 16, _AVX512_PRELUDE + _AVX512_MATH + _AVX512_MORE + _TANH_ERF,
+        "avx512", 16,
+        _AVX512_PRELUDE + _AVX512_MATH + _AVX512_MORE + _TANH_ERF + _SCALAR_EXP,
         ("-march=x86-64-v4", "-mtune=generic", "-mprefer-vector-width=512"),
     ),
-    "avx2": IsaDialect("avx2", 8, _AVX2_PRELUDE + _AVX2_MATH + _AVX2_MORE + _TANH_ERF,
+    "avx2": IsaDialect("avx2", 8,
+                       _AVX2_PRELUDE + _AVX2_MATH + _AVX2_MORE + _TANH_ERF + _SCALAR_EXP,
                        ("-march=x86-64-v3", "-mtune=generic")),
     "generic": IsaDialect("generic", 4,
-                          _GENERIC_PRELUDE + _GENERIC_MATH + _GENERIC_MORE + _TANH_ERF,
+                          _GENERIC_PRELUDE + _GENERIC_MATH + _GENERIC_MORE + _TANH_ERF
+                          + _SCALAR_EXP,
                           _generic_flags()),
 }
 

@@ -23,7 +23,9 @@ as in numpy.
 
 Kernels stream X, the full/row operands and Y once with contiguous vector loads (``vec``
 vectors per step, the step loop unrolled ``unroll`` times), the chain held in registers
-(``chain()``, one C statement per step from :func:`step_c`'s table). A thread walks its flat
+(``chain()``, one C statement per step from :func:`step_c`'s table; ``relu``, ``clip6`` and
+``silu`` are the fused epilogue steps of :mod:`tunecache.compiler.codegen.epilogue`, defined
+there once for every kind). A thread walks its flat
 range in whole vectors: within a row a row operand is a pointer running along and a col
 operand one broadcast value; a vector crossing rows (every vector when ``N`` is below the
 lanes) gathers its operand lanes one by one; full and scalar operands need no rows at all.
@@ -43,6 +45,7 @@ import numpy as np
 from scipy import special
 
 from tunecache.compiler.codegen.abi import HEADER, TIMER, WORKSPACE, parallel_entry
+from tunecache.compiler.codegen.epilogue import STEPS as EPILOGUE_STEPS
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
@@ -57,6 +60,8 @@ UNARY_STEPS = ("relu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh", "silu", "exp"
                "sqrt", "clip6")
 OPERANDS = ("full", "row", "col", "scalar")
 MAX_STEPS = 16
+_SHARED = tuple(step for step in UNARY_STEPS if step in EPILOGUE_STEPS)
+"""Unary steps that are conv/matmul epilogue steps too: their C and numpy come from there."""
 VEC_CHOICES = (1, 2, 4)
 UNROLL_CHOICES = (1, 2, 4)
 _CHUNK = 16  # floats per piece of a thread's range: one 64-byte line
@@ -133,17 +138,15 @@ def _gelu_tanh(v: np.ndarray) -> np.ndarray:
 
 
 _UNARY_NP: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "relu": lambda v: np.maximum(v, 0, out=v),
+    **{step: EPILOGUE_STEPS[step].numpy for step in _SHARED},
     "sigmoid": lambda v: special.expit(v, out=v),
     "tanh": lambda v: np.tanh(v, out=v),
     "gelu_erf": _gelu_erf,
     "gelu_tanh": _gelu_tanh,
-    "silu": lambda v: np.multiply(v, special.expit(v), out=v),
     "exp": lambda v: np.exp(v, out=v),
     "neg": lambda v: np.negative(v, out=v),
     "abs": lambda v: np.abs(v, out=v),
     "sqrt": lambda v: np.sqrt(v, out=v),
-    "clip6": lambda v: np.clip(v, 0, 6, out=v),
 }
 _BINARY_NP: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
@@ -209,18 +212,16 @@ def _tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, 
 # -- C: one vector step ---------------------------------------------------------------------
 
 _UNARY_C = {
-    "relu": "VRELU(u)",
+    **{step: EPILOGUE_STEPS[step].vector.format(x="u", y="") for step in _SHARED},
     "sigmoid": "VDIV(VSET1(1.0f), VADD(VSET1(1.0f), VEXP(VNEG(u))))",
     "tanh": "VTANH(u)",
     "gelu_erf": "VMUL(VMUL(VSET1(0.5f), u), VADD(VSET1(1.0f), VERF(VMUL(u, VSET1({sqrt1_2}f)))))",
     "gelu_tanh": ("VMUL(VMUL(VSET1(0.5f), u), VADD(VSET1(1.0f), VTANH(VMUL(VSET1({gelu_c}f), "
                   "VFMA(VMUL(VSET1(0.044715f), u), VMUL(u, u), u)))))"),
-    "silu": "VDIV(u, VADD(VSET1(1.0f), VEXP(VNEG(u))))",
     "exp": "VEXP(u)",
     "neg": "VNEG(u)",
     "abs": "VABS(u)",
     "sqrt": "VSQRT(u)",
-    "clip6": "VMIN(VMAX(u, VZERO()), VSET1(6.0f))",
 }
 _BINARY_C = {"add": "VADD(u, b)", "sub": "VSUB(u, b)", "mul": "VMUL(u, b)", "div": "VDIV(u, b)"}
 

@@ -15,6 +15,7 @@ constants, single-consumer links and a way to add constants, nothing else.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,6 +85,39 @@ def other_input(inputs: tuple[str, ...], one: str | None) -> str | None:
     if len(inputs) != 2 or one not in inputs:
         return None
     return inputs[1] if inputs[0] == one else inputs[0]
+
+
+def clip_step(ctx: FusionContext, attrs: dict[str, Any], inputs: tuple[str, ...]) -> str | None:
+    """The activation a ``Clip`` node computes when it is one: ``clip6`` for bounds (0, 6)
+    (ReLU6), ``relu`` for (0, none or inf); None otherwise. Bounds are attributes before
+    opset 11 and constant inputs from it on."""
+    if ctx.opset < 11:
+        lo, hi = attrs.get("min"), attrs.get("max")
+    else:
+        lo = scalar_constant(ctx, inputs[1]) if len(inputs) > 1 and inputs[1] else None
+        hi = scalar_constant(ctx, inputs[2]) if len(inputs) > 2 and inputs[2] else None
+        if (len(inputs) > 1 and inputs[1] and lo is None) or (
+                len(inputs) > 2 and inputs[2] and hi is None):
+            return None
+    if lo == 0.0 and hi == 6.0:
+        return "clip6"
+    if lo == 0.0 and (hi is None or math.isinf(hi)):
+        return "relu"
+    return None
+
+
+def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | None:
+    """``Sigmoid(value)`` at ``position``, read only by ``Mul(value, it)`` (either order):
+    the positions of both, or None. Whether ``value`` itself may be fused away is the
+    caller's question."""
+    node = ctx.nodes[position]
+    if node.op_type != "Sigmoid" or node.inputs[:1] != (value,):
+        return None
+    mul = ctx.sole_consumer(node.outputs[0])
+    if mul is None or ctx.nodes[mul].op_type != "Mul" or \
+            sorted(ctx.nodes[mul].inputs) != sorted((value, node.outputs[0])):
+        return None
+    return [position, mul]
 
 BUILTIN_LOWERINGS = ("rowwise", "rmsnorm", "pool", "rotary", "elementwise")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried

@@ -24,9 +24,11 @@ from tunecache.compiler.kinds.elementwise import MAX_STEPS, elementwise_op
 from tunecache.compiler.lowering import (
     FusionContext,
     GraphNode,
+    clip_step,
     other_input,
     register_lowering,
     scalar_constant,
+    silu_nodes,
 )
 
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Neg": "neg",
@@ -165,34 +167,6 @@ class _Grower:
         return names
 
 
-def _clip_step(ctx: FusionContext, attrs: dict[str, Any], inputs: tuple[str, ...]) -> str | None:
-    if ctx.opset < 11:
-        lo, hi = attrs.get("min"), attrs.get("max")
-    else:
-        lo = scalar_constant(ctx, inputs[1]) if len(inputs) > 1 and inputs[1] else None
-        hi = scalar_constant(ctx, inputs[2]) if len(inputs) > 2 and inputs[2] else None
-        if (len(inputs) > 1 and inputs[1] and lo is None) or (
-                len(inputs) > 2 and inputs[2] and hi is None):
-            return None
-    if lo == 0.0 and hi == 6.0:
-        return "clip6"
-    if lo == 0.0 and (hi is None or math.isinf(hi)):
-        return "relu"
-    return None
-
-
-def _silu(ctx: FusionContext, position: int, value: str) -> list[int] | None:
-    """``Sigmoid(value)`` read only by ``Mul(value, it)``: the positions of both."""
-    node = ctx.nodes[position]
-    if node.op_type != "Sigmoid":
-        return None
-    mul = ctx.sole_consumer(node.outputs[0])
-    if mul is None or ctx.nodes[mul].op_type != "Mul" or \
-            set(ctx.nodes[mul].inputs) != {value, node.outputs[0]}:
-        return None
-    return [position, mul]
-
-
 def _gelu(ctx: FusionContext, position: int, value: str) -> list[int] | None:
     """GELU as the exporters write it, ``value * 0.5 * (1 + Erf(value / sqrt2))``, in any
     association of the two products, starting at the node at ``position`` (the division or
@@ -284,14 +258,14 @@ def _step(ctx: FusionContext, grower: _Grower, position: int, value: str
     node = ctx.nodes[position]
     if (fused := _gelu(ctx, position, value)) is not None:
         return ["gelu_erf"], fused
-    if (fused := _silu(ctx, position, value)) is not None:
+    if (fused := silu_nodes(ctx, position, value)) is not None:
         return ["silu"], fused
     if node.inputs[0] != value and node.op_type not in ("Add", "Mul", "Sub"):
         return None
     if node.op_type in UNARY:
         return [UNARY[node.op_type]], [position]
     if node.op_type == "Clip":
-        step = _clip_step(ctx, node.attrs, node.inputs)
+        step = clip_step(ctx, node.attrs, node.inputs)
         return ([step], [position]) if step else None
     if node.op_type not in BINARY or len(node.inputs) != 2:
         return None

@@ -15,6 +15,7 @@ from tunecache.costmodel.analytic import (
     round_up,
 )
 from tunecache.costmodel.kinds import CostKind, FeatureBlock, l2, register
+from tunecache.costmodel.kinds.elementwise import HEAVY, STEP_OPS
 
 
 def _conv_dims(op: OpSignature) -> tuple[int, int, int, int, int, int, int, bool]:
@@ -72,7 +73,7 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
                               else ceil_div(pixels, s.ow_block))
     busy = min(T, max(1, units))
     balance = units / (ceil_div(units, busy) * busy) if units else 1.0
-    compute_s = flops / (peak * eff * busy * balance)
+    compute_s = flops / (peak * eff * busy * balance) + _epilogue_s(op, hw, busy)
     in_elems = n * d["C"] * (d["H"] + d["pad_t"] + d["pad_b"]) * (d["W"] + d["pad_l"] + d["pad_r"])
     out_elems = n * d["F"] * pixels
     weights = d["F"] * cg * rs
@@ -88,6 +89,18 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     overhead_s = arch.call_overhead_s + (arch.fork_join_s if T > 1 else 0.0)
     seconds = compute_s + memory_s + overhead_s
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+def _epilogue_s(op: OpSignature, hw: HardwareSpec, busy: int) -> float:
+    """Seconds of the epilogue's exp-based activation (``silu``), at the elementwise kind's
+    instructions per vector; bias, add, relu and clip6 (one or two instructions per output
+    vector) hide under the tile's stores."""
+    heavy = sum(STEP_OPS.get(step, 0) for step in op.epilogue if STEP_OPS.get(step, 0) >= HEAVY)
+    if not heavy:
+        return 0.0
+    arch = constants(hw)
+    vectors = ceil_div(op.dim("N") * op.dim("F") * op.out_h * op.out_w, hw.lanes)
+    return vectors * heavy / (arch.fma_pipes * arch.ghz * 1e9 * busy)
 
 
 def _blocked_input_copy(op: OpSignature) -> float:
@@ -113,7 +126,7 @@ def _estimate_plane(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     busy = min(T, max(1, units))
     balance = units / (ceil_div(units, busy) * busy)
     peak = peak_gflops_per_core(hw) * 1e9
-    compute_s = flops / (peak * eff * busy * balance)
+    compute_s = flops / (peak * eff * busy * balance) + _epilogue_s(op, hw, busy)
     in_bytes = 4.0 * n * c * d["H"] * d["W"]
     out_bytes = 4.0 * n * c * p * q
     stream = arch.bytes_per_cycle["l3"] * arch.ghz * 1e9 * busy

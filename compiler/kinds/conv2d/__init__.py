@@ -5,8 +5,10 @@ parameters ``stride_h, stride_w`` (default 1), ``pad_t, pad_l, pad_b, pad_r`` (d
 asymmetric as ONNX ``pads`` gives them), ``dil_h, dil_w`` (default 1) and ``groups``
 (default 1; depthwise when ``groups == C``).
 ``P = (H + pad_t + pad_b - dil_h*(R-1) - 1) // stride_h + 1`` and likewise ``Q``.
-Epilogue: ``bias`` adds ``bias[F]``, ``add`` a residual tensor of the output's shape,
-``relu`` clamps at zero. Attributes: ``layout`` (X's layout) and ``out_layout`` (Y's and
+Epilogue: ``bias`` adds ``bias[F]``, ``add`` a residual tensor of the output's shape, then
+at most one activation (:data:`ACTIVATIONS`): ``relu`` clamps at zero, ``clip6`` at 0 and 6
+(ReLU6), ``silu`` is ``x * sigmoid(x)`` (the steps of :mod:`~tunecache.compiler.codegen.epilogue`).
+Attributes: ``layout`` (X's layout) and ``out_layout`` (Y's and
 ``add``'s; left out of the text while ``nchw``), each ``nchw`` or a channel-blocked
 ``nchw{x}c`` (:mod:`tunecache.compiler.kinds.layouts`). Schedules: ``space.py``; kernels:
 ``emit.py``; docs/CONV2D.md.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
 from tunecache.compiler.kinds.conv2d.space import (
@@ -39,8 +42,12 @@ from tunecache.compiler.kinds.layouts import (
 from tunecache.compiler.kinds.matmul import epilogue_tuple
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window
 
-__all__ = ["Conv2dSchedule", "conv2d_blocks", "conv2d_nchw", "conv2d_op", "is_depthwise",
-           "nchw_conv2d", "plane_buffer_floats"]
+__all__ = ["ACTIVATIONS", "Conv2dSchedule", "conv2d_blocks", "conv2d_nchw", "conv2d_op",
+           "is_depthwise", "nchw_conv2d", "plane_buffer_floats"]
+
+
+ACTIVATIONS = ("relu", "clip6", "silu")
+"""The epilogue's activations, after ``bias`` and ``add``; an op has at most one."""
 
 
 def conv2d_op(N: int, C: int, H: int, W: int, F: int, R: int, S: int, *,
@@ -84,6 +91,10 @@ def _signature_problems(op: OpSignature) -> list[str]:
     if len(blocks) > 1:
         found.append(f"layout={op.attr('layout')} and out_layout={op.attr('out_layout')} "
                      "block channels differently; use one block size")
+    activations = [step for step in op.epilogue if step in ACTIVATIONS]
+    if len(activations) > 1:
+        found.append(f"epilogue {'+'.join(op.epilogue)} has {len(activations)} activations "
+                     f"({', '.join(activations)}); at most one")
     if d["C"] % g:
         found.append(f"input channels C={d['C']} are not divisible by groups={g}")
     if d["F"] % g:
@@ -167,10 +178,10 @@ def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
                     (d["stride_h"], d["stride_w"]),
                     (d["pad_t"], d["pad_l"], d["pad_b"], d["pad_r"]),
                     (d["dil_h"], d["dil_w"]), d["groups"])
-    if "add" in op.epilogue:
-        y += from_layout(inputs[-1], out_layout, d["F"])
-    if "relu" in op.epilogue:
-        np.maximum(y, 0, out=y)
+    residual = from_layout(inputs[-1], out_layout, d["F"]) if "add" in op.epilogue else None
+    # The bias is in y already (conv2d_nchw adds it).
+    steps = tuple(step for step in op.epilogue if step != "bias")
+    y = epilogue_reference(steps, y, {} if residual is None else {"add": residual})
     return to_layout(y, out_layout)
 
 
@@ -193,7 +204,7 @@ KIND = register(OpKind(
     spec=KindSpec(
         dims=("N", "C", "H", "W", "F", "R", "S"),
         attrs={"layout": LAYOUTS, "out_layout": LAYOUTS},
-        epilogues=("bias", "add", "relu"),
+        epilogues=("bias", "add", *ACTIVATIONS),
         params={
             "stride_h": (1, 1), "stride_w": (1, 1),
             "pad_t": (0, 0), "pad_l": (0, 0), "pad_b": (0, 0), "pad_r": (0, 0),
