@@ -44,6 +44,8 @@ from tunecache.compiler.ops import OpSignature
 if TYPE_CHECKING:
     import onnx
 
+    from tunecache.compiler.hardware import HardwareSpec
+
 __all__ = [
     "MIN_OPSET", "Graph", "KernelNode", "ModelError", "ModelInfo", "ModelSource", "OnnxNode",
     "TensorInfo", "inspect_model", "kernel_ops", "load_graph", "read_model", "supported_ops",
@@ -281,13 +283,19 @@ def inspect_model(path_or_model: str | Path | onnx.ModelProto | ModelSource,
 
 
 def kernel_ops(path: str | Path | onnx.ModelProto,
-               input_shapes: Mapping[str, Sequence[int]] | None = None
-               ) -> list[tuple[OpSignature, int, str]]:
+               input_shapes: Mapping[str, Sequence[int]] | None = None,
+               hw: HardwareSpec | None = None) -> list[tuple[OpSignature, int, str]]:
     """The distinct kernel ops of a model: ``(op, count, label)`` in first-use order.
 
     ``label`` names the kernel nodes using the op (the first few, then how many more).
+    With ``hw``, the ops a model compiled for ``hw`` runs: its activations' layouts planned
+    (:func:`tunecache.compiler.layout_plan.plan_layouts`), reorders included.
     """
     graph = load_graph(path, input_shapes)
+    if hw is not None:
+        from tunecache.compiler.layout_plan import plan_layouts
+
+        graph = plan_layouts(graph, hw).graph
     users: dict[OpSignature, list[str]] = {}
     for node in graph.kernel_nodes:
         users.setdefault(node.op, []).append(node.name)

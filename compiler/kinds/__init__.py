@@ -63,6 +63,13 @@ class OpKind:
       normal values are not valid (a positive epsilon, say).
     * ``examples`` — op texts of typical uses (model shapes); the registry's contract tests
       and ``tunecache kinds`` use them.
+    * ``layout_slots(op)`` — optional, for kinds whose activations may be stored in a blocked
+      layout (:mod:`~tunecache.compiler.kinds.layouts`): for each input argument, ``"in"``
+      (stored in the op's input layout), ``"out"`` (in its output layout, e.g. a residual)
+      or None (layout-free: weights, vectors, scalars). The model's layout planner reads it.
+    * ``relayout(op, src, dst)`` — optional, with ``layout_slots``: the same computation
+      reading its ``"in"`` activations stored in ``src`` and writing ``dst`` (its ``"out"``
+      inputs in ``dst`` too), or None when the kind cannot.
     """
 
     name: str
@@ -81,6 +88,8 @@ class OpKind:
     tolerance: Callable[[OpSignature, tuple[np.ndarray, ...]], tuple[float, float]] | None = None
     random_inputs: Callable[[OpSignature, np.random.Generator], tuple[np.ndarray, ...]] | None = None
     examples: tuple[str, ...] = ()
+    layout_slots: Callable[[OpSignature], tuple[str | None, ...]] | None = None
+    relayout: Callable[[OpSignature, str, str], OpSignature | None] | None = None
 
 
 _KINDS: dict[str, OpKind] = {}

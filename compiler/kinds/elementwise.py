@@ -49,6 +49,7 @@ from tunecache.compiler.codegen.epilogue import STEPS as EPILOGUE_STEPS
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.kinds.layouts import NCHW
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 from tunecache.compiler.schedule import ScheduleData, threads_problem
 
@@ -408,6 +409,20 @@ def emit_elementwise(op: OpSignature, s: ElementwiseSchedule, d: IsaDialect) -> 
     return "\n".join([*parts, _emit_range(op, s), entry, TIMER])
 
 
+def _layout_slots(op: OpSignature) -> tuple[str | None, ...]:
+    operand = "in" if op.attr("operand") == "full" else None
+    return ("in",) + (operand,) * binary_count(op)
+
+
+def _relayout(op: OpSignature, src: str, dst: str) -> OpSignature | None:
+    """The same op on any layout, element for element: X, Y and full operands share one
+    layout, whose flat order then does not matter. A row or column operand follows the
+    ``[M, N]`` view of a plain tensor, so it stays on plain ones."""
+    if src != dst or (src != NCHW and op.attr("operand") in ("row", "col")):
+        return None
+    return op
+
+
 KIND = register(OpKind(
     name="elementwise",
     spec=KindSpec(
@@ -429,6 +444,8 @@ KIND = register(OpKind(
     baseline="numpy",
     tolerance=_tolerance,
     random_inputs=_random_inputs,
+    layout_slots=_layout_slots,
+    relayout=_relayout,
     examples=(
         "elementwise(M=128,N=3072,operand=row,epilogue=add+gelu_erf)",  # BERT FFN bias + GELU
         "elementwise(M=256,N=3136,operand=full,epilogue=add+relu)",  # ResNet residual add

@@ -14,12 +14,19 @@ signature everywhere, so a model can be planned for another machine, and a kerne
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from tunecache.compiler.hardware import HardwareSpec
 
+if TYPE_CHECKING:
+    from tunecache.compiler.ops import OpSignature
+
 __all__ = ["BLOCKED", "LAYOUTS", "NCHW", "channel_block", "from_blocked", "from_layout",
-           "layout_problems", "random_tensor", "tensor_shape", "to_blocked", "to_layout"]
+           "layout_problems", "random_tensor", "tensor_shape", "to_blocked", "to_layout",
+           "with_attrs"]
 
 NCHW = "nchw"
 BLOCKED = ("nchw8c", "nchw16c")
@@ -88,3 +95,10 @@ def layout_problems(layouts: tuple[str, ...], hw: HardwareSpec) -> list[str]:
             found.append(f"layout {layout} needs {hw.isa} vectors that divide its {x}-channel "
                          f"blocks ({hw.lanes} lanes do not); use nchw{hw.lanes}c on {hw.isa}")
     return found
+
+
+def with_attrs(op: OpSignature, **values: str) -> OpSignature:
+    """``op`` with the named attributes set (itself when nothing changes); the signature is
+    validated again."""
+    attrs = tuple((name, values.get(name, value)) for name, value in op.attrs)
+    return op if attrs == op.attrs else replace(op, attrs=attrs)

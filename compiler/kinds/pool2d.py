@@ -66,6 +66,7 @@ from tunecache.compiler.kinds.layouts import (
     random_tensor,
     tensor_shape,
     to_layout,
+    with_attrs,
 )
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window
 from tunecache.compiler.schedule import MAX_PACKED_BYTES, ScheduleData, threads_problem
@@ -818,6 +819,11 @@ def emit_pool2d(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
     return "\n".join(out)
 
 
+def _relayout(op: OpSignature, src: str, dst: str) -> OpSignature | None:
+    """A window stays in its layout: X and Y share one."""
+    return with_attrs(op, layout=src) if src == dst else None
+
+
 KIND = register(OpKind(
     name="pool2d",
     spec=KindSpec(
@@ -849,6 +855,8 @@ KIND = register(OpKind(
     baseline="numpy",
     tolerance=_tolerance,
     random_inputs=_random_inputs,
+    layout_slots=lambda op: ("in",),
+    relayout=_relayout,
     examples=(
         "pool2d(N=1,C=64,H=112,W=112,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,pad_b=1,"
         "pad_r=1,mode=max)",  # ResNet-50 stem

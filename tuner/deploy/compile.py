@@ -38,6 +38,7 @@ from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError
 from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable, local_spec
+from tunecache.compiler.layout_plan import plan_layouts
 from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
@@ -331,6 +332,7 @@ def compile_model(
     use_model: bool = True,
     max_shapes: int = DEFAULT_MAX_SHAPES,
     threads: int | None = None,
+    blocked_layouts: bool = True,
 ) -> CompiledModel:
     """Compile the ONNX model at ``path`` (or read by :func:`frontend.read_model`) against
     ``store``'s cache (see the module doc).
@@ -340,6 +342,8 @@ def compile_model(
     dynamic dimensions is otherwise only checked now, and each shape is planned on its
     first run (:class:`CompiledModel`); ``max_shapes`` bounds how many it keeps. With
     ``threads``, no kernel uses more threads than that (schedules with more are re-fitted).
+    ``blocked_layouts`` keeps activations channel-blocked between the kernels that take them
+    (:mod:`tunecache.compiler.layout_plan`); off, every kernel reads and writes NCHW.
     """
     t0 = time.perf_counter()
     hw = hw or local_spec()
@@ -358,7 +362,7 @@ def compile_model(
     def specialise(concrete: Mapping[str, tuple[int, ...]]) -> CompiledModel:
         return _compile_shape(label, source, concrete, store=store, config=config, hw=hw,
                               model=model, clock=clock, record_wanted=record_wanted,
-                              threads=threads)
+                              threads=threads, blocked_layouts=blocked_layouts)
 
     if shapes is None:
         interface = frontend.Graph(info.name, info.opset, info.inputs, info.outputs,
@@ -378,11 +382,13 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                    input_shapes: Mapping[str, Sequence[int]], *, store: Store,
                    config: PolicyConfig, hw: HardwareSpec, model: Ranker | None,
                    clock: Callable[[], float], record_wanted: bool,
-                   threads: int | None = None) -> CompiledModel:
-    """Plan and build one concrete input shape: look every kernel op up, decide each miss,
-    record the misses as wanted, build the kernels."""
+                   threads: int | None = None, blocked_layouts: bool = True) -> CompiledModel:
+    """Plan and build one concrete input shape: plan layouts, look every kernel op up,
+    decide each miss, record the misses as wanted, build the kernels."""
     t0 = time.perf_counter()
     graph = frontend.load_graph(source, input_shapes)
+    if blocked_layouts:
+        graph = plan_layouts(graph, hw).graph
     t_load = time.perf_counter()
     view = _cache_view(store, hw)
     decider = Policy(config, hw, model=model, clock=clock)

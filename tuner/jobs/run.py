@@ -201,7 +201,7 @@ def collect_workloads(
             problems.append(str(exc))
     for path in models:
         try:
-            found += model_workloads(path)
+            found += model_workloads(path, hw)
         except TunecacheError as exc:
             problems.append(f"model {path}: {exc}")
     if wanted:
@@ -216,12 +216,13 @@ def collect_workloads(
     return merge_workloads(found), problems
 
 
-def model_workloads(path: str | Path) -> list[Workload]:
-    """The kernel-worthy ops of an ONNX model, counted (needs ``tunecache[onnx]``)."""
+def model_workloads(path: str | Path, hw: HardwareSpec | None = None) -> list[Workload]:
+    """The kernel ops of an ONNX model, counted: with ``hw``, the ops (layouts and
+    reorders included) that the model compiled for ``hw`` runs."""
     from tunecache.compiler import frontend
 
     return [Workload(op, count, f"{Path(path).name}: {label}")
-            for op, count, label in frontend.kernel_ops(path)]
+            for op, count, label in frontend.kernel_ops(path, hw=hw)]
 
 
 # -- the job -------------------------------------------------------------------------------

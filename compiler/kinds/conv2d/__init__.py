@@ -38,6 +38,7 @@ from tunecache.compiler.kinds.layouts import (
     random_tensor,
     tensor_shape,
     to_layout,
+    with_attrs,
 )
 from tunecache.compiler.kinds.matmul import epilogue_tuple
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window
@@ -199,6 +200,25 @@ def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarra
     return tuple(out)
 
 
+def _layout_slots(op: OpSignature) -> tuple[str | None, ...]:
+    """X in the input layout, a residual in the output's; weights and bias have none."""
+    return tuple({"X": "in", "add": "out"}.get(a.name) for a in op.arguments()[:-1])
+
+
+def _relayout(op: OpSignature, src: str, dst: str) -> OpSignature | None:
+    """Any pair of layouts of one block size (the direct kernels read and write both); a
+    grouped, not depthwise, convolution only with whole blocks per group."""
+    d = op.dims_dict
+    blocks = {channel_block(src), channel_block(dst)} - {0}
+    if len(blocks) > 1:
+        return None
+    if blocks and d["groups"] > 1 and not is_depthwise(op):
+        x = blocks.pop()
+        if (d["C"] // d["groups"]) % x or (d["F"] // d["groups"]) % x:
+            return None
+    return with_attrs(op, layout=src, out_layout=dst)
+
+
 KIND = register(OpKind(
     name="conv2d",
     spec=KindSpec(
@@ -230,6 +250,8 @@ KIND = register(OpKind(
     baseline="onnxruntime",
     prepacked_timing=True,
     random_inputs=_random_inputs,
+    layout_slots=_layout_slots,
+    relayout=_relayout,
     examples=("conv2d(N=1,C=64,H=56,W=56,F=64,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,"
               "epilogue=bias+relu)",
               "conv2d(N=1,C=32,H=28,W=28,F=32,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,"
