@@ -9,8 +9,13 @@ thread counts set to the same number, and reports the median latency over ``--re
 its peak RSS, and (tunecache) the cold and warm compile times. The error column is
 max |ours - onnxruntime| / max |onnxruntime| on the same input.
 
+With ``--tune TRIALS``, tunecache is also measured **tuned**: in its own process, a
+tuning job (``TRIALS`` per distinct op, no refinement) on the ops the compiled model runs
+(layouts planned for the spec: ``kernel_ops(path, hw=...)``) into a fresh store, published,
+then the model compiled against it (``balanced``: every op a cache hit) and timed.
+
     python benchmarks/model_zoo_latency.py [--only squeezenet1_1,vgg16] [--threads 1,2]
-        [--repeat 20] [--size 224] [--no-write]
+        [--repeat 20] [--size 224] [--tune 6] [--no-write]
 
 OpenVINO is an optional extra: ``pip install 'tunecache[openvino]'``.
 """
@@ -51,6 +56,8 @@ class Measurement:
     cold_s: float = float("nan")
     warm_s: float = float("nan")
     rel_err: float = float("nan")
+    tune_s: float = float("nan")
+    hits: float = float("nan")
     error: str = ""
 
 
@@ -75,6 +82,39 @@ def _run_tunecache(path: Path, image: np.ndarray, threads: int, repeat: int,
     ms = median_ms(lambda: compiled.run({name: image}), repeat)
     (out,) = compiled.run({name: image}).values()
     return ms, out, {"cold_s": cold_s, "warm_s": warm_s}
+
+
+def _run_tuned(path: Path, image: np.ndarray, threads: int, repeat: int, work: Path,
+               trials: int) -> tuple[float, np.ndarray, dict[str, float]]:
+    from tunecache.cache.store import Store
+    from tunecache.compiler.frontend import kernel_ops
+    from tunecache.compiler.hardware import local_spec
+    from tunecache.datasets.suites import Workload
+    from tunecache.tuner.deploy import compile_model
+    from tunecache.tuner.jobs import JobOptions, run_job
+
+    hw = replace(local_spec(), cores=threads)
+    store = Store(work / f"tuned-{path.stem}-{threads}")
+    start = time.perf_counter()
+    workloads = [Workload(op, count, label) for op, count, label in kernel_ops(path, hw=hw)]
+    run_job(workloads, hw, store, JobOptions(trials=trials, refine=False, baseline=False))
+    store.publish(hw.hw_id)
+    tune_s = time.perf_counter() - start
+    compiled = compile_model(path, store=store, policy="balanced", record_wanted=False, hw=hw)
+    hits = sum(e.action == "cache" for e in compiled.plan) / max(1, len(compiled.plan))
+    (name,) = [i.name for i in compiled.graph.inputs]
+    ms = median_ms(lambda: compiled.run({name: image}), repeat)
+    (out,) = compiled.run({name: image}).values()
+    return ms, out, {"tune_s": tune_s, "hits": hits}
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM): unlike ``ru_maxrss`` it starts afresh at
+    exec, so the parent's models do not count."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _run_onnxruntime(path: Path, image: np.ndarray, threads: int,
@@ -104,13 +144,16 @@ def _run_openvino(path: Path, image: np.ndarray, threads: int,
     return ms, np.array(request.get_output_tensor(0).data), {}
 
 
-def child(engine: str, path: Path, threads: int, repeat: int, work: Path) -> None:
+def child(engine: str, path: Path, threads: int, repeat: int, work: Path,
+          trials: int = 0) -> None:
     """Measure ``engine`` on the model at ``path``; save its output beside the model and
     print one JSON line of figures (or ``{"error": ...}``)."""
     image = np.load(work / "image.npy", allow_pickle=False)
     try:
         if engine == "tunecache":
             ms, out, extra = _run_tunecache(path, image, threads, repeat, work)
+        elif engine == "tuned":
+            ms, out, extra = _run_tuned(path, image, threads, repeat, work, trials)
         elif engine == "onnxruntime":
             ms, out, extra = _run_onnxruntime(path, image, threads, repeat)
         else:
@@ -119,8 +162,7 @@ def child(engine: str, path: Path, threads: int, repeat: int, work: Path) -> Non
         print(json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}))
         return
     np.save(work / f"{path.stem}-{engine}-{threads}.npy", out, allow_pickle=False)
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"ms": ms, "rss_mib": rss_mib, **extra}))
+    print(json.dumps({"ms": ms, "rss_mib": _peak_rss_mib(), **extra}))
 
 
 # -- parent --------------------------------------------------------------------------------
@@ -134,7 +176,8 @@ def _measure(engine: str, key: str, threads: int, args: argparse.Namespace,
     env.pop("TUNECACHE_HARDWARE", None)
     proc = subprocess.run(
         [sys.executable, __file__, "--child", engine, str(work / f"{key}.onnx"),
-         "--threads", str(threads), "--repeat", str(args.repeat), "--work", str(work)],
+         "--threads", str(threads), "--repeat", str(args.repeat), "--work", str(work),
+         "--tune", str(args.tune)],
         env=env, capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
@@ -174,15 +217,28 @@ def _fmt(value: float, spec: str, unit: str = "") -> str:
 
 def _row(key: str, threads: int, m: dict[str, Measurement]) -> str:
     ours, ort, ov = m["tunecache"], m["onnxruntime"], m["openvino"]
+    tuned = m.get("tuned", Measurement())
     peers = [x.ms for x in (ort, ov) if not np.isnan(x.ms)]
-    ratio = ours.ms / min(peers) if peers and not np.isnan(ours.ms) else float("nan")
+    best = min(peers) if peers else float("nan")
     failed = "; ".join(f"{e}: {x.error}" for e, x in m.items() if x.error)
     return (f"| {key} | {threads} | {_fmt(ours.ms, '.2f', ' ms')} | {_fmt(ort.ms, '.2f', ' ms')} | "
-            f"{_fmt(ov.ms, '.2f', ' ms')} | **{_fmt(ratio, '.2f', 'x')}** | "
-            f"{_fmt(ours.rel_err, '.1e')} / {_fmt(ov.rel_err, '.1e')} | "
+            f"{_fmt(ov.ms, '.2f', ' ms')} | **{_fmt(ours.ms / best, '.2f', 'x')}** | "
+            f"{_fmt(tuned.ms, '.2f', ' ms')} | **{_fmt(tuned.ms / best, '.2f', 'x')}** | "
+            f"{_fmt(tuned.tune_s, '.0f', ' s')} | {_fmt(tuned.hits * 100, '.0f', '%')} | "
+            f"{_fmt(ours.rel_err, '.1e')} / {_fmt(tuned.rel_err, '.1e')} / "
+            f"{_fmt(ov.rel_err, '.1e')} | "
             f"{_fmt(ours.rss_mib, '.0f')} / {_fmt(ort.rss_mib, '.0f')} / "
             f"{_fmt(ov.rss_mib, '.0f')} MiB | {_fmt(ours.cold_s, '.1f', ' s')} | "
             f"{_fmt(ours.warm_s, '.2f', ' s')} | {failed} |")
+
+
+def tuned_note(args: argparse.Namespace) -> str:
+    """What the tuned columns are (or that they were not measured)."""
+    if not args.tune:
+        return "Tuned columns: not measured (run with `--tune TRIALS`)."
+    return (f"Tuned: a tuning job of {args.tune} trials per distinct op (no refinement) on the "
+            "ops the compiled model runs, in that process, then a compile against its store; "
+            "the tuning job column is its wall time.")
 
 
 def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str:
@@ -196,10 +252,12 @@ def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str
         "empty store and build cache, spec cores = threads; warm compile = the same compile "
         "again in that process); error = max |x - onnxruntime| ÷ max |onnxruntime|; peak RSS "
         "of each process (ours includes compiling).", "",
-        "| model | threads | tunecache | onnxruntime | OpenVINO | ours ÷ best peer | "
-        "rel. err (ours / OpenVINO) | peak RSS (ours / ORT / OV) | cold compile | "
+        f"{tuned_note(args)}", "",
+        "| model | threads | tunecache untuned | onnxruntime | OpenVINO | untuned ÷ best peer | "
+        "tunecache tuned | tuned ÷ best peer | tuning job | cache hits | "
+        "rel. err (untuned / tuned / OpenVINO) | peak RSS (ours / ORT / OV) | cold compile | "
         "warm compile | failures |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows])
 
 
@@ -209,12 +267,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
+                        help="also measure tunecache tuned with TRIALS per op")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "MODEL"))
     parser.add_argument("--work", type=Path)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child[0], Path(args.child[1]), int(args.threads), args.repeat, args.work)
+        child(args.child[0], Path(args.child[1]), int(args.threads), args.repeat, args.work,
+              args.tune)
         return 0
     keys = _selected(args.only)
     try:
@@ -242,8 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         onnx.save(ZOO[key](args.size), work / f"{key}.onnx")
         for n in threads:
             # onnxruntime first: its output is the reference the others' errors are against
-            m = {e: _measure(e, key, n, args, work) for e in ENGINES}
-            for engine in ("tunecache", "openvino"):
+            engines = ENGINES + (("tuned",) if args.tune else ())
+            m = {e: _measure(e, key, n, args, work) for e in engines}
+            for engine in engines[1:]:
                 if not (m[engine].error or m["onnxruntime"].error):
                     m[engine] = replace(m[engine], rel_err=_rel_err(work, key, engine, n))
             rows.append(_row(key, n, m))
@@ -255,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_write:
         from _report import write_section
 
-        write_section("model_zoo", text)
+        write_section("model_zoo_tuned" if args.tune else "model_zoo", text)
     return 0
 
 
