@@ -154,3 +154,27 @@ def test_blocked_tiles_are_charged_for_streaming_their_weights_from_l2() -> None
     tall, wide = (dataclasses.replace(s, ic_block=256) for s in (tall, wide))
     ratio = estimate(plain, tall, avx2).seconds / estimate(plain, wide, avx2).seconds
     assert 0.8 < ratio < 1.25
+
+
+def test_the_loop_order_pays_for_what_it_streams_again() -> None:
+    """``fp`` walks a thread's pixels once per output-channel block: on a 56x56 input of 256
+    channels (3.2 MB, past half of L2) it reads the input again per block and ``pf`` wins;
+    on a 512-channel 3x3 at 7x7 the weights (9.4 MB) are what ``pf`` re-reads, so ``fp``
+    wins."""
+    from tunecache.compiler.hardware import HardwareSpec
+    from tunecache.costmodel.analytic import estimate
+
+    avx2 = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=2,
+                        l1d_bytes=32 << 10, l2_bytes=512 << 10, l3_bytes=32 << 20,
+                        cpu_model="test")
+    wide = OpSignature.parse("conv2d(N=1,C=256,H=56,W=56,F=64,R=1,S=1,layout=nchw8c,"
+                             "out_layout=nchw8c,epilogue=bias+relu)")
+    s = Conv2dSchedule(oc_block=8, ow_block=14, oh_block=1, ic_block=8, threads=2,
+                       parallel="pixel")
+    fp, pf = (dataclasses.replace(s, loop_order=o) for o in ("fp", "pf"))
+    assert estimate(wide, pf, avx2).seconds < estimate(wide, fp, avx2).seconds
+    deep = OpSignature.parse("conv2d(N=1,C=512,H=7,W=7,F=512,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,"
+                             "pad_r=1,layout=nchw8c,out_layout=nchw8c,epilogue=bias+relu)")
+    s = Conv2dSchedule(oc_block=8, ow_block=7, oh_block=2, ic_block=8, threads=2)
+    fp, pf = (dataclasses.replace(s, loop_order=o) for o in ("fp", "pf"))
+    assert estimate(deep, fp, avx2).seconds < estimate(deep, pf, avx2).seconds

@@ -89,9 +89,29 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
         arch.bytes_per_cycle["l3"] * arch.ghz * 1e9 * busy)
     if depthwise:
         memory_s += 4.0 * in_elems / (arch.bytes_per_cycle["l3"] * arch.ghz * 1e9 * busy)
+    elif direct:
+        memory_s += _reread_s(op, s, hw, arch, busy, 4.0 * in_elems, 4.0 * weights)
     overhead_s = arch.call_overhead_s + (arch.fork_join_s if T > 1 else 0.0)
     seconds = compute_s + memory_s + overhead_s
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+def _reread_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec, arch: ArchConstants,
+              busy: int, in_bytes: float, w_bytes: float) -> float:
+    """Seconds a direct convolution's loop order spends re-reading from L3: ``fp`` walks a
+    thread's pixels once per output-channel block (its input share again each time when it
+    outgrows half of L2), ``pf`` its weight share once per row block."""
+    d = op.dims_dict
+    ngf = d["groups"] * ceil_div(d["F"] // d["groups"], s.oc_block)
+    npb = ceil_div(op.out_h, s.oh_block)
+    if s.parallel == "oc":
+        gf_per, pb_per, in_share, w_share = ceil_div(ngf, busy), npb, in_bytes, w_bytes / busy
+    else:
+        gf_per, pb_per, in_share, w_share = ngf, ceil_div(npb, busy), in_bytes / busy, w_bytes
+    share, passes = (in_share, gf_per) if s.loop_order == "fp" else (w_share, pb_per)
+    if share <= hw.l2_bytes * 0.5:
+        return 0.0
+    return share * (passes - 1) / (arch.bytes_per_cycle["l3"] * arch.ghz * 1e9)
 
 
 def _epilogue_s(op: OpSignature, hw: HardwareSpec, busy: int) -> float:
