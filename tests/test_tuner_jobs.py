@@ -21,6 +21,7 @@ from tunecache.datasets.suites import Workload
 from tunecache.tuner.jobs import JobOptions, collect_workloads, merge_workloads, run_job
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
 from tunecache.tuner.search import TuneConfig
+from tunecache.tuner.search.roller import candidates
 
 HW = local_spec()
 FAST = TimingConfig(min_time_s=0.01, min_repeats=3, timeout_s=30.0)
@@ -190,7 +191,11 @@ def test_train_then_the_next_job_ranks_with_the_model(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     frame = Store(tmp_path).load()
     rows = frame[frame["op_text"] == other.text]
-    assert set(rows["source"]) == {"model"} and set(rows["model_version"]) == {version}
+    # the tiler's first choice (what an untuned compile runs) is measured, then the model's
+    assert sorted(rows["source"]) == ["model", "tiler"]
+    assert set(rows[rows["source"] == "model"]["model_version"]) == {version}
+    (first,) = rows[rows["source"] == "tiler"]["schedule_id"]
+    assert first == candidates(other, local_spec(), k=1)[0].schedule.schedule_id
 
 
 def test_model_workloads_are_counted_and_unreadable_models_reported(tmp_path: Path) -> None:

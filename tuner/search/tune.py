@@ -97,13 +97,18 @@ def within(timing: TimingConfig, remaining_s: float) -> TimingConfig:
 
 def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
                       model: Ranker | None = None) -> list[Candidate]:
-    """The tiler's pool, ordered by the cost model when one is given, else by estimate."""
+    """The tiler's pool, ordered by the cost model when one is given, else by estimate.
+
+    With a model, the tiler's own first choice still comes first: it is what an untuned
+    compile runs, so a tuned op is never one the model steered away from a better default
+    (a model trained on other layouts or hardware can rank it low)."""
     pool = roller.candidates(op, hw, k=config.pool, threads=config.threads)
-    if model is None:
+    if model is None or not pool:
         return [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in pool]
     scores = list(model.predict(op, [c.schedule for c in pool], hw))
-    order = sorted(range(len(pool)), key=lambda i: (-scores[i], pool[i].rank))
-    return [Candidate(op, pool[i].schedule, "model", float(scores[i])) for i in order]
+    order = sorted(range(1, len(pool)), key=lambda i: (-scores[i], pool[i].rank))
+    return [Candidate(op, pool[0].schedule, "tiler", pool[0].estimate.seconds),
+            *(Candidate(op, pool[i].schedule, "model", float(scores[i])) for i in order)]
 
 
 def neighbours(op: OpSignature, best: Schedule, hw: HardwareSpec) -> list[Schedule]:
