@@ -12,7 +12,8 @@ max |ours - onnxruntime| / max |onnxruntime| on the same input.
 With ``--tune TRIALS``, tunecache is also measured **tuned**: in its own process, a
 tuning job (``TRIALS`` per distinct op, no refinement) on the ops the compiled model runs
 (layouts planned for the spec: ``kernel_ops(path, hw=...)``) into a fresh store, published,
-then the model compiled against it (``balanced``: every op a cache hit) and timed.
+then the model compiled against it (``balanced``: every op a cache hit) and timed. The
+engines are measured ``--rounds`` times, interleaved, and the median round is reported.
 
     python benchmarks/model_zoo_latency.py [--only squeezenet1_1,vgg16] [--threads 1,2]
         [--repeat 20] [--size 224] [--tune 6] [--no-write]
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,13 +86,12 @@ def _run_tunecache(path: Path, image: np.ndarray, threads: int, repeat: int,
     return ms, out, {"cold_s": cold_s, "warm_s": warm_s}
 
 
-def _run_tuned(path: Path, image: np.ndarray, threads: int, repeat: int, work: Path,
-               trials: int) -> tuple[float, np.ndarray, dict[str, float]]:
+def _tune(path: Path, threads: int, work: Path, trials: int) -> dict[str, float]:
+    """The tuning job for ``--tune``: the ops the compiled model runs, into a fresh store."""
     from tunecache.cache.store import Store
     from tunecache.compiler.frontend import kernel_ops
     from tunecache.compiler.hardware import local_spec
     from tunecache.datasets.suites import Workload
-    from tunecache.tuner.deploy import compile_model
     from tunecache.tuner.jobs import JobOptions, run_job
 
     hw = replace(local_spec(), cores=threads)
@@ -99,13 +100,23 @@ def _run_tuned(path: Path, image: np.ndarray, threads: int, repeat: int, work: P
     workloads = [Workload(op, count, label) for op, count, label in kernel_ops(path, hw=hw)]
     run_job(workloads, hw, store, JobOptions(trials=trials, refine=False, baseline=False))
     store.publish(hw.hw_id)
-    tune_s = time.perf_counter() - start
+    return {"tune_s": time.perf_counter() - start}
+
+
+def _run_tuned(path: Path, image: np.ndarray, threads: int, repeat: int,
+               work: Path) -> tuple[float, np.ndarray, dict[str, float]]:
+    from tunecache.cache.store import Store
+    from tunecache.compiler.hardware import local_spec
+    from tunecache.tuner.deploy import compile_model
+
+    hw = replace(local_spec(), cores=threads)
+    store = Store(work / f"tuned-{path.stem}-{threads}")
     compiled = compile_model(path, store=store, policy="balanced", record_wanted=False, hw=hw)
     hits = sum(e.action == "cache" for e in compiled.plan) / max(1, len(compiled.plan))
     (name,) = [i.name for i in compiled.graph.inputs]
     ms = median_ms(lambda: compiled.run({name: image}), repeat)
     (out,) = compiled.run({name: image}).values()
-    return ms, out, {"tune_s": tune_s, "hits": hits}
+    return ms, out, {"hits": hits}
 
 
 def _peak_rss_mib() -> float:
@@ -149,11 +160,14 @@ def child(engine: str, path: Path, threads: int, repeat: int, work: Path,
     """Measure ``engine`` on the model at ``path``; save its output beside the model and
     print one JSON line of figures (or ``{"error": ...}``)."""
     image = np.load(work / "image.npy", allow_pickle=False)
+    if engine == "tune":
+        print(json.dumps(_tune(path, threads, work, trials)))
+        return
     try:
         if engine == "tunecache":
             ms, out, extra = _run_tunecache(path, image, threads, repeat, work)
         elif engine == "tuned":
-            ms, out, extra = _run_tuned(path, image, threads, repeat, work, trials)
+            ms, out, extra = _run_tuned(path, image, threads, repeat, work)
         elif engine == "onnxruntime":
             ms, out, extra = _run_onnxruntime(path, image, threads, repeat)
         else:
@@ -172,7 +186,9 @@ def _measure(engine: str, key: str, threads: int, args: argparse.Namespace,
              work: Path) -> Measurement:
     env = dict(os.environ)
     env.update({name: str(threads) for name in THREAD_ENV})
-    env["TUNECACHE_BUILD_CACHE"] = str(work / f"kernels-{key}-{threads}")  # cold each time
+    # untuned: cold on its first round; the tuning job and the tuned runs share another
+    group = "tuned-" if engine in ("tune", "tuned") else ""
+    env["TUNECACHE_BUILD_CACHE"] = str(work / f"kernels-{group}{key}-{threads}")
     env.pop("TUNECACHE_HARDWARE", None)
     proc = subprocess.run(
         [sys.executable, __file__, "--child", engine, str(work / f"{key}.onnx"),
@@ -187,6 +203,22 @@ def _measure(engine: str, key: str, threads: int, args: argparse.Namespace,
     if "error" in data:
         return Measurement(error=str(data["error"]))
     return Measurement(**data)
+
+
+def _rounds(engines: Sequence[str], key: str, threads: int, args: argparse.Namespace,
+            work: Path) -> dict[str, Measurement]:
+    """Every engine measured ``--rounds`` times, interleaved (a burst of load on the shared
+    machine hits every engine alike); latency is the median of the rounds' medians, the
+    other figures those of the first round (its tunecache compile is the cold one)."""
+    runs: dict[str, list[Measurement]] = {e: [] for e in engines}
+    for _ in range(args.rounds):
+        for engine in engines:
+            runs[engine].append(_measure(engine, key, threads, args, work))
+    out = {}
+    for engine, ms in runs.items():
+        good = [x.ms for x in ms if not x.error]
+        out[engine] = replace(ms[0], ms=statistics.median(good) if good else float("nan"))
+    return out
 
 
 def _rel_err(work: Path, key: str, engine: str, threads: int) -> float:
@@ -248,7 +280,8 @@ def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str
         machine_summary(), "",
         f"Revision `{git_revision()}`. Zoo models of `benchmarks/cnn_zoo.py` (batch 1, "
         f"{args.size}x{args.size}, random weights); {versions}. Each figure from its own "
-        f"process, medians of {args.repeat} runs; tunecache untuned (analytic schedules, "
+        f"process, medians of {args.repeat} runs, engines interleaved over {args.rounds} rounds "
+        "(the median round); tunecache untuned (analytic schedules, "
         "empty store and build cache, spec cores = threads; warm compile = the same compile "
         "again in that process); error = max |x - onnxruntime| ÷ max |onnxruntime|; peak RSS "
         "of each process (ours includes compiling).", "",
@@ -267,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved measurements of every engine (median of rounds)")
     parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
                         help="also measure tunecache tuned with TRIALS per op")
     parser.add_argument("--no-write", action="store_true")
@@ -304,7 +339,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n in threads:
             # onnxruntime first: its output is the reference the others' errors are against
             engines = ENGINES + (("tuned",) if args.tune else ())
-            m = {e: _measure(e, key, n, args, work) for e in engines}
+            tuning = _measure("tune", key, n, args, work) if args.tune else Measurement()
+            m = _rounds(engines, key, n, args, work)
+            if args.tune:
+                m["tuned"] = replace(m["tuned"], tune_s=tuning.tune_s,
+                                     error=m["tuned"].error or tuning.error)
             for engine in engines[1:]:
                 if not (m[engine].error or m["onnxruntime"].error):
                     m[engine] = replace(m[engine], rel_err=_rel_err(work, key, engine, n))
