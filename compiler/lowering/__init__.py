@@ -119,7 +119,7 @@ def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | Non
         return None
     return [position, mul]
 
-BUILTIN_LOWERINGS = ("rowwise", "rmsnorm", "pool", "rotary", "elementwise")
+BUILTIN_LOWERINGS = ("rowwise", "rmsnorm", "pool", "rotary", "elementwise", "batchnorm")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried
 in: the residual-Add + LayerNormalization pattern, the RMSNorm chain and the rotary
 embedding come before an element-wise chain claims their Add, Sqrt, Neg or Mul."""

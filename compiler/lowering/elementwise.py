@@ -9,6 +9,8 @@ another that broadcasts to it. Every extra operand of one kernel must broadcast 
 (``full``, per ``row``, per ``col``umn block or ``scalar``, see the kind): constants are
 re-laid out to fit (a per-channel constant of an NCHW tensor with batch 2 is tiled to
 ``N*C`` rows), tensors must already fit. The chain stops before a node that does not fit.
+Another lowering may start a chain with steps of its own (:class:`ChainSeed`: an inference
+BatchNormalization's ``mul+add``), which then grows the same way.
 """
 
 from __future__ import annotations
@@ -105,11 +107,7 @@ class _Grower:
         assert chain is not None
         value = ctx.constants.get(name)
         if value is not None:
-            if value.dtype != np.float32 or not self._constant_fits(value):
-                return False
-            self.constants.append((len(chain.operands), value))
-            chain.operands.append(name)
-            return True
+            return self.constant(name, value)
         shape = ctx.shape(name)
         if shape is None or not ctx.is_float32(name):
             return False
@@ -123,6 +121,16 @@ class _Grower:
         if not all(_fits(v, chain.shape, kind, split) for _, v in self.constants):
             return False
         chain.kind, chain.split = kind, split if split is not None else chain.split
+        chain.operands.append(name)
+        return True
+
+    def constant(self, name: str, value: np.ndarray) -> bool:
+        """Add a constant operand (``name`` also names its re-laid-out copy) if it fits."""
+        chain = self.chain
+        assert chain is not None
+        if value.dtype != np.float32 or not self._constant_fits(value):
+            return False
+        self.constants.append((len(chain.operands), value))
         chain.operands.append(name)
         return True
 
@@ -295,8 +303,50 @@ def lower_chain(ctx: FusionContext, position: int) -> Any:
     value = _start_value(ctx, position, chain.shape)
     if value is None:
         return "no float32 input of the output's shape to stream"
-    first_input, current = value, value
-    at: int | None = position
+    return _grow(ctx, grower, position, value, value, position)
+
+
+@dataclass(frozen=True)
+class ChainSeed:
+    """The first steps of a chain, worked out by another lowering (a BatchNormalization's
+    ``mul+add``): the chain continues with the element-wise nodes that follow it.
+
+    ``constants`` hold one operand per binary step in ``steps``, each broadcastable to
+    ``output``'s shape and expressible as ``operand`` at ``split`` (see ``_Chain``), which
+    every later operand must then share.
+    """
+
+    value: str
+    """The streamed input, of ``output``'s shape."""
+    output: str
+    """The tensor the seed's nodes produce."""
+    fused: tuple[int, ...]
+    steps: tuple[str, ...]
+    constants: tuple[tuple[str, np.ndarray], ...]
+    """``(name, value)``: the name is the base of the re-laid-out constant's."""
+    operand: str
+    split: int | None
+
+
+def lower_seeded(ctx: FusionContext, position: int, seed: ChainSeed) -> Any:
+    """An elementwise kernel for ``seed``'s steps and the chain that follows its output."""
+    grower = _Grower(ctx, position)
+    chain = grower.chain
+    if chain is None or not chain.shape or ctx.shape(seed.output) != chain.shape:
+        return "element-wise chains need a known, non-scalar shape"
+    chain.kind, chain.split = seed.operand, seed.split
+    if not all(grower.constant(name, value) for name, value in seed.constants):
+        return f"the seed's constants do not broadcast as {seed.operand}"
+    chain.steps += seed.steps
+    chain.fused += seed.fused
+    return _grow(ctx, grower, position, seed.value, seed.output, ctx.sole_consumer(seed.output))
+
+
+def _grow(ctx: FusionContext, grower: _Grower, position: int, first_input: str, current: str,
+          at: int | None) -> Any:
+    """Extend ``grower``'s chain over ``current`` from the node at ``at`` and finish it."""
+    chain = grower.chain
+    assert chain is not None
     while at is not None and len(chain.steps) < MAX_STEPS - 1:
         if ctx.shape(ctx.nodes[at].outputs[0]) != chain.shape:
             break
