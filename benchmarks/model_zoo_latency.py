@@ -269,8 +269,8 @@ def tuned_note(args: argparse.Namespace) -> str:
     if not args.tune:
         return "Tuned columns: not measured (run with `--tune TRIALS`)."
     return (f"Tuned: a tuning job of {args.tune} trials per distinct op (no refinement) on the "
-            "ops the compiled model runs, in that process, then a compile against its store; "
-            "the tuning job column is its wall time.")
+            "ops the compiled model runs, in its own process, then each tuned round compiles "
+            "against its store; the tuning job column is its wall time.")
 
 
 def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str:
