@@ -7,6 +7,10 @@ kernels into
   from lifetimes (:mod:`tunecache.compiler.native.arena`), so a run allocates nothing;
 * **views**: Reshape, Flatten, Squeeze, Unsqueeze, Identity and Dropout cost nothing, their
   output is their input's bytes;
+* **joins**: a Concat whose inputs are contiguous byte ranges of its output costs nothing
+  when its inputs' producers can write straight into their slices of it, or when its inputs
+  already lie back to back (:mod:`tunecache.compiler.native.joins`); the planned tensors
+  share the output's arena slot, which lives as long as any of them;
 * **native segments**: runs of consecutive kernel calls, each executed by one call into the
   generic C runner (:mod:`tunecache.compiler.native.runner`) with constant weights packed
   into the kernels' layouts once, here;
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,7 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.executor import check_inputs, numpy_kernel
 from tunecache.compiler.frontend import FLOAT32, Graph, KernelNode, ModelError, OnnxNode
 from tunecache.compiler.native.arena import ALIGN, Lifetime, plan_arena
+from tunecache.compiler.native.joins import Join, Placement, join_of, place_joins
 from tunecache.compiler.native.runner import MAX_ARGS, REF_DTYPE, STEP_DTYPE, run_plan_function
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
@@ -89,7 +94,10 @@ class NativeProgram:
     """What those intermediates would take without reuse."""
     native_steps: int
     numpy_steps: int
-    """Steps run in Python: ops with no generated code yet (views are free and not counted)."""
+    """Steps run in Python: ops with no generated code yet (views and vanished joins are
+    free and not counted)."""
+    joined_steps: int
+    """Join steps (Concat) that vanished: their inputs were written in place."""
     segments: int
     """Native calls per run (one per run of consecutive kernel steps)."""
     _shapes: dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -119,17 +127,23 @@ class NativeProgram:
         self._shapes = _trace(graph, kernels, self._check(example_inputs))
         self._constants = {}
         self._alias = {}
-        items = self._classify(graph, kernels)
-        self._place(items)
-        self._assemble(items)
-        return self
-
-    def _classify(self, graph: Graph, kernels: Mapping[str, Any]) -> list[_NativeCall | _Bridge]:
-        items: list[_NativeCall | _Bridge] = []
         for step in graph.steps:
             if isinstance(step, OnnxNode) and self._is_view(step):
                 self._alias[step.outputs[0]] = self._root(step.inputs[0])
-                continue
+        placement = self._place_joins()
+        self.joined_steps = len(placement.vanished)
+        items = self._classify(graph, kernels, placement.vanished)
+        self._place(items, placement)
+        self._assemble(items)
+        return self
+
+    def _classify(self, graph: Graph, kernels: Mapping[str, Any], vanished: frozenset[str]
+                  ) -> list[_NativeCall | _Bridge]:
+        items: list[_NativeCall | _Bridge] = []
+        for step in graph.steps:
+            if isinstance(step, OnnxNode) and step.outputs and \
+                    (step.outputs[0] in self._alias or step.outputs[0] in vanished):
+                continue  # a view, or a join whose inputs were written in place
             if isinstance(step, KernelNode):
                 call = self._native_call(step, kernels.get(step.name))
                 if call is not None:
@@ -137,6 +151,24 @@ class NativeProgram:
                     continue
             items.append(self._bridge(step, kernels))
         return items
+
+    def _place_joins(self) -> Placement:
+        """The joins that vanish, and where their inputs then live
+        (:func:`~tunecache.compiler.native.joins.place_joins`)."""
+        joins: list[Join] = []
+        written: set[str] = set()
+        for step in self.graph.steps:
+            outputs = (step.output,) if isinstance(step, KernelNode) else step.outputs
+            if any(o in self._alias for o in outputs):
+                continue  # a view: its output is another tensor's bytes
+            written.update(o for o in outputs if o)
+            join = join_of(step, self._shapes) if isinstance(step, OnnxNode) else None
+            if join is not None:
+                joins.append(replace(join, inputs=tuple(self._root(n) for n in join.inputs)))
+        graph_inputs = {i.name for i in self.graph.inputs}
+        placeable = {n for n in written if n not in graph_inputs
+                     and n not in self.graph.constants and self._shapes[n][1] == FLOAT32}
+        return place_joins(joins, placeable)
 
     def _root(self, name: str) -> str:
         while name in self._alias:
@@ -188,8 +220,10 @@ class NativeProgram:
 
     # -- memory ---------------------------------------------------------------------------
 
-    def _place(self, items: list[_NativeCall | _Bridge]) -> None:
-        """Arena offsets for every tensor a native call writes; regions for the rest."""
+    def _place(self, items: list[_NativeCall | _Bridge], placement: Placement) -> None:
+        """Arena offsets for every tensor a native call writes and every tensor a join
+        placed (inside its host, whose slot lives as long as any of them); regions for the
+        rest."""
         outputs = {self._root(o.name) for o in self.graph.outputs}
         first: dict[str, int] = {}
         last: dict[str, int] = {}
@@ -197,22 +231,32 @@ class NativeProgram:
             for name in item.inputs:
                 if name:
                     last[self._root(name)] = index
-            if isinstance(item, _NativeCall):
-                first[item.output] = index
+            for name in _written(item):
+                first.setdefault(name, index)
         for alias, root in self._alias.items():
             if alias in outputs or root in outputs:
                 outputs.add(root)
+        groups: dict[str, set[str]] = {}
+        for name in {i.output for i in items if isinstance(i, _NativeCall)} | set(placement.slots):
+            host = placement.slots[name][0] if name in placement.slots else name
+            groups.setdefault(host, {host}).add(name)
         lifetimes = []
-        for name, start in first.items():
-            shape, dtype = self._shapes[name]
-            end = len(items) if name in outputs else max(last.get(name, start), start)
-            lifetimes.append(Lifetime(name, int(np.prod(shape)) * dtype.itemsize, start, end))
+        for host, names in groups.items():
+            start = min((first[n] for n in names if n in first), default=0)
+            end = len(items) if names & outputs else \
+                max(start, *(last.get(n, start) for n in names))
+            shape, dtype = self._shapes[host]
+            lifetimes.append(Lifetime(host, int(np.prod(shape)) * dtype.itemsize, start, end))
         plan = plan_arena(lifetimes)
         self.arena_bytes, self.unplanned_bytes = plan.peak_bytes, plan.total_bytes
         raw = np.zeros(plan.peak_bytes + ALIGN, dtype=np.uint8)
         start = -raw.ctypes.data % ALIGN
         self._arena = raw[start:start + plan.peak_bytes]
-        self._where: dict[str, _Where] = {n: _Where(_ARENA, o) for n, o in plan.offsets.items()}
+        self._where: dict[str, _Where] = {}
+        for host, names in groups.items():
+            for name in names:
+                inside = placement.slots[name][1] if name in placement.slots else 0
+                self._where[name] = _Where(_ARENA, plan.offsets[host] + inside)
         self._bases: list[int] = [self._arena.ctypes.data]
         self._dynamic: dict[str, int] = {}
         for name, array in self._constants.items():
@@ -235,6 +279,15 @@ class NativeProgram:
         self._dynamic[root] = len(self._bases)
         self._bases.append(0)
         return self._where[root]
+
+    def arena_range(self, name: str) -> tuple[int, int] | None:
+        """Byte range ``[start, end)`` of tensor ``name`` in the arena, or None when it lives
+        elsewhere (a graph input, a constant, a numpy step's own result)."""
+        where = self._where.get(self._root(name))
+        if where is None or where.region != _ARENA:
+            return None
+        shape, dtype = self._shapes[name]
+        return where.offset, where.offset + int(np.prod(shape)) * dtype.itemsize
 
     def _view(self, name: str) -> np.ndarray:
         """An arena tensor as a numpy array of its traced shape (valid during its lifetime)."""
@@ -350,6 +403,10 @@ class NativeProgram:
                 raise PlanMismatch(f"{bridge.label} produced {name!r} of shape "
                                    f"{list(np.shape(result))}; the plan has "
                                    f"{list(self._shapes[name][0])}")
+            where = self._where.get(name)
+            if where is not None and where.region == _ARENA:
+                self._view(name)[...] = result  # a join placed it: its slice of the join
+                continue
             if isinstance(result, np.ndarray) and np.may_share_memory(result, self._arena):
                 result = result.copy()  # the arena slot may be reused before its last read
             self._publish(name, result, values)
@@ -359,6 +416,10 @@ class NativeProgram:
         array = np.asarray(value)
         shape = self._shapes[name][0]
         return np.array(array.reshape(shape), copy=True)
+
+
+def _written(item: _NativeCall | _Bridge) -> tuple[str, ...]:
+    return (item.output,) if isinstance(item, _NativeCall) else tuple(o for o in item.outputs if o)
 
 
 def _kernel_function(node: KernelNode, kernel: Any) -> Any:
