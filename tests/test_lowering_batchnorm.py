@@ -148,3 +148,27 @@ def test_training_mode_bn_is_refused() -> None:
     y = b.node("BatchNormalization", [x, *bn_params(b, 4)], name="bn", training_mode=1)
     with pytest.raises(ModelError, match="training mode is not supported"):
         load_graph(b.model([y]))
+
+
+def test_importing_a_lowering_module_first_keeps_the_builtin_order() -> None:
+    """The batchnorm lowering imports the element-wise one; imported before the registry
+    loads (as collecting this file does), their lowerings must still be tried in
+    BUILTIN_LOWERINGS order, or an element-wise chain claims the residual Add of a
+    LayerNorm and the rotary embedding's Mul (a fresh interpreter: the order is global)."""
+    import json
+    import subprocess
+    import sys
+
+    from tunecache.compiler.lowering import BUILTIN_LOWERINGS
+
+    code = ("import json, tunecache.compiler.lowering.batchnorm\n"
+            "from tunecache.compiler.lowering import lowerings_for\n"
+            "print(json.dumps({t: [f.__module__.rsplit('.', 1)[1] for f in lowerings_for(t)]"
+            " for t in ('Add', 'Mul')}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    order = json.loads(out.stdout)
+    assert order["Add"].index("rowwise") < order["Add"].index("elementwise")
+    assert order["Mul"].index("rotary") < order["Mul"].index("elementwise")
+    for modules in order.values():
+        assert modules == sorted(modules, key=BUILTIN_LOWERINGS.index)

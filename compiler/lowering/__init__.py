@@ -135,9 +135,18 @@ def register_lowering(*op_types: str) -> Callable[[Lowering], Lowering]:
 
 
 def lowerings_for(op_type: str) -> tuple[Lowering, ...]:
-    """The lowerings to try for a node of ``op_type``, in order."""
+    """The lowerings to try for a node of ``op_type``, in order: builtin modules in
+    :data:`BUILTIN_LOWERINGS` order whatever order they were imported in (one importing
+    another, or a test importing one directly, must not let an element-wise chain claim an
+    Add before the residual-LayerNorm pattern sees it), then others as registered."""
     _load_builtin()
-    return tuple(_LOWERINGS.get(op_type, ()))
+    return tuple(sorted(_LOWERINGS.get(op_type, ()), key=_builtin_rank))
+
+
+def _builtin_rank(fn: Lowering) -> int:
+    module = getattr(fn, "__module__", "").rpartition(".")[2]
+    return BUILTIN_LOWERINGS.index(module) if module in BUILTIN_LOWERINGS \
+        else len(BUILTIN_LOWERINGS)
 
 
 _loaded = False
