@@ -207,6 +207,11 @@ def test_random_shapes_and_schedules() -> None:
                 threads=rng.randint(1, T2), parallel=rng.choice(["oc", "pixel"]))
         if not problems(op, sched, hw):
             cases.append((f"random {len(cases)}", op, sched, hw))
+    _assert_all_match(cases)
+
+
+def _assert_all_match(cases: list[Case]) -> None:
+    """Build every case in one batch and check each against the reference."""
     failures = []
     for (what, op, s, hw), art in zip(cases, _build_all(cases), strict=True):
         problem = _check(op, art, s)
@@ -261,12 +266,7 @@ def test_relu6_and_silu_epilogues_on_every_kernel_path() -> None:
         cases += _activation_cases(HW.with_isa(isa), ("bias+silu",))
     for what, op, s, hw in cases:
         assert not problems(op, s, hw), (what, hw.isa, problems(op, s, hw))
-    failures = []
-    for (what, op, s, hw), art in zip(cases, _build_all(cases), strict=True):
-        problem = _check(op, art, s)
-        if problem:
-            failures.append(f"{hw.isa} {what} {s}: {problem}")
-    assert not failures, "\n".join(failures)
+    _assert_all_match(cases)
 
 
 def test_activation_tails_clamp_and_saturate() -> None:
