@@ -17,6 +17,11 @@ engines are measured ``--rounds`` times, interleaved, and the median round is re
 
     python benchmarks/model_zoo_latency.py [--only squeezenet1_1,vgg16] [--threads 1,2]
         [--repeat 20] [--size 224] [--tune 6] [--no-write]
+    python benchmarks/model_zoo_latency.py --zoo transformers [--only bert_base_s128,...]
+
+``--zoo transformers`` runs the full-size transformers of ``benchmarks/transformer_zoo.py``
+(BERT-base, GPT-2 prefill and decode, ViT-B/16, a small Llama; exported with torch, which it
+then needs) with their token, mask and past inputs, into its own BENCHMARKS.md section.
 
 OpenVINO is an optional extra: ``pip install 'tunecache[openvino]'``.
 """
@@ -24,6 +29,7 @@ OpenVINO is an optional extra: ``pip install 'tunecache[openvino]'``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -35,6 +41,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +73,18 @@ class Measurement:
 # -- child processes: one engine, one model, one thread count --------------------------------
 
 
-def _run_tunecache(path: Path, image: np.ndarray, threads: int, repeat: int,
+Feeds = dict[str, np.ndarray]
+
+
+def _shapes(feeds: Feeds) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(value.shape) for name, value in feeds.items()}
+
+
+def _first_output(compiled: Any, feeds: Feeds) -> np.ndarray:
+    return compiled.run(feeds)[compiled.graph.outputs[0].name]
+
+
+def _run_tunecache(path: Path, feeds: Feeds, threads: int, repeat: int,
                    work: Path) -> tuple[float, np.ndarray, dict[str, float]]:
     from tunecache.cache.store import Store
     from tunecache.compiler.hardware import local_spec
@@ -74,19 +92,20 @@ def _run_tunecache(path: Path, image: np.ndarray, threads: int, repeat: int,
 
     hw = replace(local_spec(), cores=threads)
     store = Store(work / f"store-{path.stem}-{threads}")
+    shapes = _shapes(feeds)
     start = time.perf_counter()
-    compile_model(path, store=store, policy="analytic", record_wanted=False, hw=hw)
+    compile_model(path, store=store, policy="analytic", record_wanted=False, hw=hw,
+                  input_shapes=shapes)
     cold_s = time.perf_counter() - start
     start = time.perf_counter()
-    compiled = compile_model(path, store=store, policy="analytic", record_wanted=False, hw=hw)
+    compiled = compile_model(path, store=store, policy="analytic", record_wanted=False, hw=hw,
+                             input_shapes=shapes)
     warm_s = time.perf_counter() - start
-    (name,) = [i.name for i in compiled.graph.inputs]
-    ms = median_ms(lambda: compiled.run({name: image}), repeat)
-    (out,) = compiled.run({name: image}).values()
-    return ms, out, {"cold_s": cold_s, "warm_s": warm_s}
+    ms = median_ms(lambda: compiled.run(feeds), repeat)
+    return ms, _first_output(compiled, feeds), {"cold_s": cold_s, "warm_s": warm_s}
 
 
-def _tune(path: Path, threads: int, work: Path, trials: int) -> dict[str, float]:
+def _tune(path: Path, feeds: Feeds, threads: int, work: Path, trials: int) -> dict[str, float]:
     """The tuning job for ``--tune``: the ops the compiled model runs, into a fresh store."""
     from tunecache.cache.store import Store
     from tunecache.compiler.frontend import kernel_ops
@@ -97,13 +116,14 @@ def _tune(path: Path, threads: int, work: Path, trials: int) -> dict[str, float]
     hw = replace(local_spec(), cores=threads)
     store = Store(work / f"tuned-{path.stem}-{threads}")
     start = time.perf_counter()
-    workloads = [Workload(op, count, label) for op, count, label in kernel_ops(path, hw=hw)]
+    workloads = [Workload(op, count, label)
+                 for op, count, label in kernel_ops(path, _shapes(feeds), hw=hw)]
     run_job(workloads, hw, store, JobOptions(trials=trials, refine=False, baseline=False))
     store.publish(hw.hw_id)
     return {"tune_s": time.perf_counter() - start}
 
 
-def _run_tuned(path: Path, image: np.ndarray, threads: int, repeat: int,
+def _run_tuned(path: Path, feeds: Feeds, threads: int, repeat: int,
                work: Path) -> tuple[float, np.ndarray, dict[str, float]]:
     from tunecache.cache.store import Store
     from tunecache.compiler.hardware import local_spec
@@ -111,12 +131,11 @@ def _run_tuned(path: Path, image: np.ndarray, threads: int, repeat: int,
 
     hw = replace(local_spec(), cores=threads)
     store = Store(work / f"tuned-{path.stem}-{threads}")
-    compiled = compile_model(path, store=store, policy="balanced", record_wanted=False, hw=hw)
+    compiled = compile_model(path, store=store, policy="balanced", record_wanted=False, hw=hw,
+                             input_shapes=_shapes(feeds))
     hits = sum(e.action == "cache" for e in compiled.plan) / max(1, len(compiled.plan))
-    (name,) = [i.name for i in compiled.graph.inputs]
-    ms = median_ms(lambda: compiled.run({name: image}), repeat)
-    (out,) = compiled.run({name: image}).values()
-    return ms, out, {"hits": hits}
+    ms = median_ms(lambda: compiled.run(feeds), repeat)
+    return ms, _first_output(compiled, feeds), {"hits": hits}
 
 
 def _peak_rss_mib() -> float:
@@ -128,7 +147,7 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _run_onnxruntime(path: Path, image: np.ndarray, threads: int,
+def _run_onnxruntime(path: Path, feeds: Feeds, threads: int,
                      repeat: int) -> tuple[float, np.ndarray, dict[str, float]]:
     import onnxruntime as ort
 
@@ -136,12 +155,11 @@ def _run_onnxruntime(path: Path, image: np.ndarray, threads: int,
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    feeds = {session.get_inputs()[0].name: image}
     ms = median_ms(lambda: session.run(None, feeds), repeat)
     return ms, session.run(None, feeds)[0], {}
 
 
-def _run_openvino(path: Path, image: np.ndarray, threads: int,
+def _run_openvino(path: Path, feeds: Feeds, threads: int,
                   repeat: int) -> tuple[float, np.ndarray, dict[str, float]]:
     import openvino as ov  # type: ignore[import-untyped]
 
@@ -150,8 +168,8 @@ def _run_openvino(path: Path, image: np.ndarray, threads: int,
         "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
         "INFERENCE_PRECISION_HINT": "f32"})
     request = compiled.create_infer_request()
-    ms = median_ms(lambda: request.infer([image]), repeat)
-    request.infer([image])
+    ms = median_ms(lambda: request.infer(feeds), repeat)
+    request.infer(feeds)
     return ms, np.array(request.get_output_tensor(0).data), {}
 
 
@@ -159,19 +177,20 @@ def child(engine: str, path: Path, threads: int, repeat: int, work: Path,
           trials: int = 0) -> None:
     """Measure ``engine`` on the model at ``path``; save its output beside the model and
     print one JSON line of figures (or ``{"error": ...}``)."""
-    image = np.load(work / "image.npy", allow_pickle=False)
+    with np.load(work / f"{path.stem}-feeds.npz", allow_pickle=False) as data:
+        feeds = {name: data[name] for name in data.files}
     if engine == "tune":
-        print(json.dumps(_tune(path, threads, work, trials)))
+        print(json.dumps(_tune(path, feeds, threads, work, trials)))
         return
     try:
         if engine == "tunecache":
-            ms, out, extra = _run_tunecache(path, image, threads, repeat, work)
+            ms, out, extra = _run_tunecache(path, feeds, threads, repeat, work)
         elif engine == "tuned":
-            ms, out, extra = _run_tuned(path, image, threads, repeat, work)
+            ms, out, extra = _run_tuned(path, feeds, threads, repeat, work)
         elif engine == "onnxruntime":
-            ms, out, extra = _run_onnxruntime(path, image, threads, repeat)
+            ms, out, extra = _run_onnxruntime(path, feeds, threads, repeat)
         else:
-            ms, out, extra = _run_openvino(path, image, threads, repeat)
+            ms, out, extra = _run_openvino(path, feeds, threads, repeat)
     except Exception as exc:  # reported as a value: the row says which engine failed, and why
         print(json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}))
         return
@@ -228,12 +247,23 @@ def _rel_err(work: Path, key: str, engine: str, threads: int) -> float:
     return float(np.max(np.abs(got - ref))) / scale
 
 
-def _selected(only: str | None) -> list[str] | str:
-    """Zoo keys named by ``--only`` (exact or a unique prefix), or an error message."""
-    from cnn_zoo import ZOO
+def _zoo(name: str) -> tuple[Sequence[str], Sequence[str]]:
+    """The keys of zoo ``name`` and those run when ``--only`` is not given."""
+    if name == "cnn":
+        from cnn_zoo import ZOO
 
+        return tuple(ZOO), tuple(ZOO)
+    from transformer_zoo import DEFAULT
+    from transformer_zoo import ZOO as TRANSFORMERS
+
+    return tuple(TRANSFORMERS), DEFAULT
+
+
+def _selected(only: str | None, zoo: str) -> list[str] | str:
+    """Zoo keys named by ``--only`` (exact or a unique prefix), or an error message."""
+    ZOO, default = _zoo(zoo)
     if not only:
-        return list(ZOO)
+        return list(default)
     keys = []
     for want in only.split(","):
         matches = [k for k in ZOO if k == want] or [k for k in ZOO if k.startswith(want)]
@@ -273,13 +303,21 @@ def tuned_note(args: argparse.Namespace) -> str:
             "against its store; the tuning job column is its wall time.")
 
 
+def _models(args: argparse.Namespace) -> str:
+    if args.zoo == "cnn":
+        return (f"Zoo models of `benchmarks/cnn_zoo.py` (batch 1, {args.size}x{args.size}, "
+                "random weights)")
+    return ("Transformers of `benchmarks/transformer_zoo.py` (Hugging Face configs, random "
+            "weights, exported by torch.onnx.export's TorchScript path at opset 17 with "
+            "symbolic batch and sequence axes; compiled for the timed input's shapes)")
+
+
 def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str:
     from _report import git_revision, machine_summary
 
     return "\n".join([
         machine_summary(), "",
-        f"Revision `{git_revision()}`. Zoo models of `benchmarks/cnn_zoo.py` (batch 1, "
-        f"{args.size}x{args.size}, random weights); {versions}. Each figure from its own "
+        f"Revision `{git_revision()}`. {_models(args)}; {versions}. Each figure from its own "
         f"process, medians of {args.repeat} runs, engines interleaved over {args.rounds} rounds "
         "(the median round); tunecache untuned (analytic schedules, "
         "empty store and build cache, spec cores = threads; warm compile = the same compile "
@@ -294,8 +332,24 @@ def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str
         *rows])
 
 
+def _prepare(args: argparse.Namespace, key: str, work: Path) -> Feeds:
+    """Write ``{key}.onnx`` into ``work``; returns the inputs of one inference."""
+    if args.zoo == "transformers":
+        from transformer_zoo import export
+
+        return export(key, work)[1]
+    import onnx
+    from cnn_zoo import ZOO
+
+    onnx.save(ZOO[key](args.size), work / f"{key}.onnx")
+    return {"image": np.random.default_rng(0).standard_normal(
+        (1, 3, args.size, args.size)).astype(np.float32)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--zoo", choices=("cnn", "transformers"), default="cnn",
+                        help="benchmarks/cnn_zoo.py or benchmarks/transformer_zoo.py")
     parser.add_argument("--only", default=None, help="comma-separated zoo keys (or prefixes)")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--repeat", type=int, default=20)
@@ -312,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         child(args.child[0], Path(args.child[1]), int(args.threads), args.repeat, args.work,
               args.tune)
         return 0
-    keys = _selected(args.only)
+    keys = _selected(args.only, args.zoo)
     try:
         threads = [int(t) for t in args.threads.split(",")]
     except ValueError:
@@ -326,16 +380,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         print(INSTALL_HINT, file=sys.stderr)
         return 1
-    import onnx
+    if args.zoo == "transformers" and importlib.util.find_spec("transformers") is None:
+        from transformer_zoo import INSTALL_HINT as TRANSFORMERS_HINT
+
+        print(TRANSFORMERS_HINT, file=sys.stderr)
+        return 1
     import onnxruntime
-    from cnn_zoo import ZOO
 
     work = Path(tempfile.mkdtemp(prefix="model-zoo-"))
-    np.save(work / "image.npy", np.random.default_rng(0).standard_normal(
-        (1, 3, args.size, args.size)).astype(np.float32), allow_pickle=False)
     rows = []
     for key in keys:
-        onnx.save(ZOO[key](args.size), work / f"{key}.onnx")
+        print(f"{key}: preparing", file=sys.stderr, flush=True)
+        np.savez(work / f"{key}-feeds.npz", **_prepare(args, key, work))
         for n in threads:
             # onnxruntime first: its output is the reference the others' errors are against
             engines = ENGINES + (("tuned",) if args.tune else ())
@@ -356,7 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_write:
         from _report import write_section
 
-        write_section("model_zoo_tuned" if args.tune else "model_zoo", text)
+        prefix = "model_zoo" if args.zoo == "cnn" else "transformer_zoo"
+        write_section(f"{prefix}_tuned" if args.tune else prefix, text)
     return 0
 
 

@@ -77,13 +77,14 @@ def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module
 
 
 class _Encoder(torch.nn.Module):
-    """input_ids, attention_mask -> last_hidden_state (BERT)."""
+    """input_ids, attention_mask -> last_hidden_state (BERT; tiny unless given a config)."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: BertConfig | None = None) -> None:
         super().__init__()
-        config = BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
-                            num_attention_heads=2, intermediate_size=64,
-                            max_position_embeddings=MAX_POSITIONS, attn_implementation="sdpa")
+        config = config or BertConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+            num_attention_heads=2, intermediate_size=64, max_position_embeddings=MAX_POSITIONS,
+            attn_implementation="sdpa")
         self.model = BertModel(config, add_pooling_layer=False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -91,13 +92,15 @@ class _Encoder(torch.nn.Module):
 
 
 class _Vit(torch.nn.Module):
-    """pixel_values -> last_hidden_state (ViT, 32x32 images in 8x8 patches)."""
+    """pixel_values -> last_hidden_state (ViT; tiny, 32x32 images in 8x8 patches, unless
+    given a config)."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: ViTConfig | None = None) -> None:
         super().__init__()
-        config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=HIDDEN,
-                           num_hidden_layers=LAYERS, num_attention_heads=2,
-                           intermediate_size=64, attn_implementation="sdpa")
+        config = config or ViTConfig(
+            image_size=32, patch_size=8, num_channels=3, hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS, num_attention_heads=2, intermediate_size=64,
+            attn_implementation="sdpa")
         self.model = ViTModel(config, add_pooling_layer=False)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
