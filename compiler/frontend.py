@@ -1044,8 +1044,13 @@ class _Loader:
             if relu:
                 break
         epilogue = tuple(e for e, on in (("bias", bias is not None), ("relu", relu)) if on)
-        if shared == "plain":
+        if shared == "plain" and b in self.constants:
             sig = OpSignature.matmul(m, nn, k, trans_a=trans_a, trans_b=trans_b, epilogue=epilogue)
+        elif shared == "plain":
+            # A product of two activations: batch_matmul, whose B is packed per call (the
+            # matmul kind's B is a constant, packed once at compile time and timed so).
+            sig = OpSignature.batch_matmul(1, m, nn, k, trans_a=trans_a, trans_b=trans_b,
+                                           shared="none", epilogue=epilogue)
         else:
             sig = OpSignature.batch_matmul(batch, m, nn, k, shared=shared, epilogue=epilogue)
         return self._finish(position, fused, sig, [a, b] + ([bias] if bias else []), out)

@@ -61,7 +61,9 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 11: reorder (its kind column and block) and the layout_in/out_block columns of conv2d and
 #     pool2d (0 for nchw: existing columns keep their values).
 # 12: rotary (its kind column and block).
-FEATURE_VERSION = 12
+# 13: the matmul estimate (and so its analytic columns): B packed once at compile time (no
+#     packing per call), weights read in place stream at 0.6 of a packed panel's bandwidth.
+FEATURE_VERSION = 13
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

@@ -154,7 +154,9 @@ def test_matmul_and_gemm_mapping_and_fallbacks() -> None:
     assert k["mm_rows"].op.text == "matmul(M=30,N=6,K=4,dtype=float32,layout=nn,epilogue=bias+relu)"
     assert k["mm_shared_a"].op.text == (
         "batch_matmul(B=6,M=5,N=5,K=4,dtype=float32,layout=nn,shared=a,epilogue=none)")
-    assert k["mm_shared_b"].op.text == "matmul(M=30,N=6,K=4,dtype=float32,layout=nn,epilogue=none)"
+    # B is computed, not a constant: one batch item (matmul's B is constant weights)
+    assert k["mm_shared_b"].op.text == (
+        "batch_matmul(B=1,M=30,N=6,K=4,dtype=float32,layout=nn,shared=none,epilogue=none)")
     assert k["mm_vec"].op.dims_dict == {"M": 30, "N": 1, "K": 4}
     assert k["mm_vec"].nodes == ("mm_vec",)
     assert "broadcast batch dimensions [2, 3] x [1, 3]" in n["mm_bcast"].note

@@ -39,19 +39,32 @@ def inject(kernel: KernelSource, old: str, new: str) -> KernelSource:
 ENTRY = "int tc_kernel(void **args) {"
 
 
+# A matmul's weights are packed once and it is timed through the pre-packed entry, so a
+# fault goes into both entries: whichever the worker runs must fail.
+ENTRIES = (ENTRY, "int tc_kernel_packed(void **args) {")
+
+
+def at_entries(statement: str) -> KernelSource:
+    kernel = good()
+    for entry in ENTRIES:
+        kernel = inject(kernel, entry, entry + " " + statement)
+    return kernel
+
+
 def segfaults() -> KernelSource:
-    return inject(good(), ENTRY, ENTRY + " *(volatile int *)0 = 1;")
+    return at_entries("*(volatile int *)0 = 1;")
 
 
 def hangs() -> KernelSource:
-    return inject(good(), ENTRY, ENTRY + " volatile int spin = 1; while (spin) {}")
+    return at_entries("volatile int spin = 1; while (spin) {}")
 
 
 def wrong() -> KernelSource:
     kernel = good()
-    entry = kernel.code.index(ENTRY)
-    tail = kernel.code.index("  return 0;\n}", entry)
-    code = kernel.code[:tail] + "  C[7] += 0.5f;\n" + kernel.code[tail:]
+    code = kernel.code
+    for entry in ENTRIES:
+        tail = code.index("  return 0;\n}", code.index(entry))
+        code = code[:tail] + "  C[7] += 0.5f;\n" + code[tail:]
     return dataclasses.replace(kernel, code=code)
 
 
@@ -167,14 +180,15 @@ def test_prepacked_timing_is_checked_and_times_the_bound_kernel() -> None:
     assert [r["prepacked"] for r in answers] == [True, False]
 
 
-def test_conv2d_is_timed_packed_by_default_and_matmuls_are_not() -> None:
+def test_weights_are_timed_packed_by_default_and_activation_products_are_not() -> None:
     runner = Runner(HW, FAST)
     conv = OpSignature.conv2d(1, 8, 6, 6, 16, 3, 3, pads=1)
-    assert runner.prepacked(conv) and not runner.prepacked(OP)
+    products = OpSignature.batch_matmul(1, 48, 40, 32)
+    assert runner.prepacked(conv) and runner.prepacked(OP) and not runner.prepacked(products)
     forced = Runner(HW, dataclasses.replace(FAST, prepacked_weights=True))
-    assert forced.prepacked(OP)
+    assert forced.prepacked(products)
     never = Runner(HW, dataclasses.replace(FAST, prepacked_weights=False))
-    assert not never.prepacked(conv)
+    assert not never.prepacked(conv) and not never.prepacked(OP)
 
 
 def test_a_failed_retiming_keeps_the_measurement_that_passed() -> None:
