@@ -141,6 +141,8 @@ def _onnxruntime_call(op: OpSignature, inputs: tuple[np.ndarray, ...],
     q, k, v = (x.reshape(1, b, *x.shape[1:]) for x in inputs[:3])
     feed = {"Q": q, "K": k, "V": v}
     mask = np.zeros((1, 1, m, n), np.float32)
+    if op.attr("mask") == "full":
+        return "full masks are not mapped onto onnxruntime's Attention here"
     if has_padding(op):
         if d["mask_rows"] != 1:
             return "per-item padding masks are not mapped onto heads here"

@@ -740,6 +740,7 @@ class _Loader:
     def _fuse(self, nodes: list[_Node], outputs: set[str]) -> list[Step]:
         self.uses: dict[str, int] = {}
         self.consumer: dict[str, int] = {}
+        self.readers: dict[str, list[int]] = {}
         self.producers = {t: position for position, node in enumerate(nodes)
                           for t in node.outputs if t}
         for position, node in enumerate(nodes):
@@ -747,40 +748,44 @@ class _Loader:
                 if t:
                     self.uses[t] = self.uses.get(t, 0) + 1
                     self.consumer[t] = position
+                    self.readers.setdefault(t, []).append(position)
         self.graph_outputs = outputs
         self.nodes = nodes
         self.taken = [False] * len(nodes)
-        slots: list[Step | None] = [None] * len(nodes)
+        self.helpers: list[OnnxNode] = []
+        slots: list[list[Step]] = [[] for _ in nodes]
         for position, node in enumerate(nodes):
             if self.taken[position]:
+                continue
+            # Lowerings first: a multi-node pattern (attention) may start at a MatMul.
+            lowered = self._lowered(position) if self.lower else None
+            if lowered is not None:
+                slots[lowered[1]] += [*lowered[2], lowered[0]]
                 continue
             note = ""
             if node.op_type in KERNEL_OP_TYPES:
                 built = self._kernel(position)
                 if isinstance(built, tuple):
                     kernel, last = built
-                    slots[last] = kernel
+                    slots[last].append(kernel)
                     continue
                 note = built
-            elif self.lower:
-                lowered = self._lowered(position)
-                if lowered is not None:
-                    slots[lowered[1]] = lowered[0]
-                    continue
-            slots[position] = OnnxNode(node.name, node.op_type, node.inputs, node.outputs,
-                                       MappingProxyType(node.attrs), note)
-        return [s for s in slots if s is not None]
+            slots[position].append(OnnxNode(node.name, node.op_type, node.inputs, node.outputs,
+                                            MappingProxyType(node.attrs), note))
+        return [step for slot in slots for step in slot]
 
-    def _lowered(self, position: int) -> tuple[KernelNode, int] | None:
+    def _lowered(self, position: int) -> tuple[KernelNode, int, list[OnnxNode]] | None:
         """The first registered lowering (:mod:`tunecache.compiler.lowering`) that turns the
-        node at ``position`` into a kernel, or None: it then runs in numpy."""
+        node at ``position`` into a kernel, with the helper nodes it added (run just before
+        the kernel), or None: the node then runs in numpy (or as a Conv/MatMul/Gemm kernel)."""
         node = self.nodes[position]
         if node.domain:
             return None
         for lowering in lowerings_for(node.op_type):
+            self.helpers = []
             built = lowering(self, position)
             if isinstance(built, tuple):
-                return built
+                return built[0], built[1], self.helpers
         return None
 
     # -- the view lowerings have of the graph (lowering.FusionContext) ---------------------
@@ -796,6 +801,21 @@ class _Loader:
 
     def sole_consumer(self, tensor: str) -> int | None:
         return self._next(tensor)
+
+    def consumers(self, tensor: str) -> tuple[int, ...] | None:
+        readers = self.readers.get(tensor, [])
+        if not readers or tensor in self.graph_outputs or any(self.taken[p] for p in readers):
+            return None
+        return tuple(sorted(set(readers)))
+
+    def add_node(self, op_type: str, inputs: list[str], attrs: dict[str, Any],
+                 shape: tuple[int, ...]) -> str:
+        name = self._fresh_name(f"{inputs[0]}/{op_type.lower()}")
+        self.shapes[name] = shape
+        self.dtypes[name] = self.dtypes.get(inputs[0], FLOAT32)
+        self.helpers.append(OnnxNode(name, op_type, tuple(inputs), (name,),
+                                     MappingProxyType(dict(attrs))))
+        return name
 
     def add_constant(self, base: str, array: np.ndarray) -> str:
         return self._new_constant(base, array)
@@ -821,12 +841,17 @@ class _Loader:
         return self.dtypes.get(name) == FLOAT32
 
     def _new_constant(self, base: str, array: np.ndarray) -> str:
+        name = self._fresh_name(base)
+        self._set_constant(name, np.ascontiguousarray(array, dtype=FLOAT32))
+        return name
+
+    def _fresh_name(self, base: str) -> str:
+        """``base``, or ``base`` with a number after it: a tensor name not yet in use."""
         name = base
         n = 1
         while name in self.constants or name in self.shapes:
             n += 1
             name = f"{base}{n}"
-        self._set_constant(name, np.ascontiguousarray(array, dtype=FLOAT32))
         return name
 
     def _kernel(self, position: int) -> tuple[KernelNode, int] | str:

@@ -108,7 +108,7 @@ def test_dynamic_batch_with_input_shapes(kernel_for: Callable[[OpSignature], Ker
     assert graph.inputs[0].shape == (3, 8, 32)
     texts = {n.name: n.op.text for n in graph.kernel_nodes}
     assert texts["query"].startswith("matmul(M=24,N=32,K=32,")
-    assert texts["scores"].startswith("batch_matmul(B=12,M=8,N=8,K=8,")
+    assert texts["scores"].startswith("attention(B=12,M=8,N=8,D=8,Dv=0,mask_rows=3,")
     feeds = feeds_for(fixed)
     got = Executor(graph, generated_kernels(graph, kernel_for)).run(feeds)
     models.assert_close(got, models.ort_run(fixed, feeds), [o.name for o in graph.outputs])

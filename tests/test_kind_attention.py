@@ -33,13 +33,15 @@ from tunecache.compiler.schedule import default_schedule, problems, schedule_fro
 HW = local_spec()
 TESTED_ISAS = tuple(isa for isa in ("avx2", "generic") if isa in runnable_isas(HW))
 T2 = min(2, HW.cores)
+ADDITIVE = ("padding", "causal_padding", "full")
 SLOW = settings(max_examples=examples(20), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def inputs_for(op: OpSignature, seed: int, fill: float = -1e4) -> tuple[np.ndarray, ...]:
-    """Random inputs; padding masks give each mask row a valid prefix of at least one key
-    and ``fill`` after it, plus a few ``-inf`` and small values inside the prefix."""
+    """Random inputs; additive masks give each mask row (each query row of a full mask) a
+    valid prefix of at least one key and ``fill`` after it, plus a few ``-inf`` and small
+    values inside the prefix."""
     rng = np.random.default_rng(seed)
     out = []
     for arg in op.arguments():
@@ -48,12 +50,12 @@ def inputs_for(op: OpSignature, seed: int, fill: float = -1e4) -> tuple[np.ndarr
         if arg.name == "scale":
             out.append(np.array([rng.uniform(0.05, 0.5)], np.float32))
         elif arg.name == "mask":
-            rows, n = arg.shape
+            n = arg.shape[-1]
             mask = (0.5 * rng.standard_normal(arg.shape)).astype(np.float32)
             mask[rng.random(arg.shape) < 0.1] = -np.inf
-            valid = rng.integers(1, n + 1, size=rows)
-            mask[np.arange(n)[None, :] >= valid[:, None]] = fill
-            mask[:, 0] = 0.0
+            valid = rng.integers(1, n + 1, size=arg.shape[:-1])
+            mask[np.arange(n) >= valid[..., None]] = fill
+            mask[..., 0] = 0.0
             out.append(mask)
         else:
             out.append(rng.standard_normal(arg.shape, dtype=np.float32))
@@ -85,7 +87,7 @@ def ops(draw: st.DrawFn, max_size: int = 70) -> OpSignature:
     d = draw(st.sampled_from([1, 3, 8, 13, 16, 40, 64]))
     dv = draw(st.sampled_from([None, 5, 24, 64]))
     rows = draw(st.sampled_from([r for r in range(1, b + 1) if b % r == 0])) \
-        if "padding" in mask else None
+        if mask in ADDITIVE else None
     return attention_op(b, m, n, d, Dv=dv, mask=mask, mask_rows=rows,
                         scale=draw(st.sampled_from(["default", "input"])))
 
@@ -114,11 +116,19 @@ def test_text_form_arguments_and_flops() -> None:
     assert op.flops == 12 * 128 * 128 * (4 * 64 + 6)
     causal = attention_op(1, 4, 6, 8, mask="causal")  # rows see 3, 4, 5, 6 keys
     assert causal.flops == (3 + 4 + 5 + 6) * (4 * 8 + 5)
+    # a full mask: one additive row per query, per group of B // mask_rows items
+    per_query = attention_op(4, 3, 9, 8, mask="full", mask_rows=2)
+    assert per_query.text == ("attention(B=4,M=3,N=9,D=8,Dv=0,mask_rows=2,dtype=float32,"
+                              "mask=full,scale=default,epilogue=none)")
+    assert [(a.name, a.shape) for a in per_query.arguments()][3] == ("mask", (2, 3, 9))
+    assert per_query.flops == 4 * 3 * 9 * (4 * 8 + 6)
 
 
 @pytest.mark.parametrize(("text", "message"), [
     ("attention(B=2,M=3,N=4,D=8,Dv=8)", "Dv=8 equals D; write Dv=0"),
     ("attention(B=2,M=3,N=4,D=8,mask=padding)", "mask=padding needs mask_rows >= 1"),
+    ("attention(B=2,M=3,N=4,D=8,mask=full)", "mask=full needs mask_rows >= 1"),
+    ("attention(B=6,M=3,N=4,D=8,mask_rows=4,mask=full)", "mask_rows=4 does not divide B=6"),
     ("attention(B=6,M=3,N=4,D=8,mask_rows=4,mask=causal_padding)", "mask_rows=4 does not divide B=6"),
     ("attention(B=2,M=3,N=4,D=8,mask_rows=2,mask=causal)", "mask_rows=2 applies to the padding"),
     ("attention(B=2,M=5,N=4,D=8,mask=causal)", "mask=causal needs M <= N"),
@@ -140,13 +150,14 @@ def _naive(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     d = op.dims_dict
     b_, m, n = d["B"], d["M"], d["N"]
     scale = float(inputs[3][0]) if op.attr("scale") == "input" else d["D"] ** -0.5
-    mask = inputs[-1].astype(np.float64) if "padding" in op.attr("mask") else None
+    mask = inputs[-1].astype(np.float64) if op.attr("mask") in ADDITIVE else None
     out = np.zeros((b_, m, v.shape[2]))
     for b in range(b_):
         for i in range(m):
             z = q[b, i] @ k[b].T * scale
             if mask is not None:
-                z = z + mask[b // (b_ // d["mask_rows"])]
+                row = mask[b // (b_ // d["mask_rows"])]
+                z = z + (row[i] if op.attr("mask") == "full" else row)
             if "causal" in op.attr("mask"):
                 z[np.arange(n) > i + n - m] = -np.inf
             if np.all(z == -np.inf):
@@ -157,7 +168,7 @@ def _naive(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
 
 @pytest.mark.parametrize("mask", MASKS)
 def test_reference_semantics(mask: str) -> None:
-    op = attention_op(6, 4, 7, 5, Dv=3, mask=mask, mask_rows=3 if "padding" in mask else None,
+    op = attention_op(6, 4, 7, 5, Dv=3, mask=mask, mask_rows=3 if mask in ADDITIVE else None,
                       scale="input")
     inputs = inputs_for(op, 1)
     got = op_kind("attention").reference(op, tuple(x.astype(np.float64) for x in inputs))
@@ -257,7 +268,7 @@ def test_default_schedules_of_typical_shapes() -> None:
 # M and N are not multiples of any query or key block; D=40 is 5 AVX2 vectors and 2.5 AVX-512
 # ones; D=13 and Dv=7 leave partial vectors everywhere.
 FULL_OP = attention_op(4, 19, 45, 40, Dv=24, mask="causal_padding", mask_rows=2, scale="input")
-MODE_OPS = [attention_op(3, 19, 45, d, mask=mask, mask_rows=3 if "padding" in mask else None)
+MODE_OPS = [attention_op(3, 19, 45, d, mask=mask, mask_rows=3 if mask in ADDITIVE else None)
             for mask in MASKS for d in (64, 40)]
 ODD_OP = attention_op(2, 7, 33, 13, Dv=7, mask="padding", mask_rows=2)
 

@@ -9,7 +9,8 @@ Signature ``attention(B, M, N, D, Dv, mask_rows, mask, scale)``:
   (head dim of Q and K); parameter ``Dv`` (head dim of V and Y; 0, the default, means
   ``D`` and is the only way to write it, so the text stays canonical).
 * arguments, all contiguous float32: ``Q[B,M,D]``, ``K[B,N,D]``, ``V[B,N,Dv]``, then
-  ``scale[1]`` and ``mask[mask_rows,N]`` when used, then ``Y[B,M,Dv]``.
+  ``scale[1]`` and ``mask[mask_rows,N]`` (``mask[mask_rows,M,N]`` for ``full``) when used,
+  then ``Y[B,M,Dv]``.
 * ``scale=default`` multiplies the scores by ``1/sqrt(D)`` (a constant of the kernel);
   ``scale=input`` by the runtime float ``scale[0]`` (floats are never part of a signature).
 * ``mask``: ``none``; ``causal``: query ``i`` sees keys ``j <= i + (N - M)``, aligned at
@@ -19,7 +20,10 @@ Signature ``attention(B, M, N, D, Dv, mask_rows, mask, scale)``:
   negative value or ``-inf`` for padding, as exporters produce), batch item ``b`` adding
   row ``b // (B // mask_rows)``: ``mask_rows = batch`` over ``B = batch x heads`` items is
   BERT's ``[batch, 1, 1, N]`` mask, ``mask_rows=1`` one mask for all; ``mask_rows`` must
-  divide ``B`` and is 0 without a padding mask; ``causal_padding``: both.
+  divide ``B`` and is 0 without an additive mask; ``causal_padding``: both; ``full``: an
+  additive mask per query row, ``mask[mask_rows, M, N]``, item ``b`` adding matrix
+  ``b // (B // mask_rows)`` (the ``[batch, 1, M, N]`` masks exporters build at run time from
+  a padding mask and the causal one).
 
 A query row whose every key is masked to ``-inf`` outputs zeros (PyTorch's SDPA since 2.5
 and FlashAttention do the same; a plain numpy softmax would give NaN). Finite masks are
@@ -72,10 +76,11 @@ from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 from tunecache.compiler.schedule import MAX_PACKED_BYTES, ScheduleData, threads_problem
 
 __all__ = ["K_BLOCKS", "MASKS", "MAX_Q_BLOCK", "SCORES", "AttentionSchedule", "attention_op",
-           "balanced_chunks", "causal_keep", "dot_keys", "has_padding", "is_causal",
-           "tile_vectors", "value_dim"]
+           "balanced_chunks", "causal_keep", "dot_keys", "has_mask_input", "has_padding",
+           "is_causal", "tile_vectors", "value_dim"]
 
-MASKS = ("none", "causal", "padding", "causal_padding")
+MASKS = ("none", "causal", "padding", "causal_padding", "full")
+_ADDITIVE = ("padding", "causal_padding", "full")
 SCALES = ("default", "input")
 SCORES = ("outer", "dot")
 K_BLOCKS = (16, 32, 64, 128, 256)
@@ -105,9 +110,9 @@ def attention_op(B: int, M: int, N: int, D: int, *, Dv: int | None = None, mask:
                  mask_rows: int | None = None, scale: str = "default",
                  dtype: str = "float32") -> OpSignature:
     """``softmax(Q K^T * scale + mask) V`` over ``B`` items; ``Dv`` defaults to ``D`` and
-    ``mask_rows`` to 1 for the padding masks (0 otherwise)."""
+    ``mask_rows`` to 1 for the additive masks (0 otherwise)."""
     dv = 0 if Dv is None or Dv == D else Dv
-    rows = (1 if "padding" in mask else 0) if mask_rows is None else mask_rows
+    rows = (1 if mask in _ADDITIVE else 0) if mask_rows is None else mask_rows
     return OpSignature(
         KIND.name, (("B", B), ("M", M), ("N", N), ("D", D), ("Dv", dv), ("mask_rows", rows)),
         dtype, (("mask", mask), ("scale", scale)), (),
@@ -125,8 +130,18 @@ def is_causal(op: OpSignature) -> bool:
 
 
 def has_padding(op: OpSignature) -> bool:
-    """Whether ``op`` takes an additive mask input (``padding``, ``causal_padding``)."""
+    """Whether ``op`` adds a mask row per batch item group (``padding``, ``causal_padding``)."""
     return op.attr("mask") in ("padding", "causal_padding")
+
+
+def has_mask_input(op: OpSignature) -> bool:
+    """Whether ``op`` takes an additive mask input (``padding``, ``causal_padding``,
+    ``full``)."""
+    return op.attr("mask") in _ADDITIVE
+
+
+def _full_mask(op: OpSignature) -> bool:
+    return op.attr("mask") == "full"
 
 
 def _signature_problems(op: OpSignature) -> list[str]:
@@ -134,16 +149,16 @@ def _signature_problems(op: OpSignature) -> list[str]:
     found = []
     if d["Dv"] == d["D"]:
         found.append(f"Dv={d['Dv']} equals D; write Dv=0 (the default, Dv = D)")
-    if has_padding(op):
+    if has_mask_input(op):
         if d["mask_rows"] < 1:
             found.append(f"mask={op.attr('mask')} needs mask_rows >= 1 (rows of the additive "
-                         "mask [mask_rows, N])")
+                         f"mask [mask_rows, {'M, ' if _full_mask(op) else ''}N])")
         elif d["B"] % d["mask_rows"]:
             found.append(f"mask_rows={d['mask_rows']} does not divide B={d['B']} (item b adds "
                          "mask row b // (B // mask_rows))")
     elif d["mask_rows"]:
-        found.append(f"mask_rows={d['mask_rows']} applies to the padding masks only; use "
-                     "mask_rows=0")
+        found.append(f"mask_rows={d['mask_rows']} applies to the padding and full masks only; "
+                     "use mask_rows=0")
     if is_causal(op) and d["M"] > d["N"]:
         found.append(f"mask={op.attr('mask')} needs M <= N (query i sees keys j <= i + N - M); "
                      f"got M={d['M']}, N={d['N']}")
@@ -157,8 +172,9 @@ def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
             TensorArg("V", (b, n, dv), "input")]
     if op.attr("scale") == "input":
         args.append(TensorArg("scale", (1,), "input"))
-    if has_padding(op):
-        args.append(TensorArg("mask", (d["mask_rows"], n), "input"))
+    if has_mask_input(op):
+        args.append(TensorArg("mask", (d["mask_rows"], m, n) if _full_mask(op)
+                              else (d["mask_rows"], n), "input"))
     args.append(TensorArg("Y", (b, m, dv), "output"))
     return tuple(args)
 
@@ -172,7 +188,7 @@ def visible_pairs(op: OpSignature) -> int:
 def _flops(op: OpSignature) -> int:
     """Per visible (query, key) pair: the two dot products (``2 D + 2 Dv``) and the softmax
     (scale, mask, max, subtract, exp, sum: 5 or 6, an exp counting as one)."""
-    per = 2 * op.dim("D") + 2 * value_dim(op) + 5 + has_padding(op)
+    per = 2 * op.dim("D") + 2 * value_dim(op) + 5 + has_mask_input(op)
     return op.dim("B") * visible_pairs(op) * per
 
 
@@ -191,9 +207,10 @@ def _masked_scores(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
     b, m, n = op.dim("B"), op.dim("M"), op.dim("N")
     s = np.matmul(q, k.transpose(0, 2, 1))
     s *= s.dtype.type(_scale(op, inputs))
-    if has_padding(op):
+    if has_mask_input(op):
         rows = op.dim("mask_rows")
-        s.reshape(rows, b // rows, m, n)[...] += inputs[-1][:, None, None, :]
+        mask = inputs[-1] if _full_mask(op) else inputs[-1][:, None, :]
+        s.reshape(rows, b // rows, m, n)[...] += mask[:, None]
     if is_causal(op):
         s[:, ~causal_keep(m, n)] = -np.inf
     return s
@@ -239,7 +256,8 @@ def _tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, 
 
 def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     """Standard normal Q, K, V; a scale around ``1/sqrt(D)``; a padding mask as exporters
-    write it: per mask row a valid length of at least one key, then ``-1e4``."""
+    write it: per mask row (and query, for ``full``) a valid length of at least one key, then
+    ``-1e4``."""
     out = []
     for arg in _arguments(op):
         if arg.role != "input":
@@ -248,9 +266,9 @@ def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarra
             out.append(np.array([rng.uniform(0.5, 2.0) / math.sqrt(op.dim("D"))], np.float32))
         elif arg.name == "mask":
             n = op.dim("N")
-            valid = rng.integers(max(1, n // 2), n + 1, size=arg.shape[0])
+            valid = rng.integers(max(1, n // 2), n + 1, size=arg.shape[:-1])
             mask = np.zeros(arg.shape, np.float32)
-            mask[np.arange(n)[None, :] >= valid[:, None]] = -1e4
+            mask[np.arange(n) >= valid[..., None]] = -1e4
             out.append(mask)
         else:
             out.append(rng.standard_normal(arg.shape, dtype=np.float32))
@@ -348,7 +366,8 @@ class _Emitter:
         self.lanes = d.lanes
         self.registers = ISA_VECTOR_REGISTERS.get(d.name, 16)
         self.causal = is_causal(op)
-        self.masked = has_padding(op)
+        self.masked = has_mask_input(op)
+        self.full = _full_mask(op)
 
     def constants(self) -> dict[str, int | str]:
         op, s, lanes = self.op, self.s, self.lanes
@@ -517,7 +536,10 @@ static inline void online_row(float *restrict s, const float *restrict mk, long 
     def block(self, rows: int) -> str:
         lanes = self.lanes
         limit = "i0 + r + SHIFT + 1" if self.causal else "N"
-        mask = "a->mask + (b / MASK_DIV) * N" if self.masked else "NULL"
+        mask = ("a->mask + ((b / MASK_DIV) * M + i0) * N" if self.full else
+                "a->mask + (b / MASK_DIV) * N" if self.masked else "NULL")
+        # A full mask has a row per query: query r of the block reads row r.
+        mask_row = "mrow + r * N + j0" if self.full else "mrow + j0"
         scores = self.outer_scores(rows) if self.s.score == "outer" else self.dot_scores(rows)
         body = [
             "const float *restrict kmat = a->k + b * (N * D);",
@@ -540,7 +562,7 @@ static inline void online_row(float *restrict s, const float *restrict mk, long 
             "  const long kn = MIN(KB, kend - j0);",
             *("  " + line for line in scores),
             f"  for (long r = 0; r < {rows}; r++)",
-            "    online_row(sc + r * KBPAD, mrow ? mrow + j0 : NULL, lim[r] - j0, kn, m + r, "
+            f"    online_row(sc + r * KBPAD, mrow ? {mask_row} : NULL, lim[r] - j0, kn, m + r, "
             "l + r, o + r * DVPAD);",
             *("  " + line for line in self.pv(rows)),
             "}",
@@ -616,5 +638,6 @@ KIND = register(OpKind(
         "attention(B=12,M=1,N=129,D=64,mask=causal)",  # GPT-2 decoding, 128 past tokens
         "attention(B=12,M=197,N=197,D=64)",  # ViT-B/16
         "attention(B=3,M=37,N=45,D=40,Dv=24,mask_rows=3,mask=causal_padding,scale=input)",
+        "attention(B=4,M=5,N=8,D=16,mask_rows=2,mask=full)",  # an exported [batch,1,M,N] mask
     ),
 ))

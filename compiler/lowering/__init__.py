@@ -8,8 +8,11 @@ the position of the last node it took, or ``None``/a reason when the pattern doe
 apply; the node then runs in numpy. One module per family of kinds, each registering its
 op types here: the frontend never branches on them.
 
-A lowering sees the graph through :class:`FusionContext`: static shapes and dtypes,
-constants, single-consumer links and a way to add constants, nothing else.
+Lowerings are tried at every node not yet taken, ``Conv``/``MatMul``/``Gemm`` included (the
+frontend's own kernel mapping comes after them), so a pattern is matched at its first node
+in execution order. A lowering sees the graph through :class:`FusionContext`: static shapes
+and dtypes, constants, consumer links, and ways to add constants and helper nodes, nothing
+else.
 """
 
 from __future__ import annotations
@@ -58,8 +61,19 @@ class FusionContext(Protocol):
         """The position of the only node reading ``tensor``, if fusing it away is safe (one
         use, not a graph output, not yet taken)."""
 
+    def consumers(self, tensor: str) -> tuple[int, ...] | None:
+        """The positions of every node reading ``tensor``, if fusing them all away is safe
+        (read at least once, not a graph output, none taken); None otherwise."""
+
     def add_constant(self, base: str, array: np.ndarray) -> str:
         """A new float32 constant named after ``base``; returns its name."""
+
+    def add_node(self, op_type: str, inputs: list[str], attrs: dict[str, Any],
+                 shape: tuple[int, ...]) -> str:
+        """A helper node run with numpy just before the kernel of the lowering adding it (a
+        ``Transpose`` laying an operand out as the kernel reads it), its output of static
+        ``shape`` and its first input's dtype; returns the output's name. Dropped when the
+        lowering does not finish."""
 
     def finish(self, position: int, fused: list[int], sig: OpSignature, inputs: list[str],
                output: str) -> Any:
@@ -119,10 +133,12 @@ def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | Non
         return None
     return [position, mul]
 
-BUILTIN_LOWERINGS = ("rowwise", "rmsnorm", "pool", "rotary", "elementwise", "batchnorm")
+BUILTIN_LOWERINGS = ("attention", "rowwise", "rmsnorm", "pool", "rotary", "elementwise",
+                     "batchnorm")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried
-in: the residual-Add + LayerNormalization pattern, the RMSNorm chain and the rotary
-embedding come before an element-wise chain claims their Add, Sqrt, Neg or Mul."""
+in: attention first (its scaling Mul and mask Add would otherwise start a scaled softmax or
+an element-wise chain), then the residual-Add + LayerNormalization pattern, the RMSNorm chain
+and the rotary embedding before an element-wise chain claims their Add, Sqrt, Neg or Mul."""
 
 
 def register_lowering(*op_types: str) -> Callable[[Lowering], Lowering]:

@@ -20,7 +20,7 @@ from tunecache.compiler.kinds.attention import (
     AttentionSchedule,
     balanced_chunks,
     dot_keys,
-    has_padding,
+    has_mask_input,
     is_causal,
     tile_vectors,
     value_dim,
@@ -132,8 +132,10 @@ def estimate(op: OpSignature, s: AttentionSchedule, hw: HardwareSpec) -> Estimat
 
 
 def _op_values(op: OpSignature) -> tuple[float, ...]:
+    # attn_padding flags any additive mask input (padding, causal_padding, full): the kernel
+    # adds a mask row per score row either way.
     return (l2(op.dim("B")), l2(op.dim("M")), l2(op.dim("N")), l2(op.dim("D")),
-            l2(value_dim(op)), float(is_causal(op)), float(has_padding(op)))
+            l2(value_dim(op)), float(is_causal(op)), float(has_mask_input(op)))
 
 
 def _knob_values(s: AttentionSchedule, hw: HardwareSpec) -> tuple[float, ...]:
