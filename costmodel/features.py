@@ -62,7 +62,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 #     pool2d (0 for nchw: existing columns keep their values).
 # 12: rotary (its kind column and block).
 # 13: the matmul estimate (and so its analytic columns): B packed once at compile time (no
-#     packing per call), weights read in place stream at 0.6 of a packed panel's bandwidth.
+#     packing per call), weights read in place stream at 0.6 of a packed panel's bandwidth;
+#     and micro_efficiency wants 1.5x pipes x latency accumulators (analytic.LATENCY_MARGIN).
 FEATURE_VERSION = 13
 
 

@@ -27,7 +27,7 @@ VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2", 3: "ee3c150c3f1c0
                  4: "28e29d75ebf480e0", 5: "5a2a23657e21ad2a", 6: "e6204765dd950e66",
                  7: "f20cb4de32fb7943", 8: "d6d65c55b0f686b2", 9: "def038e369205259",
                  10: "b46d05c4cb2d011c", 11: "2c1a15b69aa365f2",
-                 12: "607bb35cfef37228", 13: "f78344c81c620116"}
+                 12: "607bb35cfef37228", 13: "50d239d5758275cf"}
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=48 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="Golden CPU",
