@@ -320,7 +320,8 @@ def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str
         f"Revision `{git_revision()}`. {_models(args)}; {versions}. Each figure from its own "
         f"process, medians of {args.repeat} runs, engines interleaved over {args.rounds} rounds "
         "(the median round); tunecache untuned (analytic schedules, "
-        "empty store and build cache, spec cores = threads; warm compile = the same compile "
+        "empty store and build cache, so the shipped seed serves what it holds for this "
+        "machine; spec cores = threads; warm compile = the same compile "
         "again in that process); error = max |x - onnxruntime| ÷ max |onnxruntime|; peak RSS "
         "of each process (ours includes compiling).", "",
         f"{tuned_note(args)}", "",
