@@ -294,6 +294,33 @@ def test_exported_gelu_in_every_association_is_one_kernel(form: str) -> None:
     models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds), [y])
 
 
+@pytest.mark.parametrize("form", ["half_first", "pow_first", "other_cube"])
+def test_gelu_tanh_as_gpt2_exports_it_is_one_kernel(form: str) -> None:
+    """(0.5 * x) * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), in GPT-2's node order or
+    with the Pow first; with another exponent it is not GELU and is not fused as one."""
+    b = models.Builder(13)
+    x = b.input("x", [3, 10])
+    if form == "half_first":
+        h = b.node("Mul", [x, b.const(np.float32(0.5))])
+    cube = b.node("Pow", [x, b.const(np.float32(3.0 if form != "other_cube" else 2.0))])
+    inner = b.node("Add", [x, b.node("Mul", [cube, b.const(np.float32(0.044715))])])
+    t = b.node("Tanh", [b.node("Mul", [inner, b.const(np.float32(np.sqrt(2.0 / np.pi)))])])
+    plus = b.node("Add", [t, b.const(np.float32(1.0))])
+    if form != "half_first":
+        h = b.node("Mul", [x, b.const(np.float32(0.5))])
+    y = b.node("Mul", [h, plus])
+    model = b.model([y])
+    graph = load_graph(model)
+    if form == "other_cube":
+        assert all("gelu_tanh" not in k.op.epilogue for k in graph.kernel_nodes)
+    else:
+        [gelu] = graph.kernel_nodes
+        assert gelu.op.epilogue == ("gelu_tanh",) and len(gelu.nodes) == 8
+        assert graph.onnx_nodes == ()
+    feeds = models.random_feeds(model)
+    models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds), [y])
+
+
 def activation_model(tail: str, opset: int = 13) -> tuple[onnx.ModelProto, str]:
     """A 3x3 conv with bias whose outputs reach past 6 (weights of scale 1), then ``tail``:
     ``clip6`` / ``clip4`` (Clip(0, 6) / Clip(0, 4)), ``silu`` (Mul(t, Sigmoid(t))) or

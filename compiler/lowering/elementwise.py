@@ -2,15 +2,16 @@
 
 A chain starts at an element-wise node and follows the only reader of its result while that
 reader is element-wise too and keeps the shape: ``Relu``, ``Sigmoid``, ``Tanh``, ``Exp``,
-``Neg``, ``Abs``, ``Sqrt``, ``Clip(0, 6)`` (ReLU6) and ``Clip(0, inf)``, the patterns
-``x * Sigmoid(x)`` (SiLU) and ``x * 0.5 * (1 + Erf(x / sqrt 2))`` (GELU as the exporters
-write it), and ``Add``/``Sub``/``Mul``/``Div`` with one operand that is the running value and
-another that broadcasts to it. Every extra operand of one kernel must broadcast the same way
-(``full``, per ``row``, per ``col``umn block or ``scalar``, see the kind): constants are
-re-laid out to fit (a per-channel constant of an NCHW tensor with batch 2 is tiled to
-``N*C`` rows), tensors must already fit. The chain stops before a node that does not fit.
-Another lowering may start a chain with steps of its own (:class:`ChainSeed`: an inference
-BatchNormalization's ``mul+add``), which then grows the same way.
+``Neg``, ``Abs``, ``Sqrt``, ``Clip(0, 6)`` (ReLU6) and ``Clip(0, inf)``, the patterns ``x *
+Sigmoid(x)`` (SiLU), ``x * 0.5 * (1 + Erf(x / sqrt 2))`` (GELU as the exporters write it)
+and its tanh form (GPT-2's, with ``Pow(x, 3)``), and ``Add``/``Sub``/``Mul``/``Div`` with
+one operand that is the running value and another that broadcasts to it. Every extra operand
+of one kernel must broadcast the same way (``full``, per ``row``, per ``col``umn block or
+``scalar``, see the kind): constants are re-laid out to fit (a per-channel constant of an
+NCHW tensor with batch 2 is tiled to ``N*C`` rows), tensors must already fit. The chain
+stops before a node that does not fit. Another lowering may start a chain with steps of its
+own (:class:`ChainSeed`: an inference BatchNormalization's ``mul+add``), which then grows
+the same way.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Ne
          "Abs": "abs", "Sqrt": "sqrt"}
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
 _SQRT2 = math.sqrt(2.0)
+_GELU_TANH_C = math.sqrt(2.0 / math.pi)
 
 
 @dataclass
@@ -259,6 +261,72 @@ def _erf_core_of(ctx: FusionContext, tensor: str | None, value: str) -> list[int
     return None
 
 
+def _gelu_tanh(ctx: FusionContext, position: int, value: str) -> list[int] | None:
+    """GELU's tanh form as GPT-2 exports it, ``(value * 0.5) * (1 + Tanh(c * (value + 0.044715
+    * Pow(value, 3))))`` with ``c = sqrt(2/pi)``, starting at the halving or the Pow (whichever
+    comes first): the positions of its eight nodes, last one last."""
+    node = ctx.nodes[position]
+    if _is_half(ctx, node, value):
+        outer = ctx.sole_consumer(node.outputs[0])
+        if outer is None or ctx.nodes[outer].op_type != "Mul":
+            return None
+        core = _tanh_core_of(ctx, other_input(ctx.nodes[outer].inputs, node.outputs[0]), value)
+        return None if core is None else sorted([position, *core, outer])
+    core = _tanh_core(ctx, position, value)
+    if core is None:
+        return None
+    plus = ctx.nodes[core[-1]].outputs[0]
+    outer = ctx.sole_consumer(plus)
+    if outer is None or ctx.nodes[outer].op_type != "Mul":
+        return None
+    half = _producer_if_half(ctx, other_input(ctx.nodes[outer].inputs, plus), value, outer)
+    return None if half is None else sorted([*core, half, outer])
+
+
+def _tanh_core(ctx: FusionContext, position: int, value: str) -> list[int] | None:
+    """``Pow(value, 3) * 0.044715 + value -> * sqrt(2/pi) -> Tanh -> + 1`` from the Pow at
+    ``position``: six positions."""
+    first = ctx.nodes[position]
+    if first.op_type != "Pow" or first.inputs[0] != value or \
+            scalar_constant(ctx, first.inputs[1]) != 3.0:
+        return None
+    chain = [position]
+    current = first.outputs[0]
+    for op_type, constant in (("Mul", 0.044715), ("Add", None), ("Mul", _GELU_TANH_C),
+                              ("Tanh", None), ("Add", 1.0)):
+        nxt = ctx.sole_consumer(current)
+        if nxt is None or ctx.nodes[nxt].op_type != op_type:
+            return None
+        node = ctx.nodes[nxt]
+        if op_type != "Tanh":
+            other = other_input(node.inputs, current)
+            if constant is None and other != value:
+                return None
+            found = scalar_constant(ctx, other) if constant is not None else None
+            if constant is not None and (found is None or
+                                         not math.isclose(found, constant, rel_tol=1e-5)):
+                return None
+        chain.append(nxt)
+        current = node.outputs[0]
+    return chain
+
+
+def _tanh_core_of(ctx: FusionContext, tensor: str | None, value: str) -> list[int] | None:
+    """The :func:`_tanh_core` nodes that produce ``tensor``."""
+    position = ctx.producer(tensor) if tensor else None
+    for _ in range(6):  # back from the + 1 to the Pow: six nodes
+        if position is None:
+            return None
+        node = ctx.nodes[position]
+        if node.op_type == "Pow":
+            core = _tanh_core(ctx, position, value)
+            return core if core is not None and \
+                ctx.nodes[core[-1]].outputs[0] == tensor else None
+        inputs = [t for t in node.inputs if t != value and t not in ctx.constants]
+        position = ctx.producer(inputs[0]) if len(inputs) == 1 else None
+    return None
+
+
 def _step(ctx: FusionContext, grower: _Grower, position: int, value: str
           ) -> tuple[list[str], list[int]] | None:
     """The steps and node positions of the pattern starting at ``position`` applied to the
@@ -266,6 +334,8 @@ def _step(ctx: FusionContext, grower: _Grower, position: int, value: str
     node = ctx.nodes[position]
     if (fused := _gelu(ctx, position, value)) is not None:
         return ["gelu_erf"], fused
+    if (fused := _gelu_tanh(ctx, position, value)) is not None:
+        return ["gelu_tanh"], fused
     if (fused := silu_nodes(ctx, position, value)) is not None:
         return ["silu"], fused
     if node.inputs[0] != value and node.op_type not in ("Add", "Mul", "Sub"):
@@ -370,5 +440,5 @@ def _grow(ctx: FusionContext, grower: _Grower, position: int, first_input: str, 
                       current)
 
 
-for _op_type in (*UNARY, *BINARY, "Clip"):
+for _op_type in (*UNARY, *BINARY, "Clip", "Pow"):  # Pow: where GELU's tanh form starts
     register_lowering(_op_type)(lower_chain)
