@@ -17,6 +17,7 @@ the same way.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,11 +186,7 @@ def _gelu(ctx: FusionContext, position: int, value: str) -> list[int] | None:
     if node.op_type not in ("Div", "Mul") or len(node.inputs) != 2 or value not in node.inputs:
         return None
     if _is_half(ctx, node, value):  # 0.5 * value first, then * (1 + erf)
-        outer = ctx.sole_consumer(node.outputs[0])
-        if outer is None or ctx.nodes[outer].op_type != "Mul":
-            return None
-        core = _erf_core_of(ctx, other_input(ctx.nodes[outer].inputs, node.outputs[0]), value)
-        return None if core is None else sorted([position, *core, outer])
+        return _half_first(ctx, position, value, _erf_core_of)
     core = _erf_core(ctx, position, value)
     if core is None:
         return None
@@ -211,6 +208,19 @@ def _gelu(ctx: FusionContext, position: int, value: str) -> list[int] | None:
     if value not in others or not any(scalar_constant(ctx, o) == 0.5 for o in others):
         return None
     return [*core, *(p for p, _ in rest)]
+
+
+def _half_first(ctx: FusionContext, position: int, value: str,
+                core_of: Callable[[FusionContext, str | None, str], list[int] | None]
+                ) -> list[int] | None:
+    """A GELU written halving first, ``(value * 0.5) * core``: the halving at ``position``,
+    the nodes ``core_of`` finds producing the other factor, and the product, in order."""
+    outer = ctx.sole_consumer(ctx.nodes[position].outputs[0])
+    if outer is None or ctx.nodes[outer].op_type != "Mul":
+        return None
+    core = core_of(ctx, other_input(ctx.nodes[outer].inputs, ctx.nodes[position].outputs[0]),
+                   value)
+    return None if core is None else sorted([position, *core, outer])
 
 
 def _is_half(ctx: FusionContext, node: GraphNode, value: str) -> bool:
@@ -267,11 +277,7 @@ def _gelu_tanh(ctx: FusionContext, position: int, value: str) -> list[int] | Non
     comes first): the positions of its eight nodes, last one last."""
     node = ctx.nodes[position]
     if _is_half(ctx, node, value):
-        outer = ctx.sole_consumer(node.outputs[0])
-        if outer is None or ctx.nodes[outer].op_type != "Mul":
-            return None
-        core = _tanh_core_of(ctx, other_input(ctx.nodes[outer].inputs, node.outputs[0]), value)
-        return None if core is None else sorted([position, *core, outer])
+        return _half_first(ctx, position, value, _tanh_core_of)
     core = _tanh_core(ctx, position, value)
     if core is None:
         return None

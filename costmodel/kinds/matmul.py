@@ -125,12 +125,12 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
     # The busiest thread streams its share of the bytes: all of them when the split leaves
     # the other threads idle (parallel="m" at M=1 ran a 50257-wide decode-step matmul on one
     # core of two).
-    share = items * rows * cols / (B * Mp * Np)
+    busiest = items * rows * cols / (B * Mp * Np)
     total_bytes = op.min_bytes
     if total_bytes > l3_share * T:
-        floor_s = total_bytes * share / (arch.dram_gbps_per_core * 1e9)
+        floor_s = total_bytes * busiest / (arch.dram_gbps_per_core * 1e9)
     else:
-        floor_s = total_bytes * share / (arch.bytes_per_cycle["l3"] * ghz * 1e9)
+        floor_s = total_bytes * busiest / (arch.bytes_per_cycle["l3"] * ghz * 1e9)
     if not s.pack_b and op_kind(op.kind).prepacked_timing:
         # Weights read in place stream as kc-long runs of nr floats a row apart: measured
         # 8.4-9.6 GB/s from DRAM for a 768x3072 B at M=1 against 15.8-16.4 GB/s from the
