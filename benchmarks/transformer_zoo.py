@@ -65,6 +65,16 @@ def batch_of(key: str) -> int:
     return 8 if key.endswith("_b8") else 1
 
 
+def _fixtures() -> Any:
+    """``tools/export_fixtures.py``, whose builders and exporter this zoo reuses at full size."""
+    tools = str(ROOT / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import export_fixtures
+
+    return export_fixtures
+
+
 def _configs() -> dict[str, Callable[[], Any]]:
     from transformers import BertConfig, GPT2Config, LlamaConfig, ViTConfig
 
@@ -102,10 +112,9 @@ def _step_module(model: Any, config: Any, layers: int) -> Any:
 
 def _case(key: str) -> tuple[Any, dict[str, np.ndarray]]:
     """The export case of ``key`` (``tools/export_fixtures.Case``) and its inputs."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import export_fixtures as fx
     from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
+    fx = _fixtures()
     entry, batch = ZOO[key], batch_of(key)
     config = _configs()[entry.network]()
     rng = np.random.default_rng(0)
@@ -155,11 +164,8 @@ def _as_case(fx: Any, key: str, build: Callable[[], Any], feeds: dict[str, np.nd
 
 def export(key: str, out_dir: Path) -> tuple[Path, dict[str, np.ndarray]]:
     """Export ``key`` into ``out_dir`` (``{key}.onnx``); returns the path and its inputs."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import export_fixtures as fx
-
     case, feeds = _case(key)
-    written = fx.export(case, False, out_dir)
+    written = _fixtures().export(case, False, out_dir)
     path = out_dir / f"{key}.onnx"
     written.replace(path)
     return path, feeds

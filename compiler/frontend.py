@@ -738,16 +738,13 @@ class _Loader:
     # -- fusion ---------------------------------------------------------------------------
 
     def _fuse(self, nodes: list[_Node], outputs: set[str]) -> list[Step]:
-        self.uses: dict[str, int] = {}
-        self.consumer: dict[str, int] = {}
+        # Per tensor, the position of each read (a node reading it twice counts twice).
         self.readers: dict[str, list[int]] = {}
         self.producers = {t: position for position, node in enumerate(nodes)
                           for t in node.outputs if t}
         for position, node in enumerate(nodes):
             for t in node.inputs:
                 if t:
-                    self.uses[t] = self.uses.get(t, 0) + 1
-                    self.consumer[t] = position
                     self.readers.setdefault(t, []).append(position)
         self.graph_outputs = outputs
         self.nodes = nodes
@@ -826,10 +823,13 @@ class _Loader:
 
     def _next(self, tensor: str) -> int | None:
         """The position of the only node using ``tensor``, if fusing it away is safe."""
-        if self.uses.get(tensor) != 1 or tensor in self.graph_outputs:
+        if self._uses(tensor) != 1 or tensor in self.graph_outputs:
             return None
-        position = self.consumer[tensor]
+        position = self.readers[tensor][-1]
         return None if self.taken[position] else position
+
+    def _uses(self, tensor: str) -> int:
+        return len(self.readers.get(tensor, ()))
 
     def _shape(self, name: str) -> tuple[int, ...] | None:
         shape = self.shapes.get(name)
@@ -973,9 +973,9 @@ class _Loader:
     def _silu_after(self, tensor: str) -> list[int] | None:
         """The positions of ``Sigmoid(tensor)`` and ``Mul(tensor, it)`` when they are the only
         readers of ``tensor`` (not a graph output) and may be fused away: a conv's SiLU."""
-        if self.uses.get(tensor) != 2 or tensor in self.graph_outputs:
+        if self._uses(tensor) != 2 or tensor in self.graph_outputs:
             return None
-        mul = self.consumer[tensor]
+        mul = self.readers[tensor][-1]
         sigmoid = self.producer(other_input(self.nodes[mul].inputs, tensor) or "")
         if sigmoid is None or self.taken[sigmoid] or self.taken[mul]:
             return None
@@ -990,7 +990,7 @@ class _Loader:
         if w is None or (bias and b is None) or any(
                 v is None or v.size != channels for v in params):
             return None
-        if any(o and (self.uses.get(o) or o in self.graph_outputs) for o in bn.outputs[1:]):
+        if any(o and (self._uses(o) or o in self.graph_outputs) for o in bn.outputs[1:]):
             return None  # the running statistics outputs are used
         scale, beta, mean, var = (np.asarray(v, dtype=np.float64).reshape(-1) for v in params
                                   if v is not None)

@@ -110,12 +110,13 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
     compute_s = 2.0 * items * rows * cols * K / (peak * eff)
 
     # Bytes each thread moves beyond the micro-kernel's own streams.
+    prepacked = op_kind(op.kind).prepacked_timing  # B is constant weights, packed once
     pack_bytes = 0.0
     if s.pack_a:
         repeats = n_jc if s.loop_order == "jpi" else 1
         share = T if (s.parallel in ("m", "n", "batch") and T > 1) else 1
         pack_bytes += 8.0 * M * K * repeats * B / share * (1.5 if not op.trans_a else 1.0)
-    if s.pack_b and not op_kind(op.kind).prepacked_timing:
+    if s.pack_b and not prepacked:
         repeats = 1 if s.loop_order == "jpi" else n_ic
         share = T if T > 1 else 1
         pack_bytes += 8.0 * K * N * repeats * B / share * (2.0 if op.trans_b else 1.0)
@@ -131,7 +132,7 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
         floor_s = total_bytes * busiest / (arch.dram_gbps_per_core * 1e9)
     else:
         floor_s = total_bytes * busiest / (arch.bytes_per_cycle["l3"] * ghz * 1e9)
-    if not s.pack_b and op_kind(op.kind).prepacked_timing:
+    if not s.pack_b and prepacked:
         # Weights read in place stream as kc-long runs of nr floats a row apart: measured
         # 8.4-9.6 GB/s from DRAM for a 768x3072 B at M=1 against 15.8-16.4 GB/s from the
         # panels packed once at compile time (AVX2 Zen 3 VM); a model streams its weights
