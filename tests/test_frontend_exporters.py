@@ -7,7 +7,7 @@ exports need, each against onnxruntime."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from onnx_support import F32, I64, Builder, assert_close, ort_run
 from tunecache.cache.store import Store
 from tunecache.compiler.executor import Executor
 from tunecache.compiler.frontend import ModelInfo, inspect_model, load_graph
-from tunecache.tuner.deploy import compile_model
+from tunecache.tuner.deploy import CompiledModel, compile_model
 
 DATA = Path(__file__).parent / "data" / "exporters"
 MODELS = ("bert", "gpt2", "gpt2_past", "llama", "llama_past", "vit")
@@ -59,6 +59,21 @@ def exporter_feeds(info: ModelInfo, batch: int, seq: int, past: int = 3,
 def check(ours: Mapping[str, np.ndarray], model: onnx.ModelProto,
           feeds: Mapping[str, np.ndarray]) -> None:
     assert_close(ours, ort_run(model, feeds), [o.name for o in model.graph.output])
+
+
+def checked_runs(name: str, tmp_path: Path, shapes: Sequence[tuple[int, int]]
+                 ) -> Iterator[tuple[CompiledModel, dict[str, np.ndarray], int, int]]:
+    """Compile fixture ``name`` and run it at each ``(batch, seq)`` on :func:`exporter_feeds`
+    (seeded ``batch + seq``), checking its outputs against onnxruntime's; yields the compiled
+    model, the feeds, ``batch`` and ``seq`` after each checked run."""
+    path = DATA / f"{name}.onnx"
+    model = onnx.load(str(path))
+    compiled = compile_model(path, store=Store(tmp_path), policy="analytic")
+    assert compiled.info is not None
+    for batch, seq in shapes:
+        feeds = exporter_feeds(compiled.info, batch, seq, seed=batch + seq)
+        check(compiled.run(feeds), model, feeds)
+        yield compiled, feeds, batch, seq
 
 
 def test_fixtures_are_all_there_and_small() -> None:

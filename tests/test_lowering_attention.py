@@ -15,13 +15,11 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from onnx_support import Builder, assert_close, compile_and_compare, ort_run
-from test_frontend_exporters import DATA, FIXTURES, exporter_feeds
+from onnx_support import Builder, compile_and_compare
+from test_frontend_exporters import FIXTURES, checked_runs
 
-from tunecache.cache.store import Store
 from tunecache.compiler.frontend import Graph, KernelNode
 from tunecache.compiler.kinds.attention import causal_keep
-from tunecache.tuner.deploy import compile_model
 
 LAYERS = 2
 B, H, M, N, D = 2, 3, 5, 7, 8
@@ -33,15 +31,8 @@ def attention_kernels(graph: Graph) -> list[KernelNode]:
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_exported_attention_is_one_kernel_per_layer(name: str, tmp_path: Path) -> None:
-    path = DATA / f"{name}.onnx"
-    model = onnx.load(str(path))
-    compiled = compile_model(path, store=Store(tmp_path), policy="analytic")
-    assert compiled.info is not None
-    for batch, seq in ((2, 5), (1, 3)):
-        # exporter_feeds pads the first position of the first sequence
-        feeds = exporter_feeds(compiled.info, batch, seq, seed=batch + seq)
-        assert_close(compiled.run(feeds), ort_run(model, feeds),
-                     [o.name for o in model.graph.output])
+    # exporter_feeds pads the first position of the first sequence
+    for compiled, feeds, batch, _ in checked_runs(name, tmp_path, ((2, 5), (1, 3))):
         planned = compiled.prepare({k: v.shape for k, v in feeds.items()})
         kernels = attention_kernels(planned.graph)
         assert len(kernels) == LAYERS, [k.op.text for k in planned.graph.kernel_nodes]
