@@ -39,9 +39,9 @@ class KindSpec:
     ``epilogues`` the allowed epilogue steps in their fixed order; ``check`` an optional
     semantic check run after the structural one, returning problems as messages.
     ``epilogue_chain`` makes the epilogue a chain instead: any of the allowed steps, in any
-    order, repeats allowed (the ``elementwise`` kind). ``omit_default`` names attributes the
-    canonical text leaves out while they hold their default: attributes added to a kind
-    after its op texts were stored, so those texts (and their op ids) stay the same.
+    order, repeats allowed (the ``elementwise`` kind). ``omit_default`` names attributes and
+    params the canonical text leaves out while they hold their default: those added to a
+    kind after its op texts were stored, so those texts (and their op ids) stay the same.
     """
 
     dims: tuple[str, ...]
@@ -171,7 +171,8 @@ class OpSignature:
         return hashlib.sha256(self._text.encode()).hexdigest()[:16]
 
     def _render(self, spec: KindSpec) -> str:
-        parts = [f"{name}={value}" for name, value in self.dims]
+        parts = [f"{name}={value}" for name, value in self.dims
+                 if name not in spec.omit_default or value != spec.params[name][0]]
         parts.append(f"dtype={self.dtype}")
         parts.extend(f"{name}={value}" for name, value in self.attrs
                      if name not in spec.omit_default or value != spec.attrs[name][0])

@@ -381,3 +381,58 @@ def test_runtime_random_inputs_pass_the_generic_check() -> None:
         inputs = random_inputs(op, seed)
         assert inputs[-1].min() == -1e4 and inputs[-1].max() == 0.0
         assert check_result(op, inputs, kernel(*inputs), reference(op, inputs)) is None
+
+
+# -- token-major layouts ------------------------------------------------------------------------
+
+
+def _to_tokens(x: np.ndarray, heads: int) -> np.ndarray:
+    """``[batch x heads, rows, width]`` laid out as ``[batch, rows, heads x width]``."""
+    items, rows, width = x.shape
+    return np.ascontiguousarray(x.reshape(items // heads, heads, rows, width)
+                                .transpose(0, 2, 1, 3).reshape(items // heads, rows, -1))
+
+
+def test_token_major_signature_text_and_arguments() -> None:
+    op = attention_op(6, 5, 9, 16, Dv=8, heads=3, tokens="qy")
+    assert op.text == ("attention(B=6,M=5,N=9,D=16,Dv=8,mask_rows=0,heads=3,dtype=float32,"
+                       "mask=none,scale=default,tokens=qy,epilogue=none)")
+    assert OpSignature.parse(op.text) == op
+    assert [a.shape for a in op.arguments()] == [(2, 5, 48), (6, 9, 16), (6, 9, 8), (2, 5, 24)]
+    # the head-major default keeps the texts (and op ids) stored before tokens existed
+    assert "heads" not in attention_op(6, 5, 9, 16).text
+    assert op.flops == attention_op(6, 5, 9, 16, Dv=8).flops
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("attention(B=6,M=3,N=4,D=8,tokens=qkvy)", "tokens=qkvy needs heads >= 1 dividing B=6"),
+    ("attention(B=6,M=3,N=4,D=8,heads=4,tokens=y)", "needs heads >= 1 dividing B=6"),
+    ("attention(B=6,M=3,N=4,D=8,heads=3)", "heads=3 applies to token-major tensors only"),
+    ("attention(B=6,M=3,N=4,D=8,heads=3,tokens=yq)", "tokens='yq' is not supported"),
+])
+def test_bad_token_major_signatures_are_refused(text: str, message: str) -> None:
+    with pytest.raises(OpSignatureError, match=message.replace("(", r"\(")):
+        OpSignature.parse(text)
+
+
+@pytest.mark.parametrize("tokens", ["qkvy", "qy", "kv", "y"])
+def test_token_major_kernels_match_the_head_major_semantics(tokens: str) -> None:
+    """The same Q, K, V laid out token-major where ``tokens`` says: every schedule variant
+    gives the documented (head-major) result, laid out as asked."""
+    heads, batch = 3, 2
+    plain = attention_op(batch * heads, 7, 11, 16, Dv=8, mask="full", mask_rows=batch)
+    op = attention_op(batch * heads, 7, 11, 16, Dv=8, mask="full", mask_rows=batch,
+                      heads=heads, tokens=tokens)
+    inputs = random_inputs(plain, seed=5)
+    laid = tuple(_to_tokens(x, heads) if name in tokens else x
+                 for name, x in zip("qkvm", inputs, strict=True))
+    expected = _naive(plain, inputs)
+    if "y" in tokens:
+        expected = _to_tokens(expected, heads)
+    cases = [(op, AttentionSchedule(q_block=q, k_block=16, score=score, threads=t), HW)
+             for q, score, t in itertools.product((1, 4), ("outer", "dot"), (1, T2))]
+    build_all(cases)
+    for case in cases:
+        kernel = cached_kernel(*case)
+        assert check_result(op, laid, kernel(*laid), expected) is None, case[1]
+    assert poisoned_run_problem(cached_kernel(*cases[0]), op, laid, offset=3) is None

@@ -3,7 +3,7 @@
 ``Y[b] = softmax(Q[b] @ K[b]^T * scale + mask) @ V[b]`` for every batch item ``b`` (batch x
 heads), never materialising the ``M x N`` score matrix: the CPU form of FlashAttention.
 
-Signature ``attention(B, M, N, D, Dv, mask_rows, mask, scale)``:
+Signature ``attention(B, M, N, D, Dv, mask_rows, heads, mask, scale, tokens)``:
 
 * dims ``B`` (batch items: batch x heads), ``M`` (queries), ``N`` (keys and values), ``D``
   (head dim of Q and K); parameter ``Dv`` (head dim of V and Y; 0, the default, means
@@ -11,6 +11,12 @@ Signature ``attention(B, M, N, D, Dv, mask_rows, mask, scale)``:
 * arguments, all contiguous float32: ``Q[B,M,D]``, ``K[B,N,D]``, ``V[B,N,Dv]``, then
   ``scale[1]`` and ``mask[mask_rows,N]`` (``mask[mask_rows,M,N]`` for ``full``) when used,
   then ``Y[B,M,Dv]``.
+* ``tokens`` names the tensors among Q, K, V and Y laid out token-major instead:
+  ``[B / heads, rows, heads x width]``, the layout of the projections before the head split
+  (``Reshape`` to ``[b, rows, heads, width]``, ``Transpose(0, 2, 1, 3)``) and after the
+  merge, so those transposes cost no copy; item ``b`` is head ``b % heads`` of batch
+  ``b // heads``. ``none`` (the default, left out of the text with ``heads=0``), or the
+  letters in order: ``qkvy`` (an encoder), ``qy`` (keys and values from a cache), ``y``.
 * ``scale=default`` multiplies the scores by ``1/sqrt(D)`` (a constant of the kernel);
   ``scale=input`` by the runtime float ``scale[0]`` (floats are never part of a signature).
 * ``mask``: ``none``; ``causal``: query ``i`` sees keys ``j <= i + (N - M)``, aligned at
@@ -54,6 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import combinations
 from typing import ClassVar
 
 import numpy as np
@@ -75,11 +82,14 @@ from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 from tunecache.compiler.schedule import MAX_PACKED_BYTES, ScheduleData, threads_problem
 
-__all__ = ["K_BLOCKS", "MASKS", "MAX_Q_BLOCK", "SCORES", "AttentionSchedule", "attention_op",
+__all__ = ["K_BLOCKS", "MASKS", "MAX_Q_BLOCK", "SCORES", "TOKENS", "AttentionSchedule",
+           "attention_op",
            "balanced_chunks", "causal_keep", "dot_keys", "has_mask_input", "has_padding",
            "is_causal", "tile_vectors", "value_dim"]
 
 MASKS = ("none", "causal", "padding", "causal_padding", "full")
+TOKENS = ("none", *("".join(c) for r in range(1, 5) for c in combinations("qkvy", r)))
+"""Values of ``tokens``: none, or which of Q, K, V, Y are token-major (letters in order)."""
 _ADDITIVE = ("padding", "causal_padding", "full")
 SCALES = ("default", "input")
 SCORES = ("outer", "dot")
@@ -107,16 +117,23 @@ class AttentionSchedule(ScheduleData):
 
 
 def attention_op(B: int, M: int, N: int, D: int, *, Dv: int | None = None, mask: str = "none",
-                 mask_rows: int | None = None, scale: str = "default",
-                 dtype: str = "float32") -> OpSignature:
+                 mask_rows: int | None = None, scale: str = "default", tokens: str = "none",
+                 heads: int = 0, dtype: str = "float32") -> OpSignature:
     """``softmax(Q K^T * scale + mask) V`` over ``B`` items; ``Dv`` defaults to ``D`` and
-    ``mask_rows`` to 1 for the additive masks (0 otherwise)."""
+    ``mask_rows`` to 1 for the additive masks (0 otherwise); ``tokens`` with ``heads`` lays
+    the named tensors out token-major."""
     dv = 0 if Dv is None or Dv == D else Dv
     rows = (1 if mask in _ADDITIVE else 0) if mask_rows is None else mask_rows
     return OpSignature(
-        KIND.name, (("B", B), ("M", M), ("N", N), ("D", D), ("Dv", dv), ("mask_rows", rows)),
-        dtype, (("mask", mask), ("scale", scale)), (),
+        KIND.name, (("B", B), ("M", M), ("N", N), ("D", D), ("Dv", dv), ("mask_rows", rows),
+                    ("heads", heads)),
+        dtype, (("mask", mask), ("scale", scale), ("tokens", tokens)), (),
     )
+
+
+def token_major(op: OpSignature, tensor: str) -> bool:
+    """Whether ``tensor`` (``q``, ``k``, ``v`` or ``y``) is laid out token-major."""
+    return tensor in op.attr("tokens").replace("none", "")
 
 
 def value_dim(op: OpSignature) -> int:
@@ -159,23 +176,37 @@ def _signature_problems(op: OpSignature) -> list[str]:
     elif d["mask_rows"]:
         found.append(f"mask_rows={d['mask_rows']} applies to the padding and full masks only; "
                      "use mask_rows=0")
+    if op.attr("tokens") != "none" and (d["heads"] < 1 or d["B"] % d["heads"]):
+        found.append(f"tokens={op.attr('tokens')} needs heads >= 1 dividing B={d['B']} "
+                     f"(item b is head b % heads of batch b // heads); got heads={d['heads']}")
+    elif op.attr("tokens") == "none" and d["heads"]:
+        found.append(f"heads={d['heads']} applies to token-major tensors only; use heads=0 "
+                     "with tokens=none")
     if is_causal(op) and d["M"] > d["N"]:
         found.append(f"mask={op.attr('mask')} needs M <= N (query i sees keys j <= i + N - M); "
                      f"got M={d['M']}, N={d['N']}")
     return found
 
 
+def _layout_shape(op: OpSignature, tensor: str, rows: int, width: int) -> tuple[int, int, int]:
+    b, heads = op.dim("B"), op.dim("heads")
+    if token_major(op, tensor):
+        return b // heads, rows, heads * width
+    return b, rows, width
+
+
 def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     d = op.dims_dict
-    b, m, n, dv = d["B"], d["M"], d["N"], value_dim(op)
-    args = [TensorArg("Q", (b, m, d["D"]), "input"), TensorArg("K", (b, n, d["D"]), "input"),
-            TensorArg("V", (b, n, dv), "input")]
+    m, n, dv = d["M"], d["N"], value_dim(op)
+    args = [TensorArg("Q", _layout_shape(op, "q", m, d["D"]), "input"),
+            TensorArg("K", _layout_shape(op, "k", n, d["D"]), "input"),
+            TensorArg("V", _layout_shape(op, "v", n, dv), "input")]
     if op.attr("scale") == "input":
         args.append(TensorArg("scale", (1,), "input"))
     if has_mask_input(op):
         args.append(TensorArg("mask", (d["mask_rows"], m, n) if _full_mask(op)
                               else (d["mask_rows"], n), "input"))
-    args.append(TensorArg("Y", (b, m, dv), "output"))
+    args.append(TensorArg("Y", _layout_shape(op, "y", m, dv), "output"))
     return tuple(args)
 
 
@@ -195,6 +226,19 @@ def _flops(op: OpSignature) -> int:
 def causal_keep(m: int, n: int) -> np.ndarray:
     """``[M, N]`` booleans: which keys each query may see under the causal mask."""
     return np.arange(n)[None, :] <= np.arange(m)[:, None] + (n - m)
+
+
+def _head_major(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """The inputs with Q, K and V laid out head-major ``[B, rows, width]``."""
+    heads = op.dim("heads")
+    out = list(inputs)
+    for i, tensor in enumerate("qkv"):
+        if token_major(op, tensor):
+            x = inputs[i]
+            batch, rows, width = x.shape[0], x.shape[1], x.shape[2] // heads
+            out[i] = x.reshape(batch, rows, heads, width).transpose(0, 2, 1, 3).reshape(
+                batch * heads, rows, width)
+    return tuple(out)
 
 
 def _scale(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> float:
@@ -220,6 +264,7 @@ def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     """The unfused computation in numpy, in the inputs' dtype (float64: the ground truth;
     float32: the executor's fallback and the ``bench-op`` baseline). Rows with every key at
     ``-inf`` give zeros."""
+    inputs = _head_major(op, inputs)
     s = _masked_scores(op, inputs)
     top = s.max(axis=2, keepdims=True)
     empty = np.isneginf(top)
@@ -230,6 +275,10 @@ def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     total[empty] = 1.0
     out = np.matmul(s, inputs[2])
     out /= total
+    if token_major(op, "y"):
+        heads = op.dim("heads")
+        return out.reshape(-1, heads, op.dim("M"), out.shape[2]).transpose(0, 2, 1, 3).reshape(
+            _layout_shape(op, "y", op.dim("M"), out.shape[2]))
     return out
 
 
@@ -239,7 +288,7 @@ def _tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, 
     (``D`` terms bounded by ``scale |q| |k|``) and of ``z - max z`` (grows with ``|max z|``:
     scores pushed to -1e4 by a mask on every key keep only ~1e-3 of their precision), plus
     the exp's and the ``N``-term sums' rounding."""
-    arrays = tuple(a.astype(np.float64) for a in inputs)
+    arrays = _head_major(op, tuple(a.astype(np.float64) for a in inputs))
     q, k, v = arrays[0], arrays[1], arrays[2]
     if not (q.size and k.size and v.size):
         return 1e-5, 1e-7
@@ -375,6 +424,7 @@ class _Emitter:
         dv = value_dim(op)
         out: dict[str, int | str] = {
             "B": dims["B"], "M": dims["M"], "N": dims["N"], "D": dims["D"], "DV": dv,
+            "HEADS": max(dims["heads"], 1),
             "LANES": lanes, "QB": s.q_block, "KB": s.k_block, "NQB": -(-dims["M"] // s.q_block),
             "NPAD": round_up(dims["N"], lanes), "DPAD": round_up(dims["D"], lanes),
             "DVPAD": round_up(dv, lanes), "KBPAD": round_up(s.k_block, lanes),
@@ -384,7 +434,20 @@ class _Emitter:
             "DEFAULT_SCALE": f"{float(np.float32(1.0 / math.sqrt(dims['D'])))!r}f",
         }
         out.update(workspace_floats(op, s, lanes))
+        for tensor, rows, width in (("q", "M", "D"), ("k", "N", "D"), ("v", "N", "DV"),
+                                    ("y", "M", "DV")):
+            out.update(self._addressing(tensor.upper(), token_major(op, tensor), rows, width))
         return out
+
+    @staticmethod
+    def _addressing(name: str, tokens: bool, rows: str, width: str) -> dict[str, int | str]:
+        """``<name>BASE(b)``, where item ``b``'s first row starts, and ``<name>S``, the
+        distance between its rows, for a head-major or token-major tensor."""
+        if tokens:
+            return {f"{name}BASE(b)": f"(((b) / HEADS) * ({rows} * HEADS * {width}) + "
+                                      f"((b) % HEADS) * {width})",
+                    f"{name}S": f"(HEADS * {width})"}
+        return {f"{name}BASE(b)": f"((b) * ({rows} * {width}))", f"{name}S": width}
 
     # -- pieces shared by every block size ------------------------------------------------
 
@@ -401,7 +464,7 @@ static void pack_kt(const float *restrict kmat, float *restrict kt) {
     float *restrict panel = kt + p * (D * LANES);
     const long keys = MIN(LANES, N - p * LANES);
     for (long d = 0; d < D; d++) {
-      for (long t = 0; t < keys; t++) panel[d * LANES + t] = kmat[(p * LANES + t) * D + d];
+      for (long t = 0; t < keys; t++) panel[d * LANES + t] = kmat[(p * LANES + t) * KS + d];
       for (long t = keys; t < LANES; t++) panel[d * LANES + t] = 0.0f;
     }
   }
@@ -483,7 +546,7 @@ static inline void online_row(float *restrict s, const float *restrict mk, long 
         lanes, dim = self.lanes, self.op.dim("D")
         full, tail = dim - dim % lanes, dim % lanes
         accs = [[f"a{r}_{t}" for t in range(keys)] for r in range(rows)]
-        out = [f"  const float *restrict k{t} = kmat + (j0 + j + {t}) * D;" for t in range(keys)]
+        out = [f"  const float *restrict k{t} = kmat + (j0 + j + {t}) * KS;" for t in range(keys)]
         out += ["  vec " + ", ".join(f"{a} = VZERO()" for a in row) + ";" for row in accs]
 
         def step(load: str, offset: str) -> list[str]:
@@ -522,14 +585,14 @@ static inline void online_row(float *restrict s, const float *restrict mk, long 
     def pv(self, rows: int) -> list[str]:
         lanes, dv = self.lanes, value_dim(self.op)
         full, tail = dv - dv % lanes, dv % lanes
-        out = ["{", "  const float *restrict vb = vmat + j0 * DV;"]
+        out = ["{", "  const float *restrict vb = vmat + j0 * VS;"]
         at = 0
         for nv in balanced_chunks(full // lanes, tile_vectors(rows, self.registers)):
-            out += ["  {", *self._pv_tile(rows, nv, f"VLOADU(vb + j * DV + {at} + {{o}})",
+            out += ["  {", *self._pv_tile(rows, nv, f"VLOADU(vb + j * VS + {at} + {{o}})",
                                           str(at)), "  }"]
             at += nv * lanes
         if tail:
-            out += ["  {", *self._pv_tile(rows, 1, f"VLOADU_PART(vb + j * DV + {full}, {tail})",
+            out += ["  {", *self._pv_tile(rows, 1, f"VLOADU_PART(vb + j * VS + {full}, {tail})",
                                           str(full)), "  }"]
         return [*out, "}"]
 
@@ -542,14 +605,14 @@ static inline void online_row(float *restrict s, const float *restrict mk, long 
         mask_row = "mrow + r * N + j0" if self.full else "mrow + j0"
         scores = self.outer_scores(rows) if self.s.score == "outer" else self.dot_scores(rows)
         body = [
-            "const float *restrict kmat = a->k + b * (N * D);",
-            "const float *restrict vmat = a->v + b * (N * DV);",
+            "const float *restrict kmat = a->k + KBASE(b);",
+            "const float *restrict vmat = a->v + VBASE(b);",
             f"const float *restrict mrow = {mask};",
             "const float *restrict kt = w;",
             "float *restrict qs = w + OFF_QS, *restrict sc = w + OFF_S, *restrict o = w + OFF_O;",
             "(void)kmat; (void)kt; (void)mrow;",
             f"for (long r = 0; r < {rows}; r++) {{",
-            "  const float *restrict qrow = a->q + (b * M + i0 + r) * D;",
+            "  const float *restrict qrow = a->q + QBASE(b) + (i0 + r) * QS;",
             "  for (long d = 0; d < D; d++) qs[r * DPAD + d] = qrow[d] * a->scale;",
             "  for (long d = D; d < DPAD; d++) qs[r * DPAD + d] = 0.0f;",
             "}",
@@ -567,7 +630,7 @@ static inline void online_row(float *restrict s, const float *restrict mk, long 
             *("  " + line for line in self.pv(rows)),
             "}",
             f"for (long r = 0; r < {rows}; r++) {{",
-            "  float *restrict y = a->y + (b * M + i0 + r) * DV;",
+            "  float *restrict y = a->y + YBASE(b) + (i0 + r) * YS;",
             "  const float *restrict orow = o + r * DVPAD;",
             "  const vec inv = VSET1(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);",
             "  long c = 0;",
@@ -579,7 +642,7 @@ static inline void online_row(float *restrict s, const float *restrict mk, long 
                 "long b, long i0) {\n" + "".join(f"  {line}\n" for line in body) + "}\n")
 
     def part(self, rem: int) -> str:
-        pack = ("    if (b != packed) { pack_kt(a->k + b * (N * D), w); packed = b; }\n"
+        pack = ("    if (b != packed) { pack_kt(a->k + KBASE(b), w); packed = b; }\n"
                 if self.s.score == "outer" else "")
         call = (f"    if (qb == NQB - 1) attn_block{rem}(a, w, b, qb * QB);\n    else "
                 if rem else "    ")
@@ -614,10 +677,11 @@ KIND = register(OpKind(
     name="attention",
     spec=KindSpec(
         dims=("B", "M", "N", "D"),
-        attrs={"mask": MASKS, "scale": SCALES},
+        attrs={"mask": MASKS, "scale": SCALES, "tokens": TOKENS},
         epilogues=(),
-        params={"Dv": (0, 0), "mask_rows": (0, 0)},
+        params={"Dv": (0, 0), "mask_rows": (0, 0), "heads": (0, 0)},
         check=_signature_problems,
+        omit_default=frozenset({"heads", "tokens"}),
     ),
     arguments=_arguments,
     flops=_flops,
@@ -639,5 +703,7 @@ KIND = register(OpKind(
         "attention(B=12,M=197,N=197,D=64)",  # ViT-B/16
         "attention(B=3,M=37,N=45,D=40,Dv=24,mask_rows=3,mask=causal_padding,scale=input)",
         "attention(B=4,M=5,N=8,D=16,mask_rows=2,mask=full)",  # an exported [batch,1,M,N] mask
+        # BERT-base's heads read from and written to the projections' layout
+        "attention(B=12,M=128,N=128,D=64,mask_rows=1,heads=12,mask=padding,tokens=qkvy)",
     ),
 ))
