@@ -38,7 +38,13 @@ import numpy as np
 from tunecache.compiler import onnx_ops
 from tunecache.compiler.errors import OpSignatureError, TunecacheError
 from tunecache.compiler.kinds.conv2d import ACTIVATIONS
-from tunecache.compiler.lowering import clip_step, lowerings_for, other_input, silu_nodes
+from tunecache.compiler.lowering import (
+    clip_step,
+    lowerings_for,
+    other_input,
+    silu_nodes,
+    step_passes,
+)
 from tunecache.compiler.ops import OpSignature
 
 if TYPE_CHECKING:
@@ -420,6 +426,10 @@ class _Loader:
         nodes = self._elide(self._live(nodes, {o.name for o in outputs}),
                             {o.name for o in outputs})
         steps = self._fuse(nodes, {o.name for o in outputs})
+        if self.lower:
+            for rewrite in step_passes():
+                steps = rewrite(steps, self)
+        self._drop_unread_constants(steps, {o.name for o in outputs})
         for array in self.constants.values():
             array.flags.writeable = False
         return Graph(self.name, self.opset, tuple(inputs), tuple(outputs),
@@ -816,6 +826,16 @@ class _Loader:
 
     def add_constant(self, base: str, array: np.ndarray) -> str:
         return self._new_constant(base, array)
+
+    def is_graph_output(self, name: str) -> bool:
+        return name in self.graph_outputs
+
+    def _drop_unread_constants(self, steps: list[Step], outputs: set[str]) -> None:
+        """Forget constants no step reads (folded into others, or sliced by a step pass),
+        so the compiled model does not keep their bytes."""
+        read = {t for step in steps for t in step.inputs} | outputs
+        for name in [n for n in self.constants if n not in read]:
+            del self.constants[name]
 
     def finish(self, position: int, fused: list[int], sig: OpSignature, inputs: list[str],
                output: str) -> tuple[KernelNode, int] | str:

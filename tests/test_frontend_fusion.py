@@ -104,16 +104,19 @@ def test_bert_layer(opset: int, layer_norm_op: bool) -> None:
         assert k[name].op.text == "matmul(M=16,N=32,K=32,dtype=float32,layout=nn,epilogue=bias)"
     assert k["ffn_in"].op.text == "matmul(M=16,N=128,K=32,dtype=float32,layout=nn,epilogue=bias)"
     assert k["ffn_out"].op.dims_dict == {"M": 16, "N": 32, "K": 128}
-    # scores, scale, mask, softmax and context are one attention kernel (K laid out by a
-    # helper Transpose: the export transposes K with perm (0, 2, 3, 1)); see
-    # test_lowering_attention.py for the scaled, masked softmax kernel it replaces
+    # scores, scale, mask, softmax and context are one attention kernel; see
+    # test_lowering_attention.py for the scaled, masked softmax kernel it replaces. It reads
+    # Q, K and V as the projections wrote them and writes the merged heads (tokens=qkvy):
+    # the head split's Transposes (K's perm (0, 2, 3, 1) too) and the merge's are gone.
     assert k["scores"].op.text == (
-        "attention(B=8,M=8,N=8,D=8,Dv=0,mask_rows=2,dtype=float32,mask=padding,"
-        "scale=default,epilogue=none)")
-    assert k["scores"].nodes[0] == "scores" and k["scores"].nodes[-1] == "context"
-    assert len(k["scores"].nodes) == 6 and "context" not in k
-    assert k["scores"].output_shape == (2, 4, 8, 8)
+        "attention(B=8,M=8,N=8,D=8,Dv=0,mask_rows=2,heads=4,dtype=float32,mask=padding,"
+        "scale=default,tokens=qkvy,epilogue=none)")
+    assert k["scores"].nodes[:6] == ("scores", "transpose15", "div21", "add22", "softmax23",
+                                     "context")
+    assert len(k["scores"].nodes) == 10 and "context" not in k
+    assert k["scores"].output_shape == (2, 8, 4, 8)
     types = [s.op_type for s in graph.onnx_nodes]
+    assert types.count("Reshape") == 4 and "Transpose" not in types  # Reshapes are views
     # the Shape/Gather/Unsqueeze/Concat chains became constants
     assert not {"Shape", "Gather", "Unsqueeze", "Concat"} & set(types)
     assert not [s for s in graph.kernel_nodes if s.op.kind == "softmax"]
@@ -194,8 +197,8 @@ def test_kernel_ops_counts_and_labels(tmp_path) -> None:
     counts = {op.text: (count, label) for op, count, label in ops}
     qkv = "matmul(M=16,N=32,K=32,dtype=float32,layout=nn,epilogue=bias)"
     assert counts[qkv] == (4, "query, key, value (+1 more)")
-    attention = ("attention(B=8,M=8,N=8,D=8,Dv=0,mask_rows=2,dtype=float32,mask=padding,"
-                 "scale=default,epilogue=none)")
+    attention = ("attention(B=8,M=8,N=8,D=8,Dv=0,mask_rows=2,heads=4,dtype=float32,"
+                 "mask=padding,scale=default,tokens=qkvy,epilogue=none)")
     assert counts[attention] == (1, "scores")
     # 6 matmuls, the attention, GELU and the two residual layer norms
     assert sum(c for c, _ in counts.values()) == 10

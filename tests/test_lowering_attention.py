@@ -47,8 +47,24 @@ def test_exported_attention_is_one_kernel_per_layer(name: str, tmp_path: Path) -
             else:
                 # the [batch, 1, M, N] mask built at run time from attention_mask
                 assert (op.attr("mask"), op.dim("mask_rows")) == ("full", batch)
+            # the head split and merge are the kernel's layouts, not numpy Transposes
+            assert op.attr("tokens") == _token_major(name), op.text
+            assert op.dim("heads") == op.dim("B") // batch
         steps = {s.op_type for s in planned.graph.onnx_nodes}
         assert not steps & {"Softmax", "IsNaN", "MatMul"}
+        if _token_major(name) == "qkvy":
+            assert not [s.name for s in planned.graph.onnx_nodes if s.op_type == "Transpose"
+                        and tuple(s.attrs["perm"]) == (0, 2, 1, 3)]
+
+
+def _token_major(fixture: str) -> str:
+    """Which attention tensors an exporter fixture's kernels read or write token-major: all
+    four where the heads are split from and merged into the projections; Q and Y where K and
+    V come from the key/value cache (head-major, the ``present`` outputs); Y alone in Llama
+    (Q and K pass the rotary embedding head-major, K and V the grouped-query repeat)."""
+    if fixture.startswith("llama"):
+        return "y"
+    return "qy" if "past" in fixture else "qkvy"
 
 
 def attention_model(form: str) -> onnx.ModelProto:
@@ -118,7 +134,7 @@ def test_hand_built_forms(form: str, mask: tuple[str, int], scale: str,
     assert (kernel.op.attr("mask"), kernel.op.dim("mask_rows")) == mask
     assert kernel.op.attr("scale") == scale
     assert kernel.op.dims_dict == {"B": B * H, "M": M, "N": N, "D": D, "Dv": 0,
-                                   "mask_rows": mask[1]}
+                                   "mask_rows": mask[1], "heads": 0}
     if scale == "input":
         assert float(compiled.graph.constants[kernel.inputs[3]][0]) == pytest.approx(0.15)
     assert not compiled.graph.onnx_nodes  # K is read as it is: no helper Transpose

@@ -85,7 +85,30 @@ class FusionContext(Protocol):
 Lowering = Callable[[FusionContext, int], Any]
 """``(context, position) -> (kernel node, last position) | reason it does not apply``."""
 
+
+class StepContext(Protocol):
+    """What a step pass reads of the lowered graph besides its steps."""
+
+    constants: dict[str, np.ndarray]
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The static shape of a tensor, None when unknown."""
+
+    def is_graph_output(self, name: str) -> bool:
+        """Whether ``name`` is one of the graph's outputs."""
+
+    def add_constant(self, base: str, array: np.ndarray) -> str:
+        """A new float32 constant named after ``base``; returns its name."""
+
+
+StepPass = Callable[[list[Any], StepContext], list[Any]]
+"""``(steps, context) -> steps``: a rewrite of the lowered step list (kernel nodes, which
+have an ``op``, and numpy nodes, which have an ``op_type``), run after every lowering, in
+registration order. It may replace kernel nodes (``dataclasses.replace``) and drop the
+numpy nodes they absorb; it keeps the order of what stays."""
+
 _LOWERINGS: dict[str, list[Lowering]] = {}
+_STEP_PASSES: list[StepPass] = []
 
 
 def scalar_constant(ctx: FusionContext, name: str | None) -> float | None:
@@ -134,7 +157,7 @@ def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | Non
     return [position, mul]
 
 BUILTIN_LOWERINGS = ("attention", "rowwise", "rmsnorm", "pool", "rotary", "elementwise",
-                     "batchnorm")
+                     "batchnorm", "split")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried
 in: attention first (its scaling Mul and mask Add would otherwise start a scaled softmax or
 an element-wise chain), then the residual-Add + LayerNormalization pattern, the RMSNorm chain
@@ -150,6 +173,40 @@ def register_lowering(*op_types: str) -> Callable[[Lowering], Lowering]:
     return decorate
 
 
+def register_step_pass(fn: StepPass) -> StepPass:
+    """Register a rewrite of the lowered steps (see :data:`StepPass`)."""
+    _STEP_PASSES.append(fn)
+    return fn
+
+
+def step_passes() -> tuple[StepPass, ...]:
+    """The registered step passes: builtin modules' in :data:`BUILTIN_LOWERINGS` order, then
+    others as registered."""
+    _load_builtin()
+    return tuple(sorted(_STEP_PASSES, key=_builtin_rank))
+
+
+def readers(steps: Sequence[Any]) -> dict[str, list[int]]:
+    """Per tensor, the positions of the steps reading it (a step reading it twice counts
+    twice)."""
+    out: dict[str, list[int]] = {}
+    for position, step in enumerate(steps):
+        for t in step.inputs:
+            if t:
+                out.setdefault(t, []).append(position)
+    return out
+
+
+def producers(steps: Sequence[Any]) -> dict[str, int]:
+    """Per tensor, the position of the step writing it."""
+    out: dict[str, int] = {}
+    for position, step in enumerate(steps):
+        for t in (step.outputs if hasattr(step, "outputs") else (step.output,)):
+            if t:
+                out[t] = position
+    return out
+
+
 def lowerings_for(op_type: str) -> tuple[Lowering, ...]:
     """The lowerings to try for a node of ``op_type``, in order: builtin modules in
     :data:`BUILTIN_LOWERINGS` order whatever order they were imported in (one importing
@@ -159,7 +216,7 @@ def lowerings_for(op_type: str) -> tuple[Lowering, ...]:
     return tuple(sorted(_LOWERINGS.get(op_type, ()), key=_builtin_rank))
 
 
-def _builtin_rank(fn: Lowering) -> int:
+def _builtin_rank(fn: Callable[..., Any]) -> int:
     module = getattr(fn, "__module__", "").rpartition(".")[2]
     return BUILTIN_LOWERINGS.index(module) if module in BUILTIN_LOWERINGS \
         else len(BUILTIN_LOWERINGS)

@@ -37,18 +37,22 @@ computes; without that wrapper ONNX would give NaN for such a row.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from tunecache.compiler.errors import OpSignatureError
-from tunecache.compiler.kinds.attention import attention_op, causal_keep
+from tunecache.compiler.kinds.attention import attention_op, causal_keep, value_dim
 from tunecache.compiler.lowering import (
     FusionContext,
     GraphNode,
+    StepContext,
     other_input,
+    producers,
+    readers,
     register_lowering,
+    register_step_pass,
     scalar_constant,
 )
 
@@ -363,3 +367,123 @@ def _causal(value: np.ndarray, scores: tuple[int, ...]) -> bool:
     keep = causal_keep(m, n)
     flat = value.reshape(-1, m, n)
     return bool(np.all(flat[:, keep] == 0.0) and np.all(flat[:, ~keep] <= _HIDDEN))
+
+
+# -- the head split and merge as layouts ------------------------------------------------------
+
+_HEAD_SWAP = (0, 2, 1, 3)
+
+
+@register_step_pass
+def fold_head_transposes(steps: list[Any], ctx: StepContext) -> list[Any]:
+    """Attention kernels read Q, K and V and write Y in the projections' own token-major
+    layout (``tokens`` of the attention kind) where the graph splits heads with ``Reshape``
+    to ``[b, s, h, d]`` then ``Transpose(0, 2, 1, 3)`` and merges them back with the inverse:
+    those Transposes (and batch-regrouping Reshapes between them and the kernel) are dropped
+    instead of copying every head once per layer. A tensor also read elsewhere keeps its
+    transpose (a key/value cache's ``present`` output, say)."""
+    dropped: set[int] = set()
+    out = list(steps)
+    reads, writes = readers(steps), producers(steps)
+    for position, step in enumerate(steps):
+        op = getattr(step, "op", None)
+        if op is None or op.kind != "attention" or op.attr("tokens") != "none":
+            continue
+        folded = _head_layout(step, steps, ctx, reads, writes, dropped)
+        if folded is not None:
+            out[position], absorbed = folded
+            dropped.update(absorbed)
+    return [step for position, step in enumerate(out) if position not in dropped]
+
+
+def _head_layout(step: Any, steps: list[Any], ctx: StepContext, reads: dict[str, list[int]],
+                 writes: dict[str, int], dropped: set[int]) -> tuple[Any, list[int]] | None:
+    """The attention kernel node with its head transposes folded in, and the positions of
+    the steps it absorbs; None when none folds."""
+    op = step.op
+    rows = {"q": op.dim("M"), "k": op.dim("N"), "v": op.dim("N"), "y": op.dim("M")}
+    widths = {"q": op.dim("D"), "k": op.dim("D"), "v": value_dim(op), "y": value_dim(op)}
+    found: dict[str, tuple[str, list[int]]] = {}
+    heads = 0
+    for tensor, name in (*zip("qkv", step.inputs[:3], strict=True), ("y", step.output)):
+        chain = (_split_heads(name, steps, ctx, reads, writes) if tensor != "y"
+                 else _merge_heads(name, steps, ctx, reads))
+        if chain is None or any(p in dropped for p in chain[1]):
+            continue
+        shape = ctx.shape(chain[0]) or ()
+        h = shape[2] if len(shape) == 4 else 0
+        if len(shape) != 4 or shape[0] * h != op.dim("B") or shape[1] != rows[tensor] or \
+                shape[3] != widths[tensor] or heads not in (0, h):
+            continue
+        heads = h
+        found[tensor] = chain
+    if not found:
+        return None
+    tokens = "".join(t for t in "qkvy" if t in found)
+    sig = attention_op(op.dim("B"), op.dim("M"), op.dim("N"), op.dim("D"), Dv=value_dim(op),
+                       mask=op.attr("mask"), mask_rows=op.dim("mask_rows") or None,
+                       scale=op.attr("scale"), tokens=tokens, heads=heads, dtype=op.dtype)
+    inputs = [found[t][0] if t in found else name
+              for t, name in zip("qkv", step.inputs[:3], strict=True)]
+    output = found["y"][0] if "y" in found else step.output
+    absorbed = sorted(p for _, chain in found.values() for p in chain)
+    names = tuple(steps[p].name for p in absorbed)
+    node = replace(step, op=sig, inputs=(*inputs, *step.inputs[3:]), output=output,
+                   output_shape=ctx.shape(output) or step.output_shape,
+                   nodes=(*step.nodes, *names))
+    return node, absorbed
+
+
+def _split_heads(name: str, steps: list[Any], ctx: StepContext, reads: dict[str, list[int]],
+                 writes: dict[str, int]) -> tuple[str, list[int]] | None:
+    """``(source, positions)`` when ``name`` is ``Transpose(0, 2, 1, 3)`` of ``source``
+    (``[b, s, h, d]``), possibly regrouped by Reshapes, each link read only by the next."""
+    chain: list[int] = []
+    while True:
+        position = writes.get(name)
+        if position is None or len(reads.get(name, ())) != 1 or ctx.is_graph_output(name):
+            return None
+        node = steps[position]
+        if _is_head_swap(node, ctx):
+            return node.inputs[0], [*chain, position]
+        if not _regroups_batch(node, ctx):
+            return None
+        chain.append(position)
+        name = node.inputs[0]
+
+
+def _merge_heads(name: str, steps: list[Any], ctx: StepContext, reads: dict[str, list[int]]
+                 ) -> tuple[str, list[int]] | None:
+    """``(merged, positions)`` when ``name`` is read only by ``Transpose(0, 2, 1, 3)``
+    (``[b, h, s, d]`` to ``merged``), possibly through batch-regrouping Reshapes."""
+    chain: list[int] = []
+    while True:
+        after = reads.get(name, ())
+        if len(after) != 1 or ctx.is_graph_output(name):
+            return None
+        node = steps[after[0]]
+        if getattr(node, "op_type", None) is None or node.inputs[0] != name:
+            return None
+        chain.append(after[0])
+        if _is_head_swap(node, ctx):
+            return node.outputs[0], chain
+        if not _regroups_batch(node, ctx):
+            return None
+        name = node.outputs[0]
+
+
+def _is_head_swap(node: Any, ctx: StepContext) -> bool:
+    """A rank-4 ``Transpose(0, 2, 1, 3)`` of float32 data run in numpy."""
+    if getattr(node, "op_type", None) != "Transpose":
+        return False
+    shape = ctx.shape(node.inputs[0]) or ()
+    return len(shape) == 4 and tuple(int(p) for p in node.attrs.get("perm", ())) == _HEAD_SWAP
+
+
+def _regroups_batch(node: Any, ctx: StepContext) -> bool:
+    """A Reshape run in numpy that only regroups the batch dims (the last two stay)."""
+    if getattr(node, "op_type", None) != "Reshape":
+        return False
+    before, after = ctx.shape(node.inputs[0]), ctx.shape(node.outputs[0])
+    return before is not None and after is not None and len(before) >= 2 and \
+        len(after) >= 2 and before[-2:] == after[-2:]
