@@ -27,7 +27,8 @@ Needs the ``onnx`` package (a dependency of tunecache); it is imported on first 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -164,14 +165,32 @@ def _import_onnx() -> Any:
     return onnx
 
 
+_ONNX_FLOAT = 1
+"""``TensorProto.FLOAT``."""
+_SHARED_FLOATS = 1024
+"""Float initializers this large leave an owned source's proto once read (weights, not the
+small constants folding and shape inference look at)."""
+
+
 @dataclass(frozen=True, eq=False)
 class ModelSource:
     """A model read once and loaded many times (once per input shape): the ``ModelProto``
-    without its external data, the folder that data is read from, and a default name."""
+    without its external data, the folder that data is read from, and a default name.
+
+    Its initializers are converted to arrays once, on the first load, and every later load
+    shares those (read-only) arrays: the weights of a model planned at many shapes are held
+    once. A source that read its own file (``owned``, :func:`read_model`) then also drops
+    the large float initializers' bytes from its proto, which is not handed out."""
 
     model: Any
     base_dir: str
     name: str
+    owned: bool = False
+    arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    derived: dict[Hashable, tuple[tuple[weakref.ref[np.ndarray], ...], np.ndarray]] = field(
+        default_factory=dict, repr=False)
+    """Constants a lowering computed from others (weight slices, say), kept for the next
+    load while the arrays they came from live."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +258,7 @@ def read_model(path: str | Path) -> ModelSource:
     except Exception as exc:
         raise ModelError(f"cannot read ONNX model {str(path)!r}: not a valid ONNX protobuf "
                          f"({type(exc).__name__}: {exc})") from exc
-    return ModelSource(model, str(path.parent), path.stem)
+    return ModelSource(model, str(path.parent), path.stem, owned=True)
 
 
 def _source(path_or_model: str | Path | onnx.ModelProto | ModelSource) -> ModelSource:
@@ -362,6 +381,7 @@ class _Loader:
                  lower: bool = True) -> None:
         self.onnx = onnx
         self.lower = lower
+        self.source = source
         self.model = source.model
         self.base_dir = source.base_dir
         self.name = self.model.graph.name or source.name
@@ -507,16 +527,29 @@ class _Loader:
         if len(graph.sparse_initializer):
             raise ModelError(f"model {self.name!r} has sparse initializers, which are not "
                              "supported")
-        numpy_helper = self.onnx.numpy_helper
+        read = self.source.arrays
         for init in graph.initializer:
-            try:
-                array = numpy_helper.to_array(init, base_dir=self.base_dir)
-            except Exception as exc:
-                where = (f" (external data is read relative to {self.base_dir!r})"
-                         if self.base_dir else
-                         " (pass the model's path, or load it with its external data)")
-                raise ModelError(f"cannot read initializer {init.name!r}{where}: {exc}") from exc
+            array = read.get(init.name)
+            if array is None:
+                array = read[init.name] = self._read_initializer(init)
             self._set_constant(init.name, array)
+        if self.source.owned:
+            for init in graph.initializer:
+                # Shape inference reads the arrays (never the proto), so the bytes can go.
+                if init.data_type == _ONNX_FLOAT and read[init.name].size >= _SHARED_FLOATS:
+                    init.ClearField("raw_data")
+                    init.ClearField("float_data")
+
+    def _read_initializer(self, init: Any) -> np.ndarray:
+        try:
+            array = self.onnx.numpy_helper.to_array(init, base_dir=self.base_dir)
+        except Exception as exc:
+            where = (f" (external data is read relative to {self.base_dir!r})"
+                     if self.base_dir else
+                     " (pass the model's path, or load it with its external data)")
+            raise ModelError(f"cannot read initializer {init.name!r}{where}: {exc}") from exc
+        array.flags.writeable = False
+        return array
 
     def _set_constant(self, name: str, array: np.ndarray) -> None:
         self.constants[name] = array
@@ -829,6 +862,20 @@ class _Loader:
 
     def is_graph_output(self, name: str) -> bool:
         return name in self.graph_outputs
+
+    def derived_constant(self, base: str, key: Hashable, sources: tuple[np.ndarray, ...],
+                         make: Callable[[], np.ndarray]) -> str:
+        full = (key, tuple(id(s) for s in sources))
+        found = self.source.derived.get(full)
+        if found is not None and all(r() is s for r, s in zip(found[0], sources, strict=True)):
+            array = found[1]
+        else:
+            array = np.ascontiguousarray(make(), dtype=FLOAT32)
+            array.flags.writeable = False
+            self.source.derived[full] = (tuple(weakref.ref(s) for s in sources), array)
+        name = self._fresh_name(base)
+        self._set_constant(name, array)
+        return name
 
     def _drop_unread_constants(self, steps: list[Step], outputs: set[str]) -> None:
         """Forget constants no step reads (folded into others, or sliced by a step pass),

@@ -138,13 +138,30 @@ class Kernel:
                 "pack_b=1 and a shared B, have one)")
         spec = self._inputs[1]
         self._check(spec.name, weights, spec.shape, writable=False)
-        size_fn = self._lib.tc_packed_weights_floats
-        size_fn.restype = ctypes.c_long
-        packed = _aligned_empty(int(size_fn()), self._dtype)
+        packed = _aligned_empty(self._packed_floats(), self._dtype)
         pack = self._lib.tc_pack_weights
         pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         pack.restype = None
         pack(weights.ctypes.data, packed.ctypes.data)
+        return self._bound(packed)
+
+    def bind_packed(self, packed: np.ndarray) -> WeightBoundKernel:
+        """Run on weights another kernel of the same packed layout already packed
+        (``WeightBoundKernel.packed``; see ``OpKind.packed_weights_layout``): nothing is
+        packed again."""
+        if not self.prepacks_weights or packed.dtype != self._dtype or \
+                packed.size != self._packed_floats() or not packed.flags.c_contiguous:
+            raise KernelArgumentError(
+                f"the kernel for {self.op.text} cannot run on {packed.size} packed floats "
+                f"({packed.dtype}); it packs its weights into {self._packed_floats()}")
+        return self._bound(packed)
+
+    def _packed_floats(self) -> int:
+        size_fn = self._lib.tc_packed_weights_floats
+        size_fn.restype = ctypes.c_long
+        return int(size_fn())
+
+    def _bound(self, packed: np.ndarray) -> WeightBoundKernel:
         entry = self._lib.tc_kernel_packed
         entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         entry.restype = ctypes.c_int

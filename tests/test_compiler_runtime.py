@@ -68,3 +68,30 @@ def test_bad_outputs_are_refused(kernel) -> None:
     shared = np.zeros(20 * 12 + 20 * 36, np.float32)
     with pytest.raises(KernelArgumentError, match="overlaps input A"):
         kernel(shared[:240].reshape(20, 12), b, bias, out=shared[200:920].reshape(20, 36))
+
+
+def test_weights_packed_once_serve_every_kernel_of_that_layout() -> None:
+    """Two matmuls over the same weights with different rows but the same packed layout
+    (``OpKind.packed_weights_layout``): the second runs on the first's packed buffer and
+    matches its reference; a kernel of another layout refuses the buffer."""
+    from dataclasses import replace
+
+    from tunecache.compiler.kinds import op_kind
+
+    hw = local_spec()
+    ops = [OpSignature.parse(f"matmul(M={m},N=40,K=48,epilogue=bias)") for m in (5, 9)]
+    s = replace(default_schedule(ops[0], hw), pack_b=1, kc=16, threads=1)
+    s = replace(s, nc=s.nr * 2)
+    layout = op_kind("matmul").packed_weights_layout
+    assert layout is not None and layout(ops[0], s) == layout(ops[1], s)
+    first, second = (compile_kernel(op, s, hw) for op in ops)
+    a, b, bias = random_inputs(ops[1])
+    packed = first.bind_weights(b).packed
+    bound = second.bind_packed(packed)
+    assert bound.packed is packed
+    np.testing.assert_allclose(bound(a, bias), reference(ops[1], (a, b, bias)), rtol=1e-4,
+                               atol=1e-4)
+    # other K blocks: the same number of floats in another order, so another layout
+    assert layout(ops[1], replace(s, kc=32)) != layout(ops[1], s)
+    with pytest.raises(KernelArgumentError, match="cannot run on"):
+        second.bind_packed(packed[:-1])

@@ -233,3 +233,43 @@ def test_cli_shape_errors_name_the_flags(tmp_path: Path) -> None:
         assert out.returncode == 2, (args, out.stderr)
         assert all(f in out.stderr for f in fragments), (args, out.stderr)
         assert "input_shapes" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_shapes_share_the_weights_and_their_packed_copies(tmp_path: Path) -> None:
+    """Every shape planned from one compile reads the same weight arrays (read once from the
+    file, whose proto then drops their bytes), and a weight packed in the same layout for
+    two shapes is packed once: the programs point at one buffer."""
+    compiled = compile_model(GPT2, store=Store(tmp_path), policy="analytic")
+    assert compiled.info is not None
+    model = onnx.load(str(GPT2))
+    planned = []
+    for batch, seq in ((1, 4), (1, 6), (2, 4)):
+        feeds = exporter_feeds(compiled.info, batch, seq, seed=seq)
+        assert_close(compiled.run(feeds), ort_run(model, feeds), ["logits"])
+        planned.append(compiled.prepare({k: v.shape for k, v in feeds.items()}))
+    first, *others = planned
+    weights = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    shared = [n for n in first.graph.constants if n in weights]
+    assert shared
+    for other in others:
+        assert all(other.graph.constants[n] is first.graph.constants[n] for n in shared)
+        # every matmul's weights, the slices of the fused Q/K/V projection (split.py) too
+        assert all(other.graph.constants[k.inputs[1]] is first.graph.constants[k.inputs[1]]
+                   for k in other.graph.kernel_nodes if k.op.kind == "matmul")
+    assert all(not a.flags.writeable for a in first.graph.constants.values())
+
+    def packed(c: CompiledModel) -> dict[str, int]:
+        program = c.program
+        assert program is not None
+        return {name[len("packed:"):]: array.ctypes.data
+                for name, array in program._constants.items() if name.startswith("packed:")}
+
+    layouts = [c._packed_layouts() for c in planned]
+    buffers = [packed(c) for c in planned]
+    assert buffers[0]
+    same = [node for node in buffers[0] if node in buffers[1]
+            and layouts[0].get(node) == layouts[1].get(node) is not None]
+    assert same, "no weight kept its packed layout across the two sequence lengths"
+    assert all(buffers[0][node] == buffers[1][node] for node in same)
+    differ = [node for node in buffers[0] if layouts[0].get(node) != layouts[1].get(node)]
+    assert all(buffers[0][node] != buffers[1][node] for node in differ)

@@ -14,7 +14,7 @@ package, expose it under the ``tunecache.kinds`` entry-point group), and give it
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
@@ -70,6 +70,10 @@ class OpKind:
     * ``relayout(op, src, dst)`` — optional, with ``layout_slots``: the same computation
       reading its ``"in"`` activations stored in ``src`` and writing ``dst`` (its ``"out"``
       inputs in ``dst`` too), or None when the kind cannot.
+    * ``packed_weights_layout(op, schedule)`` — optional, for kinds with pre-packed weights:
+      a value naming the layout ``tc_pack_weights`` writes. Kernels with equal values pack
+      the same weights to the same bytes, so a model planned at several input shapes packs
+      each weight once per layout.
     """
 
     name: str
@@ -90,6 +94,7 @@ class OpKind:
     examples: tuple[str, ...] = ()
     layout_slots: Callable[[OpSignature], tuple[str | None, ...]] | None = None
     relayout: Callable[[OpSignature, str, str], OpSignature | None] | None = None
+    packed_weights_layout: Callable[[OpSignature, Any], Hashable] | None = None
 
 
 _KINDS: dict[str, OpKind] = {}

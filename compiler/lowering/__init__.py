@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -99,6 +99,13 @@ class StepContext(Protocol):
 
     def add_constant(self, base: str, array: np.ndarray) -> str:
         """A new float32 constant named after ``base``; returns its name."""
+
+    def derived_constant(self, base: str, key: Hashable, sources: tuple[np.ndarray, ...],
+                         make: Callable[[], np.ndarray]) -> str:
+        """A float32 constant named after ``base`` holding ``make()``: the array computed
+        by the operation ``key`` names from the constant arrays ``sources``. Computed once
+        per model while those arrays live, so the model planned at other shapes reuses it
+        (and the weights packed from it)."""
 
 
 StepPass = Callable[[list[Any], StepContext], list[Any]]

@@ -10,6 +10,7 @@ pieces the size of the model's other projections, which a tuned store already kn
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -82,17 +83,23 @@ def _splittable(node: Any, ctx: StepContext, columns: int) -> bool:
 def _pieces(matmul: Any, split: Any, ctx: StepContext, absorbed: tuple[str, ...]) -> list[Any]:
     """One matmul node per output of ``split``, over its columns of the weights and bias."""
     op = matmul.op
-    weights = ctx.constants[matmul.inputs[1]].reshape(op.arguments()[1].shape)
-    bias = ctx.constants[matmul.inputs[2]].reshape(-1) if len(matmul.inputs) > 2 else None
+    w_const = ctx.constants[matmul.inputs[1]]
+    weights = w_const.reshape(op.arguments()[1].shape)
+    b_const = ctx.constants[matmul.inputs[2]] if len(matmul.inputs) > 2 else None
     pieces, start = [], 0
     for i, output in enumerate(split.outputs):
         shape = ctx.shape(output) or ()
         width = shape[-1]
         cols = slice(start, start + width)
-        w = weights[cols] if op.trans_b else weights[:, cols]
-        inputs = [matmul.inputs[0], ctx.add_constant(f"{matmul.name}/B{i}", np.ascontiguousarray(w))]
-        if bias is not None:
-            inputs.append(ctx.add_constant(f"{matmul.name}/bias{i}", bias[cols]))
+        # Views, copied only the first time this model derives them.
+        w_cols = weights[cols] if op.trans_b else weights[:, cols]
+        inputs = [matmul.inputs[0], ctx.derived_constant(
+            f"{matmul.name}/B{i}", ("columns", op.trans_b, start, width), (w_const,),
+            partial(np.ascontiguousarray, w_cols))]
+        if b_const is not None:
+            inputs.append(ctx.derived_constant(
+                f"{matmul.name}/bias{i}", ("columns", start, width), (b_const,),
+                partial(np.ascontiguousarray, b_const.reshape(-1)[cols])))
         sig = type(op).matmul(op.dim("M"), width, op.dim("K"), trans_a=op.trans_a,
                               trans_b=op.trans_b, epilogue=op.epilogue, dtype=op.dtype)
         pieces.append(replace(matmul, name=matmul.name if i == 0 else f"{matmul.name}/{i}",

@@ -25,7 +25,9 @@ shapes are static), so the plan is exact. Outputs are fresh arrays on every run.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping, Sequence
+import threading
+import weakref
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -102,6 +104,7 @@ class NativeProgram:
     """Native calls per run (one per run of consecutive kernel steps)."""
     _shapes: dict[str, tuple[tuple[int, ...], np.dtype]]
     _constants: dict[str, np.ndarray]
+    _layouts: dict[str, Hashable]
     _alias: dict[str, str]
     _arena: np.ndarray
     _where: dict[str, _Where]
@@ -116,13 +119,17 @@ class NativeProgram:
 
     @classmethod
     def build(cls, graph: Graph, kernels: Mapping[str, Any],
-              example_inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
-              ) -> NativeProgram:
+              example_inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
+              packed_layouts: Mapping[str, Hashable] | None = None) -> NativeProgram:
         """Plan ``graph`` with ``kernels`` (kernel node name -> loaded kernel; nodes without
         one, or whose kernel is not native, run their numpy reference) using shapes traced
-        from one reference run on ``example_inputs``."""
+        from one reference run on ``example_inputs``. ``packed_layouts`` names, per kernel
+        node, the layout its pre-packed weights take (``OpKind.packed_weights_layout``):
+        a constant already packed in that layout, by this program or another one alive (the
+        same model planned at another shape), is not packed again."""
         self = cls.__new__(cls)
         self.graph = graph
+        self._layouts = dict(packed_layouts or {})
         self._shapes = {}
         self._shapes = _trace(graph, kernels, self._check(example_inputs))
         self._constants = {}
@@ -201,7 +208,8 @@ class NativeProgram:
                 self._constants[names[i]] = prepared
         entry = library.tc_kernel
         if len(names) > 1 and kernel.prepacks_weights and names[1].startswith("const:"):
-            bound = kernel.bind_weights(self._constants.pop(names[1]))
+            bound = _bind_shared(kernel, self.graph.constants[node.inputs[1]],
+                                 self._constants.pop(names[1]), self._layouts.get(node.name))
             names[1] = f"packed:{node.name}"
             self._constants[names[1]] = bound.packed
             entry = bound.entry
@@ -441,6 +449,33 @@ def _onnx_function(node: OnnxNode, opset: int) -> Any:
     def run(*values: Any) -> Sequence[Any]:
         return impl(list(values), attrs, opset)
     return run
+
+
+_PACKED: dict[tuple[int, Hashable], tuple[weakref.ref[np.ndarray], np.ndarray]] = {}
+"""Packed weights by (id of the original constant, packed layout), while that constant
+lives: programs of one model at several shapes share them."""
+_PACKED_LOCK = threading.RLock()  # re-entered by _forget when a collection runs inside
+
+
+def _bind_shared(kernel: Any, original: np.ndarray, weights: np.ndarray,
+                 layout: Hashable | None) -> Any:
+    """``kernel`` bound to ``weights`` (``original`` laid out as the kernel reads it), reusing
+    the packed copy of ``original`` in ``layout`` when one exists."""
+    if layout is None:
+        return kernel.bind_weights(weights)
+    key = (id(original), layout)
+    with _PACKED_LOCK:
+        found = _PACKED.get(key)
+        if found is not None and found[0]() is original:
+            return kernel.bind_packed(found[1])
+        bound = kernel.bind_weights(weights)
+        _PACKED[key] = (weakref.ref(original, lambda _: _forget(key)), bound.packed)
+        return bound
+
+
+def _forget(key: tuple[int, Hashable]) -> None:
+    with _PACKED_LOCK:
+        _PACKED.pop(key, None)
 
 
 def _trace(graph: Graph, kernels: Mapping[str, Any], inputs: Mapping[str, np.ndarray]

@@ -19,7 +19,7 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,6 +38,7 @@ from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError
 from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable, local_spec
+from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.layout_plan import plan_layouts
 from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.ops import OpSignature
@@ -152,11 +153,22 @@ class CompiledModel:
         # One arena per program: runs of one compiled model take turns.
         with self._run_lock:
             if self._program is None:
-                self._program = NativeProgram.build(self.graph, self.kernels, inputs)
+                self._program = NativeProgram.build(self.graph, self.kernels, inputs,
+                                                    self._packed_layouts())
             try:
                 return self._program.run(inputs)
             except PlanMismatch:  # a data-dependent shape: the executor handles any
                 return self.executor.run(inputs)
+
+    def _packed_layouts(self) -> dict[str, Hashable]:
+        """Per kernel node with a schedule, the layout of its pre-packed weights, where its
+        kind names one (shapes of one model then share packed weights)."""
+        out: dict[str, Hashable] = {}
+        for entry in self.plan:
+            layout = op_kind(entry.op.kind).packed_weights_layout
+            if layout is not None and entry.schedule is not None:
+                out[entry.node] = layout(entry.op, entry.schedule)
+        return out
 
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model; returns its outputs by name. A new shape of a dynamic model is

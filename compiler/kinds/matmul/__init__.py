@@ -95,6 +95,14 @@ def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     return generate_matmul(op, s, d)
 
 
+def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int, ...]:
+    """What ``tc_pack_weights`` depends on: op(B)'s shape and storage, and the blocks
+    (``NC`` x ``KC``, as clipped by the emitter) of ``NR``-column panels it writes; the
+    rows ``M`` and every other knob leave the packed bytes the same."""
+    n, k, nr = op.dim("N"), op.dim("K"), s.nr
+    return n, k, int(op.trans_b), nr, min(s.kc, k), min(s.nc, -(-n // nr) * nr)
+
+
 KIND = register(OpKind(
     name="matmul",
     spec=KindSpec(dims=("M", "N", "K"), attrs={"layout": LAYOUTS}, epilogues=("bias", "relu")),
@@ -111,6 +119,7 @@ KIND = register(OpKind(
     # activations to batch_matmul), packed once when the model is compiled: a packed-B
     # schedule pays no packing per call, and is timed that way.
     prepacked_timing=True,
+    packed_weights_layout=packed_b_layout,
     examples=("matmul(M=128,N=768,K=768,epilogue=bias)", "matmul(M=1,N=1000,K=2048,layout=nt)",
               "matmul(M=97,N=13,K=511,layout=tn,epilogue=bias+relu)"),
 ))
