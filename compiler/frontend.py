@@ -133,6 +133,10 @@ class Graph:
     outputs: tuple[TensorInfo, ...]
     constants: Mapping[str, np.ndarray]
     steps: tuple[Step, ...]
+    tensors: Mapping[str, tuple[tuple[int, ...], np.dtype]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    """Static shape and dtype of each tensor the loader inferred (steps' outputs among
+    them); empty for graphs rewritten since (layout planning), whose shapes are traced."""
 
     @property
     def kernel_nodes(self) -> tuple[KernelNode, ...]:
@@ -452,8 +456,10 @@ class _Loader:
         self._drop_unread_constants(steps, {o.name for o in outputs})
         for array in self.constants.values():
             array.flags.writeable = False
+        tensors = {name: (shape, self.dtypes[name]) for name in self.shapes
+                   if (shape := self._shape(name)) is not None and name in self.dtypes}
         return Graph(self.name, self.opset, tuple(inputs), tuple(outputs),
-                     MappingProxyType(self.constants), tuple(steps))
+                     MappingProxyType(self.constants), tuple(steps), MappingProxyType(tensors))
 
     def _opset(self) -> int:
         versions = {imp.domain: imp.version for imp in self.model.opset_import}

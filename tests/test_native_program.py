@@ -111,3 +111,29 @@ def test_shapes_other_than_planned_are_refused(tmp_path: Path) -> None:
     program = NativeProgram.build(compiled.graph, compiled.kernels, feeds)
     with pytest.raises(ModelError, match=r"planned for|expects"):
         program.run({k: np.concatenate([v, v]) for k, v in feeds.items()})
+
+
+def test_loaded_shapes_plan_the_program_without_a_traced_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph as the loader left it knows every tensor's shape: the program is planned
+    from them (no reference run); a graph rewritten by layout planning (blocked
+    activations, on machines with vectors) is traced."""
+    from tunecache.compiler.native import program as native
+
+    model = bert_layer_model()
+    compiled = _compiled(model, tmp_path)
+    assert compiled.graph.tensors
+    traced = []
+    real = native._trace
+    monkeypatch.setattr(native, "_trace", lambda *a: traced.append(1) or real(*a))
+    feeds = random_feeds(model)
+    program = NativeProgram.build(compiled.graph, compiled.kernels, feeds)
+    assert not traced
+    assert_close(program.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
+    (tmp_path / "cnn").mkdir()
+    cnn = _compiled(resnet_model(), tmp_path / "cnn")
+    feeds = random_feeds(resnet_model())
+    program = NativeProgram.build(cnn.graph, cnn.kernels, feeds)
+    assert len(traced) == (0 if cnn.graph.tensors else 1)  # blocked layouts: traced
+    model = resnet_model()
+    assert_close(program.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])

@@ -131,7 +131,8 @@ class NativeProgram:
         self.graph = graph
         self._layouts = dict(packed_layouts or {})
         self._shapes = {}
-        self._shapes = _trace(graph, kernels, self._check(example_inputs))
+        checked = self._check(example_inputs)
+        self._shapes = _static_shapes(graph, checked) or _trace(graph, kernels, checked)
         self._constants = {}
         self._alias = {}
         for step in graph.steps:
@@ -476,6 +477,23 @@ def _bind_shared(kernel: Any, original: np.ndarray, weights: np.ndarray,
 def _forget(key: tuple[int, Hashable]) -> None:
     with _PACKED_LOCK:
         _PACKED.pop(key, None)
+
+
+def _static_shapes(graph: Graph, inputs: Mapping[str, np.ndarray]
+                   ) -> dict[str, tuple[tuple[int, ...], np.dtype]] | None:
+    """Shape and dtype of every tensor from what the loader inferred, or None when some
+    step's output is not among them (then a traced run tells)."""
+    shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = dict(graph.tensors)
+    if not shapes:
+        return None
+    shapes.update((n, (tuple(a.shape), a.dtype)) for n, a in graph.constants.items())
+    shapes.update((n, (tuple(a.shape), a.dtype)) for n, a in inputs.items())
+    for step in graph.steps:
+        if isinstance(step, KernelNode):
+            shapes[step.output] = (tuple(step.output_shape), FLOAT32)
+        elif any(o and o not in shapes for o in step.outputs):
+            return None
+    return shapes
 
 
 def _trace(graph: Graph, kernels: Mapping[str, Any], inputs: Mapping[str, np.ndarray]
