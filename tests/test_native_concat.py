@@ -1,7 +1,7 @@
 """Concats in the native program: producers write straight into their slice of the output
-(the Concat step vanishes), and every case where that is unsafe still runs correctly as a
-numpy step. Models are compiled like a deployment (analytic schedules, layout planning on)
-and checked against onnxruntime."""
+(the Concat step vanishes), and every case where that is unsafe still runs correctly as
+native strided copies (compiler/native/copies.py), no numpy step. Models are compiled like
+a deployment (analytic schedules, layout planning on) and checked against onnxruntime."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_concat_of_conv_branches_is_written_in_place(channels: int, tmp_path: Pa
 def test_inputs_used_elsewhere_stay_correct(case: str, tmp_path: Path) -> None:
     """A concat input that is also a graph output or read after the concat shares the
     output's slot, which lives as long as either; a tensor in two concats is placed in one
-    (the later), the other copies."""
+    (the later), the other copies (natively)."""
     b = Builder(13)
     x = b.input("x", [1, 4, 8, 8])
     parts = _branches(b, x, 4)
@@ -102,20 +102,23 @@ def test_inputs_used_elsewhere_stay_correct(case: str, tmp_path: Path) -> None:
     compiled, program = _run(b.model(outputs), tmp_path)
     concats = _concats(compiled)
     joined = len(concats) if case != "two_concats" else 1
-    assert (program.joined_steps, program.numpy_steps) == (joined, len(concats) - joined)
+    assert (program.joined_steps, program.numpy_steps) == (joined, 0)
+    copies = len(concats[0].inputs) if case == "two_concats" else 0  # the earlier copies
+    assert program.native_steps == len(compiled.graph.kernel_nodes) + copies
     _assert_in_place(program, concats[-1])
 
 
 @pytest.mark.parametrize("case", ["graph_input", "batch_2", "repeated", "unaligned"])
-def test_concats_that_cannot_alias_run_as_numpy_steps(case: str, tmp_path: Path) -> None:
+def test_concats_that_cannot_alias_are_copied_natively(case: str, tmp_path: Path) -> None:
     b = Builder(13)
     batch, size = (2, 8) if case == "batch_2" else (1, 3 if case == "unaligned" else 8)
     x = b.input("x", [batch, 4, size, size])
     a = b.conv(x, 4, 4, 3)
     inputs = {"graph_input": [a, x], "repeated": [a, a]}.get(case, [a, b.conv(x, 4, 4, 1)])
     cat = b.node("Concat", inputs, axis=1)
-    _, program = _run(b.model([b.conv(cat, 8, 4, 1)]), tmp_path)
-    assert (program.joined_steps, program.numpy_steps) == (0, 1)
+    compiled, program = _run(b.model([b.conv(cat, 8, 4, 1)]), tmp_path)
+    assert (program.joined_steps, program.numpy_steps) == (0, 0)
+    assert program.native_steps == len(compiled.graph.kernel_nodes) + 2  # a copy per input
 
 
 def test_nested_and_growing_concats_vanish(tmp_path: Path) -> None:
@@ -138,8 +141,8 @@ def test_nested_and_growing_concats_vanish(tmp_path: Path) -> None:
         _assert_in_place(program, concat)
 
 
-def test_a_numpy_result_is_written_into_its_slice(tmp_path: Path) -> None:
-    """A Split's half (a numpy step) lands in its slice of the concat; a concat that must
+def test_a_copied_result_is_written_into_its_slice(tmp_path: Path) -> None:
+    """A Split's half (a native copy) lands in its slice of the concat; a concat that must
     copy (it reads the graph input) copies into its slice of an outer one."""
     b = Builder(13)
     x = b.input("x", [1, 8, 8, 8])
@@ -148,7 +151,7 @@ def test_a_numpy_result_is_written_into_its_slice(tmp_path: Path) -> None:
     copied = b.node("Concat", [x, b.conv(shuffled, 16, 8, 1)], axis=1)
     outer = b.node("Concat", [copied, b.conv(x, 8, 8, 3)], axis=1)
     compiled, program = _run(b.model([b.conv(outer, 24, 4, 1)]), tmp_path)
-    assert (program.joined_steps, program.numpy_steps) == (2, 2)  # the Split, one Concat
+    assert (program.joined_steps, program.numpy_steps) == (2, 0)  # the Split, one Concat copy
     shuffle, _, last = _concats(compiled)
     _assert_in_place(program, shuffle)
     _assert_in_place(program, last)

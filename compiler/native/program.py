@@ -38,8 +38,15 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.executor import check_inputs, numpy_kernel
 from tunecache.compiler.frontend import FLOAT32, Graph, KernelNode, ModelError, OnnxNode
 from tunecache.compiler.native.arena import ALIGN, Lifetime, plan_arena
+from tunecache.compiler.native.copies import copies_of
 from tunecache.compiler.native.joins import Join, Placement, join_of, place_joins
-from tunecache.compiler.native.runner import MAX_ARGS, REF_DTYPE, STEP_DTYPE, run_plan_function
+from tunecache.compiler.native.runner import (
+    MAX_ARGS,
+    REF_DTYPE,
+    STEP_DTYPE,
+    run_plan_function,
+    strided_copy_entry,
+)
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 """Ops whose output is their first input's bytes under another shape."""
@@ -157,8 +164,26 @@ class NativeProgram:
                 if call is not None:
                     items.append(call)
                     continue
+            else:
+                moves = self._copy_calls(step)
+                if moves:
+                    items += moves
+                    continue
             items.append(self._bridge(step, kernels))
         return items
+
+    def _copy_calls(self, step: OnnxNode) -> list[_NativeCall]:
+        """A data-movement step as strided copies run by the runner
+        (:mod:`~tunecache.compiler.native.copies`); empty when it is not one."""
+        copies = copies_of(step, self._shapes, self.graph.constants)
+        if not copies:
+            return []
+        calls = []
+        for i, copy in enumerate(copies):
+            params = f"copy:{step.name}:{i}"
+            self._constants[params] = copy.params(FLOAT32.itemsize)
+            calls.append(_NativeCall(strided_copy_entry(), (copy.source, params), copy.output))
+        return calls
 
     def _place_joins(self) -> Placement:
         """The joins that vanish, and where their inputs then live

@@ -28,6 +28,7 @@ REF_DTYPE = np.dtype([("region", np.int64), ("offset", np.int64)])
 
 _SOURCE = f"""\
 #include <stdint.h>
+#include <string.h>
 typedef int (*tc_entry)(void **);
 typedef struct {{ int32_t fn, nargs, first; }} tc_step;
 typedef struct {{ int64_t region, offset; }} tc_ref;
@@ -44,6 +45,37 @@ int tc_run_plan(int64_t n, const tc_step *steps, const tc_ref *refs,
   }}
   return 0;
 }}
+
+/* A strided copy (compiler/native/copies.py): args are the source, an int64 block
+   {{ndim, item bytes, source offset, destination offset, sizes[ndim], source strides[ndim],
+   destination strides[ndim]}} (bytes), and the destination. */
+int tc_strided_copy(void **args) {{
+  const int64_t *p = (const int64_t *)args[1];
+  const int64_t nd = p[0], item = p[1];
+  const int64_t *size = p + 4, *ss = size + nd, *ds = ss + nd;
+  const char *src = (const char *)args[0] + p[2];
+  char *dst = (char *)args[2] + p[3];
+  const int64_t inner = size[nd - 1], si = ss[nd - 1], di = ds[nd - 1];
+  int64_t outer = 1;
+  for (int64_t d = 0; d < nd - 1; d++) outer *= size[d];
+  for (int64_t o = 0; o < outer; o++) {{
+    int64_t rem = o, so = 0, dof = 0;
+    for (int64_t d = nd - 2; d >= 0; d--) {{
+      const int64_t i = rem % size[d];
+      rem /= size[d];
+      so += i * ss[d];
+      dof += i * ds[d];
+    }}
+    const char *s = src + so;
+    char *t = dst + dof;
+    if (si == item && di == item) {{
+      memcpy(t, s, (size_t)(inner * item));
+    }} else {{
+      for (int64_t j = 0; j < inner; j++) memcpy(t + j * di, s + j * si, (size_t)item);
+    }}
+  }}
+  return 0;
+}}
 """
 _FLAGS = ("-O2", "-fPIC", "-shared")
 
@@ -54,6 +86,13 @@ def _runner_library() -> ctypes.CDLL:
     # record like every kernel library before any of its code runs.
     with open_verified(build_source(_SOURCE, _FLAGS).path) as loadable:
         return ctypes.CDLL(loadable)
+
+
+def strided_copy_entry() -> int:
+    """Address of ``tc_strided_copy``, a step entry like a kernel's ``tc_kernel``."""
+    address = ctypes.cast(_runner_library().tc_strided_copy, ctypes.c_void_p).value
+    assert address is not None
+    return address
 
 
 def run_plan_function() -> Any:
