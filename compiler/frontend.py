@@ -767,9 +767,9 @@ class _Loader:
                 needed.update(t for t in node.inputs if t)
         return live[::-1]
 
-    @staticmethod
-    def _elide(nodes: list[_Node], outputs: set[str]) -> list[_Node]:
-        """Drop inference no-ops (Identity, Dropout) so that fusion sees through them."""
+    def _elide(self, nodes: list[_Node], outputs: set[str]) -> list[_Node]:
+        """Drop inference no-ops (Identity, Dropout, a Cast to the dtype its input already
+        has) so that fusion sees through them."""
         used = {t for node in nodes for t in node.inputs}
         alias: dict[str, str] = {}
         kept = []
@@ -777,12 +777,19 @@ class _Loader:
             if any(t in alias for t in node.inputs):
                 node = replace(node, inputs=tuple(alias.get(t, t) for t in node.inputs))
             out = node.outputs[0]
-            if node.op_type in ("Identity", "Dropout") and out not in outputs and not any(
+            if (node.op_type in ("Identity", "Dropout") or self._same_type_cast(node)) and \
+                    out not in outputs and not any(
                     o and (o in used or o in outputs) for o in node.outputs[1:]):
                 alias[out] = node.inputs[0]
                 continue
             kept.append(node)
         return kept
+
+    def _same_type_cast(self, node: _Node) -> bool:
+        if node.op_type != "Cast" or not node.inputs:
+            return False
+        target = onnx_ops.ONNX_DTYPES.get(int(node.attrs.get("to", 0)))
+        return target is not None and self.dtypes.get(node.inputs[0]) == target
 
     # -- fusion ---------------------------------------------------------------------------
 

@@ -398,3 +398,23 @@ def test_silu_fuses_only_when_its_tensors_are_private(case: str) -> None:
     assert conv.op.epilogue == ("bias",) and conv.nodes == ("conv",)
     feeds = models.random_feeds(model)
     models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds), outputs)
+
+
+def test_a_cast_to_the_same_type_is_elided() -> None:
+    """A float32 -> float32 Cast (exporters write them around normalisations) is an alias,
+    so the MatMul's bias Add and Relu still fuse through it; a Cast that converts stays."""
+    b = models.Builder(17)
+    x = b.input("x", [4, 6])
+    same = b.node("Cast", [b.node("MatMul", [x, b.weight(6, 8)], name="mm")],
+                  to=onnx.TensorProto.FLOAT)
+    y = b.node("Relu", [b.node("Add", [same, b.weight(8)])])
+    ints = b.node("Cast", [y], to=onnx.TensorProto.INT64)
+    back = b.node("Cast", [ints], to=onnx.TensorProto.FLOAT)
+    model = b.model([y, back])
+    graph = load_graph(model)
+    assert [s.attrs["to"] for s in graph.onnx_nodes if s.op_type == "Cast"] == [
+        onnx.TensorProto.INT64, onnx.TensorProto.FLOAT]
+    [mm] = graph.kernel_nodes
+    assert mm.op.epilogue == ("bias", "relu")
+    feeds = models.random_feeds(model)
+    models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds), [y, back])
