@@ -97,24 +97,32 @@ def _transpose(step: OnnxNode, shapes: Shapes, constants: Mapping[str, np.ndarra
                  _strides(out_shape))]
 
 
+def _along(whole: tuple[int, ...], pieces: list[tuple[int, ...]], axis: int
+           ) -> list[int] | None:
+    """Where each piece starts along ``axis`` of ``whole`` when the pieces tile it in order
+    (their other dims equal to the whole's), else None."""
+    starts, at = [], 0
+    for piece in pieces:
+        if len(piece) != len(whole) or piece[:axis] + piece[axis + 1:] != \
+                whole[:axis] + whole[axis + 1:]:
+            return None
+        starts.append(at)
+        at += piece[axis]
+    return starts if at == whole[axis] else None
+
+
 def _concat(step: OnnxNode, shapes: Shapes, constants: Mapping[str, np.ndarray]
             ) -> list[Copy] | None:
     output = step.outputs[0]
     out_shape = shapes[output][0]
     axis = _axis(step, len(out_shape))
-    if axis is None:
+    pieces = [shapes[name][0] for name in step.inputs]
+    starts = _along(out_shape, pieces, axis) if axis is not None else None
+    if axis is None or starts is None:
         return None
-    out_strides, copies, at = _strides(out_shape), [], 0
-    for name in step.inputs:
-        shape = shapes[name][0]
-        if len(shape) != len(out_shape) or shape[:axis] + shape[axis + 1:] != \
-                out_shape[:axis] + out_shape[axis + 1:]:
-            return None
-        if shape[axis]:
-            copies.append(Copy(name, output, shape, _strides(shape), out_strides,
-                               dst_offset=at * out_strides[axis]))
-        at += shape[axis]
-    return copies if at == out_shape[axis] else None
+    strides = _strides(out_shape)
+    return [Copy(name, output, shape, _strides(shape), strides, dst_offset=at * strides[axis])
+            for name, shape, at in zip(step.inputs, pieces, starts, strict=True) if shape[axis]]
 
 
 def _split(step: OnnxNode, shapes: Shapes, constants: Mapping[str, np.ndarray]
@@ -122,20 +130,15 @@ def _split(step: OnnxNode, shapes: Shapes, constants: Mapping[str, np.ndarray]
     source = step.inputs[0]
     shape = shapes[source][0]
     axis = _axis(step, len(shape))
-    if axis is None:
+    if axis is None or not all(step.outputs):  # an unnamed piece: its size is unknown here
         return None
-    strides, copies, at = _strides(shape), [], 0
-    for name in step.outputs:
-        if not name:
-            return None  # an unnamed piece: its size is not known here
-        piece = shapes[name][0]
-        if len(piece) != len(shape) or piece[:axis] + piece[axis + 1:] != \
-                shape[:axis] + shape[axis + 1:]:
-            return None
-        copies.append(Copy(source, name, piece, strides, _strides(piece),
-                           src_offset=at * strides[axis]))
-        at += piece[axis]
-    return copies if at == shape[axis] else None
+    pieces = [shapes[name][0] for name in step.outputs]
+    starts = _along(shape, pieces, axis)
+    if starts is None:
+        return None
+    strides = _strides(shape)
+    return [Copy(source, name, piece, strides, _strides(piece), src_offset=at * strides[axis])
+            for name, piece, at in zip(step.outputs, pieces, starts, strict=True)]
 
 
 def _expand(step: OnnxNode, shapes: Shapes, constants: Mapping[str, np.ndarray]
