@@ -104,3 +104,20 @@ def test_steps_it_cannot_describe_stay_numpy() -> None:
     assert copies_of(node("Transpose", ("i",), ("j",)), shapes, {}) is None  # int64
     assert copies_of(node("Relu", ("x",), ("x",)), shapes, {}) is None
     assert copies_of(node("Transpose", ("x",), ("y",), perm=(0, 1)), shapes, {}) is None
+
+
+@pytest.mark.parametrize(("starts", "ends", "axes", "steps"), [
+    ([1], [4], [1], None),                      # one axis
+    ([0, -3], [2, 100], [0, -1], [1, 1]),       # negative start, clamped end
+    ([5, 0], [-100, 6], [2, 1], [-2, 3]),       # reversed with a step, and a stride
+])
+def test_slices_with_constant_bounds(starts: list[int], ends: list[int], axes: list[int],
+                                     steps: list[int] | None, tmp_path: Path) -> None:
+    b = Builder(17)
+    x = b.input("x", [3, 6, 7])
+    inputs = [b.node("Relu", [x]), b.ints(starts), b.ints(ends), b.ints(axes)]
+    if steps is not None:
+        inputs.append(b.ints(steps))
+    cut = b.node("Slice", inputs)
+    program, kinds = _program(b.model([b.node("Relu", [cut])]), tmp_path)
+    assert kinds == ["Slice"] and program.numpy_steps == 0

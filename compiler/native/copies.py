@@ -1,11 +1,12 @@
 """Data-movement ops as native strided copies: no Python between kernels for them.
 
-``Transpose``, ``Concat``, ``Split`` and ``Expand`` move bytes without arithmetic. Each
-becomes one or more steps of the generic runner's ``tc_strided_copy``
+``Transpose``, ``Concat``, ``Split``, ``Slice`` and ``Expand`` move bytes without
+arithmetic. Each becomes one or more steps of the generic runner's ``tc_strided_copy``
 (:mod:`~tunecache.compiler.native.runner`), whose parameters are plain data (an ``int64``
 block, a constant of the program): per output dim its size and the byte strides of source
 and destination, with byte offsets into both. A Concat is one copy per input into its slice
-of the output, a Split one copy per output from its slice of the input, an Expand a copy
+of the output, a Split one copy per output from its slice of the input, a Slice (constant
+bounds, any steps) a copy from its first element at its step's stride, an Expand a copy
 whose source stride is 0 along broadcast dims.
 
 :func:`copies_of` describes the copies of a step from static shapes, or returns None when
@@ -156,11 +157,64 @@ def _expand(step: OnnxNode, shapes: Shapes, constants: Mapping[str, np.ndarray]
     return [Copy(source, output, out_shape, src, _strides(out_shape))]
 
 
+def _slice(step: OnnxNode, shapes: Shapes, constants: Mapping[str, np.ndarray]
+           ) -> list[Copy] | None:
+    source, output = step.inputs[0], step.outputs[0]
+    shape = shapes[source][0]
+    bounds = _slice_bounds(step, constants, len(shape))
+    if bounds is None:
+        return None
+    first, step_by = [0] * len(shape), [1] * len(shape)
+    sizes = list(shape)
+    for axis, (start, end, by) in bounds.items():
+        lo, hi, by = slice(start, end, by).indices(shape[axis])
+        first[axis], step_by[axis], sizes[axis] = lo, by, len(range(lo, hi, by))
+    if tuple(sizes) != shapes[output][0]:
+        return None
+    strides = _strides(shape)
+    src = tuple(s * b for s, b in zip(strides, step_by, strict=True))
+    offset = sum(f * s for f, s in zip(first, strides, strict=True))
+    return [Copy(source, output, tuple(sizes), src, _strides(tuple(sizes)), src_offset=offset)]
+
+
+def _slice_bounds(step: OnnxNode, constants: Mapping[str, np.ndarray], rank: int
+                  ) -> dict[int, tuple[int, int, int]] | None:
+    """``{axis: (start, end, step)}`` of a Slice whose bounds are constants (inputs from
+    opset 10, attributes before), or None."""
+    if len(step.inputs) >= 3:
+        def const(i: int) -> list[int] | None:
+            if i >= len(step.inputs) or not step.inputs[i]:
+                return None
+            value = constants.get(step.inputs[i])
+            return None if value is None else [int(v) for v in value.reshape(-1)]
+        starts, ends = const(1), const(2)
+        axes, steps = const(3), const(4)
+        if starts is None or ends is None or (len(step.inputs) > 3 and step.inputs[3]
+                                              and axes is None) or \
+                (len(step.inputs) > 4 and step.inputs[4] and steps is None):
+            return None
+    else:
+        starts, ends = step.attrs.get("starts"), step.attrs.get("ends")
+        axes, steps = step.attrs.get("axes"), None
+        if starts is None or ends is None:
+            return None
+    axes = list(range(len(starts))) if axes is None else [int(a) for a in axes]
+    steps = [1] * len(starts) if steps is None else steps
+    out: dict[int, tuple[int, int, int]] = {}
+    for start, end, axis, by in zip(starts, ends, axes, steps, strict=True):
+        axis = axis + rank if axis < 0 else axis
+        if not 0 <= axis < rank or by == 0 or axis in out:
+            return None
+        out[axis] = (int(start), int(end), int(by))
+    return out
+
+
 _OPS: dict[str, Callable[[OnnxNode, Shapes, Mapping[str, np.ndarray]], list[Copy] | None]] = {
     "Transpose": _transpose,
     "Concat": _concat,
     "Split": _split,
     "Expand": _expand,
+    "Slice": _slice,
 }
 
 
