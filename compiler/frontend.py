@@ -169,6 +169,8 @@ def _import_onnx() -> Any:
     return onnx
 
 
+_SMALL_CONSTANT = 64
+"""Constants this small are compared by value when looking for repeated computations."""
 _ONNX_FLOAT = 1
 """``TensorProto.FLOAT``."""
 _SHARED_FLOATS = 1024
@@ -449,6 +451,7 @@ class _Loader:
         outputs = self._outputs()
         nodes = self._elide(self._live(nodes, {o.name for o in outputs}),
                             {o.name for o in outputs})
+        nodes = self._deduplicate(nodes, {o.name for o in outputs})
         steps = self._fuse(nodes, {o.name for o in outputs})
         if self.lower:
             for rewrite in step_passes():
@@ -784,6 +787,51 @@ class _Loader:
                 continue
             kept.append(node)
         return kept
+
+    def _deduplicate(self, nodes: list[_Node], outputs: set[str]) -> list[_Node]:
+        """Drop a node computing what an earlier one did (same op and attributes, the same
+        inputs, small constants compared by value): its readers read the earlier outputs.
+        Exporters repeat per layer what depends only on the inputs (BERT's 12 identical
+        attention-mask ``Where``s)."""
+        seen: dict[Hashable, _Node] = {}
+        alias: dict[str, str] = {}
+        kept = []
+        for node in nodes:
+            if any(t in alias for t in node.inputs):
+                node = replace(node, inputs=tuple(alias.get(t, t) for t in node.inputs))
+            key = self._computation(node)
+            earlier = seen.get(key) if key is not None else None
+            if earlier is not None and len(earlier.outputs) == len(node.outputs) and \
+                    not any(o in outputs for o in node.outputs):
+                alias.update((o, e) for o, e in zip(node.outputs, earlier.outputs, strict=True)
+                             if o)
+                continue
+            if key is not None:
+                seen.setdefault(key, node)
+            kept.append(node)
+        return kept
+
+    def _computation(self, node: _Node) -> Hashable | None:
+        """What ``node`` computes, as a hashable value; None when unsure (a random op,
+        another domain, an attribute that is not a plain value, a missing output)."""
+        if node.domain or node.op_type in _NONDETERMINISTIC or not all(node.outputs):
+            return None
+        attrs = []
+        for name, value in sorted(node.attrs.items()):
+            plain = tuple(value) if isinstance(value, (list, tuple)) else value
+            if not isinstance(plain, (int, float, str, bytes, tuple)) or (
+                    isinstance(plain, tuple) and not all(
+                        isinstance(v, (int, float, str, bytes)) for v in plain)):
+                return None
+            attrs.append((name, plain))
+        inputs = tuple(self._input_identity(t) for t in node.inputs)
+        return node.op_type, inputs, tuple(attrs)
+
+    def _input_identity(self, name: str) -> Hashable:
+        value = self.constants.get(name)
+        if value is not None and value.size <= _SMALL_CONSTANT:
+            return "value", value.dtype.str, value.shape, value.tobytes()
+        return "tensor", name
 
     def _same_type_cast(self, node: _Node) -> bool:
         if node.op_type != "Cast" or not node.inputs:

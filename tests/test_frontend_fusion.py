@@ -418,3 +418,27 @@ def test_a_cast_to_the_same_type_is_elided() -> None:
     assert mm.op.epilogue == ("bias", "relu")
     feeds = models.random_feeds(model)
     models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds), [y, back])
+
+
+def test_repeated_computations_are_computed_once() -> None:
+    """Nodes repeating an earlier computation (same op and attributes, same inputs, small
+    constants equal by value though named apart, as exporters write a mask per layer) are
+    dropped and their readers read the first; a different constant, a random op, or a
+    duplicate that is a graph output keep their nodes."""
+    b = models.Builder(17)
+    x = b.input("x", [4, 6])
+    mask = b.node("Greater", [x, b.const(np.float32(0.0))])
+    fills = [b.node("Where", [mask, b.const(np.float32(0.0)), b.const(np.float32(-1e4))])
+             for _ in range(3)]
+    other = b.node("Where", [mask, b.const(np.float32(0.0)), b.const(np.float32(-5.0))])
+    outputs = [b.node("Add", [x, f]) for f in fills[:2]]
+    model = b.model([*outputs, fills[2], other])
+    graph = load_graph(model)
+    wheres = [s for s in graph.onnx_nodes if s.op_type == "Where"]
+    # fills[1] repeats fills[0]; fills[2] is a graph output, and other fills with -5
+    assert [w.outputs[0] for w in wheres] == [fills[0], fills[2], other]
+    readers = [s for s in graph.steps if fills[0] in s.inputs]
+    assert len(readers) == 2  # both Adds read the first fill (as kernels or numpy steps)
+    feeds = models.random_feeds(model)
+    models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds),
+                        [*outputs, fills[2], other])
