@@ -27,7 +27,6 @@ Needs the ``onnx`` package (a dependency of tunecache); it is imported on first 
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,9 +42,12 @@ from tunecache.compiler.lowering import (
     clip_step,
     lowerings_for,
     other_input,
+    producers,
+    readers,
     silu_nodes,
     step_passes,
 )
+from tunecache.compiler.memo import IdentityMemo
 from tunecache.compiler.ops import OpSignature
 
 if TYPE_CHECKING:
@@ -193,8 +195,7 @@ class ModelSource:
     name: str
     owned: bool = False
     arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-    derived: dict[Hashable, tuple[tuple[weakref.ref[np.ndarray], ...], np.ndarray]] = field(
-        default_factory=dict, repr=False)
+    derived: IdentityMemo[np.ndarray] = field(default_factory=IdentityMemo, repr=False)
     """Constants a lowering computed from others (weight slices, say), kept for the next
     load while the arrays they came from live."""
 
@@ -843,13 +844,8 @@ class _Loader:
 
     def _fuse(self, nodes: list[_Node], outputs: set[str]) -> list[Step]:
         # Per tensor, the position of each read (a node reading it twice counts twice).
-        self.readers: dict[str, list[int]] = {}
-        self.producers = {t: position for position, node in enumerate(nodes)
-                          for t in node.outputs if t}
-        for position, node in enumerate(nodes):
-            for t in node.inputs:
-                if t:
-                    self.readers.setdefault(t, []).append(position)
+        self.readers = readers(nodes)
+        self.producers = producers(nodes)
         self.graph_outputs = outputs
         self.nodes = nodes
         self.taken = [False] * len(nodes)
@@ -926,14 +922,12 @@ class _Loader:
 
     def derived_constant(self, base: str, key: Hashable, sources: tuple[np.ndarray, ...],
                          make: Callable[[], np.ndarray]) -> str:
-        full = (key, tuple(id(s) for s in sources))
-        found = self.source.derived.get(full)
-        if found is not None and all(r() is s for r, s in zip(found[0], sources, strict=True)):
-            array = found[1]
-        else:
+        def made() -> np.ndarray:
             array = np.ascontiguousarray(make(), dtype=FLOAT32)
             array.flags.writeable = False
-            self.source.derived[full] = (tuple(weakref.ref(s) for s in sources), array)
+            return array
+
+        array = self.source.derived.get(sources, key, made)
         name = self._fresh_name(base)
         self._set_constant(name, array)
         return name

@@ -25,8 +25,6 @@ shapes are static), so the plan is exact. Outputs are fresh arrays on every run.
 from __future__ import annotations
 
 import ctypes
-import threading
-import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,6 +35,7 @@ from tunecache.compiler import onnx_ops
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.executor import check_inputs, numpy_kernel
 from tunecache.compiler.frontend import FLOAT32, Graph, KernelNode, ModelError, OnnxNode
+from tunecache.compiler.memo import IdentityMemo
 from tunecache.compiler.native.arena import ALIGN, Lifetime, plan_arena
 from tunecache.compiler.native.copies import copies_of
 from tunecache.compiler.native.joins import Join, Placement, join_of, place_joins
@@ -178,11 +177,11 @@ class NativeProgram:
         copies = copies_of(step, self._shapes, self.graph.constants)
         if not copies:
             return []
-        calls = []
+        entry, calls = strided_copy_entry(), []
         for i, copy in enumerate(copies):
             params = f"copy:{step.name}:{i}"
             self._constants[params] = copy.params(FLOAT32.itemsize)
-            calls.append(_NativeCall(strided_copy_entry(), (copy.source, params), copy.output))
+            calls.append(_NativeCall(entry, (copy.source, params), copy.output))
         return calls
 
     def _place_joins(self) -> Placement:
@@ -477,10 +476,9 @@ def _onnx_function(node: OnnxNode, opset: int) -> Any:
     return run
 
 
-_PACKED: dict[tuple[int, Hashable], tuple[weakref.ref[np.ndarray], np.ndarray]] = {}
-"""Packed weights by (id of the original constant, packed layout), while that constant
-lives: programs of one model at several shapes share them."""
-_PACKED_LOCK = threading.RLock()  # re-entered by _forget when a collection runs inside
+_PACKED: IdentityMemo[np.ndarray] = IdentityMemo()
+"""Packed weights by (original constant, packed layout), while that constant lives:
+programs of one model at several shapes share them."""
 
 
 def _bind_shared(kernel: Any, original: np.ndarray, weights: np.ndarray,
@@ -489,19 +487,8 @@ def _bind_shared(kernel: Any, original: np.ndarray, weights: np.ndarray,
     the packed copy of ``original`` in ``layout`` when one exists."""
     if layout is None:
         return kernel.bind_weights(weights)
-    key = (id(original), layout)
-    with _PACKED_LOCK:
-        found = _PACKED.get(key)
-        if found is not None and found[0]() is original:
-            return kernel.bind_packed(found[1])
-        bound = kernel.bind_weights(weights)
-        _PACKED[key] = (weakref.ref(original, lambda _: _forget(key)), bound.packed)
-        return bound
-
-
-def _forget(key: tuple[int, Hashable]) -> None:
-    with _PACKED_LOCK:
-        _PACKED.pop(key, None)
+    packed = _PACKED.get((original,), layout, lambda: kernel.bind_weights(weights).packed)
+    return kernel.bind_packed(packed)
 
 
 def _static_shapes(graph: Graph, inputs: Mapping[str, np.ndarray]
