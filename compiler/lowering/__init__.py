@@ -97,9 +97,6 @@ class StepContext(Protocol):
     def is_graph_output(self, name: str) -> bool:
         """Whether ``name`` is one of the graph's outputs."""
 
-    def add_constant(self, base: str, array: np.ndarray) -> str:
-        """A new float32 constant named after ``base``; returns its name."""
-
     def derived_constant(self, base: str, key: Hashable, sources: tuple[np.ndarray, ...],
                          make: Callable[[], np.ndarray]) -> str:
         """A float32 constant named after ``base`` holding ``make()``: the array computed

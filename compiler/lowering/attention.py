@@ -473,7 +473,7 @@ def _merge_heads(name: str, steps: list[Any], ctx: StepContext, reads: dict[str,
 
 
 def _is_head_swap(node: Any, ctx: StepContext) -> bool:
-    """A rank-4 ``Transpose(0, 2, 1, 3)`` of float32 data run in numpy."""
+    """A rank-4 ``Transpose(0, 2, 1, 3)`` run in numpy."""
     if getattr(node, "op_type", None) != "Transpose":
         return False
     shape = ctx.shape(node.inputs[0]) or ()

@@ -90,8 +90,10 @@ def _transpose(step: OnnxNode, shapes: Shapes, constants: Mapping[str, np.ndarra
     source, output = step.inputs[0], step.outputs[0]
     shape = shapes[source][0]
     perm = tuple(int(p) for p in step.attrs.get("perm", range(len(shape))[::-1]))
+    if sorted(perm) != list(range(len(shape))):
+        return None
     out_shape = tuple(shape[p] for p in perm)
-    if sorted(perm) != list(range(len(shape))) or out_shape != shapes[output][0]:
+    if out_shape != shapes[output][0]:
         return None
     strides = _strides(shape)
     return [Copy(source, output, out_shape, tuple(strides[p] for p in perm),
