@@ -6,6 +6,7 @@ from __future__ import annotations
 from tunecache.compiler.backends import ArchConstants
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, conv2d_blocks, is_depthwise
+from tunecache.compiler.kinds.conv2d.winograd import transform_ops, winograd_plan
 from tunecache.compiler.ops import OpSignature
 from tunecache.costmodel.analytic import (
     Estimate,
@@ -46,6 +47,8 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     n, groups, cg, fg, p, q, rs, depthwise = _conv_dims(op)
     if depthwise and s.algorithm == "direct" and not s.pack_w:
         return _estimate_plane(op, s, hw)
+    if s.algorithm == "winograd":
+        return _estimate_winograd(op, s, hw)
     d = op.dims_dict
     lanes = hw.lanes
     T = s.threads
@@ -182,6 +185,44 @@ def _estimate_plane(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     copy = in_bytes * (0.5 if d["stride_w"] == 1 else 1.0) / stream
     memory_s = (in_bytes + out_bytes) / stream + copy
     overhead_s = arch.call_overhead_s + (arch.fork_join_s if T > 1 else 0.0)
+    seconds = compute_s + memory_s + overhead_s
+    return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+def _estimate_winograd(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Estimate:
+    """Winograd F(m x m, 3 x 3): ``a*a`` GEMMs of (tiles rounded up to the register tile's)
+    x C x F at the micro-kernel's efficiency, the input and output transforms as vector
+    operations, the V and M slabs through L2 (L3 when a chunk outgrows half of L2) and the
+    transformed weights U (``(a/3)**2`` times the weights) streamed once per chunk of tiles:
+    what makes small feature maps with many channels a loss for ``m=4``."""
+    arch = constants(hw)
+    d = op.dims_dict
+    plan = winograd_plan(op, s)
+    lanes, T = hw.lanes, s.threads
+    cbx, cby = d["C"] // lanes, d["F"] // lanes
+    t2 = plan.alpha * plan.alpha
+    chunks = ceil_div(plan.tiles, plan.chunk)
+    rows = (chunks - 1) * plan.chunk + round_up(plan.tiles - (chunks - 1) * plan.chunk,
+                                                 s.ow_block)
+    nv = s.oc_block // lanes
+    eff = micro_efficiency(s.ow_block, nv, arch, CONV_MARGIN) * d["C"] / (d["C"] + 24)
+    units = t2 * plan.nfb
+    busy = min(T, units)
+    peak = peak_gflops_per_core(hw) * 1e9
+    gemm_s = 2.0 * t2 * rows * d["C"] * plan.fp / (peak * eff * busy)
+    in_ops, out_ops = transform_ops(plan.m)
+    vector_ops = plan.tiles * (cbx * (in_ops + 2 * t2) + cby * (out_ops + t2 + plan.m ** 2))
+    transform_s = vector_ops / (arch.fma_pipes * arch.ghz * 1e9 * min(T, plan.tiles))
+    slab_bytes = 4.0 * (plan.v_floats + plan.m_floats)
+    level = "l2" if slab_bytes <= hw.l2_bytes * 0.5 else "l3"
+    cycle_bytes = arch.ghz * 1e9 * busy
+    u_bytes = 4.0 * plan.u_floats * chunks
+    u_level = "l2" if u_bytes <= hw.l2_bytes * 0.5 else "l3"
+    memory_s = (2.0 * slab_bytes * chunks / (arch.bytes_per_cycle[level] * cycle_bytes)
+                + u_bytes / (arch.bytes_per_cycle[u_level] * cycle_bytes))
+    compute_s = gemm_s + transform_s + _epilogue_s(op, hw, busy)
+    overhead_s = (arch.call_overhead_s + (arch.fork_join_s + 4 * chunks * arch.barrier_s
+                                          if T > 1 else 0.0))
     seconds = compute_s + memory_s + overhead_s
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.conv2d.space import (
     MAX_OW_BLOCK,
+    WINOGRAD_TILES,
     Conv2dSchedule,
     conv2d_blocks,
     is_depthwise,
@@ -53,6 +54,7 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
                                     algorithm="direct", loop_order=order, unroll_kw=unroll,
                                     threads=threads, parallel=par)
     if xi or xo:
+        yield from _winograd_pool(op, hw, threads)
         return
     if depthwise:
         # The plane kernel: output columns in the lanes, rows of the tile in registers.
@@ -77,6 +79,26 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
                         yield Conv2dSchedule(
                             oc_block=mr, ow_block=nv * lanes, ic_block=ic, algorithm="gemm",
                             pack_w=pack_w, threads=threads, parallel=par)
+
+
+def _winograd_pool(op: OpSignature, hw: HardwareSpec,
+                   threads: int) -> Iterator[Conv2dSchedule]:
+    """Winograd tiles for dense 3x3 stride-1 convolutions on blocked layouts: both output
+    tiles m, one or two channel vectors, register tiles of as many Winograd tiles as the
+    registers allow (balanced over the tiles, so a small map is not padded to a tall tile)."""
+    d = op.dims_dict
+    if (d["R"], d["S"], d["stride_h"], d["stride_w"], d["groups"]) != (3, 3, 1, 1, 1):
+        return
+    regs, lanes = hw.vector_registers, hw.lanes
+    block = conv2d_blocks(op)[0]
+    for m in WINOGRAD_TILES:
+        tiles = d["N"] * -(-op.out_h // m) * -(-op.out_w // m)
+        for nv in (1, 2):
+            max_rows = (regs - nv - 1) // nv
+            for nt in sorted({min(max_rows, tiles), balanced(tiles, max_rows, 1),
+                              balanced(tiles, max(1, max_rows // 2), 1)}):
+                yield Conv2dSchedule(oc_block=nv * lanes, ow_block=nt, oh_block=m,
+                                     ic_block=block, algorithm="winograd", threads=threads)
 
 
 def _tile_key(s: Conv2dSchedule) -> tuple[object, ...]:
@@ -115,6 +137,11 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
                                                    ic_block=ic, algorithm="direct",
                                                    loop_order=order, unroll_kw=unroll,
                                                    threads=threads, parallel=par))
+    for m in WINOGRAD_TILES:
+        for nv in range(1, 5):
+            for nt in range(1, MAX_OW_BLOCK + 1):
+                add(Conv2dSchedule(oc_block=nv * lanes, ow_block=nt, oh_block=m, ic_block=xi,
+                                   algorithm="winograd", threads=threads))
     if is_depthwise(op):
         for nv in range(1, 5):
             for oh in (1, 2, 3, 4, 6, 8):
@@ -147,6 +174,10 @@ def _neighbours(op: OpSignature, best: Conv2dSchedule, hw: HardwareSpec) -> list
            best.replace(unroll_kw=1 - best.unroll_kw)]
     if best.algorithm == "gemm":
         out.append(best.replace(pack_w=1 - best.pack_w))
+    if best.algorithm == "winograd":
+        out += [best.replace(oh_block=m) for m in WINOGRAD_TILES]
+        out += [best.replace(ow_block=best.ow_block + 1),
+                best.replace(ow_block=max(1, best.ow_block - 1))]
     if best.threads > 1:
         out.append(best.replace(parallel="pixel" if best.parallel == "oc" else "oc"))
     return out

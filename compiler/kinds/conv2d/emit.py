@@ -30,20 +30,20 @@ from dataclasses import dataclass
 
 from tunecache.compiler.codegen.abi import (
     ALIGN_FLOATS,
-    PackedWeights,
-    kernel_entries,
     preamble,
     round_up,
 )
 from tunecache.compiler.codegen.epilogue import render
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, accumulate, micro_kernel, store
+from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
     conv2d_blocks,
     is_depthwise,
     plane_buffer_floats,
 )
+from tunecache.compiler.kinds.conv2d.winograd import generate_winograd
 from tunecache.compiler.ops import OpSignature
 
 
@@ -51,41 +51,17 @@ def _cdiv(x: int, m: int) -> int:
     return (x + m - 1) // m
 
 
-def _constants(op: OpSignature) -> dict[str, int | str]:
-    d = op.dims_dict
-    return {
-        "NB": d["N"], "C": d["C"], "H": d["H"], "W": d["W"], "F": d["F"], "R": d["R"],
-        "S": d["S"], "SH": d["stride_h"], "SW": d["stride_w"], "PT": d["pad_t"],
-        "PL": d["pad_l"], "DH": d["dil_h"], "DW": d["dil_w"], "G": d["groups"],
-        "CG": d["C"] // d["groups"], "FG": d["F"] // d["groups"], "P": op.out_h,
-        "Q": op.out_w, "HP": d["H"] + d["pad_t"] + d["pad_b"],
-        "WP": d["W"] + d["pad_l"] + d["pad_r"],
-    }
-
-
 def _epilogue_scalar(op: OpSignature, v: str, f: str, off: str) -> str:
     """C statements applying the epilogue to float ``v`` of channel ``f`` at output ``off``."""
     return render(op.epilogue, v, {"bias": f"bias[{f}]", "add": f"add[{off}]"}, vector=False)
-
-
-def _entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool) -> str:
-    """``tc_kernel`` and ``tc_time``; with ``prepack``, also the pre-packed-weights ABI.
-
-    ``tc_pack_weights`` writes W (F x C/g x R x S) into the blocked layout the kernel reads
-    (``WB_FLOATS`` floats); ``tc_kernel_packed`` reads that buffer in W's place and skips the
-    per-call repacking. Constant weights are packed once, when a model is compiled.
-    """
-    packed = PackedWeights("WB_FLOATS", "  pack_weights(weights, packed, 0, WPACK_ITEMS);")
-    return kernel_entries(
-        op, lambda is_packed: f"conv_body(X, Wt, bias, add, Y, ws, TID, NTH, {int(is_packed)});",
-        threads=threads, ws_floats=ws_floats, rename={"W": "Wt"}, optional=("bias", "add"),
-        packed=packed if prepack else None)
 
 
 def generate_conv2d(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     """The C translation unit for the conv2d ``op`` under ``s`` (validated by the caller)."""
     if s.algorithm == "gemm":
         return _generate_gemm(op, s, d)
+    if s.algorithm == "winograd":
+        return generate_winograd(op, s, d)
     if not s.pack_w:
         return _generate_plane(op, s, d)
     return _generate_direct(op, s, d)
@@ -139,7 +115,7 @@ def _generate_plane(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     fill the lanes. No layout conversion of input, weights or output."""
     rows, width, floats = plane_buffer_floats(op, s)
     buf_floats = round_up(floats, ALIGN_FLOATS)
-    constants = {**_constants(op), "TH": s.oh_block, "QV": s.ow_block, "PW": width,
+    constants = {**shape_constants(op), "TH": s.oh_block, "QV": s.ow_block, "PW": width,
                  "PLANE": f"({rows}L * PW)", "BUF_FLOATS": buf_floats,
                  "NPB": _cdiv(op.out_h, s.oh_block), "NQT": _cdiv(op.out_w, s.ow_block)}
     out = [preamble(d, constants, s.threads)]
@@ -191,7 +167,7 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
   }
 }
 """)
-    out.append(_entries(op, s.threads, f"{s.threads}L * BUF_FLOATS", prepack=False))
+    out.append(conv2d_entries(op, s.threads, f"{s.threads}L * BUF_FLOATS", prepack=False))
     return "\n".join(out)
 
 
@@ -621,7 +597,7 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     th_tail, tw_tail = P - (npb - 1) * th, Q - (nqt - 1) * tw
 
     constants: dict[str, int | str] = {
-        **_constants(op), "OCB": s.oc_block, "ICB": plan.icb, "NCB": plan.ncb, "NFB": plan.nfb,
+        **shape_constants(op), "OCB": s.oc_block, "ICB": plan.icb, "NCB": plan.ncb, "NFB": plan.nfb,
         "TH": th, "TW": tw, "NGF": plan.ngf, "NPB": npb, "NQT": nqt, "OFF_WB": off_wb,
         "WB_FLOATS": plan.wb_floats}
     if plan.xi:
@@ -640,7 +616,7 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         out.append(_direct_ukr(name, vh, vw, s, d, plan.depthwise, plan.xi))
     out.append(_store_tile_code(op, s, d.lanes, plan))
     out.append(_conv_body(op, s, d, plan, variants))
-    out.append(_entries(op, s.threads, f"{ws_floats}L", prepack=True))
+    out.append(conv2d_entries(op, s.threads, f"{ws_floats}L", prepack=True))
     return "\n".join(out)
 
 
@@ -686,7 +662,7 @@ def _generate_gemm(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     plain = (R == 1 and S == 1 and dims["stride_h"] == 1 and dims["stride_w"] == 1
              and dims["pad_t"] == 0 and dims["pad_l"] == 0 and dims["pad_b"] == 0
              and dims["pad_r"] == 0)
-    constants = {**_constants(op), "MR": mr, "NR": nr, "KTOT": k_total, "KC": kc, "NFP": nfp,
+    constants = {**shape_constants(op), "MR": mr, "NR": nr, "KTOT": k_total, "KC": kc, "NFP": nfp,
                  "PQ": pq, "NPP": npp, "OFF_BP": off_bp, "BP_FLOATS": bp_floats,
                  "PACK_W": str(s.pack_w), "WB_FLOATS": ap_floats,
                  "WPACK_ITEMS": dims["groups"] * (nfp if s.pack_w else int(tail))}
@@ -826,5 +802,5 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
 }}
 """)
     ws = f"OFF_BP + {s.threads}L * BP_FLOATS"
-    out.append(_entries(op, s.threads, ws, prepack=bool(s.pack_w)))
+    out.append(conv2d_entries(op, s.threads, ws, prepack=bool(s.pack_w)))
     return "\n".join(out)

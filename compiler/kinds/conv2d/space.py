@@ -51,7 +51,9 @@ from tunecache.compiler.schedule import (
     threads_problem,
 )
 
-CONV_ALGORITHMS = ("direct", "gemm")
+CONV_ALGORITHMS = ("direct", "gemm", "winograd")
+WINOGRAD_TILES = (2, 4)
+"""The output tile sizes ``m`` of F(m x m, 3 x 3) that ``algorithm=winograd`` generates."""
 CONV_LOOP_ORDERS = ("fp", "pf")
 CONV_PARALLEL_AXES = ("oc", "pixel")
 MAX_OW_BLOCK = 32
@@ -133,6 +135,8 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
     if s.algorithm not in CONV_ALGORITHMS:
         found.append(f"algorithm={s.algorithm!r}; expected one of {', '.join(CONV_ALGORITHMS)}")
         return found
+    if s.algorithm == "winograd":
+        return _winograd_problems(op, s, hw)
     blocked = _blocked_problems(op, s, hw)
     if direct and s.pack_w == 0 and is_depthwise(op):
         return _plane_problems(op, s, hw) + blocked
@@ -199,6 +203,51 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
                 f"packed buffers would take {4 * (padded + weights) >> 20} MiB "
                 f"(> {MAX_PACKED_BYTES >> 20} MiB)"
             )
+    return found
+
+
+def _winograd_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
+    """Legality of ``algorithm=winograd`` (``winograd.py``): dense 3x3 stride-1 convolutions on
+    whole-vector blocked layouts; ``oh_block`` is the output tile m, ``ow_block`` the tiles of
+    a register tile."""
+    d = op.dims_dict
+    found: list[str] = []
+    shape = (d["R"], d["S"], d["stride_h"], d["stride_w"], d["dil_h"], d["dil_w"], d["groups"])
+    if shape != (3, 3, 1, 1, 1, 1, 1):
+        found.append("algorithm=winograd computes dense 3x3 convolutions of stride 1 and "
+                     "dilation 1 only; use direct")
+    xi, xo = conv2d_blocks(op)
+    lanes = hw.lanes
+    if not xi or xi != xo or xi % lanes or d["C"] % xi or d["F"] % xi:
+        found.append("algorithm=winograd reads and writes one blocked layout nchw{x}c of whole "
+                     f"{hw.isa} vectors with C and F multiples of x; got layout="
+                     f"{op.attr('layout')}, out_layout={op.attr('out_layout')}, C={d['C']}, "
+                     f"F={d['F']}")
+    found += layout_problems((op.attr("layout"), op.attr("out_layout")), hw)
+    if s.oh_block not in WINOGRAD_TILES:
+        found.append(f"oh_block={s.oh_block} is the output tile m of F(m x m, 3 x 3); "
+                     f"expected one of {', '.join(map(str, WINOGRAD_TILES))}")
+    if s.oc_block < lanes or s.oc_block % lanes or s.oc_block // lanes > MAX_NR_VECTORS:
+        found.append(f"oc_block={s.oc_block} must be 1..{MAX_NR_VECTORS} vectors of {lanes} "
+                     "lanes")
+    elif not 1 <= s.ow_block <= MAX_OW_BLOCK:
+        found.append(f"ow_block={s.ow_block} (tiles per register tile) out of range "
+                     f"1..{MAX_OW_BLOCK}")
+    else:
+        nv = s.oc_block // lanes
+        needed = s.ow_block * nv + nv + 1
+        if needed > hw.vector_registers:
+            found.append(f"register tile needs {needed} vector registers ({s.ow_block * nv} "
+                         f"accumulators + {nv} loaded vectors + 1 broadcast); {hw.isa} has "
+                         f"{hw.vector_registers}")
+    if s.ic_block != xi:
+        found.append(f"ic_block={s.ic_block} must be {xi}, the channel block of the input")
+    defaults = {"loop_order": "fp", "unroll_kw": 0, "pack_w": 1, "parallel": "oc"}
+    for knob, value in defaults.items():
+        if getattr(s, knob) != value:
+            found.append(f"{knob}={getattr(s, knob)!r} does not apply to algorithm=winograd; "
+                         f"use {value!r}")
+    found += threads_problem(s.threads, hw)
     return found
 
 

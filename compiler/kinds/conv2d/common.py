@@ -1,0 +1,36 @@
+"""What every conv2d emitter shares: the shape constants and the kernel entries."""
+
+from __future__ import annotations
+
+from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries
+from tunecache.compiler.ops import OpSignature
+
+
+def shape_constants(op: OpSignature) -> dict[str, int | str]:
+    """The convolution's shape as C constants (every conv2d kernel's ``#define`` block)."""
+    d = op.dims_dict
+    return {
+        "NB": d["N"], "C": d["C"], "H": d["H"], "W": d["W"], "F": d["F"], "R": d["R"],
+        "S": d["S"], "SH": d["stride_h"], "SW": d["stride_w"], "PT": d["pad_t"],
+        "PL": d["pad_l"], "DH": d["dil_h"], "DW": d["dil_w"], "G": d["groups"],
+        "CG": d["C"] // d["groups"], "FG": d["F"] // d["groups"], "P": op.out_h,
+        "Q": op.out_w, "HP": d["H"] + d["pad_t"] + d["pad_b"],
+        "WP": d["W"] + d["pad_l"] + d["pad_r"],
+    }
+
+
+def conv2d_entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool,
+                   items: str = "WPACK_ITEMS") -> str:
+    """``tc_kernel`` and ``tc_time`` around ``conv_body``; with ``prepack``, also the
+    pre-packed-weights ABI.
+
+    ``tc_pack_weights`` writes W (F x C/g x R x S) into the layout the kernel reads
+    (``WB_FLOATS`` floats, by ``pack_weights`` over ``items``); ``tc_kernel_packed`` reads that
+    buffer in W's place and skips the per-call repacking. Constant weights are packed once,
+    when a model is compiled.
+    """
+    packed = PackedWeights("WB_FLOATS", f"  pack_weights(weights, packed, 0, {items});")
+    return kernel_entries(
+        op, lambda is_packed: f"conv_body(X, Wt, bias, add, Y, ws, TID, NTH, {int(is_packed)});",
+        threads=threads, ws_floats=ws_floats, rename={"W": "Wt"}, optional=("bias", "add"),
+        packed=packed if prepack else None)

@@ -1,0 +1,130 @@
+"""Winograd F(m x m, 3 x 3) conv2d kernels: the transforms, the generated kernels on every
+runnable ISA against the float64 reference (plain and pre-packed weights, one and two
+threads, several chunks of tiles), legality, and what the tiler proposes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_support import bound_weights_problem, sampled
+
+from tunecache.compiler.build import build
+from tunecache.compiler.codegen import generate
+from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.kinds.conv2d.space import WINOGRAD_TILES, Conv2dSchedule
+from tunecache.compiler.kinds.conv2d.winograd import transforms, winograd_plan
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
+from tunecache.compiler.schedule import problems
+from tunecache.tuner.search.roller import candidates
+
+HW = local_spec()
+T2 = min(2, HW.cores)
+conv = OpSignature.conv2d
+
+
+def block(hw: HardwareSpec) -> int:
+    """The channel block of the layouts: whole vectors on every ISA."""
+    return max(8, hw.lanes)
+
+
+def blocked(hw: HardwareSpec, n: int, c: int, h: int, w: int, f: int, pads: object = 1,
+            epilogue: str = "bias+relu") -> OpSignature:
+    layout = f"nchw{block(hw)}c"
+    return conv(n, c, h, w, f, 3, 3, pads=pads, epilogue=epilogue,  # type: ignore[arg-type]
+                layout=layout, out_layout=layout)
+
+
+def wino(hw: HardwareSpec, m: int, nv: int, nt: int, threads: int = 1) -> Conv2dSchedule:
+    return Conv2dSchedule(oc_block=nv * hw.lanes, ow_block=nt, oh_block=m, ic_block=block(hw),
+                          algorithm="winograd", threads=threads)
+
+
+@pytest.mark.parametrize("m", WINOGRAD_TILES)
+def test_transforms_compute_the_correlation_exactly(m: int) -> None:
+    bt, g, at = (np.array(x, dtype=np.float64) for x in transforms(m))
+    rng = np.random.default_rng(m)
+    d = rng.standard_normal((m + 2, m + 2))
+    w = rng.standard_normal((3, 3))
+    got = at @ ((g @ w @ g.T) * (bt @ d @ bt.T)) @ at.T
+    want = np.array([[np.sum(d[i:i + 3, j:j + 3] * w) for j in range(m)] for i in range(m)])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def _cases() -> list[tuple[str, OpSignature, HardwareSpec, Conv2dSchedule]]:
+    out = []
+    for isa in runnable_isas(HW):
+        hw = HW.with_isa(isa)
+        x = block(hw)
+        nv2 = 2 if hw.vector_registers >= 16 else 1
+        out += [
+            ("residual block, odd map", blocked(hw, 1, 2 * x, 9, 11, 3 * x, epilogue="bias+add+relu"),
+             hw, wino(hw, 2, 1, 6)),
+            ("m=4, two vectors, F not a multiple of them", blocked(hw, 1, 2 * x, 9, 11, 3 * x),
+             hw, wino(hw, 4, nv2, 4, threads=T2)),
+            ("batch 2, no padding", blocked(hw, 2, x, 7, 6, 2 * x, pads=0, epilogue="none"),
+             hw, wino(hw, 4, 1, 5)),
+            ("asymmetric pads", blocked(hw, 1, x, 6, 8, x, pads=(0, 1, 2, 1), epilogue="bias"),
+             hw, wino(hw, 2, 1, 3, threads=T2)),
+            ("several chunks of tiles", blocked(hw, 1, 256, 20, 20, 256), hw,
+             wino(hw, 2, 1, 7, threads=T2)),
+        ]
+    return out
+
+
+CASES = _cases()
+
+
+def test_several_chunks_case_really_has_several() -> None:
+    _, op, _, s = CASES[-1]
+    plan = winograd_plan(op, s)
+    assert plan.tiles > plan.chunk
+    assert plan.tiles % plan.chunk  # and a partial last chunk
+
+
+def test_kernels_match_the_reference_on_every_isa() -> None:
+    cases = sampled(CASES, hw_at=2)
+    failures = []
+    for what, op, hw, s in cases:
+        assert not problems(op, s, hw), (what, problems(op, s, hw))
+        kernel = load_kernel(op, build(generate(op, s, hw)))
+        inputs = random_inputs(op, seed=5)
+        out = np.full(op.arguments()[-1].shape, np.nan, dtype=np.float32)
+        kernel(*inputs, out=out)
+        problem = check_result(op, inputs, out, reference(op, inputs))
+        problem = problem or bound_weights_problem(kernel, inputs, out)
+        if problem:
+            failures.append(f"{hw.isa} {what} {op.text} {s}: {problem}")
+    assert not failures, "\n".join(failures)
+
+
+def test_illegal_uses_are_refused_with_the_reason() -> None:
+    hw = HW
+    ok = blocked(hw, 1, 2 * block(hw), 14, 14, 2 * block(hw))
+    assert not problems(ok, wino(hw, 4, 1, 8), hw)
+    layout = f"nchw{block(hw)}c"
+    stride2 = conv(1, 16, 14, 14, 16, 3, 3, stride=2, pads=1, layout=layout, out_layout=layout)
+    assert any("stride 1" in p for p in problems(stride2, wino(hw, 2, 1, 4), hw))
+    one_by_one = conv(1, 16, 14, 14, 16, 1, 1, layout=layout, out_layout=layout)
+    assert any("3x3" in p for p in problems(one_by_one, wino(hw, 2, 1, 4), hw))
+    plain = conv(1, 16, 14, 14, 16, 3, 3, pads=1)
+    assert any("nchw" in p for p in problems(plain, wino(hw, 2, 1, 4), hw))
+    assert any("oh_block=3" in p for p in problems(ok, wino(hw, 2, 1, 4).replace(oh_block=3), hw))
+    too_tall = wino(hw, 2, 1, hw.vector_registers)
+    assert any("vector registers" in p for p in problems(ok, too_tall, hw))
+    assert any("loop_order" in p
+               for p in problems(ok, wino(hw, 2, 1, 4).replace(loop_order="pf"), hw))
+
+
+def test_tiler_proposes_winograd_for_3x3_stride_1_on_blocked_layouts() -> None:
+    hw = HW
+    layer = blocked(hw, 1, 256, 14, 14, 256)
+    found = candidates(layer, hw, k=8, threads=1)
+    assert any(c.schedule.algorithm == "winograd" for c in found)
+    assert all(not problems(layer, c.schedule, hw) for c in found)
+    layout = f"nchw{block(hw)}c"
+    strided = conv(1, 256, 14, 14, 256, 3, 3, stride=2, pads=1, layout=layout,
+                   out_layout=layout)
+    assert all(c.schedule.algorithm != "winograd" for c in candidates(strided, hw, k=8))
+    plain = conv(1, 256, 14, 14, 256, 3, 3, pads=1)
+    assert all(c.schedule.algorithm != "winograd" for c in candidates(plain, hw, k=8))
