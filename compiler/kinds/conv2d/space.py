@@ -5,7 +5,11 @@ Knobs of :class:`Conv2dSchedule`:
 * ``algorithm``: ``direct`` (blocked direct convolution over an NCHW[x]c copy of the input,
   output channels in vector lanes; depthwise convolutions vectorise over channels instead)
   or ``gemm`` (implicit GEMM: weights are the A operand, the im2col matrix is built panel by
-  panel at pack time, output pixels in vector lanes, NCHW output written directly).
+  panel at pack time, output pixels in vector lanes, NCHW output written directly)
+  or ``winograd`` (F(m x m, 3 x 3) for dense 3x3 stride-1 convolutions on one blocked
+  layout, ``winograd.py``: ``oh_block`` is the output tile m (2 or 4), ``ow_block`` the
+  Winograd tiles of a register tile, ``oc_block`` its output channels, ``ic_block`` the
+  layout's block; the other knobs keep their defaults).
 * ``oc_block``: output channels per register tile — a multiple of the lanes for ``direct``,
   the broadcast rows (like matmul ``mr``) for ``gemm``.
 * ``ow_block``: output pixels per register tile — columns of one output row for ``direct``,
