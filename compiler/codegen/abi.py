@@ -145,7 +145,8 @@ class PackedWeights:
 
 def kernel_entries(op: OpSignature, body: Callable[[bool], str], *, threads: int,
                    ws_floats: str | None, rename: Mapping[str, str] | None = None,
-                   optional: Sequence[str] = (), packed: PackedWeights | None = None) -> str:
+                   optional: Sequence[str] = (), packed: PackedWeights | None = None,
+                   packed_ws_floats: str | None = None) -> str:
     """``tc_kernel`` and ``tc_time``; with ``packed``, also ``tc_kernel_packed``,
     ``tc_packed_weights_floats``, ``tc_pack_weights`` and ``tc_time_packed``.
 
@@ -153,13 +154,15 @@ def kernel_entries(op: OpSignature, body: Callable[[bool], str], *, threads: int
     runs ``body(packed)`` through :func:`parallel_entry`. ``tc_kernel_packed`` takes
     ``tc_kernel``'s arguments with the buffer ``tc_pack_weights`` filled in the weights'
     place; ``body(True)`` must read it as packed (constant weights are packed once, when a
-    model is compiled).
+    model is compiled). ``packed_ws_floats`` is the packed entry's workspace when it needs
+    less than ``ws_floats`` (no room to pack the weights into).
     """
     unpack = unpack_args(op, rename=rename, optional=optional)
 
     def entry(name: str, is_packed: bool) -> str:
+        ws = packed_ws_floats if is_packed and packed_ws_floats is not None else ws_floats
         return (f"int {name}(void **args) {{\n{unpack}"
-                + parallel_entry(threads, body(is_packed), ws_floats))
+                + parallel_entry(threads, body(is_packed), ws))
 
     out = [entry("tc_kernel", False), TIMER]
     if packed is not None:

@@ -20,17 +20,18 @@ def shape_constants(op: OpSignature) -> dict[str, int | str]:
 
 
 def conv2d_entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool,
-                   items: str = "WPACK_ITEMS") -> str:
+                   items: str = "WPACK_ITEMS", packed_ws_floats: str | None = None) -> str:
     """``tc_kernel`` and ``tc_time`` around ``conv_body``; with ``prepack``, also the
     pre-packed-weights ABI.
 
     ``tc_pack_weights`` writes W (F x C/g x R x S) into the layout the kernel reads
     (``WB_FLOATS`` floats, by ``pack_weights`` over ``items``); ``tc_kernel_packed`` reads that
     buffer in W's place and skips the per-call repacking. Constant weights are packed once,
-    when a model is compiled.
+    when a model is compiled. ``packed_ws_floats``: the packed entry's smaller workspace,
+    when the per-call packing has its own region at the end of ``ws_floats``.
     """
     packed = PackedWeights("WB_FLOATS", f"  pack_weights(weights, packed, 0, {items});")
     return kernel_entries(
         op, lambda is_packed: f"conv_body(X, Wt, bias, add, Y, ws, TID, NTH, {int(is_packed)});",
         threads=threads, ws_floats=ws_floats, rename={"W": "Wt"}, optional=("bias", "add"),
-        packed=packed if prepack else None)
+        packed=packed if prepack else None, packed_ws_floats=packed_ws_floats)

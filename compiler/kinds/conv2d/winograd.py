@@ -308,6 +308,8 @@ def generate_winograd(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
            _input_tile(plan.m, plan.alpha), _output_tile(op, plan.m, plan.alpha),
            _gemm_ukr(s.ow_block, s.oc_block // d.lanes, d.lanes), _BODY]
     ws = f"{off_u + _round_up(plan.u_floats, ALIGN_FLOATS)}L"
-    out.append(conv2d_entries(op, s.threads, ws, prepack=True, items="FP"))
+    # The packed entry needs no room for U: a 512-channel layer's U is 38 MB.
+    out.append(conv2d_entries(op, s.threads, ws, prepack=True, items="FP",
+                              packed_ws_floats=f"{off_u}L"))
     return "\n".join(out)
 
