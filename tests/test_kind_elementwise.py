@@ -38,6 +38,9 @@ STEPS = ew.BINARY_STEPS + ew.UNARY_STEPS
 SHAPES = [(1, 1), (3, 5), (7, 33), (2, 1000), (64, 3), (5, 17), (1, 131)]
 
 Case = tuple[OpSignature, ElementwiseSchedule, HardwareSpec]
+PLAIN_OPERANDS = tuple(o for o in ew.OPERANDS if not o[3:].isdigit())
+"""Operands that broadcast on any shape (``col{x}`` needs rows of whole x-channel pixels)."""
+BLOCK_OPERANDS = tuple(o for o in ew.OPERANDS if o not in PLAIN_OPERANDS)
 CHAINS_FOR_REFERENCE = [("mul+add+relu", "row"), ("add+gelu_erf+mul", "col"),
                         ("sub+abs+sqrt+div", "scalar"), ("tanh+mul+clip6+silu", "full")]
 
@@ -73,9 +76,12 @@ def scalar_chain(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     """The chain element by element with Python's math (float64)."""
     x = inputs[0]
     m, n = x.shape
-    # Operand values per element: full [i, j], row [j], col [i], scalar [0].
+    # Operand values per element: full [i, j], row [j], col [i], scalar [0], col{x}
+    # [i*x + j mod x].
+    block = ew.operand_block(op)
     index = {"full": lambda i, j: (i, j), "row": lambda i, j: (j,), "col": lambda i, j: (i,),
-             "scalar": lambda i, j: (0,)}[op.attr("operand")]
+             "scalar": lambda i, j: (0,)}.get(op.attr("operand"),
+                                              lambda i, j: (i * block + j % block,))
     y = np.empty(x.shape)
     for i, j in itertools.product(range(m), range(n)):
         v = float(x[i, j])
@@ -178,7 +184,7 @@ def _single_steps() -> list[tuple[str, str]]:
     """Every unary step (sqrt on an abs), every binary step with every broadcast."""
     return [(f"abs+{step}" if step == "sqrt" else step, operand)
             for step in STEPS
-            for operand in (ew.OPERANDS if step in ew.BINARY_STEPS else ("full",))]
+            for operand in (PLAIN_OPERANDS if step in ew.BINARY_STEPS else ("full",))]
 
 
 @pytest.mark.parametrize(("chain", "operand"), _single_steps() + CHAINS_FOR_REFERENCE)
@@ -253,6 +259,54 @@ def test_rows_shorter_than_a_vector(isa: str) -> None:
     _run(cases)
 
 
+@pytest.mark.parametrize("operand", BLOCK_OPERANDS)
+def test_per_channel_operand_of_blocked_rows(operand: str) -> None:
+    # Rows of whole x-channel pixels (a squeeze-excitation gate on nchw{x}c activations):
+    # the reference against scalar math, then kernels on every ISA, every vector count,
+    # one and two threads, rows of one pixel and of many.
+    x = int(operand[3:])
+    op = elementwise_op(3, 5 * x, "mul+add+sigmoid", operand=operand)
+    inputs = make_inputs(op, seed=2)
+    assert op.arguments()[1].shape == (3 * x,)
+    np.testing.assert_allclose(reference(op, inputs), scalar_chain(op, inputs), rtol=1e-12,
+                               atol=1e-12)
+    cases: list[Case] = []
+    for isa in ISAS:
+        hw = HW.with_isa(isa)
+        for m, pixels in ((1, 1), (4, 3), (6, 37)):
+            blocked = elementwise_op(m, pixels * x, "mul+silu", operand=operand)
+            cases += [(blocked, ElementwiseSchedule(vec=v, unroll=u, threads=t), hw)
+                      for v, u, t in itertools.product(ew.VEC_CHOICES, (1, 4), (1, T2))]
+    _run(cases)
+
+
+def test_per_channel_operand_needs_whole_pixels_and_plain_stores() -> None:
+    with pytest.raises(OpSignatureError, match="N a multiple of 8"):
+        elementwise_op(2, 12, "mul", operand="col8")
+    op = elementwise_op(2, 16, "mul", operand="col8")
+    assert any("nt=1" in p for p in problems(op, ElementwiseSchedule(nt=1), HW))
+    assert not default_elementwise_schedule(elementwise_op(1 << 20, 64, "mul", operand="col8"),
+                                            HW).nt
+
+
+def test_a_column_operand_follows_its_tensor_into_a_blocked_layout() -> None:
+    kind = op_kind("elementwise")
+    assert kind.relayout is not None
+    gate = elementwise_op(2 * 32, 49, "mul", operand="col")  # [N=2, C=32, 7, 7] x [2, 32, 1, 1]
+    blocked = kind.relayout(gate, "nchw8c", "nchw8c")
+    assert blocked == elementwise_op(2 * 4, 49 * 8, "mul", operand="col8")
+    assert kind.relayout(gate, "nchw", "nchw") == gate
+    assert kind.relayout(gate, "nchw", "nchw8c") is None
+    row = elementwise_op(64, 49, "add", operand="row")
+    assert kind.relayout(row, "nchw8c", "nchw8c") is None
+    # Element for element: the blocked op on blocked bytes is the plain op on plain bytes.
+    x, b = make_inputs(gate, seed=1)
+    plain = reference(gate, (x, b))
+    to_blocked = x.reshape(2, 4, 8, 49).transpose(0, 1, 3, 2).reshape(8, 392)
+    got = reference(blocked, (to_blocked, b)).reshape(2, 4, 49, 8).transpose(0, 1, 3, 2)
+    np.testing.assert_allclose(got.reshape(64, 49), plain, rtol=0, atol=0)
+
+
 @st.composite
 def chains(draw: st.DrawFn) -> OpSignature:
     # sqrt only on an abs (no NaN), never after a sum whose cancellation it would magnify.
@@ -260,7 +314,8 @@ def chains(draw: st.DrawFn) -> OpSignature:
     chain = draw(st.lists(st.sampled_from(steps), min_size=1, max_size=4))
     if draw(st.booleans()):
         chain = ["abs", "sqrt", *chain]
-    operand = draw(st.sampled_from(ew.OPERANDS)) if set(chain) & set(ew.BINARY_STEPS) else "full"
+    operand = (draw(st.sampled_from(PLAIN_OPERANDS)) if set(chain) & set(ew.BINARY_STEPS)
+               else "full")
     m, n = draw(st.integers(1, 9)), draw(st.integers(1, 70))
     return elementwise_op(m, n, tuple(chain), operand=operand)
 

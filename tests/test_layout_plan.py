@@ -122,18 +122,44 @@ def test_a_channel_concat_of_blocked_branches_stays_blocked(tmp_path: Path) -> N
     assert_close(compiled.run(feeds), ort_run(model, feeds), [out])
 
 
-def test_a_per_channel_elementwise_op_keeps_its_tensors_plain() -> None:
-    """A Mul by a [1, C, 1, 1] constant is a row operand: it cannot read blocked tensors,
-    so its input is written plain rather than converted."""
-    b = Builder(13)
+def _gated(b: Builder, operand: np.ndarray) -> str:
     x = b.input("x", [1, C, 8, 8])
     y = b.conv(x, C, C, 3, name="a")
+    y = b.node("Mul", [y, b.const(operand)], name="scale")
+    return b.conv(y, C, C, 3, name="b")
+
+
+def test_a_per_channel_elementwise_op_reads_blocked_tensors(tmp_path: Path) -> None:
+    """A Mul by a [1, C, 1, 1] tensor (a squeeze-excitation gate) is a column operand: on
+    blocked activations it becomes a ``col8`` operand, so nothing is converted around it;
+    compiled, the model still equals onnxruntime."""
+    b = Builder(13)
     scale = np.arange(1, C + 1, dtype=np.float32).reshape(1, C, 1, 1)
-    y = b.node("Mul", [y, b.const(scale)], name="scale")
-    y = b.conv(y, C, C, 3, name="b")
-    plan = plan_layouts(load_graph(b.model([y])), AVX2)
+    model = b.model([_gated(b, scale)])
+    plan = plan_layouts(load_graph(model), AVX2)
     layouts = _layouts(plan.graph)
-    assert layouts["a"] == ("nchw", "nchw") and plan.reorders == 0
+    assert layouts["a"] == ("nchw", "nchw8c") and layouts["b"][0] == "nchw8c"
+    assert plan.reorders == 0
+    gate = next(n.op for n in plan.graph.kernel_nodes if n.op.kind == "elementwise")
+    assert gate.attr("operand") == "col8" and gate.dims_dict == {"M": C // 8, "N": 64 * 8}
+    path = tmp_path / "gated.onnx"
+    onnx.save(model, path)
+    feeds = random_feeds(model)
+    compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic",
+                             record_wanted=False)
+    assert any(n.op.kind == "elementwise" and n.op.attr("operand").startswith("col")
+               and n.op.attr("operand") != "col" for n in compiled.graph.kernel_nodes) == bool(
+        blocked_layout(LOCAL))
+    assert_close(compiled.run(feeds), ort_run(model, feeds), [model.graph.output[0].name])
+
+
+def test_a_per_width_elementwise_op_keeps_its_tensors_plain() -> None:
+    """A Mul by a [1, 1, 1, W] tensor broadcasts along rows of the plain [N*C, H*W] view,
+    which a blocked tensor does not have: its input is written plain rather than converted."""
+    b = Builder(13)
+    scale = np.arange(1, 9, dtype=np.float32).reshape(1, 1, 1, 8)
+    plan = plan_layouts(load_graph(b.model([_gated(b, scale)])), AVX2)
+    assert _layouts(plan.graph)["a"] == ("nchw", "nchw") and plan.reorders == 0
 
 
 def test_no_blocked_layout_without_whole_vector_blocks() -> None:

@@ -12,8 +12,11 @@ Design:
   (``clip6`` is ReLU6, ``min(max(v, 0), 6)``). An empty chain copies X (``epilogue=none``).
 * attribute ``operand``: how every extra operand broadcasts: ``full`` (``[M,N]``), ``row``
   (``[N]``, one value per column, like a bias), ``col`` (``[M]``, one value per row) or
-  ``scalar`` (``[1]``). A chain without binary steps must say ``full`` (one text per
-  computation). Operands broadcasting differently are separate ops (split the chain).
+  ``scalar`` (``[1]``), or ``col8`` / ``col16`` (``[M*x]``: element ``(r, j)`` reads
+  ``B[r*x + j mod x]``, a per-channel operand of an ``nchw{x}c`` tensor seen as ``N*C/x``
+  rows of ``H*W*x``: squeeze-excitation gates on blocked activations). A chain without
+  binary steps must say ``full`` (one text per computation). Operands broadcasting
+  differently are separate ops (split the chain).
 * at most :data:`MAX_STEPS` steps. Float constants (a scale, a clip bound other than 6) are
   runtime operands (``scalar``), so the signature stays integer.
 
@@ -49,7 +52,7 @@ from tunecache.compiler.codegen.epilogue import STEPS as EPILOGUE_STEPS
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
-from tunecache.compiler.kinds.layouts import NCHW
+from tunecache.compiler.kinds.layouts import BLOCKED, NCHW, channel_block
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 from tunecache.compiler.schedule import ScheduleData, threads_problem
 
@@ -59,7 +62,7 @@ __all__ = ["BINARY_STEPS", "OPERANDS", "UNARY_STEPS", "ElementwiseSchedule", "el
 BINARY_STEPS = ("add", "sub", "mul", "div")
 UNARY_STEPS = ("relu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh", "silu", "exp", "neg", "abs",
                "sqrt", "clip6")
-OPERANDS = ("full", "row", "col", "scalar")
+OPERANDS = ("full", "row", "col", "scalar", *(f"col{channel_block(b)}" for b in BLOCKED))
 MAX_STEPS = 16
 _SHARED = tuple(step for step in UNARY_STEPS if step in EPILOGUE_STEPS)
 """Unary steps that are conv/matmul epilogue steps too: their C and numpy come from there."""
@@ -97,8 +100,18 @@ def binary_count(op: OpSignature) -> int:
     return sum(step in BINARY_STEPS for step in op.epilogue)
 
 
+def operand_block(op: OpSignature) -> int:
+    """``x`` of a ``col{x}`` operand (a per-channel operand of blocked rows), else 0."""
+    mode = op.attr("operand")
+    return int(mode[3:]) if mode.startswith("col") and mode != "col" else 0
+
+
 def _signature_problems(op: OpSignature) -> list[str]:
     found = []
+    x = operand_block(op)
+    if x and op.dim("N") % x:
+        found.append(f"operand={op.attr('operand')} needs N a multiple of {x} (rows of whole "
+                     f"{x}-channel pixels); got N={op.dim('N')}")
     if len(op.epilogue) > MAX_STEPS:
         found.append(f"{len(op.epilogue)} steps; at most {MAX_STEPS} (split the chain)")
     if not binary_count(op) and op.attr("operand") != OPERANDS[0]:
@@ -109,6 +122,8 @@ def _signature_problems(op: OpSignature) -> list[str]:
 
 def _operand_shape(op: OpSignature) -> tuple[int, ...]:
     M, N = op.dim("M"), op.dim("N")
+    if operand_block(op):
+        return (M * operand_block(op),)
     return {"full": (M, N), "row": (N,), "col": (M,), "scalar": (1,)}[op.attr("operand")]
 
 
@@ -162,11 +177,16 @@ def _run_chain(op: OpSignature, inputs: tuple[np.ndarray, ...],
     v = np.array(inputs[0], copy=True).reshape(M, N)
     operands = iter(inputs[1:])
     col = op.attr("operand") == "col"
+    x = operand_block(op)
     with np.errstate(all="ignore"):
         for step in op.epilogue:
             if step in _BINARY_NP:
                 b = next(operands)
-                _BINARY_NP[step](v, b.reshape(M, 1) if col else b, out=v)
+                if x:
+                    pixels = v.reshape(M, N // x, x)
+                    _BINARY_NP[step](pixels, b.reshape(M, 1, x), out=pixels)
+                else:
+                    _BINARY_NP[step](v, b.reshape(M, 1) if col else b, out=v)
             else:
                 v = _UNARY_NP[step](v)
             if track is not None:
@@ -254,6 +274,9 @@ def elementwise_problems(op: OpSignature, s: ElementwiseSchedule, hw: HardwareSp
         found.append(f"unroll={s.unroll}; expected one of {', '.join(map(str, UNROLL_CHOICES))}")
     if s.nt not in (0, 1):
         found.append(f"nt={s.nt} must be 0 or 1")
+    elif s.nt and operand_block(op):
+        found.append(f"nt=1 does not apply to operand={op.attr('operand')} (its vectors must "
+                     "start on whole pixels); use nt=0")
     found += threads_problem(s.threads, hw)
     return found
 
@@ -264,7 +287,8 @@ def default_elementwise_schedule(op: OpSignature, hw: HardwareSpec,
     once Y is larger than the last-level cache."""
     segmented = binary_count(op) and op.attr("operand") in ("row", "col")
     vec = 1 if segmented and op.dim("N") < 2 * hw.lanes else 2
-    big = op.dim("M") * op.dim("N") * op.dtype_bytes > hw.l3_bytes
+    big = (op.dim("M") * op.dim("N") * op.dtype_bytes > hw.l3_bytes
+           and not operand_block(op))
     return ElementwiseSchedule(vec=vec, nt=int(big), threads=threads)
 
 
@@ -287,12 +311,15 @@ def _emit_vectors(op: OpSignature, s: ElementwiseSchedule, lanes: int) -> str:
     """``run_vectors(x, y, count, operands)``: ``count`` (a multiple of the lanes) contiguous
     elements; each operand a pointer running along (full, row) or a broadcast vector."""
     count = binary_count(op)
-    pointers = op.attr("operand") in ("full", "row")
+    blocked = bool(operand_block(op))
+    pointers = op.attr("operand") in ("full", "row") or blocked
     params = "".join(f", const float *restrict b{i}" if pointers else f", vec b{i}"
                      for i in range(1, count + 1))
 
     def operands(offset: str) -> str:
-        return "".join(f", VLOADU(b{i} + {offset})" if pointers else f", b{i}"
+        # A col{x} operand repeats every x elements of its row (runs start on a pixel).
+        index = f"({offset}) % XB" if blocked else offset
+        return "".join(f", VLOADU(b{i} + {index})" if pointers else f", b{i}"
                        for i in range(1, count + 1))
 
     store = "VSTREAM" if s.nt else "VSTOREU"
@@ -317,7 +344,8 @@ static inline void run_vectors(const float *restrict x, float *restrict y, long 
 def _gather(op: OpSignature) -> str:
     """``operand_at(B, pos, n)``: the operand values of flat elements ``pos .. pos+n-1`` (the
     lanes of a vector that may cross rows)."""
-    index = "(pos + l) % NCOLS" if op.attr("operand") == "row" else "(pos + l) / NCOLS"
+    index = {"row": "(pos + l) % NCOLS", "col": "(pos + l) / NCOLS"}.get(
+        op.attr("operand"), "(pos + l) / NCOLS * XB + (pos + l) % XB")
     return f"""\
 static inline vec operand_at(const float *b, long pos, int n) {{
   float t[LANES];
@@ -336,7 +364,7 @@ def _emit_range(op: OpSignature, s: ElementwiseSchedule) -> str:
     decl = "".join(f"  const float *B{i} = (const float *)args[{i}];\n" for i in numbers)
     if mode == "scalar":
         decl += "".join(f"  const vec s{i} = VSET1(B{i}[0]);\n" for i in numbers)
-    segmented = mode in ("row", "col")
+    segmented = mode in ("row", "col") or bool(operand_block(op))
 
     def at(pos: str, n: str) -> str:
         """Operand vectors of ``n`` (<= lanes) elements from flat position ``pos``."""
@@ -356,7 +384,8 @@ def _emit_range(op: OpSignature, s: ElementwiseSchedule) -> str:
                 "(long)(((-(unsigned long)(Y + pos)) / 4) & (LANES - 1)));\n"
                 f"    if (n > 0) {{ {partial('pos', 'n')} pos += n; }}\n  }}\n")
     if segmented:
-        along = "".join(f", B{i} + j" if mode == "row" else f", VSET1(B{i}[i])" for i in numbers)
+        along = "".join(f", B{i} + j" if mode == "row" else f", B{i} + i * XB"
+                        if operand_block(op) else f", VSET1(B{i}[i])" for i in numbers)
         store = "VSTREAM" if s.nt else "VSTOREU"
         body = f"""\
   while (pos < hi) {{
@@ -400,11 +429,12 @@ static void run_part(void **args, int tid, int nth) {{
 def emit_elementwise(op: OpSignature, s: ElementwiseSchedule, d: IsaDialect) -> str:
     """The C translation unit for the elementwise ``op`` under ``s`` (validated by the caller)."""
     M, N = op.dim("M"), op.dim("N")
-    consts = f"#define NROWS {M}L\n#define NCOLS {N}L\n#define TOTAL {M * N}L\n#define LANES {d.lanes}L\n"
+    consts = (f"#define NROWS {M}L\n#define NCOLS {N}L\n#define TOTAL {M * N}L\n"
+              f"#define LANES {d.lanes}L\n#define XB {max(1, operand_block(op))}L\n")
     entry = ("int tc_kernel(void **args) {\n"
              + parallel_entry(s.threads, "run_part(args, TID, NTH);", "0"))
     parts = [d.prelude, HEADER, consts, WORKSPACE, _chain_function(op), _emit_vectors(op, s, d.lanes)]
-    if binary_count(op) and op.attr("operand") in ("row", "col"):
+    if binary_count(op) and (op.attr("operand") in ("row", "col") or operand_block(op)):
         parts.append(_gather(op))
     return "\n".join([*parts, _emit_range(op, s), entry, TIMER])
 
@@ -416,11 +446,20 @@ def _layout_slots(op: OpSignature) -> tuple[str | None, ...]:
 
 def _relayout(op: OpSignature, src: str, dst: str) -> OpSignature | None:
     """The same op on any layout, element for element: X, Y and full operands share one
-    layout, whose flat order then does not matter. A row or column operand follows the
-    ``[M, N]`` view of a plain tensor, so it stays on plain ones."""
-    if src != dst or (src != NCHW and op.attr("operand") in ("row", "col")):
+    layout, whose flat order then does not matter. A column operand (one value per channel
+    of an ``[N*C, H*W]`` view) becomes a ``col{x}`` operand of the blocked rows
+    ``[N*C/x, H*W*x]`` (the planner blocks only tensors whose channels fill whole blocks); a
+    row operand follows the plain view, so it stays on plain tensors."""
+    if src != dst:
         return None
-    return op
+    mode = op.attr("operand") if binary_count(op) else "full"
+    if src == NCHW or mode in ("full", "scalar"):
+        return op
+    x = channel_block(src)
+    if mode != "col" or op.dim("M") % x:
+        return None
+    return elementwise_op(op.dim("M") // x, op.dim("N") * x, op.epilogue, operand=f"col{x}",
+                          dtype=op.dtype)
 
 
 KIND = register(OpKind(

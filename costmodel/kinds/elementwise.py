@@ -38,7 +38,10 @@ def _op_values(op: OpSignature) -> tuple[float, ...]:
     return (l2(op.dim("M")), l2(op.dim("N")), len(steps),
             sum(step in BINARY_STEPS for step in steps),
             sum(STEP_OPS.get(step, 4) >= HEAVY for step in steps), _ops_per_vector(op),
-            *(float(operand == o) for o in ("full", "row", "col", "scalar")))
+            # col{x} (a per-channel operand of blocked rows) counts as col: one operand
+            # vector per row run, like col's broadcast.
+            *(float(operand == o or (o == "col" and operand.startswith(o)))
+              for o in ("full", "row", "col", "scalar")))
 
 
 def _knob_values(s: ElementwiseSchedule, hw: HardwareSpec) -> tuple[float, ...]:
