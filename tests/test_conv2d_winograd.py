@@ -1,6 +1,7 @@
 """Winograd F(m x m, 3 x 3) conv2d kernels: the transforms, the generated kernels on every
 runnable ISA against the float64 reference (plain and pre-packed weights, one and two
-threads, several chunks of tiles), legality, and what the tiler proposes."""
+threads, grouped convolutions, several chunks of tiles), legality, and what the tiler
+proposes."""
 
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ def block(hw: HardwareSpec) -> int:
 
 
 def blocked(hw: HardwareSpec, n: int, c: int, h: int, w: int, f: int, pads: object = 1,
-            epilogue: str = "bias+relu") -> OpSignature:
+            epilogue: str = "bias+relu", groups: int = 1) -> OpSignature:
     layout = f"nchw{block(hw)}c"
     return conv(n, c, h, w, f, 3, 3, pads=pads, epilogue=epilogue,  # type: ignore[arg-type]
-                layout=layout, out_layout=layout)
+                groups=groups, layout=layout, out_layout=layout)
 
 
 def wino(hw: HardwareSpec, m: int, nv: int, nt: int, threads: int = 1) -> Conv2dSchedule:
@@ -66,6 +67,12 @@ def _cases() -> list[tuple[str, OpSignature, HardwareSpec, Conv2dSchedule]]:
              hw, wino(hw, 4, 1, 5)),
             ("asymmetric pads", blocked(hw, 1, x, 6, 8, x, pads=(0, 1, 2, 1), epilogue="bias"),
              hw, wino(hw, 2, 1, 3, threads=T2)),
+            ("groups 2 (AlexNet), residual", blocked(hw, 1, 4 * x, 7, 9, 2 * x, groups=2,
+                                                     epilogue="bias+add+relu"),
+             hw, wino(hw, 4, 1, 5, threads=T2)),
+            ("groups 3, two vectors over one-block groups", blocked(hw, 1, 3 * x, 6, 6, 3 * x,
+                                                                   groups=3),
+             hw, wino(hw, 2, nv2, 3)),
             ("several chunks of tiles", blocked(hw, 1, 256, 20, 20, 256), hw,
              wino(hw, 2, 1, 7, threads=T2)),
         ]
@@ -105,6 +112,14 @@ def test_illegal_uses_are_refused_with_the_reason() -> None:
     layout = f"nchw{block(hw)}c"
     stride2 = conv(1, 16, 14, 14, 16, 3, 3, stride=2, pads=1, layout=layout, out_layout=layout)
     assert any("stride 1" in p for p in problems(stride2, wino(hw, 2, 1, 4), hw))
+    depthwise = conv(1, 16, 14, 14, 16, 3, 3, pads=1, groups=16, layout=layout,
+                     out_layout=layout)
+    assert any("not depthwise" in p for p in problems(depthwise, wino(hw, 2, 1, 4), hw))
+    x = block(hw)
+    odd_groups = conv(1, 2 * x, 14, 14, 2 * x, 3, 3, pads=1, groups=4, layout=layout,
+                      out_layout=layout)
+    assert any("each group's C and F" in p
+               for p in problems(odd_groups, wino(hw, 2, 1, 4), hw))
     one_by_one = conv(1, 16, 14, 14, 16, 1, 1, layout=layout, out_layout=layout)
     assert any("3x3" in p for p in problems(one_by_one, wino(hw, 2, 1, 4), hw))
     plain = conv(1, 16, 14, 14, 16, 3, 3, pads=1)

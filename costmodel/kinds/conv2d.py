@@ -205,11 +205,12 @@ def _estimate_winograd(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> 
     rows = (chunks - 1) * plan.chunk + round_up(plan.tiles - (chunks - 1) * plan.chunk,
                                                  s.ow_block)
     nv = s.oc_block // lanes
-    eff = micro_efficiency(s.ow_block, nv, arch, CONV_MARGIN) * d["C"] / (d["C"] + 24)
-    units = t2 * plan.nfb
+    cg = d["C"] // d["groups"]
+    eff = micro_efficiency(s.ow_block, nv, arch, CONV_MARGIN) * cg / (cg + 24)
+    units = t2 * d["groups"] * plan.nfb
     busy = min(T, units)
     peak = peak_gflops_per_core(hw) * 1e9
-    gemm_s = 2.0 * t2 * rows * d["C"] * plan.fp / (peak * eff * busy)
+    gemm_s = 2.0 * t2 * rows * (d["C"] // d["groups"]) * plan.fp / (peak * eff * busy)
     in_ops, out_ops = transform_ops(plan.m)
     vector_ops = plan.tiles * (cbx * (in_ops + 2 * t2) + cby * (out_ops + t2 + plan.m ** 2))
     transform_s = vector_ops / (arch.fma_pipes * arch.ghz * 1e9 * min(T, plan.tiles))

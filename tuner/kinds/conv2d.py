@@ -83,11 +83,11 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
 
 def _winograd_pool(op: OpSignature, hw: HardwareSpec,
                    threads: int) -> Iterator[Conv2dSchedule]:
-    """Winograd tiles for dense 3x3 stride-1 convolutions on blocked layouts: both output
+    """Winograd tiles for 3x3 stride-1 convolutions (not depthwise) on blocked layouts: both output
     tiles m, one or two channel vectors, register tiles of as many Winograd tiles as the
     registers allow (balanced over the tiles, so a small map is not padded to a tall tile)."""
     d = op.dims_dict
-    if (d["R"], d["S"], d["stride_h"], d["stride_w"], d["groups"]) != (3, 3, 1, 1, 1):
+    if (d["R"], d["S"], d["stride_h"], d["stride_w"]) != (3, 3, 1, 1) or is_depthwise(op):
         return
     regs, lanes = hw.vector_registers, hw.lanes
     block = conv2d_blocks(op)[0]

@@ -211,22 +211,24 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
 
 
 def _winograd_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
-    """Legality of ``algorithm=winograd`` (``winograd.py``): dense 3x3 stride-1 convolutions on
+    """Legality of ``algorithm=winograd`` (``winograd.py``): 3x3 stride-1 convolutions (grouped
+    ones too, not depthwise) on
     whole-vector blocked layouts; ``oh_block`` is the output tile m, ``ow_block`` the tiles of
     a register tile."""
     d = op.dims_dict
     found: list[str] = []
-    shape = (d["R"], d["S"], d["stride_h"], d["stride_w"], d["dil_h"], d["dil_w"], d["groups"])
-    if shape != (3, 3, 1, 1, 1, 1, 1):
-        found.append("algorithm=winograd computes dense 3x3 convolutions of stride 1 and "
-                     "dilation 1 only; use direct")
+    shape = (d["R"], d["S"], d["stride_h"], d["stride_w"], d["dil_h"], d["dil_w"])
+    if shape != (3, 3, 1, 1, 1, 1) or is_depthwise(op):
+        found.append("algorithm=winograd computes 3x3 convolutions of stride 1 and dilation 1 "
+                     "that are not depthwise only; use direct")
     xi, xo = conv2d_blocks(op)
     lanes = hw.lanes
-    if not xi or xi != xo or xi % lanes or d["C"] % xi or d["F"] % xi:
+    g = d["groups"]
+    if not xi or xi != xo or xi % lanes or (d["C"] // g) % xi or (d["F"] // g) % xi:
         found.append("algorithm=winograd reads and writes one blocked layout nchw{x}c of whole "
-                     f"{hw.isa} vectors with C and F multiples of x; got layout="
+                     f"{hw.isa} vectors with each group's C and F multiples of x; got layout="
                      f"{op.attr('layout')}, out_layout={op.attr('out_layout')}, C={d['C']}, "
-                     f"F={d['F']}")
+                     f"F={d['F']}, groups={g}")
     found += layout_problems((op.attr("layout"), op.attr("out_layout")), hw)
     if s.oh_block not in WINOGRAD_TILES:
         found.append(f"oh_block={s.oh_block} is the output tile m of F(m x m, 3 x 3); "

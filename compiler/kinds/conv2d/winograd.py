@@ -1,4 +1,4 @@
-"""Winograd F(m x m, 3 x 3) for dense 3x3 stride-1 convolutions on blocked layouts.
+"""Winograd F(m x m, 3 x 3) for 3x3 stride-1 convolutions on blocked layouts.
 
 ``algorithm="winograd"`` computes each ``m x m`` output tile from an ``a x a`` input patch
 (``a = m + 2``) with ``a*a`` multiplications per channel pair instead of ``9*m*m``: 2.25x
@@ -19,7 +19,8 @@ Neural Networks", 2016; the transform matrices below are theirs, checked in
 packed (once per compiled model). Knobs (see ``space.py``): ``oh_block`` is ``m``,
 ``ow_block`` the tiles of a register tile, ``oc_block`` its output channels (whole vectors),
 ``ic_block`` the input's channel block; ``threads`` split each phase, with a barrier
-between phases.
+between phases. Grouped convolutions (not depthwise; each group's channels whole blocks)
+run one GEMM per (t, group) on the group's slice of V's channels.
 """
 
 from __future__ import annotations
@@ -91,7 +92,11 @@ class WinogradPlan:
     tiles: int
     chunk: int
     nfb: int
+    """Output-channel tiles per group."""
+    fpg: int
+    """Output columns of M per group (``nfb * oc_block``: whole tiles)."""
     fp: int
+    """Output columns of M (``groups * fpg``)."""
     u_floats: int
     v_floats: int
     m_floats: int
@@ -104,15 +109,17 @@ def winograd_plan(op: OpSignature, s: Conv2dSchedule) -> WinogradPlan:
     alpha = m + 2
     tiles_h, tiles_w = -(-op.out_h // m), -(-op.out_w // m)
     tiles = d["N"] * tiles_h * tiles_w
-    nfb = -(-d["F"] // s.oc_block)
-    fp = nfb * s.oc_block
+    groups = d["groups"]
+    nfb = -(-d["F"] // groups // s.oc_block)
+    fpg = nfb * s.oc_block
+    fp = groups * fpg
     nt = s.ow_block
     per_tile = 4 * alpha * alpha * (d["C"] + fp)
     chunk = max(nt, CHUNK_BYTES // per_tile // nt * nt)
     chunk = min(chunk, _round_up(tiles, nt))
     block = channel_block(op.attr("layout"))
-    return WinogradPlan(m, alpha, block, tiles_h, tiles_w, tiles, chunk, nfb, fp,
-                        alpha * alpha * d["C"] * fp, alpha * alpha * chunk * d["C"],
+    return WinogradPlan(m, alpha, block, tiles_h, tiles_w, tiles, chunk, nfb, fpg, fp,
+                        alpha * alpha * d["C"] // groups * fp, alpha * alpha * chunk * d["C"],
                         alpha * alpha * chunk * fp)
 
 
@@ -210,33 +217,36 @@ def _gemm_ukr(nt: int, nv: int, lanes: int) -> str:
     spec = Store(tuple(f"mb + {r} * FP" for r in range(nt)))
     return micro_kernel(
         "static inline void ukr(const float *restrict vb, const float *restrict ub, "
-        "float *restrict mb)", tile, [Loop("for (long c = 0; c < C; c++)", unroll=4)],
+        "float *restrict mb)", tile, [Loop("for (long c = 0; c < CG; c++)", unroll=4)],
         "VLOAD(ub + c * OCB + {o})", [f"vb[{r} * C + c]" for r in range(nt)], spec)
 
 
 def _pack_weights(g: Matrix) -> str:
-    """``pack_weights``: U[t][fb][c][OCB] = (G w G^T)[t] in double precision, zero for
-    output channels beyond F. Items: output channels (padded to whole OCB blocks)."""
+    """``pack_weights``: U[t][g][fb][c][OCB] = (G w G^T)[t] in double precision (``c`` a
+    channel of group ``g``), zero for a group's output channels beyond FG. Items: output
+    columns of M (each group padded to whole OCB tiles)."""
     rows = ", ".join("{" + ", ".join(f"{float(x)!r}" for x in row) + "}" for row in g)
     return f"""\
 static const double WG[ALPHA][3] = {{{rows}}};
 /* Not inlined: the pre-packed and the per-call paths must round alike. */
 __attribute__((noinline))
 static void pack_weights(const float *restrict Wt, float *restrict Ub, long lo, long hi) {{
-  for (long f = lo; f < hi; f++)
-    for (long c = 0; c < C; c++) {{
+  for (long col = lo; col < hi; col++)
+    for (long c = 0; c < CG; c++) {{
+      const long g = col / FPG, fl = col % FPG, f = g * FG + fl;
       double t[ALPHA][3];
-      const float *w = Wt + (f * C + c) * 9;
+      const float *w = Wt + (f * CG + c) * 9;
       for (long i = 0; i < ALPHA; i++)
         for (long b = 0; b < 3; b++) {{
           t[i][b] = 0.0;
-          if (f < F) for (long a = 0; a < 3; a++) t[i][b] += WG[i][a] * (double)w[a * 3 + b];
+          if (fl < FG) for (long a = 0; a < 3; a++) t[i][b] += WG[i][a] * (double)w[a * 3 + b];
         }}
       for (long i = 0; i < ALPHA; i++)
         for (long j = 0; j < ALPHA; j++) {{
           double u = 0.0;
           for (long b = 0; b < 3; b++) u += t[i][b] * WG[j][b];
-          Ub[(((i * ALPHA + j) * NFB + f / OCB) * C + c) * OCB + f % OCB] = (float)u;
+          Ub[((((i * ALPHA + j) * G + g) * NFB + fl / OCB) * CG + c) * OCB + fl % OCB] =
+              (float)u;
         }}
     }}
 }}
@@ -269,12 +279,13 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
                  tx * MT - PL);
     }
     BARRIER();
-    split_range(ALPHA * ALPHA * NFB, tid, nth, &lo, &hi);
+    split_range(ALPHA * ALPHA * G * NFB, tid, nth, &lo, &hi);
     for (long it = lo; it < hi; it++) {
-      const long t = it / NFB, fb = it % NFB;
-      const float *ub = Ub + (t * NFB + fb) * C * OCB;
+      const long t = it / (G * NFB), g = (it / NFB) % G, fb = it % NFB;
+      const float *ub = Ub + ((t * G + g) * NFB + fb) * CG * OCB;
       for (long r = 0; r < rows; r += NT)
-        ukr(Vb + (t * CHUNK + r) * C, ub, Mb + (t * CHUNK + r) * FP + fb * OCB);
+        ukr(Vb + (t * CHUNK + r) * C + g * CG, ub,
+            Mb + (t * CHUNK + r) * FP + g * FPG + fb * OCB);
     }
     BARRIER();
     split_range(count * CBY, tid, nth, &lo, &hi);
@@ -283,7 +294,8 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
       const long g = t0 + k, n = g / (TH * TW), ty = (g / TW) % TH, tx = g % TW;
       const long yoff = (((n * F / XB + fo / VPB) * P + ty * MT) * Q + tx * MT) * XB
                         + (fo % VPB) * VL;
-      output_tile(Mb + k * FP + fo * VL, Y, bias, add, yoff, fo, ty * MT, tx * MT);
+      const long column = (fo * VL) / FG * FPG + (fo * VL) % FG;
+      output_tile(Mb + k * FP + column, Y, bias, add, yoff, fo, ty * MT, tx * MT);
     }
     BARRIER();
   }
@@ -301,7 +313,7 @@ def generate_winograd(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         **shape_constants(op), "VL": d.lanes, "XB": plan.block, "VPB": plan.block // d.lanes,
         "MT": plan.m, "ALPHA": plan.alpha,
         "TH": plan.tiles_h, "TW": plan.tiles_w, "TILES": plan.tiles, "CHUNK": plan.chunk,
-        "NT": s.ow_block, "OCB": s.oc_block, "NFB": plan.nfb, "FP": plan.fp,
+        "NT": s.ow_block, "OCB": s.oc_block, "NFB": plan.nfb, "FPG": plan.fpg, "FP": plan.fp,
         "CBX": dims["C"] // d.lanes, "CBY": dims["F"] // d.lanes, "OFF_M": off_m,
         "OFF_U": off_u, "WB_FLOATS": plan.u_floats}
     out = [preamble(d, constants, s.threads), _pack_weights(transforms(plan.m)[1]),
