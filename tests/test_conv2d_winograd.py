@@ -143,3 +143,14 @@ def test_tiler_proposes_winograd_for_3x3_stride_1_on_blocked_layouts() -> None:
     assert all(c.schedule.algorithm != "winograd" for c in candidates(strided, hw, k=8))
     plain = conv(1, 256, 14, 14, 256, 3, 3, pads=1)
     assert all(c.schedule.algorithm != "winograd" for c in candidates(plain, hw, k=8))
+
+
+def test_avx512_kernels_compile() -> None:
+    # Not runnable on every host; gcc still checks the AVX-512 spelling (16 lanes, 32
+    # registers, grouped and plain, both tile sizes).
+    hw = HW.with_isa("avx512")
+    op = blocked(hw, 1, 64, 14, 14, 64, groups=2, epilogue="bias+add+relu")
+    for m, nv, nt in ((4, 2, 12), (2, 1, 28)):
+        s = wino(hw, m, nv, nt, threads=T2)
+        assert not problems(op, s, hw)
+        assert build(generate(op, s, hw)).path.exists()
