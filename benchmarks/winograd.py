@@ -27,6 +27,7 @@ from blocked_layout import compare, timer
 
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, compile_kernel, random_inputs, reference
 from tunecache.compiler.schedule import Schedule
@@ -89,10 +90,15 @@ def ort_timer(op: OpSignature) -> Callable[[], float]:
     return run
 
 
-def best_of(op: OpSignature, algorithm: str) -> Schedule | None:
-    pool = [c for c in candidates(op, HW, k=200, threads=1)
-            if c.schedule.algorithm == algorithm]
-    return pool[0].schedule if pool else None
+def best_per_algorithm(op: OpSignature) -> dict[str, Conv2dSchedule]:
+    """The tiler's best schedule of each algorithm (by estimate), plus ``pick``, its overall
+    first choice (what an untuned compile runs)."""
+    pool = [c.schedule for c in candidates(op, HW, k=200, threads=1)
+            if isinstance(c.schedule, Conv2dSchedule)]
+    best = {"pick": pool[0]}
+    for schedule in pool:
+        best.setdefault(schedule.algorithm, schedule)
+    return best
 
 
 def check(op: OpSignature, schedule: Schedule) -> str | None:
@@ -115,9 +121,8 @@ def main() -> int:
         if only and net not in only:
             continue
         op = layer_op(c, h, f)
-        direct, wino = best_of(op, "direct"), best_of(op, "winograd")
-        pick = candidates(op, HW, k=1, threads=1)[0].schedule
-        assert direct is not None and wino is not None
+        best = best_per_algorithm(op)
+        direct, wino, pick = best["direct"], best["winograd"], best["pick"]
         bad = check(op, wino)
         timers = {"direct": timer(op, direct), "winograd": timer(op, wino),
                   "onnxruntime": ort_timer(op)}

@@ -13,6 +13,7 @@ from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
     conv2d_blocks,
     is_depthwise,
+    winograd_shape,
 )
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MAX_MR, problems
@@ -87,7 +88,7 @@ def _winograd_pool(op: OpSignature, hw: HardwareSpec,
     tiles m, one or two channel vectors, register tiles of as many Winograd tiles as the
     registers allow (balanced over the tiles, so a small map is not padded to a tall tile)."""
     d = op.dims_dict
-    if (d["R"], d["S"], d["stride_h"], d["stride_w"]) != (3, 3, 1, 1) or is_depthwise(op):
+    if not winograd_shape(op) or not conv2d_blocks(op)[0]:
         return
     regs, lanes = hw.vector_registers, hw.lanes
     block = conv2d_blocks(op)[0]
@@ -137,7 +138,7 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
                                                    ic_block=ic, algorithm="direct",
                                                    loop_order=order, unroll_kw=unroll,
                                                    threads=threads, parallel=par))
-    for m in WINOGRAD_TILES:
+    for m in WINOGRAD_TILES if winograd_shape(op) and xi else ():
         for nv in range(1, 5):
             for nt in range(1, MAX_OW_BLOCK + 1):
                 add(Conv2dSchedule(oc_block=nv * lanes, ow_block=nt, oh_block=m, ic_block=xi,

@@ -477,10 +477,10 @@ static void zero_lanes(float *restrict Y, long lo, long hi) {{
   }}
 }}
 """
-    if _vector_tile_epilogue(op):
-        return _tile_epilogue(op, s, lanes) + _plain_store_tile()
-    epi = _epilogue_scalar(op, "v", "f", "o_off + j")
-    return f"""\
+    # With a vector tile epilogue the tile arrives finished: this store only transposes.
+    vector = _vector_tile_epilogue(op)
+    epi = "" if vector else _epilogue_scalar(op, "v", "f", "o_off + j")
+    return (_tile_epilogue(op, s, lanes) if vector else "") + f"""\
 static void store_tile(const float *restrict tile, float *restrict Y, const float *restrict bias,
                        const float *restrict add, long n, long f0, long fvalid, long p0, long q0,
                        long th, long tw) {{
@@ -529,22 +529,6 @@ static void tile_epilogue(float *restrict tile, const float *restrict bias, long
 {body}
   }}
 }}
-"""
-
-
-def _plain_store_tile() -> str:
-    """``store_tile`` of the ``nchw`` sink for a tile whose epilogue is already applied."""
-    return """\
-static void store_tile(const float *restrict tile, float *restrict Y, const float *restrict bias,
-                       const float *restrict add, long n, long f0, long fvalid, long p0, long q0,
-                       long th, long tw) {
-  (void)bias; (void)add;
-  for (long o = 0; o < fvalid; o++) {
-    float *restrict y = Y + ((n * F + f0 + o) * P + p0) * Q + q0;
-    for (long i = 0; i < th; i++)
-      for (long j = 0; j < tw; j++) y[i * Q + j] = tile[(i * TW + j) * OCB + o];
-  }
-}
 """
 
 

@@ -210,15 +210,21 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
     return found
 
 
+def winograd_shape(op: OpSignature) -> bool:
+    """A 3x3 convolution of stride 1 and dilation 1 that is not depthwise: the shapes
+    ``algorithm=winograd`` computes (layouts and channel counts aside)."""
+    d = op.dims_dict
+    shape = (d["R"], d["S"], d["stride_h"], d["stride_w"], d["dil_h"], d["dil_w"])
+    return shape == (3, 3, 1, 1, 1, 1) and not is_depthwise(op)
+
+
 def _winograd_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
-    """Legality of ``algorithm=winograd`` (``winograd.py``): 3x3 stride-1 convolutions (grouped
-    ones too, not depthwise) on
+    """Legality of ``algorithm=winograd`` (``winograd.py``): :func:`winograd_shape` on
     whole-vector blocked layouts; ``oh_block`` is the output tile m, ``ow_block`` the tiles of
     a register tile."""
     d = op.dims_dict
     found: list[str] = []
-    shape = (d["R"], d["S"], d["stride_h"], d["stride_w"], d["dil_h"], d["dil_w"])
-    if shape != (3, 3, 1, 1, 1, 1) or is_depthwise(op):
+    if not winograd_shape(op):
         found.append("algorithm=winograd computes 3x3 convolutions of stride 1 and dilation 1 "
                      "that are not depthwise only; use direct")
     xi, xo = conv2d_blocks(op)
