@@ -20,11 +20,14 @@ index and a :class:`SnapshotWarning`: a deploy then simply misses.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import threading
 import warnings
+from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -179,6 +182,39 @@ def _parse_schedules(
 MEMO_SIZE = 4096
 """Entries kept after a lookup, so repeated lookups of an op return the same object."""
 
+BUILT_SNAPSHOTS = 8
+"""Snapshots whose built columns a process keeps: a model compiled at many input shapes
+opens the same indexes for every shape, and should not parse them again."""
+
+_BUILT_STATE = ("_pos", "ignored", "_schedules", "_compilers", "_sources", "_jobs", "_hosts",
+                "_record_ids", "_ints", "_floats")
+
+
+class _Built:
+    """Built index columns by (snapshot bytes' SHA-256, hw_id, codegen, compiler), least
+    recently used dropped first. The columns are never written after they are built."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: tuple[Any, ...], state: dict[str, Any]) -> None:
+        with self._lock:
+            self._items[key] = state
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+
+_BUILT = _Built(BUILT_SNAPSHOTS)
+
 
 class Index:
     """The published best schedules of one hardware, for microsecond lookups.
@@ -209,28 +245,30 @@ class Index:
         self.ignored = 0
         self._pos: dict[str, int] = {}
         self._memo: dict[str, IndexEntry] = {}
-        table = self._read()
-        if table is not None:
-            self._build(table)
+        self._load()
 
-    def _read(self) -> pa.Table | None:
+    def _load(self) -> None:
+        """Read and verify the current snapshot; build the columns, or take those built
+        from the same bytes (same hardware, codegen and compiler) earlier in this process."""
         try:
             data = fs.read_bytes(self.location, paths.pointer_path(self.hw_id))
             if data is None:
-                return None
+                return
             from tunecache.cache.store import Pointer, check_snapshot_bytes
 
             pointer = Pointer.from_json(data)
             content = fs.read_bytes(self.location,
                                     paths.snapshot_path(self.hw_id, pointer.snapshot))
             content = check_snapshot_bytes(self.hw_id, pointer, content)
-            parquet = pq.ParquetFile(pa.BufferReader(content))
-            missing = [c for c in _COLUMNS if c not in parquet.schema_arrow.names]
-            if missing:
-                raise SnapshotError(f"snapshot lacks column(s) {', '.join(missing)}")
-            table = parquet.read(columns=_COLUMNS)
+            key = (hashlib.sha256(content).digest(), self.hw_id, self.codegen_version,
+                   self.compiler)
+            built = _BUILT.get(key)
+            if built is None:
+                self._build(self._table(content))
+                _BUILT.put(key, {name: getattr(self, name) for name in _BUILT_STATE})
+            else:
+                self.__dict__.update(built)
             self.snapshot = pointer.snapshot
-            return table
         except (TunecacheError, OSError, pa.ArrowException) as exc:
             warnings.warn(
                 f"no published schedules for {self.hw_id} in {self.location.uri}: cannot read "
@@ -238,7 +276,15 @@ class Index:
                 SnapshotWarning,
                 stacklevel=3,
             )
-            return None
+            self._pos = {}
+
+    @staticmethod
+    def _table(content: bytes) -> pa.Table:
+        parquet = pq.ParquetFile(pa.BufferReader(content))
+        missing = [c for c in _COLUMNS if c not in parquet.schema_arrow.names]
+        if missing:
+            raise SnapshotError(f"snapshot lacks column(s) {', '.join(missing)}")
+        return parquet.read(columns=_COLUMNS)
 
     def _build(self, table: pa.Table) -> None:
         total = table.num_rows

@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -198,6 +198,9 @@ class ModelSource:
     derived: IdentityMemo[np.ndarray] = field(default_factory=IdentityMemo, repr=False)
     """Constants a lowering computed from others (weight slices, say), kept for the next
     load while the arrays they came from live."""
+    nodes: list[_Node] = field(default_factory=list, repr=False)
+    """The graph's nodes as read and checked by the first load; later loads copy them
+    instead of parsing every attribute again."""
 
 
 @dataclass(frozen=True)
@@ -414,16 +417,22 @@ class _Loader:
         self._read_initializers()
         inputs = self._inputs()
         nodes = self._sorted(nodes, inputs)
+        # What the input shapes and constants alone determine folds first, so that shape
+        # inference (the load's costliest step) walks fewer nodes.
+        nodes = self._fold_constants(nodes)
         self._infer_shapes(inputs, nodes)
         nodes = self._fold_constants(nodes)
-        for _ in range(0 if self.symbolic else 3):
-            # ONNX data propagation covers only some op versions (e.g. not Reshape targets
-            # built by Concat at opset 13); inferring again over the folded graph, where
-            # such targets are constants, fills the gaps.
-            if not self._missing_shapes(nodes):
-                break
-            self._infer_shapes(inputs, nodes)
+        # ONNX data propagation covers only some op versions (e.g. not Reshape targets built
+        # by Concat at opset 13); inferring again over the nodes still missing shapes, now
+        # that folding made such targets constants, fills the gaps, while that helps.
+        missing = [] if self.symbolic else self._missing_shapes(nodes)
+        while missing:
+            self._infer_shapes(inputs, missing)
             nodes = self._fold_constants(nodes)
+            still = self._missing_shapes(nodes)
+            if len(still) >= len(missing):
+                break
+            missing = still
         self._reject_unsupported(nodes, self._shape_only(nodes) if self.symbolic else set())
         return inputs, nodes
 
@@ -477,6 +486,11 @@ class _Loader:
         return int(opset)
 
     def _nodes(self) -> list[_Node]:
+        if not self.source.nodes:
+            self.source.nodes.extend(self._read_nodes())
+        return [replace(n, attrs=dict(n.attrs)) for n in self.source.nodes]
+
+    def _read_nodes(self) -> list[_Node]:
         nodes = []
         seen: set[str] = set()
         for index, proto in enumerate(self.model.graph.node):
@@ -617,15 +631,17 @@ class _Loader:
                                     dtype))
         return infos
 
-    def _missing_shapes(self, nodes: list[_Node]) -> bool:
-        for node in nodes:
-            for name in node.outputs:
-                shape = self.shapes.get(name) if name else ()
-                if shape is None or None in shape:
-                    return True
-        return False
+    def _missing_shapes(self, nodes: list[_Node]) -> list[_Node]:
+        """The nodes with an output of unknown shape or rank."""
+        def known(name: str) -> bool:
+            shape = self.shapes.get(name) if name else ()
+            return shape is not None and None not in shape
+        return [n for n in nodes if not all(known(o) for o in n.outputs)]
 
     def _infer_shapes(self, inputs: list[TensorInfo], nodes: list[_Node]) -> None:
+        """ONNX shape inference over ``nodes``: every tensor they read but do not produce is
+        declared with what is known of it (a model input as declared, a constant, an earlier
+        node's inferred type), so a later pass can walk only the nodes still missing shapes."""
         onnx = self.onnx
         helper, numpy_helper = onnx.helper, onnx.numpy_helper
         light = onnx.ModelProto()
@@ -634,20 +650,30 @@ class _Loader:
         graph = light.graph
         graph.name = self.name
         graph.node.extend(n.proto for n in nodes)
+        produced = {t for n in nodes for t in n.outputs}
+        read = {t for n in nodes for t in n.inputs if t and t not in produced}
         for info in inputs:
+            if info.name not in read:
+                continue
+            read.discard(info.name)
             labels = self.dim_names.get(info.name, ())
             named: list[int | str | None] = [
                 d if d >= 0 else (labels[k] if k < len(labels) and labels[k] != "?" else None)
                 for k, d in enumerate(info.shape)]
             graph.input.append(helper.make_tensor_value_info(
                 info.name, helper.np_dtype_to_tensor_dtype(info.dtype), named))
-        for name, array in self.constants.items():
-            if array.dtype.kind in "iub" or array.size <= _INFERENCE_VALUE_LIMIT:
+        for name in sorted(read):
+            array = self.constants.get(name)
+            if array is not None and (array.dtype.kind in "iub"
+                                      or array.size <= _INFERENCE_VALUE_LIMIT):
                 graph.initializer.append(numpy_helper.from_array(array, name))
-            else:
+            elif name in self.dtypes and self.shapes.get(name) is not None:
                 graph.input.append(helper.make_tensor_value_info(
-                    name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape)))
+                    name, helper.np_dtype_to_tensor_dtype(self.dtypes[name]),
+                    list(self.shapes[name])))
         for out in self.model.graph.output:
+            if out.name not in produced:
+                continue
             vi = graph.output.add()
             vi.name = out.name
             vi.type.tensor_type.elem_type = out.type.tensor_type.elem_type
@@ -908,7 +934,7 @@ class _Loader:
     def add_node(self, op_type: str, inputs: list[str], attrs: dict[str, Any],
                  shape: tuple[int, ...]) -> str:
         name = self._fresh_name(f"{inputs[0]}/{op_type.lower()}")
-        self.shapes[name] = shape
+        self.shapes[name] = tuple(int(d) for d in shape)
         self.dtypes[name] = self.dtypes.get(inputs[0], FLOAT32)
         self.helpers.append(OnnxNode(name, op_type, tuple(inputs), (name,),
                                      MappingProxyType(dict(attrs))))
@@ -955,9 +981,9 @@ class _Loader:
 
     def _shape(self, name: str) -> tuple[int, ...] | None:
         shape = self.shapes.get(name)
-        if shape is None or any(d is None for d in shape):
+        if shape is None or None in shape:
             return None
-        return tuple(int(d) for d in shape if d is not None)
+        return cast(tuple[int, ...], shape)
 
     def _float32(self, name: str) -> bool:
         return self.dtypes.get(name) == FLOAT32

@@ -83,6 +83,8 @@ class OpSignature:
     _text: str = field(default="", init=False, repr=False, compare=False, hash=False)
     _dims: Mapping[str, int] = field(default_factory=dict, init=False, repr=False,
                                      compare=False, hash=False)
+    _arguments: tuple[TensorArg, ...] | None = field(default=None, init=False, repr=False,
+                                                     compare=False, hash=False)
 
     def __post_init__(self) -> None:
         spec = _spec(self.kind)
@@ -247,7 +249,10 @@ class OpSignature:
 
     def arguments(self) -> tuple[TensorArg, ...]:
         """The kernel's array arguments in call order: inputs, then the output."""
-        return _kind(self.kind).arguments(self)
+        if self._arguments is None:  # a pure function of the op, asked for by every estimate
+            object.__setattr__(self, "_arguments", _kind(self.kind).arguments(self))
+        assert self._arguments is not None
+        return self._arguments
 
 
 def window_output(op: OpSignature, axis: str) -> int:

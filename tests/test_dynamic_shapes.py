@@ -24,6 +24,7 @@ from tunecache.cache.wanted import load_wanted
 from tunecache.compiler.executor import Executor
 from tunecache.compiler.frontend import ModelError, inspect_model, load_graph
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.schedule import Schedule
 from tunecache.tuner.deploy import CompiledModel, compile_model
 
 LLAMA = DATA / "llama_dynamo18.onnx"
@@ -37,9 +38,10 @@ def count_plans(compiled: CompiledModel) -> list[dict[str, tuple[int, ...]]]:
     inner = compiled.specialise
     assert inner is not None
 
-    def logged(shapes: Mapping[str, tuple[int, ...]]) -> CompiledModel:
+    def logged(shapes: Mapping[str, tuple[int, ...]],
+               siblings: Mapping[str, Schedule]) -> CompiledModel:
         planned.append(dict(shapes))
-        return inner(shapes)
+        return inner(shapes, siblings)
     compiled.specialise = logged
     return planned
 
@@ -273,3 +275,38 @@ def test_shapes_share_the_weights_and_their_packed_copies(tmp_path: Path) -> Non
     assert all(buffers[0][node] == buffers[1][node] for node in same)
     differ = [node for node in buffers[0] if layouts[0].get(node) != layouts[1].get(node)]
     assert all(buffers[0][node] != buffers[1][node] for node in differ)
+
+
+def test_a_new_shape_shares_packed_weights_when_the_estimate_allows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guess for a new shape takes the node's schedule at another planned shape when the
+    guess would re-pack the weights and the sibling is estimated within the tolerance;
+    never an illegal sibling, and never for a kind without packed weights."""
+    from tunecache.compiler.kinds import op_kind
+    from tunecache.compiler.ops import OpSignature
+    from tunecache.costmodel.analytic import estimate
+    from tunecache.tuner.deploy import compile as deploy
+    from tunecache.tuner.deploy.policy import Decision
+    from tunecache.tuner.search import candidates
+
+    hw = local_spec()
+    op = OpSignature.matmul(64, 768, 3072)
+    layout = op_kind("matmul").packed_weights_layout
+    assert layout is not None
+    pool = [c.schedule for c in candidates(op, hw, k=10)]
+    guess = pool[0]
+    sibling = next(s for s in pool[1:] if layout(op, s) != layout(op, guess))
+    ratio = estimate(op, sibling, hw).seconds / estimate(op, guess, hw).seconds
+    decision = Decision("guess", guess, "tiler", "cache miss", estimate(op, guess, hw).seconds)
+
+    monkeypatch.setattr(deploy, "SHARE_PACKED_TOLERANCE", ratio - 1 + 1e-9)
+    shared = deploy._sharing_packed(op, decision, sibling, hw)
+    assert shared.schedule == sibling and "shares the weights" in shared.reason
+    monkeypatch.setattr(deploy, "SHARE_PACKED_TOLERANCE", ratio - 1 - 1e-6)
+    assert deploy._sharing_packed(op, decision, sibling, hw) == decision
+    illegal = sibling.replace(mr=64)
+    assert deploy._sharing_packed(op, decision, illegal, hw) == decision
+    rows = OpSignature.parse("layernorm(M=64,N=768,norm=layer,affine=gamma_beta)")
+    row_guess = candidates(rows, hw, k=2)
+    kept = Decision("guess", row_guess[0].schedule, "tiler", "cache miss", None)
+    assert deploy._sharing_packed(rows, kept, row_guess[1].schedule, hw) == kept

@@ -159,6 +159,36 @@ def test_index_skips_rows_from_a_newer_snapshot_version(tmp_path):
     assert index.ignored == 1
 
 
+def test_a_snapshot_is_built_once_per_process_and_still_checked_on_every_open(
+        tmp_path, monkeypatch):
+    """A model planned at many shapes opens the same index for each: the columns built
+    from one snapshot's bytes are reused, a new publish is seen, and bytes damaged after
+    the first open are still refused."""
+    store = Store(tmp_path)
+    store.append([rec(OP, A, 1.0)])
+    store.publish()
+    builds = []
+    real = Index._build
+    monkeypatch.setattr(Index, "_build", lambda self, table: (builds.append(1),
+                                                              real(self, table))[1])
+    assert Index(tmp_path, HW.hw_id).lookup(OP).schedule == A  # type: ignore[union-attr]
+    built = len(builds)
+    again = Index(tmp_path, HW.hw_id)
+    assert len(builds) == built and again.lookup(OP).schedule == A  # type: ignore[union-attr]
+    assert again.lookup(OP2) is None
+    store.append([rec(OP2, B, 1.0)])
+    store.publish()
+    newer = Index(tmp_path, HW.hw_id)
+    assert len(builds) == built + 1
+    assert newer.lookup(OP2).schedule == B  # type: ignore[union-attr]
+    current = store.current(HW.hw_id)
+    assert current is not None
+    snapshot = tmp_path / "published" / HW.hw_id / current.snapshot
+    snapshot.write_bytes(snapshot.read_bytes()[:100])
+    with pytest.warns(SnapshotWarning, match="cannot read"):
+        assert Index(tmp_path, HW.hw_id).lookup(OP) is None
+
+
 def test_damaged_or_hostile_snapshots_give_an_empty_index(tmp_path):
     store = Store(tmp_path)
     store.append([rec(OP, A, 1.0)])

@@ -15,6 +15,7 @@ source from the validated schedule, finds the artifact by its hash and loads it.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -44,6 +45,7 @@ from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule, default_schedule, problems
+from tunecache.costmodel.analytic import estimate
 from tunecache.tuner.deploy.policy import Decision, Policy, PolicyConfig
 from tunecache.tuner.measure import Runner, TimingConfig
 from tunecache.tuner.measure.records import to_records
@@ -117,8 +119,8 @@ class CompiledModel:
     hw: HardwareSpec
     timings: dict[str, float] = field(default_factory=dict)
     info: frontend.ModelInfo | None = None
-    specialise: Callable[[Mapping[str, tuple[int, ...]]], CompiledModel] | None = field(
-        default=None, repr=False)
+    specialise: Callable[[Mapping[str, tuple[int, ...]], Mapping[str, Schedule]],
+                         CompiledModel] | None = field(default=None, repr=False)
     max_shapes: int = DEFAULT_MAX_SHAPES
     evicted: int = field(default=0, init=False)
     native: bool = True
@@ -251,13 +253,28 @@ class CompiledModel:
                 self._shapes.move_to_end(key)
                 return planned
             names = [i.name for i in self.info.inputs]
-            planned = self.specialise(dict(zip(names, key, strict=True)))
+            planned = self.specialise(dict(zip(names, key, strict=True)), self._siblings(key))
             self._shapes[key] = planned
             while len(self._shapes) > self.max_shapes:
                 dropped, _ = self._shapes.popitem(last=False)
                 self._runs.pop(dropped, None)
                 self.evicted += 1
             return planned
+
+
+    def _siblings(self, key: ShapeKey) -> dict[str, Schedule]:
+        """Per kernel node, its schedule at the planned shape nearest ``key`` (the most
+        elements alike): what a new shape's guesses may share packed weights with."""
+        planned = [(own, self) for own in [self._own_key()] if self.plan]
+        planned += list(self._shapes.items())
+        if not planned:
+            return {}
+
+        def distance(other: ShapeKey) -> float:
+            return sum(abs(math.log(max(1, math.prod(a)) / max(1, math.prod(b))))
+                       for a, b in zip(key, other, strict=True))
+        _, nearest = min(planned, key=lambda item: distance(item[0]))
+        return {e.node: e.schedule for e in nearest.plan if e.schedule is not None}
 
 
 def _check_shape(info: frontend.ModelInfo, name: str, shape: tuple[int, ...]) -> None:
@@ -371,10 +388,12 @@ def compile_model(
     if model is None and use_model and config.name in ("balanced", "tune"):
         model = _current_model(store, hw)
 
-    def specialise(concrete: Mapping[str, tuple[int, ...]]) -> CompiledModel:
+    def specialise(concrete: Mapping[str, tuple[int, ...]],
+                   siblings: Mapping[str, Schedule] | None = None) -> CompiledModel:
         return _compile_shape(label, source, concrete, store=store, config=config, hw=hw,
                               model=model, clock=clock, record_wanted=record_wanted,
-                              threads=threads, blocked_layouts=blocked_layouts)
+                              threads=threads, blocked_layouts=blocked_layouts,
+                              siblings=siblings or {})
 
     if shapes is None:
         interface = frontend.Graph(info.name, info.opset, info.inputs, info.outputs,
@@ -394,9 +413,12 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                    input_shapes: Mapping[str, Sequence[int]], *, store: Store,
                    config: PolicyConfig, hw: HardwareSpec, model: Ranker | None,
                    clock: Callable[[], float], record_wanted: bool,
-                   threads: int | None = None, blocked_layouts: bool = True) -> CompiledModel:
+                   threads: int | None = None, blocked_layouts: bool = True,
+                   siblings: Mapping[str, Schedule] | None = None) -> CompiledModel:
     """Plan and build one concrete input shape: plan layouts, look every kernel op up,
-    decide each miss, record the misses as wanted, build the kernels."""
+    decide each miss, record the misses as wanted, build the kernels. ``siblings``: per
+    node, its schedule at another planned shape of the same model (see
+    :func:`_sharing_packed`)."""
     t0 = time.perf_counter()
     graph = frontend.load_graph(source, input_shapes)
     if blocked_layouts:
@@ -423,6 +445,9 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                 if decision.action == "measure":
                     runner = runner or Runner(hw, TimingConfig(min_time_s=0.05, min_repeats=5))
                     decision = _measure_now(op, hw, store, runner, decision, config, model)
+                sibling = (siblings or {}).get(node.name)
+                if sibling is not None and decision.action == "guess":
+                    decision = _sharing_packed(op, decision, sibling, hw)
                 decisions[op] = _within_threads(op, decision, hw, threads)
                 decision = decisions[op]
             if decision.action != "cache":
@@ -443,6 +468,30 @@ def _compile_shape(label: str, source: frontend.ModelSource,
     compiled.timings = {"load_s": t_load - t0, "decide_s": t_decide - t_load,
                         "build_s": t_build - t_decide, "total_s": t_build - t0}
     return compiled
+
+
+SHARE_PACKED_TOLERANCE = 0.05
+"""How much slower (by the analytic estimate) a guess may be to reuse the weights another
+planned shape of the model already packed: re-packing BERT-base's 12 FFN weights costs
+about 36 ms and 113 MB per shape, more than the estimate can tell apart."""
+
+
+def _sharing_packed(op: OpSignature, decision: Decision, sibling: Schedule,
+                    hw: HardwareSpec) -> Decision:
+    """The guess, or ``sibling`` (the node's schedule at another shape) when the guess
+    would pack the weights into a layout the sibling did not, and the sibling is legal
+    here and estimated within :data:`SHARE_PACKED_TOLERANCE` of the guess."""
+    layout = op_kind(op.kind).packed_weights_layout
+    guess = decision.schedule
+    if layout is None or guess is None or type(sibling) is not type(guess) or \
+            layout(op, sibling) == layout(op, guess) or problems(op, sibling, hw):
+        return decision
+    guess_s, sibling_s = estimate(op, guess, hw).seconds, estimate(op, sibling, hw).seconds
+    if sibling_s > guess_s * (1 + SHARE_PACKED_TOLERANCE):
+        return decision
+    return replace(decision, schedule=sibling, expected_s=sibling_s,
+                   reason=f"{decision.reason}; shares the weights another planned shape "
+                          f"packed (estimate {sibling_s / guess_s:.2f}x the tiler's top-1)")
 
 
 def _within_threads(op: OpSignature, decision: Decision, hw: HardwareSpec,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from tunecache.compiler.hardware import HardwareSpec
@@ -84,18 +85,17 @@ def candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
     """
     kind = tuner_kind(op.kind)
     seen: set[Schedule] = set()
-    scored: list[tuple[float, str, Schedule, Estimate]] = []
+    scored: list[tuple[Schedule, Estimate]] = []
     pool = (s for t in thread_options(op, hw, threads) for s in kind.pool(op, hw, t))
     for s in pool:
         if s in seen or problems(op, s, hw):
             continue
         seen.add(s)
-        est = estimate(op, s, hw)
-        scored.append((est.seconds, s.schedule_id, s, est))
-    scored.sort(key=lambda item: (item[0], item[1]))
+        scored.append((s, estimate(op, s, hw)))
+    scored = _by_estimate(scored)
     chosen: list[tuple[Schedule, Estimate]] = []
     per_tile: dict[tuple[object, ...], int] = {}
-    for _, _, s, est in scored:
+    for s, est in scored:
         key = kind.tile_key(s)
         if per_tile.get(key, 0) < PER_TILE_CAP:
             chosen.append((s, est))
@@ -104,9 +104,17 @@ def candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
             break
     if len(chosen) < k:
         picked = {s for s, _ in chosen}
-        chosen += [(s, e) for _, _, s, e in scored if s not in picked][: k - len(chosen)]
-        chosen.sort(key=lambda item: (item[1].seconds, item[0].schedule_id))
+        chosen = _by_estimate(chosen + [(s, e) for s, e in scored
+                                        if s not in picked][: k - len(chosen)])
     return [ScoredSchedule(s, est, rank) for rank, (s, est) in enumerate(chosen)]
+
+
+def _by_estimate(scored: list[tuple[Schedule, Estimate]]) -> list[tuple[Schedule, Estimate]]:
+    """Fastest estimate first; equal estimates by ``schedule_id``, computed only for them
+    (hashing every schedule's JSON was most of a small op's ranking time)."""
+    counts = Counter(est.seconds for _, est in scored)
+    return sorted(scored, key=lambda item: (
+        item[1].seconds, item[0].schedule_id if counts[item[1].seconds] > 1 else ""))
 
 
 def timed_candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
