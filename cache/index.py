@@ -5,7 +5,10 @@ a hundred bytes per entry plus a dict from op text to row), so opening costs mil
 and :meth:`Index.lookup` is a dict hit that builds its :class:`IndexEntry` from one packed
 row without parsing anything. Schedules, whatever their family, are parsed from their JSON
 with ``schedule_from_json`` when the index is built, once per *distinct* schedule (there
-are far fewer schedules than entries), and shared by the entries that use them.
+are far fewer schedules than entries), and shared by the entries that use them. A process
+keeps the columns built from the last few snapshots (by the SHA-256 of their bytes, with the
+hardware, codegen and compiler asked for): opening the same snapshot again, as a model planned
+at many input shapes does, reads and checks the bytes but builds nothing.
 
 Rows are ignored, never served, when their snapshot version is newer than this code reads,
 their codegen version differs from the running one, their compiler's family and major
@@ -186,6 +189,9 @@ BUILT_SNAPSHOTS = 8
 """Snapshots whose built columns a process keeps: a model compiled at many input shapes
 opens the same indexes for every shape, and should not parse them again."""
 
+BUILT_ENTRIES = 1_000_000
+"""At most this many entries over the kept snapshots (about 300 bytes each)."""
+
 _BUILT_STATE = ("_pos", "ignored", "_schedules", "_compilers", "_sources", "_jobs", "_hosts",
                 "_record_ids", "_ints", "_floats")
 
@@ -194,8 +200,9 @@ class _Built:
     """Built index columns by (snapshot bytes' SHA-256, hw_id, codegen, compiler), least
     recently used dropped first. The columns are never written after they are built."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, entries: int) -> None:
         self._size = size
+        self._entries = entries
         self._items: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -209,11 +216,26 @@ class _Built:
     def put(self, key: tuple[Any, ...], state: dict[str, Any]) -> None:
         with self._lock:
             self._items[key] = state
-            while len(self._items) > self._size:
+            while len(self._items) > self._size or (
+                    len(self._items) > 1 and self._held() > self._entries):
                 self._items.popitem(last=False)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
 
-_BUILT = _Built(BUILT_SNAPSHOTS)
+    def _held(self) -> int:
+        return sum(len(state["_pos"]) for state in self._items.values())
+
+
+_BUILT = _Built(BUILT_SNAPSHOTS, BUILT_ENTRIES)
+
+
+def forget_built() -> None:
+    """Drop the columns this process keeps from the snapshots it opened: the next
+    :class:`Index` of each builds them again (benchmarks time that; a long-lived process may
+    free the memory)."""
+    _BUILT.clear()
 
 
 class Index:

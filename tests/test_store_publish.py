@@ -189,6 +189,17 @@ def test_a_snapshot_is_built_once_per_process_and_still_checked_on_every_open(
         assert Index(tmp_path, HW.hw_id).lookup(OP) is None
 
 
+def test_kept_columns_are_bounded_by_snapshots_and_entries():
+    from tunecache.cache.index import _Built
+
+    kept = _Built(size=2, entries=10)
+    for name, entries in (("a", 4), ("b", 4), ("c", 4)):
+        kept.put((name,), {"_pos": dict.fromkeys(range(entries), 0)})
+    assert kept.get(("a",)) is None and kept.get(("b",)) and kept.get(("c",))
+    kept.put(("huge",), {"_pos": dict.fromkeys(range(50), 0)})  # alone over the bound: kept
+    assert kept.get(("huge",)) and kept.get(("b",)) is None and kept.get(("c",)) is None
+
+
 def test_damaged_or_hostile_snapshots_give_an_empty_index(tmp_path):
     store = Store(tmp_path)
     store.append([rec(OP, A, 1.0)])
