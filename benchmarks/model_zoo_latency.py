@@ -360,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
                         help="also measure tunecache tuned with TRIALS per op")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--section", default=None,
+                        help="the BENCHMARKS.md section to write (default: model_zoo or "
+                             "transformer_zoo, with _tuned when tuning)")
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "MODEL"))
     parser.add_argument("--work", type=Path)
     args = parser.parse_args(argv)
@@ -414,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from _report import write_section
 
         prefix = "model_zoo" if args.zoo == "cnn" else "transformer_zoo"
-        write_section(f"{prefix}_tuned" if args.tune else prefix, text)
+        write_section(args.section or (f"{prefix}_tuned" if args.tune else prefix), text)
     return 0
 
 
