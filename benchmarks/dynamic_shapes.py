@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -143,13 +144,16 @@ def main() -> None:
     options.intra_op_num_threads = args.threads
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     print(f"{args.model}: {len(lengths)} sequence lengths, {args.threads} thread(s)")
-    print("cold (empty build cache):")
-    cold, _ = serve(path, template, lengths, args.threads, args.max_shapes, session,
-                    work / "cold")
-    print("warm (kernels built):")
-    start_rss = rss_mib()
-    warm, evicted = serve(path, template, lengths, args.threads, args.max_shapes, session,
-                          work / "warm")
+    try:  # the export, stores and kernels: gigabytes
+        print("cold (empty build cache):")
+        cold, _ = serve(path, template, lengths, args.threads, args.max_shapes, session,
+                        work / "cold")
+        print("warm (kernels built):")
+        start_rss = rss_mib()
+        warm, evicted = serve(path, template, lengths, args.threads, args.max_shapes, session,
+                              work / "warm")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     plan = statistics.median(w.plan_s for w in warm)
     whole = statistics.median(w.new_shape_s for w in warm)
     worst = max(s.error for s in (*cold, *warm))

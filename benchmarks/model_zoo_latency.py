@@ -33,6 +33,7 @@ import importlib.util
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -347,6 +348,29 @@ def _prepare(args: argparse.Namespace, key: str, work: Path) -> Feeds:
         (1, 3, args.size, args.size)).astype(np.float32)}
 
 
+def _measure_all(keys: Sequence[str], threads: Sequence[int], args: argparse.Namespace,
+                 work: Path) -> list[str]:
+    """One table row per model and thread count, printed as it is measured."""
+    rows = []
+    for key in keys:
+        print(f"{key}: preparing", file=sys.stderr, flush=True)
+        np.savez(work / f"{key}-feeds.npz", **_prepare(args, key, work))
+        for n in threads:
+            # onnxruntime first: its output is the reference the others' errors are against
+            engines = ENGINES + (("tuned",) if args.tune else ())
+            tuning = _measure("tune", key, n, args, work) if args.tune else Measurement()
+            m = _rounds(engines, key, n, args, work)
+            if args.tune:
+                m["tuned"] = replace(m["tuned"], tune_s=tuning.tune_s,
+                                     error=m["tuned"].error or tuning.error)
+            for engine in engines[1:]:
+                if not (m[engine].error or m["onnxruntime"].error):
+                    m[engine] = replace(m[engine], rel_err=_rel_err(work, key, engine, n))
+            rows.append(_row(key, n, m))
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--zoo", choices=("cnn", "transformers"), default="cnn",
@@ -392,23 +416,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import onnxruntime
 
     work = Path(tempfile.mkdtemp(prefix="model-zoo-"))
-    rows = []
-    for key in keys:
-        print(f"{key}: preparing", file=sys.stderr, flush=True)
-        np.savez(work / f"{key}-feeds.npz", **_prepare(args, key, work))
-        for n in threads:
-            # onnxruntime first: its output is the reference the others' errors are against
-            engines = ENGINES + (("tuned",) if args.tune else ())
-            tuning = _measure("tune", key, n, args, work) if args.tune else Measurement()
-            m = _rounds(engines, key, n, args, work)
-            if args.tune:
-                m["tuned"] = replace(m["tuned"], tune_s=tuning.tune_s,
-                                     error=m["tuned"].error or tuning.error)
-            for engine in engines[1:]:
-                if not (m[engine].error or m["onnxruntime"].error):
-                    m[engine] = replace(m[engine], rel_err=_rel_err(work, key, engine, n))
-            rows.append(_row(key, n, m))
-            print(rows[-1], flush=True)
+    try:  # exports, feeds, stores and kernels: gigabytes for the transformers
+        rows = _measure_all(keys, threads, args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     versions = (f"onnxruntime {onnxruntime.__version__}, OpenVINO "
                 f"{openvino.get_version().split('-')[0]}")
     text = _report(rows, args, versions)
