@@ -113,6 +113,9 @@ class NativeProgram:
     _layouts: dict[str, Hashable]
     _alias: dict[str, str]
     _arena: np.ndarray
+    _outputs: dict[int, int]
+    """Per-run output buffers: region -> bytes (see :meth:`_place`)."""
+    _buffers: dict[int, np.ndarray]
     _where: dict[str, _Where]
     _bases: list[int]
     _dynamic: dict[str, int]
@@ -274,23 +277,32 @@ class NativeProgram:
             host = placement.slots[name][0] if name in placement.slots else name
             groups.setdefault(host, {host}).add(name)
         lifetimes = []
+        self._bases: list[int] = [0]
+        self._outputs, self._buffers = {}, {}
+        region_of: dict[str, int] = {}
         for host, names in groups.items():
-            start = min((first[n] for n in names if n in first), default=0)
-            end = len(items) if names & outputs else \
-                max(start, *(last.get(n, start) for n in names))
             shape, dtype = self._shapes[host]
-            lifetimes.append(Lifetime(host, int(np.prod(shape)) * dtype.itemsize, start, end))
+            size = int(np.prod(shape)) * dtype.itemsize
+            if names & outputs:
+                # A graph output's slot is the array the run returns: a fresh buffer each
+                # run, written by its producers in place (no copy out of the arena).
+                region_of[host] = len(self._bases)
+                self._outputs[len(self._bases)] = size
+                self._bases.append(0)
+                continue
+            start = min((first[n] for n in names if n in first), default=0)
+            end = max(start, *(last.get(n, start) for n in names))
+            lifetimes.append(Lifetime(host, size, start, end))
         plan = plan_arena(lifetimes)
         self.arena_bytes, self.unplanned_bytes = plan.peak_bytes, plan.total_bytes
-        raw = np.zeros(plan.peak_bytes + ALIGN, dtype=np.uint8)
-        start = -raw.ctypes.data % ALIGN
-        self._arena = raw[start:start + plan.peak_bytes]
+        self._arena = _aligned_bytes(plan.peak_bytes, zero=True)
+        self._bases[_ARENA] = self._arena.ctypes.data
         self._where: dict[str, _Where] = {}
         for host, names in groups.items():
             for name in names:
                 inside = placement.slots[name][1] if name in placement.slots else 0
-                self._where[name] = _Where(_ARENA, plan.offsets[host] + inside)
-        self._bases: list[int] = [self._arena.ctypes.data]
+                self._where[name] = _Where(region_of[host], inside) if host in region_of \
+                    else _Where(_ARENA, plan.offsets[host] + inside)
         self._dynamic: dict[str, int] = {}
         for name, array in self._constants.items():
             self._where[name] = _Where(len(self._bases))
@@ -314,20 +326,27 @@ class NativeProgram:
         return self._where[root]
 
     def arena_range(self, name: str) -> tuple[int, int] | None:
-        """Byte range ``[start, end)`` of tensor ``name`` in the arena, or None when it lives
+        """Byte range ``[start, end)`` of tensor ``name`` in the buffer planned for it (the
+        arena, or for a graph output's slot the run's output buffer), or None when it lives
         elsewhere (a graph input, a constant, a numpy step's own result)."""
         where = self._where.get(self._root(name))
-        if where is None or where.region != _ARENA:
+        if where is None or not self._planned(where):
             return None
         shape, dtype = self._shapes[name]
         return where.offset, where.offset + int(np.prod(shape)) * dtype.itemsize
 
+    def _planned(self, where: _Where) -> bool:
+        return where.region == _ARENA or where.region in self._outputs
+
     def _view(self, name: str) -> np.ndarray:
-        """An arena tensor as a numpy array of its traced shape (valid during its lifetime)."""
+        """A planned tensor as a numpy array of its traced shape (valid during its
+        lifetime, or for an output's slot until the next run)."""
         shape, dtype = self._shapes[name]
-        offset = self._where[self._root(name)].offset
+        where = self._where[self._root(name)]
+        buffer = self._arena if where.region == _ARENA else self._buffers[where.region]
         count = int(np.prod(shape))
-        return self._arena[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+        return buffer[where.offset:where.offset + count * dtype.itemsize].view(
+            dtype).reshape(shape)
 
     # -- the plan -------------------------------------------------------------------------
 
@@ -373,12 +392,16 @@ class NativeProgram:
         values: dict[str, Any] = {}
         for name, array in self._check(inputs).items():
             self._publish(name, array, values)
+        for region, size in self._outputs.items():
+            self._buffers[region] = _aligned_bytes(size)
+            self._base_array[region] = self._buffers[region].ctypes.data
         for item in self._schedule:
             if isinstance(item, _Segment):
                 self._run_segment(item)
             else:
                 self._run_bridge(item, values)
-        return {o.name: self._result(o.name, values) for o in self.graph.outputs}
+        handed: set[int] = set()
+        return {o.name: self._result(o.name, values, handed) for o in self.graph.outputs}
 
     def __call__(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
                  ) -> dict[str, np.ndarray]:
@@ -437,18 +460,32 @@ class NativeProgram:
                                    f"{list(np.shape(result))}; the plan has "
                                    f"{list(self._shapes[name][0])}")
             where = self._where.get(name)
-            if where is not None and where.region == _ARENA:
+            if where is not None and self._planned(where):
                 self._view(name)[...] = result  # a join placed it: its slice of the join
                 continue
             if isinstance(result, np.ndarray) and np.may_share_memory(result, self._arena):
                 result = result.copy()  # the arena slot may be reused before its last read
             self._publish(name, result, values)
 
-    def _result(self, name: str, values: dict[str, Any]) -> np.ndarray:
+    def _result(self, name: str, values: dict[str, Any], handed: set[int]) -> np.ndarray:
+        """Output ``name``: its run's buffer as it is (the first output handed that buffer),
+        else a copy."""
+        where = self._where.get(self._root(name))
+        if name not in values and where is not None and where.region in self._outputs \
+                and where.region not in handed:
+            handed.add(where.region)
+            return self._view(name)
         value = self._value(name, values)
         array = np.asarray(value)
         shape = self._shapes[name][0]
         return np.array(array.reshape(shape), copy=True)
+
+
+def _aligned_bytes(size: int, zero: bool = False) -> np.ndarray:
+    """``size`` bytes starting on an ``ALIGN``-byte boundary (zeroed when asked)."""
+    raw = (np.zeros if zero else np.empty)(size + ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + size]
 
 
 def _written(item: _NativeCall | _Bridge) -> tuple[str, ...]:
