@@ -64,7 +64,10 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 13: the matmul estimate (and so its analytic columns): B packed once at compile time (no
 #     packing per call), weights read in place stream at 0.6 of a packed panel's bandwidth;
 #     and micro_efficiency wants 1.5x pipes x latency accumulators (analytic.LATENCY_MARGIN).
-FEATURE_VERSION = 13
+# 14: the matmul estimate's memory floor: a split by rows (parallel="m") streams all of B
+#     on every thread; and the conv2d estimate of algorithm="winograd" schedules (its
+#     analytic columns; ARCHITECTURE change 34).
+FEATURE_VERSION = 14
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
