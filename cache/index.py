@@ -28,6 +28,7 @@ import os
 import re
 import threading
 import warnings
+from array import array
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
@@ -92,26 +93,101 @@ def compiler_key(identity: str | None) -> str | None:
     return f"{family} {int(majors[-1])}" if majors else family or None
 
 
+class _Columns:
+    """One snapshot's entries as packed columns (Python ``array`` objects: indexing one
+    gives a Python number without building a numpy scalar), shared by every entry and
+    every :class:`Index` built from those bytes. Never written after it is built."""
+
+    __slots__ = ("codegen_version", "compiler", "compilers", "gflops", "host", "hosts", "job",
+                 "jobs", "measured", "median", "min_s", "n", "record_ids", "schedule",
+                 "schedules", "source", "sources")
+
+    def __init__(self, table: pa.Table, schedules: tuple[Schedule, ...],
+                 codegen_version: str) -> None:
+        self.codegen_version = codegen_version
+        self.schedules = schedules
+        self.schedule = _ints(table["_schedule"].to_numpy())
+        self.n = _ints(pc.fill_null(table["n_measurements"], 0).to_numpy())
+        codes = {name: _Codes(table[column]) for name, column in (
+            ("compiler", "compiler"), ("source", "source"), ("job", "job_id"), ("host", "host"))}
+        self.compiler, self.compilers = _ints(codes["compiler"].codes), codes["compiler"].values
+        self.source, self.sources = _ints(codes["source"].codes), codes["source"].values
+        self.job, self.jobs = _ints(codes["job"].codes), codes["job"].values
+        self.host, self.hosts = _ints(codes["host"].codes), codes["host"].values
+        self.record_ids = _Strings(table["record_id"])
+        self.median = _floats(table["median_s"].to_numpy())
+        self.min_s = _floats(pc.fill_null(table["min_s"], np.nan).to_numpy())
+        self.gflops = _floats(pc.fill_null(table["gflops"], np.nan).to_numpy())
+        # Microsecond timestamps stay exact in float64 (below 2**53).
+        self.measured = _floats(pc.cast(table["measured_at"], pa.int64()).to_numpy())
+
+
+def _ints(values: np.ndarray) -> array[int]:
+    return array("i", np.ascontiguousarray(values, dtype=np.int32).tobytes())
+
+
+def _floats(values: np.ndarray) -> array[float]:
+    return array("d", np.ascontiguousarray(values, dtype=np.float64).tobytes())
+
+
+def _none_if_nan(value: float) -> float | None:
+    return None if value != value else value
+
+
 class IndexEntry(NamedTuple):
     """The published best schedule of one op, with its measured latency and provenance.
 
-    An immutable named tuple rather than a frozen dataclass: building one is the hot part of
-    a lookup, and a tuple is built several times faster.
+    A lookup builds what serving reads on every hit (``schedule``, ``median_s``,
+    ``n_measurements``, ``source``); the rest of the provenance (``min_s``, ``gflops``,
+    ``codegen_version``, ``compiler``, ``job_id``, ``host``, ``record_id``,
+    ``measured_at``) is read from the snapshot's columns (``columns``, row ``row``) when
+    asked for: building all thirteen fields was most of a lookup at a million entries.
     """
 
     op_text: str
     schedule: Schedule
     median_s: float
-    min_s: float | None
-    gflops: float | None
     n_measurements: int
-    codegen_version: str
-    compiler: str | None
     source: str | None
-    job_id: str | None
-    host: str | None
-    record_id: str
-    measured_at: datetime
+    row: int
+    columns: _Columns
+
+    def __repr__(self) -> str:
+        return (f"IndexEntry(op_text={self.op_text!r}, schedule={self.schedule!r}, "
+                f"median_s={self.median_s!r}, n_measurements={self.n_measurements}, "
+                f"source={self.source!r})")
+
+    @property
+    def min_s(self) -> float | None:
+        return _none_if_nan(self.columns.min_s[self.row])
+
+    @property
+    def gflops(self) -> float | None:
+        return _none_if_nan(self.columns.gflops[self.row])
+
+    @property
+    def codegen_version(self) -> str:
+        return self.columns.codegen_version
+
+    @property
+    def compiler(self) -> str | None:
+        return self.columns.compilers[self.columns.compiler[self.row]]
+
+    @property
+    def job_id(self) -> str | None:
+        return self.columns.jobs[self.columns.job[self.row]]
+
+    @property
+    def host(self) -> str | None:
+        return self.columns.hosts[self.columns.host[self.row]]
+
+    @property
+    def record_id(self) -> str:
+        return self.columns.record_ids.get(self.row) or ""
+
+    @property
+    def measured_at(self) -> datetime:
+        return _EPOCH + timedelta(microseconds=int(self.columns.measured[self.row]))
 
 
 class _Strings:
@@ -192,8 +268,7 @@ opens the same indexes for every shape, and should not parse them again."""
 BUILT_ENTRIES = 1_000_000
 """At most this many entries over the kept snapshots (about 300 bytes each)."""
 
-_BUILT_STATE = ("_pos", "ignored", "_schedules", "_compilers", "_sources", "_jobs", "_hosts",
-                "_record_ids", "_ints", "_floats")
+_BUILT_STATE = ("_pos", "ignored", "_columns")
 
 
 class _Built:
@@ -337,25 +412,7 @@ class Index:
         self._pos = {text: i for i, text in enumerate(texts[r] for r in rows)}
         self.ignored = total - table.num_rows
 
-        n = table.num_rows
-        self._schedules = schedules
-        compiler, source = _Codes(table["compiler"]), _Codes(table["source"])
-        job, host = _Codes(table["job_id"]), _Codes(table["host"])
-        self._compilers, self._sources = compiler.values, source.values
-        self._jobs, self._hosts = job.values, host.values
-        self._record_ids = _Strings(table["record_id"])
-        # Two packed rows per entry (integers, floats): a lookup turns each into Python values
-        # in one call. Microsecond timestamps stay exact in float64 (below 2**53).
-        ints = [table["_schedule"].to_numpy(), pc.fill_null(table["n_measurements"], 0).to_numpy(),
-                compiler.codes, source.codes, job.codes, host.codes]
-        self._ints = np.column_stack(ints).astype(np.int32) if n else \
-            np.zeros((0, len(ints)), np.int32)
-        floats = [table["median_s"].to_numpy(),
-                  pc.fill_null(table["min_s"], np.nan).to_numpy(),
-                  pc.fill_null(table["gflops"], np.nan).to_numpy(),
-                  pc.cast(table["measured_at"], pa.int64()).to_numpy().astype(np.float64)]
-        self._floats = np.column_stack(floats).astype(np.float64) if n else \
-            np.zeros((0, len(floats)), np.float64)
+        self._columns = _Columns(table, schedules, self.codegen_version)
 
     def __len__(self) -> int:
         return len(self._pos)
@@ -375,15 +432,9 @@ class Index:
         i = self._pos.get(text)
         if i is None:
             return None
-        schedule, n, compiler, source, job, host = self._ints[i].tolist()
-        median, min_s, gflops, measured = self._floats[i].tolist()
-        entry = IndexEntry(
-            text, self._schedules[schedule], median, None if min_s != min_s else min_s,
-            None if gflops != gflops else gflops, n, self.codegen_version,
-            self._compilers[compiler], self._sources[source], self._jobs[job],
-            self._hosts[host], self._record_ids.get(i) or "",
-            _EPOCH + timedelta(microseconds=int(measured)),
-        )
+        c = self._columns
+        entry = IndexEntry(text, c.schedules[c.schedule[i]], c.median[i], c.n[i],
+                           c.sources[c.source[i]], i, c)
         if len(self._memo) >= MEMO_SIZE:
             self._memo.clear()
         self._memo[text] = entry
