@@ -162,12 +162,15 @@ class CacheView:
     def lookup(self, op: OpSignature) -> Served | None:
         """The exact entry for ``op``; on a miss, the nearest neighbour's, then the nearest
         tuned shape's on this hardware; else None."""
+        text = op.text
         for index, label in self._exact:
-            entry = index.lookup(op) if index is not None else None
+            entry = index.lookup_text(text) if index is not None else None
             if entry is not None:
                 return Served(entry, self.hw_id, 0.0, label)
-        for index, source in self._neighbour_indexes():
-            entry = index.lookup(op) if index is not None else None
+        neighbours = self._neighbours if self._neighbours is not None else \
+            self._neighbour_indexes()
+        for index, source in neighbours:
+            entry = index.lookup_text(text) if index is not None else None
             if entry is not None:
                 return Served(entry, source.hw_id, max(source.distance, 1e-3), source.label)
         return self._nearest_shape(op) if self._shapes else None
