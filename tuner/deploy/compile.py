@@ -261,7 +261,6 @@ class CompiledModel:
                 self.evicted += 1
             return planned
 
-
     def _siblings(self, key: ShapeKey) -> dict[str, Schedule]:
         """Per kernel node, its schedule at the planned shape nearest ``key`` (the most
         elements alike): what a new shape's guesses may share packed weights with."""
