@@ -6,7 +6,8 @@ hardware spec's cores set to the thread count), onnxruntime (``intra_op_num_thre
 graph optimisations) and OpenVINO (``INFERENCE_NUM_THREADS``, latency hint, f32 inference
 precision). Every measurement runs in its own process with ``OMP_NUM_THREADS`` and the BLAS
 thread counts set to the same number, and reports the median latency over ``--repeat`` runs,
-its peak RSS, and (tunecache) the cold and warm compile times. The error column is
+its peak RSS, and (tunecache) the arena of the compiled program and the cold and warm
+compile times. The error column is
 max |ours - onnxruntime| / max |onnxruntime| on the same input.
 
 With ``--tune TRIALS``, tunecache is also measured **tuned**: in its own process, a
@@ -63,6 +64,7 @@ class Measurement:
 
     ms: float = float("nan")
     rss_mib: float = float("nan")
+    arena_mib: float = float("nan")
     cold_s: float = float("nan")
     warm_s: float = float("nan")
     rel_err: float = float("nan")
@@ -103,7 +105,10 @@ def _run_tunecache(path: Path, feeds: Feeds, threads: int, repeat: int,
                              input_shapes=shapes)
     warm_s = time.perf_counter() - start
     ms = median_ms(lambda: compiled.run(feeds), repeat)
-    return ms, _first_output(compiled, feeds), {"cold_s": cold_s, "warm_s": warm_s}
+    program = compiled.program
+    arena = program.arena_bytes / 2**20 if program is not None else float("nan")
+    return ms, _first_output(compiled, feeds), {"cold_s": cold_s, "warm_s": warm_s,
+                                                "arena_mib": arena}
 
 
 def _tune(path: Path, feeds: Feeds, threads: int, work: Path, trials: int) -> dict[str, float]:
@@ -291,7 +296,8 @@ def _row(key: str, threads: int, m: dict[str, Measurement]) -> str:
             f"{_fmt(ours.rel_err, '.1e')} / {_fmt(tuned.rel_err, '.1e')} / "
             f"{_fmt(ov.rel_err, '.1e')} | "
             f"{_fmt(ours.rss_mib, '.0f')} / {_fmt(ort.rss_mib, '.0f')} / "
-            f"{_fmt(ov.rss_mib, '.0f')} MiB | {_fmt(ours.cold_s, '.1f', ' s')} | "
+            f"{_fmt(ov.rss_mib, '.0f')} MiB | {_fmt(ours.arena_mib, '.1f', ' MiB')} | "
+            f"{_fmt(ours.cold_s, '.1f', ' s')} | "
             f"{_fmt(ours.warm_s, '.2f', ' s')} | {failed} |")
 
 
@@ -324,13 +330,15 @@ def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str
         "empty store and build cache, so the shipped seed serves what it holds for this "
         "machine; spec cores = threads; warm compile = the same compile "
         "again in that process); error = max |x - onnxruntime| ÷ max |onnxruntime|; peak RSS "
-        "of each process (ours includes compiling).", "",
+        "of each process (ours includes compiling); arena = the peak bytes of our compiled "
+        "program's planned intermediates (outputs are fresh arrays, weights are constants).",
+        "",
         f"{tuned_note(args)}", "",
         "| model | threads | tunecache untuned | onnxruntime | OpenVINO | untuned ÷ best peer | "
         "tunecache tuned | tuned ÷ best peer | tuning job | cache hits | "
-        "rel. err (untuned / tuned / OpenVINO) | peak RSS (ours / ORT / OV) | cold compile | "
-        "warm compile | failures |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "rel. err (untuned / tuned / OpenVINO) | peak RSS (ours / ORT / OV) | arena (ours) | "
+        "cold compile | warm compile | failures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows])
 
 
