@@ -7,8 +7,8 @@ graph optimisations) and OpenVINO (``INFERENCE_NUM_THREADS``, latency hint, f32 
 precision). Every measurement runs in its own process with ``OMP_NUM_THREADS`` and the BLAS
 thread counts set to the same number, and reports the median latency over ``--repeat`` runs,
 its peak RSS, and (tunecache) the arena of the compiled program and the cold and warm
-compile times. The error column is
-max |ours - onnxruntime| / max |onnxruntime| on the same input.
+compile times. The error column is max |ours - onnxruntime| / max |onnxruntime| on the same
+input.
 
 With ``--tune TRIALS``, tunecache is also measured **tuned**: in its own process, a
 tuning job (``TRIALS`` per distinct op, no refinement) on the ops the compiled model runs
