@@ -69,6 +69,25 @@ def _as_list(value: str | Iterable[str] | None) -> list[str] | None:
     return list(value)
 
 
+LISTING_ATTEMPTS = 5
+"""How often a listing is tried when a directory vanishes or appears during the walk (a
+concurrent writer creating the store's first partition)."""
+
+
+def _walk(loc: Location, base: str) -> list[pafs.FileInfo]:
+    """Everything under ``base`` (nothing when it does not exist), tolerating writers."""
+    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+    for attempt in range(LISTING_ATTEMPTS):
+        try:
+            return list(loc.fs.get_file_info(selector))
+        except FileNotFoundError:
+            # A directory seen a moment ago is not there yet or any more (a writer is
+            # between its mkdir and its rename); list again.
+            if attempt == LISTING_ATTEMPTS - 1:
+                raise
+    return []
+
+
 def list_fragments(
     loc: Location,
     hw_id: str | Iterable[str] | None = None,
@@ -85,8 +104,7 @@ def list_fragments(
     bases = [loc.path(f"{RECORDS_DIR}/hw_id={h}") for h in hw_ids] if hw_ids else [records]
     found: list[Fragment] = []
     for base in bases:
-        selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
-        for info in loc.fs.get_file_info(selector):
+        for info in _walk(loc, base):
             if info.type != pafs.FileType.File:
                 continue
             relative = info.path[len(records):].strip("/")

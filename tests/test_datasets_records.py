@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -126,3 +127,31 @@ def test_file_metadata_carries_schema_version(tmp_path):
     path = tmp_path / "f.parquet"
     path.write_bytes(data.to_pybytes())
     assert pq.read_schema(path).metadata[b"tunecache.schema_version"] == b"2"
+
+
+def test_a_listing_survives_a_directory_appearing_mid_walk() -> None:
+    """A reader polling a store while a writer creates its first partition can see a
+    directory vanish or appear between two steps of the walk: the listing is tried again."""
+    import pyarrow.fs as pafs
+
+    from tunecache.datasets import io as store_io
+
+    class Flaky:
+        calls = 0
+
+        def get_file_info(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+            self.calls += 1
+            if self.calls < 3:
+                raise FileNotFoundError(f"Cannot list directory {selector.base_dir!r}")
+            return [pafs.FileInfo(f"{selector.base_dir}/x", pafs.FileType.File)]
+
+    flaky = Flaky()
+    found = store_io._walk(types.SimpleNamespace(fs=flaky), "root/records")  # type: ignore[arg-type]
+    assert [i.path for i in found] == ["root/records/x"] and flaky.calls == 3
+
+    class Gone:
+        def get_file_info(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+            raise FileNotFoundError("Cannot list directory")
+
+    with pytest.raises(FileNotFoundError):
+        store_io._walk(types.SimpleNamespace(fs=Gone()), "root/records")  # type: ignore[arg-type]
