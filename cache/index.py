@@ -268,7 +268,13 @@ opens the same indexes for every shape, and should not parse them again."""
 BUILT_ENTRIES = 1_000_000
 """At most this many entries over the kept snapshots (about 300 bytes each)."""
 
-_BUILT_STATE = ("_pos", "ignored", "_columns")
+class _Snapshot(NamedTuple):
+    """What an index builds from one snapshot's bytes: row by op text, rows ignored, the
+    packed columns."""
+
+    pos: dict[str, int]
+    ignored: int
+    columns: _Columns
 
 
 class _Built:
@@ -278,19 +284,19 @@ class _Built:
     def __init__(self, size: int, entries: int) -> None:
         self._size = size
         self._entries = entries
-        self._items: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+        self._items: OrderedDict[tuple[Any, ...], _Snapshot] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
+    def get(self, key: tuple[Any, ...]) -> _Snapshot | None:
         with self._lock:
             found = self._items.get(key)
             if found is not None:
                 self._items.move_to_end(key)
             return found
 
-    def put(self, key: tuple[Any, ...], state: dict[str, Any]) -> None:
+    def put(self, key: tuple[Any, ...], built: _Snapshot) -> None:
         with self._lock:
-            self._items[key] = state
+            self._items[key] = built
             while len(self._items) > self._size or (
                     len(self._items) > 1 and self._held() > self._entries):
                 self._items.popitem(last=False)
@@ -300,7 +306,7 @@ class _Built:
             self._items.clear()
 
     def _held(self) -> int:
-        return sum(len(state["_pos"]) for state in self._items.values())
+        return sum(len(built.pos) for built in self._items.values())
 
 
 _BUILT = _Built(BUILT_SNAPSHOTS, BUILT_ENTRIES)
@@ -357,14 +363,15 @@ class Index:
             content = fs.read_bytes(self.location,
                                     paths.snapshot_path(self.hw_id, pointer.snapshot))
             content = check_snapshot_bytes(self.hw_id, pointer, content)
-            key = (hashlib.sha256(content).digest(), self.hw_id, self.codegen_version,
-                   self.compiler)
+            # The pointer's SHA-256 was just checked against these bytes; older pointers
+            # lack it.
+            digest = pointer.file_sha256 or hashlib.sha256(content).hexdigest()
+            key = (digest, self.hw_id, self.codegen_version, self.compiler)
             built = _BUILT.get(key)
             if built is None:
-                self._build(self._table(content))
-                _BUILT.put(key, {name: getattr(self, name) for name in _BUILT_STATE})
-            else:
-                self.__dict__.update(built)
+                built = self._build(self._table(content))
+                _BUILT.put(key, built)
+            self._pos, self.ignored, self._columns = built
             self.snapshot = pointer.snapshot
         except (TunecacheError, OSError, pa.ArrowException) as exc:
             warnings.warn(
@@ -373,7 +380,6 @@ class Index:
                 SnapshotWarning,
                 stacklevel=3,
             )
-            self._pos = {}
 
     @staticmethod
     def _table(content: bytes) -> pa.Table:
@@ -383,7 +389,7 @@ class Index:
             raise SnapshotError(f"snapshot lacks column(s) {', '.join(missing)}")
         return parquet.read(columns=_COLUMNS)
 
-    def _build(self, table: pa.Table) -> None:
+    def _build(self, table: pa.Table) -> _Snapshot:
         total = table.num_rows
         keep = pc.and_(
             pc.less_equal(table["snapshot_version"], SNAPSHOT_VERSION),
@@ -409,10 +415,9 @@ class Index:
             pos.setdefault(text, i)
         rows = np.fromiter(sorted(pos.values()), dtype=np.int64, count=len(pos))
         table = table.take(rows)
-        self._pos = {text: i for i, text in enumerate(texts[r] for r in rows)}
-        self.ignored = total - table.num_rows
-
-        self._columns = _Columns(table, schedules, self.codegen_version)
+        return _Snapshot({text: i for i, text in enumerate(texts[r] for r in rows)},
+                         total - table.num_rows,
+                         _Columns(table, schedules, self.codegen_version))
 
     def __len__(self) -> int:
         return len(self._pos)

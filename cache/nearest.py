@@ -167,9 +167,7 @@ class CacheView:
             entry = index.lookup_text(text) if index is not None else None
             if entry is not None:
                 return Served(entry, self.hw_id, 0.0, label)
-        neighbours = self._neighbours if self._neighbours is not None else \
-            self._neighbour_indexes()
-        for index, source in neighbours:
+        for index, source in self._neighbour_indexes():
             entry = index.lookup_text(text) if index is not None else None
             if entry is not None:
                 return Served(entry, source.hw_id, max(source.distance, 1e-3), source.label)

@@ -190,13 +190,16 @@ def test_a_snapshot_is_built_once_per_process_and_still_checked_on_every_open(
 
 
 def test_kept_columns_are_bounded_by_snapshots_and_entries():
-    from tunecache.cache.index import _Built
+    from tunecache.cache.index import _Built, _Snapshot
+
+    def snapshot(entries: int) -> _Snapshot:
+        return _Snapshot({str(i): i for i in range(entries)}, 0, None)  # type: ignore[arg-type]
 
     kept = _Built(size=2, entries=10)
     for name, entries in (("a", 4), ("b", 4), ("c", 4)):
-        kept.put((name,), {"_pos": dict.fromkeys(range(entries), 0)})
+        kept.put((name,), snapshot(entries))
     assert kept.get(("a",)) is None and kept.get(("b",)) and kept.get(("c",))
-    kept.put(("huge",), {"_pos": dict.fromkeys(range(50), 0)})  # alone over the bound: kept
+    kept.put(("huge",), snapshot(50))  # alone over the bound: kept
     assert kept.get(("huge",)) and kept.get(("b",)) is None and kept.get(("c",)) is None
 
 
