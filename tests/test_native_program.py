@@ -154,3 +154,22 @@ def test_outputs_are_written_in_place_into_fresh_arrays(make, tmp_path: Path) ->
         assert not np.may_share_memory(array, second[name])
         assert not np.may_share_memory(array, program._arena)
         assert program.arena_range(name) is not None  # planned: its producer wrote it there
+
+
+def test_two_outputs_on_one_buffer_are_returned_as_separate_arrays(tmp_path: Path) -> None:
+    """An output and a view of it share one output buffer: the first is handed the buffer,
+    the other a copy, so no two returned arrays alias."""
+    b = Builder(13)
+    x = b.input("x", [2, 6])
+    h = b.node("MatMul", [x, b.weight(6, 8)], name="mm")
+    flat = b.node("Reshape", [h, b.const(np.array([4, 4], dtype=np.int64))])
+    model = b.model([h, flat])
+    compiled = _compiled(model, tmp_path)
+    feeds = random_feeds(model)
+    program = NativeProgram.build(compiled.graph, compiled.kernels, feeds)
+    got = program.run(feeds)
+    assert_close(got, ort_run(model, feeds), [h, flat])
+    assert program.arena_range(h) == program.arena_range(flat)  # one slot for both
+    assert not np.may_share_memory(got[h], got[flat])
+    got[h][...] = 0.0  # the caller owns each array
+    assert np.abs(got[flat]).max() > 0

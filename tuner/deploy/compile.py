@@ -392,7 +392,7 @@ def compile_model(
         return _compile_shape(label, source, concrete, store=store, config=config, hw=hw,
                               model=model, clock=clock, record_wanted=record_wanted,
                               threads=threads, blocked_layouts=blocked_layouts,
-                              siblings=siblings or {})
+                              siblings=siblings)
 
     if shapes is None:
         interface = frontend.Graph(info.name, info.opset, info.inputs, info.outputs,
