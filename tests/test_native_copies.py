@@ -4,6 +4,7 @@ contiguous runs; a step the copies cannot describe stays a numpy step."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,10 @@ from onnx_support import Builder, assert_close, ort_run, random_feeds
 
 from tunecache.cache.store import Store
 from tunecache.compiler.frontend import OnnxNode
+from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.native import NativeProgram
 from tunecache.compiler.native.copies import Copy, _merged, copies_of
+from tunecache.compiler.native.runner import PARALLEL_MIN_BYTES
 from tunecache.tuner.deploy import compile_model
 
 
@@ -85,8 +88,8 @@ def test_params_merge_contiguous_runs_and_drop_unit_dims() -> None:
     # the head transpose of one decode token: [1, 1, 12, 64] -> [1, 12, 1, 64] is one run
     copy = Copy("k", "kt", (1, 12, 1, 64), (3072, 256, 3072, 4), (3072, 256, 256, 4))
     assert _merged(copy.shape, copy.src_strides, copy.dst_strides) == ((768,), (4,), (4,))
-    params = copy.params(4)
-    assert list(params[:4]) == [1, 4, 0, 0] and list(params[4:]) == [768, 4, 4]
+    params = copy.params(4, threads=2)
+    assert list(params[:5]) == [1, 4, 0, 0, 2] and list(params[5:]) == [768, 4, 4]
     # a real transpose keeps its two dims
     assert _merged((3, 5), (4, 12), (20, 4)) == ((3, 5), (4, 12), (20, 4))
 
@@ -121,3 +124,32 @@ def test_slices_with_constant_bounds(starts: list[int], ends: list[int], axes: l
     cut = b.node("Slice", inputs)
     program, kinds = _program(b.model([b.node("Relu", [cut])]), tmp_path)
     assert kinds == ["Slice"] and program.numpy_steps == 0
+
+
+def test_large_copies_shared_among_threads(tmp_path: Path) -> None:
+    """Copies of at least PARALLEL_MIN_BYTES run on the program's threads: many runs (a
+    key/value cache Concat), one long run cut into pieces (a Concat along axis 0), and an
+    element-strided transpose; each equals onnxruntime's."""
+    b = Builder(17)
+    past, new = b.input("past", [8, 12, 128, 64]), b.input("new", [8, 12, 1, 64])
+    # graph inputs: no producer can write them into the joined buffer, so they are copied
+    cache = b.node("Concat", [past, new], axis=2)
+    x = b.input("x", [256, 512])
+    rows = b.node("Concat", [x, b.input("y", [256, 512])], axis=0)
+    turned = b.node("Transpose", [b.node("Relu", [x])], perm=[1, 0])
+    model = b.model([b.node("Relu", [cache]), b.node("Relu", [rows]),
+                     b.node("Relu", [turned])])
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    hw = replace(local_spec(), cores=2)
+    compiled = compile_model(path, store=Store(tmp_path / "store"), policy="analytic",
+                             record_wanted=False, blocked_layouts=False, hw=hw, threads=2)
+    names = [o.name for o in model.graph.output]
+    for seed in (0, 1):
+        feeds = random_feeds(model, seed)
+        assert_close(compiled.run(feeds), ort_run(model, feeds), names)
+    program = compiled.program
+    assert program is not None and program.threads == 2 and program.numpy_steps == 0
+    copies = [v for k, v in program._constants.items() if k.startswith("copy:")]
+    assert copies and all(int(params[4]) == 2 for params in copies)
+    assert max(int(np.prod(p[5:5 + p[0]])) * 4 for p in copies) >= PARALLEL_MIN_BYTES

@@ -44,11 +44,12 @@ class Copy:
     src_offset: int = 0
     dst_offset: int = 0
 
-    def params(self, item_bytes: int) -> np.ndarray:
+    def params(self, item_bytes: int, threads: int = 1) -> np.ndarray:
         """The ``int64`` block ``tc_strided_copy`` reads: ``ndim, item bytes, source
-        offset, destination offset``, then sizes, source strides, destination strides."""
+        offset, destination offset, threads``, then sizes, source strides, destination
+        strides. A large copy is shared among ``threads``."""
         shape, src, dst = _merged(self.shape, self.src_strides, self.dst_strides)
-        head = [len(shape), item_bytes, self.src_offset, self.dst_offset]
+        head = [len(shape), item_bytes, self.src_offset, self.dst_offset, max(1, threads)]
         return np.array([*head, *shape, *src, *dst], dtype=np.int64)
 
 

@@ -108,6 +108,8 @@ class NativeProgram:
     """Join steps (Concat) that vanished: their inputs were written in place."""
     segments: int
     """Native calls per run (one per run of consecutive kernel steps)."""
+    threads: int
+    """Threads the runner's own copies may use."""
     _shapes: dict[str, tuple[tuple[int, ...], np.dtype]]
     _constants: dict[str, np.ndarray]
     _layouts: dict[str, Hashable]
@@ -129,15 +131,18 @@ class NativeProgram:
     @classmethod
     def build(cls, graph: Graph, kernels: Mapping[str, Any],
               example_inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
-              packed_layouts: Mapping[str, Hashable] | None = None) -> NativeProgram:
+              packed_layouts: Mapping[str, Hashable] | None = None,
+              threads: int = 1) -> NativeProgram:
         """Plan ``graph`` with ``kernels`` (kernel node name -> loaded kernel; nodes without
         one, or whose kernel is not native, run their numpy reference) using shapes traced
         from one reference run on ``example_inputs``. ``packed_layouts`` names, per kernel
         node, the layout its pre-packed weights take (``OpKind.packed_weights_layout``):
         a constant already packed in that layout, by this program or another one alive (the
-        same model planned at another shape), is not packed again."""
+        same model planned at another shape), is not packed again. ``threads`` bounds the
+        runner's own parallel work (large copies), as each kernel's schedule bounds its."""
         self = cls.__new__(cls)
         self.graph = graph
+        self.threads = threads
         self._layouts = dict(packed_layouts or {})
         self._shapes = {}
         checked = self._check(example_inputs)
@@ -183,7 +188,7 @@ class NativeProgram:
         entry, calls = strided_copy_entry(), []
         for i, copy in enumerate(copies):
             params = f"copy:{step.name}:{i}"
-            self._constants[params] = copy.params(FLOAT32.itemsize)
+            self._constants[params] = copy.params(FLOAT32.itemsize, self.threads)
             calls.append(_NativeCall(entry, (copy.source, params), copy.output))
         return calls
 

@@ -17,9 +17,14 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler.build import build_source, open_verified
+from tunecache.compiler.threads import configure_openmp
 
 MAX_ARGS = 16
 """Most arguments a kernel takes (conv2d: X, W, bias, add, out)."""
+PARALLEL_MIN_BYTES = 256 << 10
+"""A strided copy this large is shared among the program's threads (smaller ones cost
+less than waking them)."""
+PIECE_MIN_BYTES = 64 << 10
 
 STEP_DTYPE = np.dtype([("fn", np.int32), ("nargs", np.int32), ("first", np.int32)])
 """One step: entry index, argument count, index of its first reference."""
@@ -47,18 +52,32 @@ int tc_run_plan(int64_t n, const tc_step *steps, const tc_ref *refs,
 }}
 
 /* A strided copy (compiler/native/copies.py): args are the source, an int64 block
-   {{ndim, item bytes, source offset, destination offset, sizes[ndim], source strides[ndim],
-   destination strides[ndim]}} (bytes), and the destination. */
+   {{ndim, item bytes, source offset, destination offset, threads, sizes[ndim], source
+   strides[ndim], destination strides[ndim]}} (bytes), and the destination. A copy of at
+   least {PARALLEL_MIN_BYTES} bytes is shared among the threads: its runs, and a long
+   contiguous run cut into pieces of at least {PIECE_MIN_BYTES} bytes. */
 int tc_strided_copy(void **args) {{
   const int64_t *p = (const int64_t *)args[1];
-  const int64_t nd = p[0], item = p[1];
-  const int64_t *size = p + 4, *ss = size + nd, *ds = ss + nd;
+  const int64_t nd = p[0], item = p[1], threads = p[4];
+  const int64_t *size = p + 5, *ss = size + nd, *ds = ss + nd;
   const char *src = (const char *)args[0] + p[2];
   char *dst = (char *)args[2] + p[3];
   const int64_t inner = size[nd - 1], si = ss[nd - 1], di = ds[nd - 1];
+  const int contiguous = si == item && di == item;
   int64_t outer = 1;
   for (int64_t d = 0; d < nd - 1; d++) outer *= size[d];
-  for (int64_t o = 0; o < outer; o++) {{
+  const int64_t run = inner * item, bytes = outer * run;
+  const int parallel = threads > 1 && bytes >= {PARALLEL_MIN_BYTES};
+  int64_t pieces = 1;
+  if (parallel && contiguous && outer < 4 * threads) {{
+    pieces = (4 * threads + outer - 1) / outer;
+    if (pieces > run / {PIECE_MIN_BYTES}) pieces = run / {PIECE_MIN_BYTES};
+    if (pieces < 1) pieces = 1;
+  }}
+  const int64_t tasks = outer * pieces;
+  #pragma omp parallel for num_threads((int)threads) schedule(static) if(parallel)
+  for (int64_t task = 0; task < tasks; task++) {{
+    const int64_t o = task / pieces, piece = task % pieces;
     int64_t rem = o, so = 0, dof = 0;
     for (int64_t d = nd - 2; d >= 0; d--) {{
       const int64_t i = rem % size[d];
@@ -68,8 +87,9 @@ int tc_strided_copy(void **args) {{
     }}
     const char *s = src + so;
     char *t = dst + dof;
-    if (si == item && di == item) {{
-      memcpy(t, s, (size_t)(inner * item));
+    if (contiguous) {{
+      const int64_t lo = run * piece / pieces, hi = run * (piece + 1) / pieces;
+      memcpy(t + lo, s + lo, (size_t)(hi - lo));
     }} else {{
       for (int64_t j = 0; j < inner; j++) memcpy(t + j * di, s + j * si, (size_t)item);
     }}
@@ -77,13 +97,14 @@ int tc_strided_copy(void **args) {{
   return 0;
 }}
 """
-_FLAGS = ("-O2", "-fPIC", "-shared")
+_FLAGS = ("-O2", "-fPIC", "-shared", "-fopenmp")
 
 
 @cache
 def _runner_library() -> ctypes.CDLL:
     # Loaded once and kept for the process (the cache holds it); checked against its build
     # record like every kernel library before any of its code runs.
+    configure_openmp()  # its parallel copies bring libgomp in, like a kernel
     with open_verified(build_source(_SOURCE, _FLAGS).path) as loadable:
         return ctypes.CDLL(loadable)
 

@@ -126,6 +126,9 @@ class CompiledModel:
     native: bool = True
     """Run through one native program (arena + plan + C runner); off: the reference
     executor, node by node in Python."""
+    threads: int | None = None
+    """The compile's thread bound (None: ``hw.cores``): kernels' schedules keep to it, and
+    so do the native program's own copies."""
     _executor: Executor | None = field(default=None, init=False, repr=False)
     _program: NativeProgram | None = field(default=None, init=False, repr=False)
     _run_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -156,7 +159,9 @@ class CompiledModel:
         with self._run_lock:
             if self._program is None:
                 self._program = NativeProgram.build(self.graph, self.kernels, inputs,
-                                                    self._packed_layouts())
+                                                    self._packed_layouts(),
+                                                    min(self.hw.cores,
+                                                        self.threads or self.hw.cores))
             try:
                 return self._program.run(inputs)
             except PlanMismatch:  # a data-dependent shape: the executor handles any
@@ -463,7 +468,7 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                                    for op, count in misses.items()])
     kernels = _build_kernels(plan, hw)
     t_build = time.perf_counter()
-    compiled = CompiledModel(graph, plan, kernels, hw)
+    compiled = CompiledModel(graph, plan, kernels, hw, threads=threads)
     compiled.timings = {"load_s": t_load - t0, "decide_s": t_decide - t_load,
                         "build_s": t_build - t_decide, "total_s": t_build - t0}
     return compiled
