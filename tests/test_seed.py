@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from tunecache.cache.nearest import published_specs
+from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec, hardware_distance, local_spec
 from tunecache.costmodel import registry
 from tunecache.costmodel.features import FEATURE_VERSION
@@ -96,6 +97,18 @@ def test_a_rebuild_replaces_the_seed_and_a_foreign_directory_is_refused(
         build_seed(two_machines, tmp_path / "mine")
     with pytest.raises(SeedError, match="neither a store"):
         build_seed([tmp_path / "absent.parquet"], tmp_path / "other")
+
+
+def test_a_seed_rebuilds_from_rows_of_another_seed_written_by_pandas(
+        two_machines: list[Path], tmp_path: Path) -> None:
+    """How a farm drops records (measured under an old protocol, say) from a seed: load its
+    store in pandas (Arrow-backed dtypes), filter, write Parquet, build from that file."""
+    build_seed(two_machines[:1], tmp_path / "seed", folds=2)
+    rows = Store(tmp_path / "seed").load()
+    kept = rows[rows["op_id"] != rows["op_id"].iloc[0]]
+    kept.to_parquet(tmp_path / "kept.parquet", index=False)
+    summary = build_seed([tmp_path / "kept.parquet"], tmp_path / "again", folds=2)
+    assert summary.records == len(kept) and summary.hardware[0].published == 23
 
 
 @pytest.mark.skipif(not SEED_STORE.is_dir(), reason="no seed shipped in this checkout")

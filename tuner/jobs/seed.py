@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from tunecache.cache.store import Store
 from tunecache.compiler.errors import TunecacheError
 from tunecache.costmodel import registry
 from tunecache.costmodel.model import CostModel, cross_validate, prepare
+from tunecache.datasets import io
 from tunecache.datasets.schema import STATUSES
 
 MANIFEST = "SEED.json"
@@ -78,7 +80,9 @@ def read_records(source: str | os.PathLike[str]) -> pd.DataFrame:
     """The records of a store (directory or URI) or of a Parquet file of store rows."""
     text = os.fspath(source)
     if text.endswith(".parquet") and Path(text).is_file():
-        return pd.read_parquet(text)
+        # Through Arrow, not pd.read_parquet: a file written from ``Store.load()`` keeps
+        # pandas metadata of Arrow-backed dtypes that pandas cannot read back.
+        return io.to_pandas(pq.read_table(text))
     if "://" not in text and not Path(text).is_dir():
         raise SeedError(f"{text!r} is neither a store directory, a store URI nor a "
                         ".parquet file of records")
