@@ -7,6 +7,7 @@ what was given and what the kernel needs; nothing reaches the C code unchecked.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
 from tunecache.compiler.kinds import op_kind
+from tunecache.compiler.native.runner import time_rotating_function
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
 from tunecache.compiler.threads import configure_openmp
@@ -203,6 +205,42 @@ class WeightBoundKernel:
         """Seconds for ``iters`` back-to-back calls (weights not repacked), timed in C."""
         pointers, _ = self.kernel._pointers(inputs, out, weights=self.packed.ctypes.data)
         return float(self.timer(pointers, iters))
+
+
+MAX_WEIGHT_COPIES = 64
+"""Most packed copies of one kernel's weights :func:`rotating_timer` rotates through."""
+
+
+def rotating_timer(kernel: Kernel, inputs: tuple[np.ndarray, ...], out: np.ndarray,
+                   span_bytes: int, prepacked: bool) -> tuple[Callable[[int], float], int]:
+    """A timer ``run(n) -> seconds for n calls`` of ``kernel`` on ``inputs`` (all of them,
+    the weights second) with the weights in as many copies as it takes to exceed
+    ``span_bytes`` (at most :data:`MAX_WEIGHT_COPIES`), call i reading copy i mod copies;
+    and that number of copies. ``prepacked``: the copies are packed once
+    (:meth:`Kernel.bind_weights`), else the kernel reads copies of the weights in place.
+    With ``span_bytes`` beyond the caches every call meets its weights in memory, as a model
+    whose weights outgrow the caches calls it."""
+    weights, rest = inputs[1], (inputs[0], *inputs[2:])
+    first = kernel.bind_weights(weights) if prepacked else None
+    unit = first.packed.nbytes if first is not None else weights.nbytes
+    copies = max(1, min(MAX_WEIGHT_COPIES, -(-span_bytes // max(1, unit))))
+    if first is not None:
+        held: list[Any] = [first, *(kernel.bind_weights(weights) for _ in range(copies - 1))]
+        vectors = [kernel._pointers(rest, out, weights=b.packed.ctypes.data)[0] for b in held]
+        entry = first.entry
+    else:
+        held = [weights, *(weights.copy() for _ in range(copies - 1))]
+        vectors = [kernel._pointers((rest[0], w, *rest[1:]), out)[0] for w in held]
+        entry = kernel._entry
+    nargs = len(vectors[0])
+    table = (ctypes.c_void_p * (nargs * copies))(*(p for v in vectors for p in v))
+    address = ctypes.cast(entry, ctypes.c_void_p).value
+    timer = time_rotating_function()
+
+    def run(iters: int) -> float:
+        # ``held`` keeps alive the copies ``table`` points into.
+        return float(timer(address, table, nargs, len(held), iters))
+    return run, copies
 
 
 def load_kernel(op: OpSignature, artifact: Artifact | Path) -> Kernel:

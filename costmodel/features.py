@@ -67,7 +67,9 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 14: the matmul estimate's memory floor: a split by rows (parallel="m") streams all of B
 #     on every thread; and the conv2d estimate of algorithm="winograd" schedules (its
 #     analytic columns; ARCHITECTURE change 34).
-FEATURE_VERSION = 14
+# 15: the matmul estimate's memory floor: a split by rows with constant (pre-packed) weights
+#     makes every thread's pass over B a DRAM pass, as in a model that streams its weights.
+FEATURE_VERSION = 15
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

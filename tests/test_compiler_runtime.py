@@ -95,3 +95,25 @@ def test_weights_packed_once_serve_every_kernel_of_that_layout() -> None:
     assert layout(ops[1], replace(s, kc=32)) != layout(ops[1], s)
     with pytest.raises(KernelArgumentError, match="cannot run on"):
         second.bind_packed(packed[:-1])
+
+
+@pytest.mark.parametrize("pack_b", [1, 0])
+def test_a_rotating_timer_runs_the_kernel_on_every_copy_of_its_weights(pack_b: int) -> None:
+    """Weights packed once (``pack_b=1``) or read in place (``pack_b=0``): as many copies as
+    it takes to span the bytes asked for, each call on the next copy, each call right."""
+    from dataclasses import replace
+
+    from tunecache.compiler.runtime import MAX_WEIGHT_COPIES, rotating_timer
+
+    hw = local_spec()
+    op = OpSignature.parse("matmul(M=4,N=64,K=96,epilogue=bias)")
+    kernel = compile_kernel(op, replace(default_schedule(op, hw), pack_b=pack_b, threads=1), hw)
+    assert kernel.prepacks_weights == bool(pack_b)
+    inputs = random_inputs(op)
+    unit = kernel.bind_weights(inputs[1]).packed.nbytes if pack_b else inputs[1].nbytes
+    for span, copies in ((unit * 5 - 1, 5), (unit, 1), (unit * 1000, MAX_WEIGHT_COPIES)):
+        out = np.full((4, 64), np.nan, dtype=np.float32)
+        run, made = rotating_timer(kernel, inputs, out, span, prepacked=bool(pack_b))
+        assert made == copies
+        assert run(2 * copies + 1) > 0
+        np.testing.assert_allclose(out, reference(op, inputs), rtol=1e-4, atol=1e-4)

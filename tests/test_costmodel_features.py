@@ -22,13 +22,15 @@ LAYOUT_DIGESTS = {1: "69330a51579c4cf9", 2: "84f7f0316a034daa", 3: "84f7f0316a03
                   4: "84f7f0316a034daa", 5: "7ec47d8fb9fd97ae", 6: "27e28fc5b8decf11",
                   7: "24e71a35542179d8", 8: "2f93537a1730cd63", 9: "a5a0e17e055572f5",
                   10: "fff9ee10eaea7fea", 11: "c654093b4f7a52d6",
-                  12: "9938fab643596ddb", 13: "9938fab643596ddb", 14: "9938fab643596ddb"}
+                  12: "9938fab643596ddb", 13: "9938fab643596ddb", 14: "9938fab643596ddb",
+                  15: "9938fab643596ddb"}
 VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2", 3: "ee3c150c3f1c00d4",
                  4: "28e29d75ebf480e0", 5: "5a2a23657e21ad2a", 6: "e6204765dd950e66",
                  7: "f20cb4de32fb7943", 8: "d6d65c55b0f686b2", 9: "def038e369205259",
                  10: "b46d05c4cb2d011c", 11: "2c1a15b69aa365f2",
                  12: "607bb35cfef37228", 13: "50d239d5758275cf",
-                 14: "3489d3dcaf33eb0d"}  # 14: two golden rows more (an LM head, a Winograd conv)
+                 14: "3489d3dcaf33eb0d",  # 14: two golden rows more (an LM head, a Winograd conv)
+                 15: "113ad569124da84d"}  # 15: a golden row more (a decode projection by rows)
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=48 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="Golden CPU",
@@ -65,6 +67,10 @@ def golden_inputs() -> list[tuple[OpSignature, object, HardwareSpec]]:
         # a decode-step LM head split by rows: every thread streams all of B (version 14)
         (head, MatmulSchedule(mr=2, nr=32, kc=384, mc=4, nc=5056, pack_a=0, threads=2,
                               parallel="m"), AVX2),
+        # a decode-step projection split by rows, B small enough for the L3: each thread's
+        # pass over the weights still comes from DRAM (version 15)
+        (OpSignature.matmul(8, 768, 768, epilogue="bias"),
+         MatmulSchedule(mr=4, nr=24, kc=384, mc=4, nc=768, threads=2, parallel="m"), AVX2),
         # Winograd F(4x4,3x3) on the blocked layout (version 14)
         (wino, Conv2dSchedule(algorithm="winograd", oh_block=4, ow_block=14, oc_block=8,
                               ic_block=8, threads=2), AVX2),

@@ -180,6 +180,31 @@ def test_prepacked_timing_is_checked_and_times_the_bound_kernel() -> None:
     assert [r["prepacked"] for r in answers] == [True, False]
 
 
+def test_constant_weights_are_timed_cold_unless_asked_not_to() -> None:
+    """A model's weights (a matmul's B, packed once or read in place) are timed rotated
+    through copies spanning twice the L3, so no call finds them left in cache by the last
+    one; ``cold_weights=False`` and activation products (batch_matmul) keep one copy."""
+    timing = {"repeat_s": 0.001, "min_repeats": 1, "min_time_s": 0.0, "max_repeats": 1}
+    op = OpSignature.matmul(4, 256, 512, epilogue="bias")
+    span = 2 * HW.l3_bytes
+    for pack_b in (1, 0):
+        schedule = dataclasses.replace(default_schedule(op, HW), pack_b=pack_b)
+        path = str(compile_kernel(op, schedule, HW).path)
+        for cold_bytes, copies in ((span, min(64, -(-span // (256 * 512 * 4)))), (0, 0)):
+            answer = worker._measure_kernel({"op": op.text, "path": path, "prepacked": True,
+                                             "cold_bytes": cold_bytes, "timing": timing},
+                                            worker._Inputs())
+            assert answer["status"] == "ok" and answer["weight_copies"] == copies
+    products = OpSignature.batch_matmul(1, 4, 256, 512)
+    path = str(compile_kernel(products, default_schedule(products, HW), HW).path)
+    answer = worker._measure_kernel({"op": products.text, "path": path, "prepacked": False,
+                                     "cold_bytes": span, "timing": timing}, worker._Inputs())
+    assert answer["status"] == "ok" and answer["weight_copies"] == 0
+    # the runner asks for twice the L3 by default, and for nothing when told not to
+    assert Runner(HW, FAST).timing.cold_weights
+    assert not Runner(HW, dataclasses.replace(FAST, cold_weights=False)).timing.cold_weights
+
+
 def test_weights_are_timed_packed_by_default_and_activation_products_are_not() -> None:
     runner = Runner(HW, FAST)
     conv = OpSignature.conv2d(1, 8, 6, 6, 16, 3, 3, pads=1)

@@ -34,6 +34,7 @@ REF_DTYPE = np.dtype([("region", np.int64), ("offset", np.int64)])
 _SOURCE = f"""\
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 typedef int (*tc_entry)(void **);
 typedef struct {{ int32_t fn, nargs, first; }} tc_step;
 typedef struct {{ int64_t region, offset; }} tc_ref;
@@ -49,6 +50,18 @@ int tc_run_plan(int64_t n, const tc_step *steps, const tc_ref *refs,
     if (entries[step->fn](args) != 0) return (int)(s + 1);
   }}
   return 0;
+}}
+
+/* Seconds for iters calls of entry, call i on argument vector i % copies (args holds
+   copies vectors of nargs pointers): a kernel timed on weights rotated through copies that
+   together exceed the caches, as a model whose weights stream from memory calls it. */
+double tc_time_rotating(tc_entry entry, void **args, int64_t nargs, int64_t copies,
+                        int64_t iters) {{
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int64_t i = 0; i < iters; i++) entry(args + (i % copies) * nargs);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
 }}
 
 /* A strided copy (compiler/native/copies.py): args are the source, an int64 block
@@ -114,6 +127,16 @@ def strided_copy_entry() -> int:
     address = ctypes.cast(_runner_library().tc_strided_copy, ctypes.c_void_p).value
     assert address is not None
     return address
+
+
+def time_rotating_function() -> Any:
+    """``tc_time_rotating`` of the runner library: ``(entry, args, nargs, copies, iters)``
+    -> seconds."""
+    function = _runner_library().tc_time_rotating
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                         ctypes.c_int64]
+    function.restype = ctypes.c_double
+    return function
 
 
 def run_plan_function() -> Any:
