@@ -223,3 +223,41 @@ def test_damaged_or_hostile_snapshots_give_an_empty_index(tmp_path):
     with pytest.warns(UserWarning, match="damaged pointer"):
         store.publish()  # a new publish repairs it
     assert Index(tmp_path, HW.hw_id).lookup(OP) is not None
+
+
+def test_packed_keys_serve_every_field_of_every_row(tmp_path):
+    """Lookups read a row's schedule, measurement count and source from one packed int: for
+    ops of varied counts, sources and schedules each field equals the snapshot's, also when
+    the fields need more than 63 bits (Python ints, not numpy's)."""
+    import copy
+
+    import pyarrow.parquet as pq
+
+    rng = random.Random(5)
+    sources = ["tiler", "model", "explore", "refine", "manual", "exhaustive"]
+    ops = [OpSignature.matmul(8 + i, 16, 32) for i in range(120)]
+    records = [rec(op, rng.choice([A, B, C]), 1.0 + rng.random(), source=rng.choice(sources))
+               for op in ops for _ in range(rng.randint(1, 9))]
+    store = Store(tmp_path)
+    store.append(records)
+    store.publish()
+    pointer = store.current(HW.hw_id)
+    assert pointer is not None
+    table = pq.read_table(tmp_path / "published" / HW.hw_id / pointer.snapshot).to_pylist()
+    index = Index(tmp_path, HW.hw_id)
+    wide = copy.copy(index._columns)
+    wide.row_shift += 64  # rows above bit 63: the keys are built without numpy
+    wide_index = copy.copy(index)
+    wide_index._memo = {}
+    wide_index._pos = dict(zip(index._pos, wide.keys(), strict=True))
+    wide_index._columns = wide
+    assert max(wide_index._pos.values()) >= 1 << 64
+    for served in (index, wide_index):
+        for row in table:
+            entry = served.lookup(OpSignature.parse(row["op_text"]))
+            assert entry is not None
+            assert entry.schedule.schedule_id == row["schedule_id"]
+            assert (entry.median_s, entry.n_measurements, entry.source) == \
+                (row["median_s"], row["n_measurements"], row["source"])
+            assert entry.record_id == row["record_id"]
+    assert len({row["n_measurements"] for row in table}) >= 3  # counts of varied width
