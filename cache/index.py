@@ -458,12 +458,14 @@ class Index:
 
     def lookup_text(self, text: str) -> IndexEntry | None:
         """The published entry for the op with canonical text ``text``, or None."""
-        entry = self._memo.get(text)
-        if entry is not None:
-            return entry
+        # The key first: an exact miss (then the nearest hardware's index is asked) costs
+        # one probe.
         key = self._pos.get(text)
         if key is None:
             return None
+        entry = self._memo.get(text)
+        if entry is not None:
+            return entry
         c = self._columns
         row = key >> c.row_shift
         entry = _new_tuple(IndexEntry, (
