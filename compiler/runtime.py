@@ -212,16 +212,17 @@ MAX_WEIGHT_COPIES = 64
 
 
 def rotating_timer(kernel: Kernel, inputs: tuple[np.ndarray, ...], out: np.ndarray,
-                   span_bytes: int, prepacked: bool) -> tuple[Callable[[int], float], int]:
+                   span_bytes: int, bound: WeightBoundKernel | None = None
+                   ) -> tuple[Callable[[int], float], int]:
     """A timer ``run(n) -> seconds for n calls`` of ``kernel`` on ``inputs`` (all of them,
     the weights second) with the weights in as many copies as it takes to exceed
     ``span_bytes`` (at most :data:`MAX_WEIGHT_COPIES`), call i reading copy i mod copies;
-    and that number of copies. ``prepacked``: the copies are packed once
-    (:meth:`Kernel.bind_weights`), else the kernel reads copies of the weights in place.
-    With ``span_bytes`` beyond the caches every call meets its weights in memory, as a model
+    and that number of copies. With ``bound`` (the weights packed once, the first copy)
+    the copies are packed, else the kernel reads copies of the weights in place. With
+    ``span_bytes`` beyond the caches every call meets its weights in memory, as a model
     whose weights outgrow the caches calls it."""
     weights, rest = inputs[1], (inputs[0], *inputs[2:])
-    first = kernel.bind_weights(weights) if prepacked else None
+    first = bound
     unit = first.packed.nbytes if first is not None else weights.nbytes
     copies = max(1, min(MAX_WEIGHT_COPIES, -(-span_bytes // max(1, unit))))
     if first is not None:

@@ -113,7 +113,8 @@ def test_a_rotating_timer_runs_the_kernel_on_every_copy_of_its_weights(pack_b: i
     unit = kernel.bind_weights(inputs[1]).packed.nbytes if pack_b else inputs[1].nbytes
     for span, copies in ((unit * 5 - 1, 5), (unit, 1), (unit * 1000, MAX_WEIGHT_COPIES)):
         out = np.full((4, 64), np.nan, dtype=np.float32)
-        run, made = rotating_timer(kernel, inputs, out, span, prepacked=bool(pack_b))
+        bound = kernel.bind_weights(inputs[1]) if pack_b else None
+        run, made = rotating_timer(kernel, inputs, out, span, bound)
         assert made == copies
         assert run(2 * copies + 1) > 0
         np.testing.assert_allclose(out, reference(op, inputs), rtol=1e-4, atol=1e-4)

@@ -113,6 +113,12 @@ int tc_strided_copy(void **args) {{
 _FLAGS = ("-O2", "-fPIC", "-shared", "-fopenmp")
 
 
+def build_runner() -> None:
+    """Build the runner library into the build cache (a no-op when it is there), without
+    loading it: a process that will start workers that time kernels builds it first."""
+    build_source(_SOURCE, _FLAGS)
+
+
 @cache
 def _runner_library() -> ctypes.CDLL:
     # Loaded once and kept for the process (the cache holds it); checked against its build

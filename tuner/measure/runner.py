@@ -40,6 +40,7 @@ from tunecache.compiler.codegen import CODEGEN_VERSION, KernelSource, generate
 from tunecache.compiler.errors import BuildError, ScheduleError, TunecacheError
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
 from tunecache.compiler.kinds import op_kind
+from tunecache.compiler.native.runner import build_runner
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
 
@@ -386,6 +387,9 @@ class Runner:
     ) -> list[MeasureResult]:
         """Build and time already generated kernels (the seam fault-injection tests use)."""
         ensure_runnable(self.hw)
+        if self.timing.cold_weights:
+            # Built here, once, not inside a worker's first timed request (its timeout).
+            build_runner()
         origin = list(sources) if sources is not None else [("manual", None)] * len(kernels)
         compiler = self.compiler
         results: list[MeasureResult | None] = [None] * len(kernels)

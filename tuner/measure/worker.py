@@ -102,7 +102,8 @@ def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any
     if constant and span > 0:
         # Constant weights as a model meets them: streamed from memory, not left in cache
         # by the call before (packed once, or read in place, alike).
-        timer, copies = rotating_timer(kernel, inputs, out, span, prepacked)
+        packed = run if isinstance(run, WeightBoundKernel) else None
+        timer, copies = rotating_timer(kernel, inputs, out, span, packed)
     else:
         copies = 0
         def timer(n: int) -> float:
