@@ -5,7 +5,10 @@ pointers) and its arguments, each a (region, byte offset) pair; a region is a ba
 (the arena, a constant, a graph input or output) that the caller fills in before a run. The
 runner turns each step's references into the ``void **args`` every generated kernel takes
 (:mod:`tunecache.compiler.codegen.abi`) and calls it: no Python between kernels. It is
-built once per machine through the same content-addressed build cache as kernels.
+built once per machine through the same content-addressed build cache as kernels. The same
+library holds the strided copy that data-movement steps run (shared among the program's
+threads when large) and the loop that times a kernel on rotated copies of its weights
+(``tunecache.compiler.runtime.rotating_timer``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ PARALLEL_MIN_BYTES = 256 << 10
 """A strided copy this large is shared among the program's threads (smaller ones cost
 less than waking them)."""
 PIECE_MIN_BYTES = 64 << 10
+"""The smallest piece a long contiguous run of a shared copy is cut into."""
 
 STEP_DTYPE = np.dtype([("fn", np.int32), ("nargs", np.int32), ("first", np.int32)])
 """One step: entry index, argument count, index of its first reference."""
