@@ -9,6 +9,7 @@ import pytest
 
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import compile_kernel
 from tunecache.compiler.schedule import default_schedule
@@ -200,9 +201,24 @@ def test_constant_weights_are_timed_cold_unless_asked_not_to() -> None:
     answer = worker._measure_kernel({"op": products.text, "path": path, "prepacked": False,
                                      "cold_bytes": span, "timing": timing}, worker._Inputs())
     assert answer["status"] == "ok" and answer["weight_copies"] == 0
-    # the runner asks for twice the L3 by default, and for nothing when told not to
-    assert Runner(HW, FAST).timing.cold_weights
-    assert not Runner(HW, dataclasses.replace(FAST, cold_weights=False)).timing.cold_weights
+    # the runner asks for twice the L3 for constant weights (kernels and the numpy baseline
+    # alike), and for nothing when told not to or for activation products
+    assert Runner(HW, FAST)._cold_bytes(op) == span
+    assert Runner(HW, FAST)._cold_bytes(products) == 0
+    assert Runner(HW, dataclasses.replace(FAST, cold_weights=False))._cold_bytes(op) == 0
+    baseline = worker._measure_numpy({"op": op.text, "threads": 1, "cold_bytes": span,
+                                      "timing": timing}, worker._Inputs())
+    assert baseline["status"] == "ok" and baseline["runtimes_s"]
+    seen: list[int] = []
+    inputs = worker._Inputs().get(op, 0, with_reference=False)[0]
+    real = op_kind("matmul").reference
+    try:  # the reference, spied on: which weights each call gets
+        object.__setattr__(op_kind("matmul"), "reference",
+                           lambda o, inputs: seen.append(id(inputs[1])) or real(o, inputs))
+        worker._numpy_runner(op, inputs, 3 * 256 * 512 * 4)(7)
+    finally:
+        object.__setattr__(op_kind("matmul"), "reference", real)
+    assert len(set(seen)) == 3 and seen[0] == seen[3]  # three copies, in rotation
 
 
 def test_weights_are_timed_packed_by_default_and_activation_products_are_not() -> None:

@@ -442,7 +442,7 @@ class Runner:
             "check": self.timing.check,
             "seed": self.timing.seed,
             "prepacked": self.prepacked(job.kernel.op),
-            "cold_bytes": 2 * self.hw.l3_bytes if self.timing.cold_weights else 0,
+            "cold_bytes": self._cold_bytes(job.kernel.op),
         }
         build_info: dict[str, Any] = {
             "compile_s": job.artifact.compile_seconds, "cached_build": job.artifact.cached,
@@ -469,6 +469,11 @@ class Runner:
             **common,
         )
         return self._retime_if_noisy(result, request)
+
+    def _cold_bytes(self, op: OpSignature) -> int:
+        """The bytes ``op``'s weights are rotated through when timed (0: kept warm): twice
+        the L3 for constant weights under ``cold_weights``."""
+        return 2 * self.hw.l3_bytes if self.timing.cold_weights and self.prepacked(op) else 0
 
     def prepacked(self, op: OpSignature) -> bool:
         """Whether ``op``'s kernels are timed with their weights packed once."""
@@ -507,6 +512,8 @@ class Runner:
             "threads": threads,
             "timing": self.timing.request(),
             "seed": self.timing.seed,
+            # Like for like: numpy's weights as cold as the kernels' (see _run).
+            "cold_bytes": self._cold_bytes(op),
         }
         try:
             answer = self._worker_process("numpy").request(request, self.timing.timeout_s)

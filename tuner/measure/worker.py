@@ -26,6 +26,7 @@ import numpy as np
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import (
+    MAX_WEIGHT_COPIES,
     Kernel,
     WeightBoundKernel,
     check_result,
@@ -113,17 +114,23 @@ def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any
             "weight_copies": copies}
 
 
-def _numpy_runner(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> Callable[[int], float]:
-    """Times the kind's numpy reference on the float32 inputs (the ``numpy`` baseline)."""
+def _numpy_runner(op: OpSignature, inputs: tuple[np.ndarray, ...],
+                  span_bytes: int = 0) -> Callable[[int], float]:
+    """Times the kind's numpy reference on the float32 inputs (the ``numpy`` baseline);
+    with ``span_bytes``, on copies of the weights (second input) rotated past that many
+    bytes, as kernels with constant weights are timed (``rotating_timer``)."""
     kind = op_kind(op.kind)
     if kind.baseline != "numpy":
         raise ValueError(f"numpy is not the {op.kind} baseline ({kind.baseline} is)")
     reference = kind.reference
+    weights = inputs[1]
+    copies = max(1, min(MAX_WEIGHT_COPIES, -(-span_bytes // max(1, weights.nbytes))))
+    rotated = [inputs, *((inputs[0], weights.copy(), *inputs[2:]) for _ in range(copies - 1))]
 
     def run(n: int) -> float:
         start = time.perf_counter()
-        for _ in range(n):
-            reference(op, inputs)
+        for i in range(n):
+            reference(op, rotated[i % copies])
         return time.perf_counter() - start
 
     return run
@@ -134,8 +141,9 @@ def _measure_numpy(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any]
 
     op = OpSignature.parse(req["op"])
     inputs, _ = inputs_cache.get(op, int(req.get("seed", 0)), with_reference=False)
+    span = int(req.get("cold_bytes", 0))
     with threadpool_limits(limits=int(req["threads"]), user_api="blas"):
-        samples = time_calls(_numpy_runner(op, inputs), req["timing"])
+        samples = time_calls(_numpy_runner(op, inputs, span), req["timing"])
     return {"status": "ok", "runtimes_s": samples}
 
 
