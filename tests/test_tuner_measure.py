@@ -219,6 +219,12 @@ def test_constant_weights_are_timed_cold_unless_asked_not_to() -> None:
     finally:
         object.__setattr__(op_kind("matmul"), "reference", real)
     assert len(set(seen)) == 3 and seen[0] == seen[3]  # three copies, in rotation
+    # a one-input op (no weights) times its baseline as ever
+    softmax = OpSignature.parse("softmax(M=64,N=128)")
+    assert Runner(HW, FAST)._cold_bytes(softmax) == 0
+    one = worker._measure_numpy({"op": softmax.text, "threads": 1, "timing": timing},
+                                worker._Inputs())
+    assert one["status"] == "ok" and one["runtimes_s"]
 
 
 def test_weights_are_timed_packed_by_default_and_activation_products_are_not() -> None:

@@ -123,9 +123,12 @@ def _numpy_runner(op: OpSignature, inputs: tuple[np.ndarray, ...],
     if kind.baseline != "numpy":
         raise ValueError(f"numpy is not the {op.kind} baseline ({kind.baseline} is)")
     reference = kind.reference
-    weights = inputs[1]
-    copies = max(1, min(MAX_WEIGHT_COPIES, -(-span_bytes // max(1, weights.nbytes))))
-    rotated = [inputs, *((inputs[0], weights.copy(), *inputs[2:]) for _ in range(copies - 1))]
+    rotated = [inputs]
+    if span_bytes > 0:  # only ops with constant weights (a second input) are asked to
+        weights = inputs[1]
+        copies = max(1, min(MAX_WEIGHT_COPIES, -(-span_bytes // max(1, weights.nbytes))))
+        rotated += [(inputs[0], weights.copy(), *inputs[2:]) for _ in range(copies - 1)]
+    copies = len(rotated)
 
     def run(n: int) -> float:
         start = time.perf_counter()
