@@ -120,9 +120,8 @@ class CacheView:
         self.compiler = compiler
         self.codegen_version = codegen_version
         self._stores = list(stores)
-        self._exact = [(index, label) for index, label in
-                       ((self._open(loc, self.hw_id), label) for loc, label in self._stores)
-                       if index is not None]
+        opened = [(self._open(loc, self.hw_id), label) for loc, label in self._stores]
+        self._exact = [(index, label) for index, label in opened if index is not None]
         self._neighbours: list[tuple[Index | None, _Source]] | None = \
             None if neighbours else []
         self._serving: list[tuple[Index, str, float, str]] | None = None

@@ -208,7 +208,13 @@ class WeightBoundKernel:
 
 
 MAX_WEIGHT_COPIES = 64
-"""Most packed copies of one kernel's weights :func:`rotating_timer` rotates through."""
+"""Most copies of one kernel's weights :func:`rotating_timer` rotates through."""
+
+
+def weight_copies(span_bytes: int, unit_bytes: int) -> int:
+    """How many copies of ``unit_bytes`` of weights span ``span_bytes`` (at least one, at
+    most :data:`MAX_WEIGHT_COPIES`)."""
+    return max(1, min(MAX_WEIGHT_COPIES, -(-span_bytes // max(1, unit_bytes))))
 
 
 def rotating_timer(kernel: Kernel, inputs: tuple[np.ndarray, ...], out: np.ndarray,
@@ -224,7 +230,7 @@ def rotating_timer(kernel: Kernel, inputs: tuple[np.ndarray, ...], out: np.ndarr
     weights, rest = inputs[1], (inputs[0], *inputs[2:])
     first = bound
     unit = first.packed.nbytes if first is not None else weights.nbytes
-    copies = max(1, min(MAX_WEIGHT_COPIES, -(-span_bytes // max(1, unit))))
+    copies = weight_copies(span_bytes, unit)
     if first is not None:
         held: list[Any] = [first, *(kernel.bind_weights(weights) for _ in range(copies - 1))]
         vectors = [kernel._pointers(rest, out, weights=b.packed.ctypes.data)[0] for b in held]

@@ -77,15 +77,14 @@ concurrent writer creating the store's first partition)."""
 def _walk(loc: Location, base: str) -> list[pafs.FileInfo]:
     """Everything under ``base`` (nothing when it does not exist), tolerating writers."""
     selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
-    for attempt in range(LISTING_ATTEMPTS):
+    for _ in range(LISTING_ATTEMPTS - 1):
         try:
             return list(loc.fs.get_file_info(selector))
         except FileNotFoundError:
             # A directory seen a moment ago is not there yet or any more (a writer is
             # between its mkdir and its rename); list again.
-            if attempt == LISTING_ATTEMPTS - 1:
-                raise
-    return []
+            continue
+    return list(loc.fs.get_file_info(selector))
 
 
 def list_fragments(

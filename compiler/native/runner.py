@@ -117,9 +117,10 @@ int tc_strided_copy(void **args) {{
 _FLAGS = ("-O2", "-fPIC", "-shared", "-fopenmp")
 
 
+@cache
 def build_runner() -> None:
-    """Build the runner library into the build cache (a no-op when it is there), without
-    loading it: a process that will start workers that time kernels builds it first."""
+    """Build the runner library into the build cache (once per process), without loading
+    it: a process that will start workers that time kernels builds it first."""
     build_source(_SOURCE, _FLAGS)
 
 

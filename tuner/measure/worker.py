@@ -26,7 +26,6 @@ import numpy as np
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import (
-    MAX_WEIGHT_COPIES,
     Kernel,
     WeightBoundKernel,
     check_result,
@@ -34,6 +33,7 @@ from tunecache.compiler.runtime import (
     random_inputs,
     reference,
     rotating_timer,
+    weight_copies,
 )
 
 
@@ -126,8 +126,8 @@ def _numpy_runner(op: OpSignature, inputs: tuple[np.ndarray, ...],
     rotated = [inputs]
     if span_bytes > 0:  # only ops with constant weights (a second input) are asked to
         weights = inputs[1]
-        copies = max(1, min(MAX_WEIGHT_COPIES, -(-span_bytes // max(1, weights.nbytes))))
-        rotated += [(inputs[0], weights.copy(), *inputs[2:]) for _ in range(copies - 1)]
+        rotated += [(inputs[0], weights.copy(), *inputs[2:])
+                    for _ in range(weight_copies(span_bytes, weights.nbytes) - 1)]
     copies = len(rotated)
 
     def run(n: int) -> float:
