@@ -19,6 +19,7 @@ from onnx_support import (
 )
 
 from tunecache.cache.store import Store
+from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.frontend import ModelError
 from tunecache.compiler.native import Lifetime, NativeProgram, plan_arena
 from tunecache.compiler.native.arena import ALIGN
@@ -173,3 +174,39 @@ def test_two_outputs_on_one_buffer_are_returned_as_separate_arrays(tmp_path: Pat
     assert not np.may_share_memory(got[h], got[flat])
     got[h][...] = 0.0  # the caller owns each array
     assert np.abs(got[flat]).max() > 0
+
+
+def test_a_profile_times_every_step_where_it_runs(tmp_path: Path) -> None:
+    """One entry per step in run order, each named by its node and op and placed where it
+    runs (a kernel, a runner copy, a numpy bridge); profiling leaves the outputs as they
+    were."""
+    b = Builder(13)
+    x = b.input("x", [64, 32])
+    y = b.node("Relu", [b.node("MatMul", [x, b.weight(32, 48)], name="mm")])
+    t = b.node("Transpose", [y], perm=[1, 0], name="tr")
+    model = b.model([b.node("ReduceProd", [t], axes=[1], keepdims=1, name="prod"),
+                     b.node("Floor", [t], name="floor")])
+    compiled = _compiled(model, tmp_path)
+    feeds = random_feeds(model)
+    expected = compiled.run(feeds)
+    profile = compiled.profile(feeds, runs=4)
+    program = compiled.program
+    assert program is not None and profile.runs == 4
+    assert len(profile.steps) == program.native_steps + program.numpy_steps
+    assert [(s.index, s.step.node, s.step.op, s.step.where) for s in profile.steps] == [
+        (0, "mm", "matmul", "kernel"), (1, "tr", "Transpose", "copy"),
+        (2, "prod", "ReduceProd", "numpy"), (3, "floor", "Floor", "numpy")]
+    assert all(s.seconds > 0 for s in profile.steps)
+    assert profile.outside_seconds >= 0 and profile.run_seconds > 0
+    assert set(profile.seconds_by("where")) == {"kernel", "copy", "numpy"}
+    assert sum(profile.seconds_by("op").values()) == pytest.approx(profile.step_seconds)
+    assert profile.top(1)[0].seconds == max(s.seconds for s in profile.steps)
+    assert_close(compiled.run(feeds), list(expected.values()), list(expected))
+
+
+def test_a_profile_of_the_reference_executor_is_refused(tmp_path: Path) -> None:
+    model = mobilenet_model()
+    compiled = _compiled(model, tmp_path)
+    compiled.native = False
+    with pytest.raises(TunecacheError, match="native program"):
+        compiled.profile(random_feeds(model), runs=1)

@@ -122,6 +122,23 @@ def test_cli_compile_and_run(resnet: Path, tmp_path: Path) -> None:
     assert all(e["max_abs"] < 1e-3 for e in report["onnxruntime"]["errors"].values())
 
 
+def test_cli_run_profile(resnet: Path, tmp_path: Path) -> None:
+    """``run --profile``: where the time goes, as text and as JSON (every step)."""
+    args = ("run", str(resnet), "--root", str(tmp_path), "--policy", "analytic",
+            "--repeat", "2", "--profile")
+    report = json.loads(tunecache(*args, "--json").stdout)["profile"]
+    assert report["runs"] == 2 and report["steps"]
+    assert {s["where"] for s in report["steps"]} <= {"kernel", "copy", "numpy"}
+    assert {s["op"] for s in report["steps"]} >= {"conv2d", "matmul"}
+    assert sum(report["by_where_ms"].values()) == pytest.approx(
+        sum(s["ms"] for s in report["steps"]))
+    text = tunecache(*args[:-1], "--profile", "3")
+    assert text.returncode == 0, text.stderr
+    assert "slowest 3 steps:" in text.stdout and "conv2d" in text.stdout
+    listed = text.stdout.split("slowest 3 steps:")[1].strip().splitlines()
+    assert len(listed) == 3
+
+
 def test_cli_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a model")

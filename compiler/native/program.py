@@ -25,6 +25,7 @@ shapes are static), so the plan is exact. Outputs are fresh arrays on every run.
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,6 +40,7 @@ from tunecache.compiler.memo import IdentityMemo
 from tunecache.compiler.native.arena import ALIGN, Lifetime, plan_arena
 from tunecache.compiler.native.copies import copies_of
 from tunecache.compiler.native.joins import Join, Placement, join_of, place_joins
+from tunecache.compiler.native.profile import ProgramProfile, StepInfo
 from tunecache.compiler.native.runner import (
     MAX_ARGS,
     REF_DTYPE,
@@ -73,6 +75,8 @@ class _NativeCall:
     inputs: tuple[str, ...]
     """Tensor names in argument order (a packed weight is named ``packed:<node>``)."""
     output: str
+    step: StepInfo
+    """What a profile calls it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,7 @@ class _Segment:
     steps: np.ndarray
     refs: np.ndarray
     first_step: int
+    infos: tuple[StepInfo, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +95,7 @@ class _Bridge:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     label: str
+    step: StepInfo
 
 
 class NativeProgram:
@@ -125,6 +131,7 @@ class NativeProgram:
     _base_array: Any
     _schedule: list[_Segment | _Bridge]
     _run_plan: Any
+    _run_plan_timed: Any
 
     # -- building -------------------------------------------------------------------------
 
@@ -189,7 +196,8 @@ class NativeProgram:
         for i, copy in enumerate(copies):
             params = f"copy:{step.name}:{i}"
             self._constants[params] = copy.params(FLOAT32.itemsize, self.threads)
-            calls.append(_NativeCall(entry, (copy.source, params), copy.output))
+            calls.append(_NativeCall(entry, (copy.source, params), copy.output,
+                                     StepInfo(step.name, step.op_type, "copy")))
         return calls
 
     def _place_joins(self) -> Placement:
@@ -250,14 +258,17 @@ class NativeProgram:
             return None
         address = ctypes.cast(entry, ctypes.c_void_p).value
         assert address is not None
-        return _NativeCall(address, tuple(names), node.output)
+        return _NativeCall(address, tuple(names), node.output,
+                           StepInfo(node.name, node.op.kind, "kernel"))
 
     def _bridge(self, step: KernelNode | OnnxNode, kernels: Mapping[str, Any]) -> _Bridge:
         if isinstance(step, KernelNode):
             return _Bridge(_kernel_function(step, kernels.get(step.name)), step.inputs,
-                           (step.output,), f"kernel node {step.name!r} ({step.op.text})")
+                           (step.output,), f"kernel node {step.name!r} ({step.op.text})",
+                           StepInfo(step.name, step.op.kind, "numpy"))
         return _Bridge(_onnx_function(step, self.graph.opset), step.inputs, step.outputs,
-                       f"node {step.name!r} ({step.op_type})")
+                       f"node {step.name!r} ({step.op_type})",
+                       StepInfo(step.name, step.op_type, "numpy"))
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -373,6 +384,7 @@ class NativeProgram:
         self._base_array = (ctypes.c_void_p * len(self._bases))(*self._bases)
         self._schedule = schedule
         self._run_plan = run_plan_function()
+        self._run_plan_timed = run_plan_function(timed=True)
         self.native_steps = sum(isinstance(i, _NativeCall) for i in items)
         self.numpy_steps = len(items) - self.native_steps
         self.segments = sum(isinstance(s, _Segment) for s in schedule)
@@ -386,7 +398,8 @@ class NativeProgram:
             places = [self._region_for(n) for n in (*call.inputs, call.output)]
             steps[i] = (entries.index(call.entry), len(places), len(refs))
             refs.extend((w.region, w.offset) for w in places)
-        return _Segment(steps, np.array(refs, dtype=REF_DTYPE), first)
+        return _Segment(steps, np.array(refs, dtype=REF_DTYPE), first,
+                        tuple(call.step for call in calls))
 
     # -- running --------------------------------------------------------------------------
 
@@ -394,17 +407,46 @@ class NativeProgram:
             ) -> dict[str, np.ndarray]:
         """Run the model; ``{output name: array}`` in the model's output order (fresh
         arrays). Inputs are checked as :meth:`Executor.run` checks them."""
+        return self._run(inputs, None)
+
+    def profile(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
+                runs: int = 10) -> ProgramProfile:
+        """Run ``runs`` times (after one unrecorded run) timing every step where it runs,
+        native steps inside the C runner: each step's median seconds, and the median
+        whole run (whose excess over the steps is the time spent in Python between
+        them)."""
+        steps = [info for item in self._schedule
+                 for info in (item.infos if isinstance(item, _Segment) else (item.step,))]
+        samples = np.zeros((runs, len(steps)))
+        walls = []
+        self._run(inputs, np.zeros(len(steps)))
+        for i in range(runs):
+            start = time.perf_counter()
+            self._run(inputs, samples[i])
+            walls.append(time.perf_counter() - start)
+        return ProgramProfile.of(steps, samples, walls)
+
+    def _run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
+             seconds: np.ndarray | None) -> dict[str, np.ndarray]:
+        """:meth:`run`; with ``seconds`` (one float64 per step), each step's wall seconds
+        are added to its entry."""
         values: dict[str, Any] = {}
         for name, array in self._check(inputs).items():
             self._publish(name, array, values)
         for region, size in self._outputs.items():
             self._buffers[region] = _aligned_bytes(size)
             self._base_array[region] = self._buffers[region].ctypes.data
+        index = 0
         for item in self._schedule:
             if isinstance(item, _Segment):
-                self._run_segment(item)
-            else:
-                self._run_bridge(item, values)
+                self._run_segment(item, None if seconds is None else seconds[index:])
+                index += len(item.infos)
+                continue
+            start = time.perf_counter()
+            self._run_bridge(item, values)
+            if seconds is not None:
+                seconds[index] += time.perf_counter() - start
+            index += 1
         handed: set[int] = set()
         return {o.name: self._result(o.name, values, handed) for o in self.graph.outputs}
 
@@ -429,10 +471,11 @@ class NativeProgram:
             self._base_array[region] = value.ctypes.data
         values[name] = value
 
-    def _run_segment(self, segment: _Segment) -> None:
-        failed = self._run_plan(len(segment.steps), segment.steps.ctypes.data,
-                                segment.refs.ctypes.data, ctypes.addressof(self._entries),
-                                ctypes.addressof(self._base_array))
+    def _run_segment(self, segment: _Segment, seconds: np.ndarray | None) -> None:
+        arguments = (len(segment.steps), segment.steps.ctypes.data, segment.refs.ctypes.data,
+                     ctypes.addressof(self._entries), ctypes.addressof(self._base_array))
+        failed = self._run_plan(*arguments) if seconds is None else \
+            self._run_plan_timed(*arguments, seconds.ctypes.data)
         if failed:
             raise ModelError(f"step {segment.first_step + failed - 1} of {self.graph.name!r} "
                              "could not allocate its kernel's workspace")

@@ -56,6 +56,24 @@ int tc_run_plan(int64_t n, const tc_step *steps, const tc_ref *refs,
   return 0;
 }}
 
+/* tc_run_plan, adding each step's wall seconds to seconds[s] (a profile). */
+int tc_run_plan_timed(int64_t n, const tc_step *steps, const tc_ref *refs,
+                      tc_entry const *entries, char *const *bases, double *seconds) {{
+  void *args[{MAX_ARGS}];
+  struct timespec t0, t1;
+  for (int64_t s = 0; s < n; ++s) {{
+    const tc_step *step = &steps[s];
+    const tc_ref *ref = &refs[step->first];
+    for (int32_t i = 0; i < step->nargs; ++i) args[i] = bases[ref[i].region] + ref[i].offset;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int failed = entries[step->fn](args);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    seconds[s] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (failed != 0) return (int)(s + 1);
+  }}
+  return 0;
+}}
+
 /* Seconds for iters calls of entry, call i on argument vector i % copies (args holds
    copies vectors of nargs pointers): a kernel timed on weights rotated through copies that
    together exceed the caches, as a model whose weights stream from memory calls it. */
@@ -150,10 +168,17 @@ def time_rotating_function() -> Any:
     return function
 
 
-def run_plan_function() -> Any:
-    """``tc_run_plan`` of the runner library, built on first use."""
-    function = _runner_library().tc_run_plan
-    function.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                         ctypes.c_void_p]
+def run_plan_function(timed: bool = False) -> Any:
+    """``tc_run_plan`` of the runner library, built on first use; ``timed``:
+    ``tc_run_plan_timed``, which takes one more argument, a ``double`` per step that each
+    step's seconds are added to."""
+    if timed:
+        function = _runner_library().tc_run_plan_timed
+        function.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    else:
+        function = _runner_library().tc_run_plan
+        function.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p, ctypes.c_void_p]
     function.restype = ctypes.c_int
     return function

@@ -17,6 +17,7 @@ from tunecache.cache.store import Store
 from tunecache.compiler import frontend
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.native.profile import ProgramProfile
 from tunecache.tuner.cli.common import (
     emit_json,
     hardware_option,
@@ -202,6 +203,10 @@ def _load_inputs(path: Path) -> dict[str, np.ndarray]:
         raise InputShapeError(f"cannot read inputs from {path}: {exc}") from None
 
 
+PROFILE_TOP = 15
+"""Slowest steps ``run --profile`` lists when given no count."""
+
+
 def _time(fn: Any, repeat: int) -> list[float]:
     fn()
     samples = []
@@ -220,13 +225,19 @@ def _time(fn: Any, repeat: int) -> list[float]:
               help="Also run onnxruntime: max abs/rel error and the latency ratio.")
 @click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True,
               help="Timed runs (median reported).")
+@click.option("--profile", "profile_top", type=click.IntRange(min=0), default=None,
+              is_flag=False, flag_value=PROFILE_TOP, metavar="[N]",
+              help="Also time every step inside the native program and print where the "
+                   f"time goes: by kind of step, by op, and the N slowest steps "
+                   f"(default {PROFILE_TOP}); --json has every step.")
 @threads_option_with("Threads for our kernels and for onnxruntime alike (default: every core).")
 def run_command(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
                 input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
                 as_json: bool, inputs_path: Path | None, compare: str | None, repeat: int,
-                threads: int | None) -> None:
+                profile_top: int | None, threads: int | None) -> None:
     """Compile and run an ONNX model; with --compare onnxruntime, check and time it against
-    onnxruntime on the same inputs and thread count."""
+    onnxruntime on the same inputs and thread count; with --profile, say where its time
+    goes."""
     given = Inputs(inputs_path, _load_inputs(inputs_path)) if inputs_path else None
     compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
                         hardware, given, threads)
@@ -266,6 +277,9 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
         report["onnxruntime"] = {"latency_ms": statistics.median(theirs) * 1e3,
                                  "threads": options.intra_op_num_threads, "errors": errors}
         report["latency_ratio"] = statistics.median(ours) / statistics.median(theirs)
+    profile = compiled.profile(inputs, repeat) if profile_top is not None else None
+    if profile is not None:
+        report["profile"] = profile.to_dict()
     if as_json:
         emit_json(report)
         return
@@ -279,6 +293,29 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
         for name, err in ort_report["errors"].items():
             click.echo(f"  {name}: max abs error {err['max_abs']:.3g}, max rel error "
                        f"{err['max_rel']:.3g}")
+    if profile is not None:
+        _echo_profile(profile, profile_top or 0)
+
+
+def _echo_profile(profile: ProgramProfile, top: int) -> None:
+    run_ms = profile.run_seconds * 1e3
+
+    def share(seconds: float) -> str:
+        return f"{seconds * 1e3:9.3f} ms {100 * seconds * 1e3 / run_ms:5.1f}%" if run_ms \
+            else f"{seconds * 1e3:9.3f} ms"
+
+    click.echo(f"profile: a run took {run_ms:.3f} ms (median of {profile.runs})")
+    for where, seconds in profile.seconds_by("where").items():
+        click.echo(f"  {where:<10} {share(seconds)}")
+    click.echo(f"  {'python':<10} {share(profile.outside_seconds)}  (between the steps)")
+    click.echo("by op:")
+    for op, seconds in profile.seconds_by("op").items():
+        click.echo(f"  {op:<24} {share(seconds)}")
+    if top:
+        click.echo(f"slowest {min(top, len(profile.steps))} steps:")
+        for step in profile.top(top):
+            click.echo(f"  #{step.index:<4} {step.step.op:<16} {step.step.where:<6} "
+                       f"{share(step.seconds)}  {step.step.node}")
 
 
 COMMANDS: list[click.Command] = [compile_command, run_command]

@@ -36,12 +36,13 @@ from tunecache.cache.wanted import add_wanted
 from tunecache.compiler import frontend
 from tunecache.compiler.build import build, find_compiler
 from tunecache.compiler.codegen import generate
-from tunecache.compiler.errors import BuildError
+from tunecache.compiler.errors import BuildError, TunecacheError
 from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable, local_spec
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.layout_plan import plan_layouts
 from tunecache.compiler.native import NativeProgram, PlanMismatch
+from tunecache.compiler.native.profile import ProgramProfile
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule, default_schedule, problems
@@ -188,6 +189,23 @@ class CompiledModel:
         given = check_inputs(self.info.name, self.info.inputs, inputs, self.info.dim_names)
         key = tuple(tuple(given[i.name].shape) for i in self.info.inputs)
         return self._for_key(key, count=True)._execute(given)
+
+    def profile(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
+                runs: int = 10) -> ProgramProfile:
+        """Run on ``inputs`` once, then ``runs`` more times timing each step of the native
+        program inside the runner (:meth:`NativeProgram.profile`): where a run's time
+        goes, per node, op and kind of step."""
+        self.run(inputs)
+        target, given = self, inputs
+        if self.specialise is not None and self.info is not None:
+            given = check_inputs(self.info.name, self.info.inputs, inputs, self.info.dim_names)
+            target = self._for_key(tuple(tuple(given[i.name].shape) for i in self.info.inputs),
+                                   count=False)
+        with target._run_lock:
+            if target._program is None:
+                raise TunecacheError("a profile times the native program; this model runs "
+                                     "through the reference executor (native=False)")
+            return target._program.profile(given, runs)
 
     def prepare(self, shapes: Mapping[str, Sequence[int]]) -> CompiledModel:
         """Plan and build input ``shapes`` now rather than on their first run; returns the
