@@ -24,7 +24,7 @@ from kernel_support import (
 from tunecache.compiler.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError
-from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.kinds.conv2d import conv2d_op, nchw_conv2d
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
 from tunecache.compiler.kinds.layouts import (
@@ -162,6 +162,8 @@ def _conv_ops(x: int) -> list[OpSignature]:
             conv(1, 40, 9, 9, 40, 3, 3, pads=1, groups=40, epilogue="bias+relu"),  # depthwise
             conv(1, 24, 12, 12, 24, 3, 3, stride=2, pads=(1, 0, 1, 1), groups=24,
                  epilogue="bias+add"),  # depthwise, asymmetric padding
+            conv(2, 24, 11, 10, 24, 3, 3, stride=2, pads=2, dilation=2, groups=24,
+                 epilogue="bias"),  # depthwise, two images, dilated
             conv(1, 24, 8, 8, 36, 3, 3, pads=1, groups=2, epilogue="bias+add+relu"),  # grouped
             conv(1, 32, 8, 8, 48, 3, 3, pads=1, groups=2, epilogue="bias"),  # groups on blocks
             conv(1, 32, 6, 6, 32, 1, 1, groups=2, epilogue="relu"),  # ... read in place
@@ -194,6 +196,31 @@ def test_conv2d_blocked_tiles(x: int) -> None:
                 cases.append((op, s, HW))
     assert len(cases) > len(_conv_ops(x))
     _check(_sampled(cases, x))
+
+
+def test_depthwise_bands_packed_as_the_tiles_need_them() -> None:
+    """A padded depthwise layer on a blocked input copies, per row tile, only the padded
+    rows that tile reads, into its thread's small band buffer: on every ISA (an AVX2 vector
+    is half a 16-channel block, so two channel tiles read one band), two images, both loop
+    orders, threads split by channels and by pixels, row tiles with tails."""
+    cases: list[Case] = []
+    for isa in runnable_isas(HW):
+        hw = HW.with_isa(isa)
+        for op in (conv2d_op(2, 48, 13, 11, 48, 3, 3, stride=2, pads=1, groups=48,
+                             layout="nchw16c", out_layout="nchw16c", epilogue="bias+relu"),
+                   conv2d_op(1, 40, 9, 12, 40, 5, 5, pads=(2, 1, 2, 3), groups=40,
+                             layout="nchw16c", out_layout="nchw16c")):
+            base = default_conv2d_schedule(op, hw, 1)
+            for threads, parallel in ((1, "oc"), (T2, "oc"), (T2, "pixel")):
+                for order, oh in (("fp", 1), ("pf", 3)):
+                    sched = base.replace(oc_block=hw.lanes, ow_block=4, oh_block=oh,
+                                         loop_order=order, threads=threads, parallel=parallel)
+                    if problems(op, sched, hw):
+                        continue
+                    assert "pack_band(" in generate(op, sched, hw).code, (isa, str(sched))
+                    cases.append((op, sched, hw))
+    assert len(cases) >= 12
+    _check(cases)
 
 
 def _pool_ops(x: int) -> list[OpSignature]:

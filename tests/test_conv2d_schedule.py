@@ -77,7 +77,11 @@ def test_register_budget_and_algorithm_rules() -> None:
     assert "unroll_kw applies to algorithm=direct only" in " ".join(
         problems(CONV, gemm.replace(unroll_kw=1), AVX512))
     assert "does not apply to depthwise" in " ".join(problems(DW, gemm, AVX512))
-    assert "algorithm='winograd'" in " ".join(
+    assert "algorithm='fft'; expected one of direct, gemm, winograd" in " ".join(
+        problems(CONV, gemm.replace(algorithm="fft"), AVX512))
+    # Winograd is an algorithm now (ARCHITECTURE change 34), with rules of its own: it
+    # reads a blocked layout, which this NCHW conv does not have.
+    assert "algorithm=winograd reads and writes one blocked layout" in " ".join(
         problems(CONV, gemm.replace(algorithm="winograd"), AVX512))
     # AVX2 has 16 registers and 8 lanes: the AVX-512 tile no longer fits.
     assert problems(CONV, ok, AVX512.with_isa("avx2"))

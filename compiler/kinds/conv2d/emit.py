@@ -180,7 +180,9 @@ class _DirectPlan:
 
     ``source`` is how the input reaches the tile: ``nchw`` (copied into the zero-padded
     blocked buffer ``Xb``), ``view`` (a blocked input without padding read in place),
-    ``rows`` (a blocked input copied row by row into ``Xb`` with its zero border) or
+    ``rows`` (a blocked input copied row by row into ``Xb`` with its zero border), ``band``
+    (a depthwise kernel's blocked input: the padded rows one row tile reads, copied into a
+    small per-thread buffer just before its tiles) or
     ``gather`` (a blocked input whose blocks do not match the channel blocks, copied element
     by element). ``sink`` is how the tile reaches Y: ``nchw`` (through the scratch tile and
     :func:`store_tile`, transposed), ``vector`` (the scratch tile's vectors stored whole into a
@@ -229,12 +231,14 @@ def _direct_plan(op: OpSignature, s: Conv2dSchedule) -> _DirectPlan:
         source = "nchw"
     elif depthwise or (icb == xi and (groups == 1 or cg % xi == 0)):
         padded = any(dims[k] for k in ("pad_t", "pad_l", "pad_b", "pad_r"))
-        source = "rows" if padded else "view"
+        source = ("band" if depthwise else "rows") if padded else "view"
     else:
         source = "gather"
     sink = "nchw" if not xo else "vector" if covers_blocks else "scalar"
     if source == "view":
         xb_floats = 0
+    elif source == "band":
+        xb_floats = s.threads * _band_floats(op, s)
     elif source == "rows":
         xb_floats = dims["N"] * _cdiv(dims["C"], xi) * hp * wp * xi
     elif depthwise:
@@ -249,6 +253,21 @@ def _direct_plan(op: OpSignature, s: Conv2dSchedule) -> _DirectPlan:
     return _DirectPlan(depthwise, xi, xo, icb, ncb, nfb, ngf, min(s.oh_block, op.out_h),
                        min(s.ow_block, op.out_w), source, sink, xb_floats, wb_floats,
                        bias_floats)
+
+
+def band_rows(op: OpSignature, s: Conv2dSchedule) -> int:
+    """Padded input rows one row tile of a depthwise kernel reads."""
+    dims = op.dims_dict
+    th = min(s.oh_block, op.out_h)
+    return (th - 1) * dims["stride_h"] + (dims["R"] - 1) * dims["dil_h"] + 1
+
+
+def _band_floats(op: OpSignature, s: Conv2dSchedule) -> int:
+    """One thread's band buffer: :func:`band_rows` padded rows of one input block."""
+    dims = op.dims_dict
+    xi, _ = conv2d_blocks(op)
+    wp = dims["W"] + dims["pad_l"] + dims["pad_r"]
+    return round_up(band_rows(op, s) * wp * xi, ALIGN_FLOATS)
 
 
 def _direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
@@ -413,6 +432,25 @@ static void pack_input(const float *restrict X, float *restrict Xb, long lo, lon
 }
 """
 
+# A depthwise layer reads each input row only for the few output rows next to it: packing
+# the whole padded input first wrote a copy as large as the input (5 MB for MobileNet-v2's
+# 112x112 stride-2 layer) that left the caches before the tiles read it back, and in a
+# model, where that buffer is cold, its writes cost as much as the convolution.
+_BAND_PACK_INPUT = """\
+/* band[r][wp][XI] = padded rows hp0 + r (r < rows) of input block nb (image and block). */
+static void pack_band(const float *restrict X, float *restrict band, long nb, long hp0,
+                      long rows) {
+  for (long r = 0; r < rows; r++) {
+    float *restrict dst = band + r * (WP * XI);
+    const long ih = hp0 + r - PT;
+    if (ih < 0 || ih >= H) { memset(dst, 0, sizeof(float) * WP * XI); continue; }
+    memset(dst, 0, sizeof(float) * PL * XI);
+    memcpy(dst + PL * XI, X + (nb * H + ih) * (W * XI), sizeof(float) * W * XI);
+    memset(dst + (PL + W) * XI, 0, sizeof(float) * (WP - PL - W) * XI);
+  }
+}
+"""
+
 _GATHER_PACK_INPUT = _DENSE_PACK_INPUT.replace(
     "Xb[n][g][cb][hp][wp][ICB]: zero-padded, channel-blocked.",
     "Xb[n][g][cb][hp][wp][ICB] from the blocked input: zero-padded.",
@@ -435,6 +473,8 @@ def _pack_code(plan: _DirectPlan) -> str:
         inputs, items = _DENSE_PACK_INPUT, "(NB * G * NCB * HP)"
     if plan.source == "rows":
         inputs, items = _ROWS_PACK_INPUT, "(NB * CBX * HP)"
+    elif plan.source == "band":
+        inputs, items = _BAND_PACK_INPUT, "0"
     elif plan.source == "gather":
         inputs = _GATHER_PACK_INPUT
     elif plan.source == "view":
@@ -536,7 +576,9 @@ def _tile_addresses(plan: _DirectPlan) -> tuple[str, str, str, str]:
     """C expressions of a tile's input and weights, its first output channel and how many
     of its channels are real (``gf`` is the tile's channel block, ``n`` the image)."""
     if plan.depthwise:
-        if plan.xi:
+        if plan.source == "band":
+            x_at = "band + q0 * SW * XI + (gf * OCB) % XI"
+        elif plan.xi:
             x_at = ("Xb + ((n * CBX + (gf * OCB) / XI) * HP + p0 * SH) * WP * XI "
                     "+ q0 * SW * XI + (gf * OCB) % XI")
         else:
@@ -545,6 +587,15 @@ def _tile_addresses(plan: _DirectPlan) -> tuple[str, str, str, str]:
     x_at = "Xb + (((n * G + gf / NFB) * NCB) * HP + p0 * SH) * WP * ICB + q0 * SW * ICB"
     return (x_at, "Wb + gf * (NCB * R * S * ICB * OCB)", "(gf / NFB) * FG + (gf % NFB) * OCB",
             "MIN(OCB, FG - (gf % NFB) * OCB)")
+
+
+_BAND_REFRESH = """
+      const long nb = n * CBX + (gf * OCB) / XI;
+      if (nb != band_nb || p0 != band_p0) {
+        pack_band(X, band, nb, p0 * SH, MIN(BAND_ROWS, HP - p0 * SH));
+        band_nb = nb;
+        band_p0 = p0;
+      }"""
 
 
 def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectPlan,
@@ -567,9 +618,15 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectP
     else:
         loops = ("for (long pb = pb_lo; pb < pb_hi; pb++)\n"
                  "      for (long gf = gf_lo; gf < gf_hi; gf++) {")
+    band = ""
     if plan.source == "view":
         head = "  const float *Xb = X; float *Wb_ws = ws + OFF_WB;\n"
         pack = ""
+    elif plan.source == "band":
+        head = ("  float *band = ws + tid * BAND_FLOATS, *Wb_ws = ws + OFF_WB;\n"
+                "  long band_nb = -1, band_p0 = -1;\n")
+        pack = ""
+        band = _BAND_REFRESH
     else:
         head = "  float *Xb = ws, *Wb_ws = ws + OFF_WB;\n"
         pack = ("  { long lo, hi; split_range(PACK_ITEMS, tid, nth, &lo, &hi); "
@@ -609,7 +666,7 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
   {pb_range}
   for (long n = 0; n < NB; n++)
     {loops}
-      const long p0 = pb * TH, th = MIN(TH, P - p0);
+      const long p0 = pb * TH, th = MIN(TH, P - p0);{band}
       for (long qt = 0; qt < NQT; qt++) {{
         const long q0 = qt * TW, tw = MIN(TW, Q - q0);
         const float *xb = {x_at};
@@ -638,6 +695,8 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         "WB_FLOATS": plan.wb_floats}
     if plan.xi:
         constants.update(XI=plan.xi, CBX=_cdiv(dims["C"], plan.xi))
+    if plan.source == "band":
+        constants.update(BAND_ROWS=band_rows(op, s), BAND_FLOATS=_band_floats(op, s))
     if plan.xo:
         constants.update(XO=plan.xo, CBY=_cdiv(dims["F"], plan.xo))
     if plan.bias_floats:
