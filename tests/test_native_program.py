@@ -210,3 +210,37 @@ def test_a_profile_of_the_reference_executor_is_refused(tmp_path: Path) -> None:
     compiled.native = False
     with pytest.raises(TunecacheError, match="native program"):
         compiled.profile(random_feeds(model), runs=1)
+
+
+def test_a_one_segment_program_runs_float32_inputs_in_one_call(tmp_path: Path) -> None:
+    """Contiguous float32 inputs of the planned shapes take the direct path (one native
+    call, fresh outputs); any other form of the same inputs takes the general path and
+    gives the same outputs; a program with a numpy step has no direct path."""
+    model = mobilenet_model()
+    compiled = _compiled(model, tmp_path)
+    feeds = random_feeds(model)
+    expected = compiled.run(feeds)
+    program = compiled.program
+    assert program is not None and program._direct is not None
+    names = list(expected)
+    first = program.run(feeds)
+    second = program.run(feeds)
+    assert_close(first, list(expected.values()), names)
+    assert all(not np.shares_memory(first[n], second[n]) for n in names)
+    (name, array), = feeds.items()
+    strided = np.repeat(array, 2, axis=-1)[..., ::2]
+    assert program._run_direct({name: strided}) is None
+    for given in ([array], {name: strided}):
+        assert_close(program.run(given), list(expected.values()), names)
+    for wrong, message in ((array[..., :-1].copy(), "shape"),
+                           (array.astype(np.float64), "dtype")):
+        assert program._run_direct({name: wrong}) is None
+        with pytest.raises(ModelError, match=message):
+            program.run({name: wrong})
+    b = Builder(13)
+    x = b.input("x", [8, 8])
+    bridged = b.model([b.node("ReduceProd", [b.node("Relu", [x])], axes=[1], keepdims=1)])
+    (tmp_path / "bridged").mkdir()
+    with_numpy = _compiled(bridged, tmp_path / "bridged")
+    with_numpy.run(random_feeds(bridged))
+    assert with_numpy.program is not None and with_numpy.program._direct is None
