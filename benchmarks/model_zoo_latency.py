@@ -65,6 +65,7 @@ class Measurement:
     ms: float = float("nan")
     rss_mib: float = float("nan")
     arena_mib: float = float("nan")
+    kernel_pct: float = float("nan")
     cold_s: float = float("nan")
     warm_s: float = float("nan")
     rel_err: float = float("nan")
@@ -108,7 +109,17 @@ def _run_tunecache(path: Path, feeds: Feeds, threads: int, repeat: int,
     program = compiled.program
     arena = program.arena_bytes / 2**20 if program is not None else float("nan")
     return ms, _first_output(compiled, feeds), {"cold_s": cold_s, "warm_s": warm_s,
-                                                "arena_mib": arena}
+                                                "arena_mib": arena,
+                                                "kernel_pct": _kernel_pct(compiled, feeds,
+                                                                          repeat)}
+
+
+def _kernel_pct(compiled: Any, feeds: Feeds, repeat: int) -> float:
+    """Share of a run spent in generated kernels, timed step by step inside the runner
+    (``tunecache run --profile``): the rest is runner copies, numpy steps and Python."""
+    profile = compiled.profile(feeds, runs=min(repeat, 10))
+    kernels = profile.seconds_by("where").get("kernel", 0.0)
+    return 100.0 * kernels / profile.run_seconds if profile.run_seconds else float("nan")
 
 
 def _tune(path: Path, feeds: Feeds, threads: int, work: Path, trials: int) -> dict[str, float]:
@@ -297,6 +308,7 @@ def _row(key: str, threads: int, m: dict[str, Measurement]) -> str:
             f"{_fmt(ov.rel_err, '.1e')} | "
             f"{_fmt(ours.rss_mib, '.0f')} / {_fmt(ort.rss_mib, '.0f')} / "
             f"{_fmt(ov.rss_mib, '.0f')} MiB | {_fmt(ours.arena_mib, '.1f', ' MiB')} | "
+            f"{_fmt(ours.kernel_pct, '.1f', '%')} | "
             f"{_fmt(ours.cold_s, '.1f', ' s')} | "
             f"{_fmt(ours.warm_s, '.2f', ' s')} | {failed} |")
 
@@ -331,14 +343,16 @@ def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str
         "machine; spec cores = threads; warm compile = the same compile "
         "again in that process); error = max |x - onnxruntime| ÷ max |onnxruntime|; peak RSS "
         "of each process (ours includes compiling); arena = the peak bytes of our compiled "
-        "program's planned intermediates (outputs are fresh arrays, weights are constants).",
+        "program's planned intermediates (outputs are fresh arrays, weights are constants); "
+        "in kernels = the share of an untuned run spent in generated kernels, timed step by "
+        "step inside the runner (the rest: the runner's copies, numpy steps and Python).",
         "",
         f"{tuned_note(args)}", "",
         "| model | threads | tunecache untuned | onnxruntime | OpenVINO | untuned ÷ best peer | "
         "tunecache tuned | tuned ÷ best peer | tuning job | cache hits | "
         "rel. err (untuned / tuned / OpenVINO) | peak RSS (ours / ORT / OV) | arena (ours) | "
-        "cold compile | warm compile | failures |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "in kernels | cold compile | warm compile | failures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows])
 
 
