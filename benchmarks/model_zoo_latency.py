@@ -111,15 +111,17 @@ def _run_tunecache(path: Path, feeds: Feeds, threads: int, repeat: int,
     return ms, _first_output(compiled, feeds), {"cold_s": cold_s, "warm_s": warm_s,
                                                 "arena_mib": arena,
                                                 "kernel_pct": _kernel_pct(compiled, feeds,
-                                                                          repeat)}
+                                                                          repeat, ms)}
 
 
-def _kernel_pct(compiled: Any, feeds: Feeds, repeat: int) -> float:
-    """Share of a run spent in generated kernels, timed step by step inside the runner
-    (``tunecache run --profile``): the rest is runner copies, numpy steps and Python."""
+def _kernel_pct(compiled: Any, feeds: Feeds, repeat: int, run_ms: float) -> float:
+    """Generated kernels' time per run (each step timed inside the runner, ``tunecache run
+    --profile``, medians summed) as a share of the timed latency ``run_ms``: the rest is
+    runner copies, numpy steps and Python. The profiled runs themselves are not the
+    denominator: they take the general path and a clock around every step."""
     profile = compiled.profile(feeds, runs=min(repeat, 10))
     kernels = profile.seconds_by("where").get("kernel", 0.0)
-    return 100.0 * kernels / profile.run_seconds if profile.run_seconds else float("nan")
+    return 100.0 * kernels * 1e3 / run_ms if run_ms else float("nan")
 
 
 def _tune(path: Path, feeds: Feeds, threads: int, work: Path, trials: int) -> dict[str, float]:
@@ -344,8 +346,9 @@ def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str
         "again in that process); error = max |x - onnxruntime| ÷ max |onnxruntime|; peak RSS "
         "of each process (ours includes compiling); arena = the peak bytes of our compiled "
         "program's planned intermediates (outputs are fresh arrays, weights are constants); "
-        "in kernels = the share of an untuned run spent in generated kernels, timed step by "
-        "step inside the runner (the rest: the runner's copies, numpy steps and Python).",
+        "in kernels = generated kernels' time per untuned run (each step timed inside the "
+        "runner, medians summed) ÷ the untuned latency (the rest: the runner's copies, numpy "
+        "steps and Python).",
         "",
         f"{tuned_note(args)}", "",
         "| model | threads | tunecache untuned | onnxruntime | OpenVINO | untuned ÷ best peer | "
