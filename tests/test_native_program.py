@@ -244,3 +244,27 @@ def test_a_one_segment_program_runs_float32_inputs_in_one_call(tmp_path: Path) -
     with_numpy = _compiled(bridged, tmp_path / "bridged")
     with_numpy.run(random_feeds(bridged))
     assert with_numpy.program is not None and with_numpy.program._direct is None
+
+
+@pytest.mark.parametrize("opset, op_type, axes, keep", [
+    (13, "ReduceMean", [2, 3], 1), (18, "ReduceMean", [-1, -2], 0), (13, "ReduceMax", [3, 2], 0),
+    (18, "ReduceMax", [2, 3], 1)])
+def test_spatial_reductions_run_as_global_pooling(opset: int, op_type: str, axes: list[int],
+                                                  keep: int, tmp_path: Path) -> None:
+    """A mean or max over H and W, as exporters write global pooling, runs as the pool2d
+    kernel (the output with or without the two unit axes); over other axes it stays numpy."""
+    b = Builder(opset)
+    y = b.conv(b.input("x", [2, 16, 7, 9]), 16, 16, 3)
+    if opset >= 18:
+        spatial = b.node(op_type, [y, b.ints(axes)], keepdims=keep)
+        channels = b.node(op_type, [y, b.ints([1])], keepdims=1)
+    else:
+        spatial = b.node(op_type, [y], axes=axes, keepdims=keep)
+        channels = b.node(op_type, [y], axes=[1], keepdims=1)
+    model = b.model([b.node("Relu", [spatial]), b.node("Relu", [channels])])
+    compiled = _compiled(model, tmp_path)
+    feeds = random_feeds(model)
+    names = [o.name for o in model.graph.output]
+    assert_close(compiled.run(feeds), ort_run(model, feeds), names)
+    assert [e.op.kind for e in compiled.plan].count("pool2d") == 1
+    assert compiled.program is not None and compiled.program.numpy_steps == 1

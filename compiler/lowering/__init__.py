@@ -121,6 +121,24 @@ def scalar_constant(ctx: FusionContext, name: str | None) -> float | None:
     return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
 
+def reduced_axes(ctx: FusionContext, node: GraphNode, rank: int) -> frozenset[int] | None:
+    """The axes a ``Reduce*`` node reduces, non-negative (from the ``axes`` attribute before
+    opset 18, from the constant second input since; every axis when neither is given), or
+    None when they are not constants or it reduces nothing (``noop_with_empty_axes``)."""
+    if len(node.inputs) > 1 and node.inputs[1]:
+        value = ctx.constants.get(node.inputs[1])
+        if value is None:
+            return None
+        axes = [int(a) for a in value.reshape(-1)]
+    elif "axes" in node.attrs:
+        axes = [int(a) for a in node.attrs["axes"]]
+    elif int(node.attrs.get("noop_with_empty_axes", 0)):
+        return None
+    else:
+        axes = list(range(rank))
+    return frozenset(a + rank if a < 0 else a for a in axes)
+
+
 def other_input(inputs: tuple[str, ...], one: str | None) -> str | None:
     """The other input of a two-input node that reads ``one``, or None."""
     if len(inputs) != 2 or one not in inputs:

@@ -1,5 +1,6 @@
-"""2-D pooling (``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``GlobalMaxPool``) onto
-the ``pool2d`` kind, with a following ``Relu`` fused as its epilogue."""
+"""2-D pooling (``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``GlobalMaxPool``, and
+``ReduceMean``/``ReduceMax`` over the two spatial axes of an NCHW tensor, as exporters write
+global pooling) onto the ``pool2d`` kind, with a following ``Relu`` fused as its epilogue."""
 
 from __future__ import annotations
 
@@ -7,12 +8,34 @@ from typing import Any
 
 from tunecache.compiler.errors import OpSignatureError
 from tunecache.compiler.kinds.pool2d import global_pool2d_op, pool2d_op
-from tunecache.compiler.lowering import FusionContext, GraphNode, register_lowering
+from tunecache.compiler.lowering import (
+    FusionContext,
+    GraphNode,
+    reduced_axes,
+    register_lowering,
+)
 from tunecache.compiler.onnx_ops import resolve_pads
 from tunecache.compiler.ops import OpSignature
 
 _MODE = {"MaxPool": "max", "AveragePool": "avg", "GlobalAveragePool": "avg",
          "GlobalMaxPool": "max"}
+_GLOBAL_REDUCE = {"ReduceMean": "avg", "ReduceMax": "max"}
+
+
+@register_lowering(*_GLOBAL_REDUCE)
+def lower_global_reduce(ctx: FusionContext, position: int) -> Any:
+    """A mean or max over H and W of a float32 NCHW tensor: the global pool (the output
+    keeps or drops the two axes; the kernel's [N, C, 1, 1] holds the same elements)."""
+    node = ctx.nodes[position]
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    if shape is None or len(shape) != 4 or not ctx.is_float32(x):
+        return "a reduction is lowered as global pooling for float32 NCHW tensors"
+    if reduced_axes(ctx, node, 4) != frozenset({2, 3}):
+        return "a reduction is lowered as global pooling over axes 2 and 3 only"
+    n, c, h, w = shape
+    sig = global_pool2d_op(n, c, h, w, mode=_GLOBAL_REDUCE[node.op_type])
+    return ctx.finish(position, [position], sig, [x], node.outputs[0])
 
 
 @register_lowering(*_MODE)

@@ -29,6 +29,7 @@ from tunecache.compiler.lowering import (
     FusionContext,
     GraphNode,
     other_input,
+    reduced_axes,
     register_lowering,
     scalar_constant,
 )
@@ -92,21 +93,9 @@ def _follow(ctx: FusionContext, tensor: str, op_type: str) -> int | None:
 def _mean_over_last_axis(ctx: FusionContext, node: GraphNode, shape: tuple[int, ...]) -> bool:
     """Whether a ``ReduceMean`` averages the last axis only and keeps it (axes from the
     attribute before opset 18, from the second input since)."""
-    rank = len(shape)
     if int(node.attrs.get("keepdims", 1)) != 1:
         return False
-    if len(node.inputs) > 1 and node.inputs[1]:
-        value = ctx.constants.get(node.inputs[1])
-        if value is None:
-            return False
-        axes = [int(a) for a in value.reshape(-1)]
-    elif "axes" in node.attrs:
-        axes = [int(a) for a in node.attrs["axes"]]
-    elif int(node.attrs.get("noop_with_empty_axes", 0)):
-        return False
-    else:
-        axes = list(range(rank))
-    return {a + rank if a < 0 else a for a in axes} == {rank - 1} and \
+    return reduced_axes(ctx, node, len(shape)) == frozenset({len(shape) - 1}) and \
         ctx.shape(node.outputs[0]) == (*shape[:-1], 1)
 
 
