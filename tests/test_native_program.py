@@ -246,7 +246,7 @@ def test_a_one_segment_program_runs_float32_inputs_in_one_call(tmp_path: Path) -
     assert with_numpy.program is not None and with_numpy.program._direct is None
 
 
-@pytest.mark.parametrize("opset, op_type, axes, keep", [
+@pytest.mark.parametrize(("opset", "op_type", "axes", "keep"), [
     (13, "ReduceMean", [2, 3], 1), (18, "ReduceMean", [-1, -2], 0), (13, "ReduceMax", [3, 2], 0),
     (18, "ReduceMax", [2, 3], 1)])
 def test_spatial_reductions_run_as_global_pooling(opset: int, op_type: str, axes: list[int],
