@@ -255,7 +255,7 @@ def _direct_plan(op: OpSignature, s: Conv2dSchedule) -> _DirectPlan:
                        bias_floats)
 
 
-def band_rows(op: OpSignature, s: Conv2dSchedule) -> int:
+def _band_rows(op: OpSignature, s: Conv2dSchedule) -> int:
     """Padded input rows one row tile of a depthwise kernel reads."""
     dims = op.dims_dict
     th = min(s.oh_block, op.out_h)
@@ -263,11 +263,11 @@ def band_rows(op: OpSignature, s: Conv2dSchedule) -> int:
 
 
 def _band_floats(op: OpSignature, s: Conv2dSchedule) -> int:
-    """One thread's band buffer: :func:`band_rows` padded rows of one input block."""
+    """One thread's band buffer: :func:`_band_rows` padded rows of one input block."""
     dims = op.dims_dict
     xi, _ = conv2d_blocks(op)
     wp = dims["W"] + dims["pad_l"] + dims["pad_r"]
-    return round_up(band_rows(op, s) * wp * xi, ALIGN_FLOATS)
+    return round_up(_band_rows(op, s) * wp * xi, ALIGN_FLOATS)
 
 
 def _direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
@@ -696,7 +696,7 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     if plan.xi:
         constants.update(XI=plan.xi, CBX=_cdiv(dims["C"], plan.xi))
     if plan.source == "band":
-        constants.update(BAND_ROWS=band_rows(op, s), BAND_FLOATS=_band_floats(op, s))
+        constants.update(BAND_ROWS=_band_rows(op, s), BAND_FLOATS=_band_floats(op, s))
     if plan.xo:
         constants.update(XO=plan.xo, CBY=_cdiv(dims["F"], plan.xo))
     if plan.bias_floats:
