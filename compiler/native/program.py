@@ -457,13 +457,17 @@ class NativeProgram:
                 return None
             if region is not None:
                 self._base_array[region] = array.ctypes.data
-        for region, size in self._outputs.items():
-            self._buffers[region] = buffer = _aligned_bytes(size)
-            self._base_array[region] = buffer.ctypes.data
+        self._fresh_outputs()
         failed = self._run_plan(*segment.args)
         if failed:
             raise self._workspace_error(segment, failed)
         return {name: self._view(name) for name in outputs}
+
+    def _fresh_outputs(self) -> None:
+        """A new buffer for every graph output's slot: a run's outputs are its own."""
+        for region, size in self._outputs.items():
+            self._buffers[region] = buffer = _aligned_bytes(size)
+            self._base_array[region] = buffer.ctypes.data
 
     def profile(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
                 runs: int = 10) -> ProgramProfile:
@@ -489,9 +493,7 @@ class NativeProgram:
         values: dict[str, Any] = {}
         for name, array in self._check(inputs).items():
             self._publish(name, array, values)
-        for region, size in self._outputs.items():
-            self._buffers[region] = _aligned_bytes(size)
-            self._base_array[region] = self._buffers[region].ctypes.data
+        self._fresh_outputs()
         index = 0
         for item in self._schedule:
             if isinstance(item, _Segment):

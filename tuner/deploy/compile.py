@@ -186,9 +186,19 @@ class CompiledModel:
                 key = self._own_key()
                 self._runs[key] = self._runs.get(key, 0) + 1
             return self._execute(inputs)
+        planned, given = self._planned_for(inputs, count=True)
+        return planned._execute(given)
+
+    def _planned_for(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
+                     count: bool) -> tuple[CompiledModel,
+                                           Mapping[str, np.ndarray] | Sequence[np.ndarray]]:
+        """The model planned for the shapes of ``inputs`` (planned now if new) and the
+        inputs, checked by name when the model is dynamic."""
+        if self.specialise is None or self.info is None:
+            return self, inputs
         given = check_inputs(self.info.name, self.info.inputs, inputs, self.info.dim_names)
         key = tuple(tuple(given[i.name].shape) for i in self.info.inputs)
-        return self._for_key(key, count=True)._execute(given)
+        return self._for_key(key, count=count), given
 
     def profile(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
                 runs: int = 10) -> ProgramProfile:
@@ -196,11 +206,7 @@ class CompiledModel:
         program inside the runner (:meth:`NativeProgram.profile`): where a run's time
         goes, per node, op and kind of step."""
         self.run(inputs)
-        target, given = self, inputs
-        if self.specialise is not None and self.info is not None:
-            given = check_inputs(self.info.name, self.info.inputs, inputs, self.info.dim_names)
-            target = self._for_key(tuple(tuple(given[i.name].shape) for i in self.info.inputs),
-                                   count=False)
+        target, given = self._planned_for(inputs, count=False)
         with target._run_lock:
             if target._program is None:
                 raise TunecacheError("a profile times the native program; this model runs "
