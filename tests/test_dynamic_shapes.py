@@ -67,6 +67,20 @@ def test_compiles_once_and_runs_any_batch_and_sequence(tmp_path: Path) -> None:
     assert len(summary["shapes"]) == 3
 
 
+def test_a_profile_times_the_program_planned_for_its_inputs(tmp_path: Path) -> None:
+    """A dynamic model's profile plans the inputs' shape (once) and times that program."""
+    compiled = compile_model(LLAMA, store=Store(tmp_path), policy="analytic")
+    assert compiled.info is not None
+    planned = count_plans(compiled)
+    feeds = exporter_feeds(compiled.info, 2, 5, seed=1)
+    profile = compiled.profile(feeds, runs=2)
+    assert [p["input_ids"] for p in planned] == [(2, 5)]
+    program = compiled.prepare({"input_ids": (2, 5)}).program
+    assert program is not None
+    assert len(profile.steps) == program.native_steps + program.numpy_steps > 0
+    assert profile.seconds_by("where").get("kernel", 0) > 0
+
+
 def test_planned_shapes_are_bounded_least_recently_run_first(tmp_path: Path) -> None:
     compiled = compile_model(GPT2, store=Store(tmp_path), policy="cache-only", max_shapes=2)
     assert compiled.info is not None
