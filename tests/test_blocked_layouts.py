@@ -199,28 +199,45 @@ def test_conv2d_blocked_tiles(x: int) -> None:
 
 
 def test_depthwise_bands_packed_as_the_tiles_need_them() -> None:
-    """A padded depthwise layer on a blocked input copies, per row tile, only the padded
-    rows that tile reads, into its thread's small band buffer: on every ISA (an AVX2 vector
+    """A padded depthwise layer on a blocked input copies the padded rows of a few row tiles
+    into its thread's small band buffer just before those tiles: on every ISA (an AVX2 vector
     is half a 16-channel block, so two channel tiles read one band), two images, both loop
-    orders, threads split by channels and by pixels, row tiles with tails."""
+    orders, threads split by channels and by pixels, row tiles with tails, and bands of one
+    tile, of a whole plane and of several tiles but not all (a wide image)."""
     cases: list[Case] = []
+    band_tiles: set[str] = set()
     for isa in runnable_isas(HW):
         hw = HW.with_isa(isa)
         for op in (conv2d_op(2, 48, 13, 11, 48, 3, 3, stride=2, pads=1, groups=48,
                              layout="nchw16c", out_layout="nchw16c", epilogue="bias+relu"),
                    conv2d_op(1, 40, 9, 12, 40, 5, 5, pads=(2, 1, 2, 3), groups=40,
-                             layout="nchw16c", out_layout="nchw16c")):
+                             layout="nchw16c", out_layout="nchw16c"),
+                   conv2d_op(1, 16, 40, 100, 16, 3, 3, pads=1, groups=16,
+                             layout="nchw16c", out_layout="nchw16c", epilogue="bias")):
             base = default_conv2d_schedule(op, hw, 1)
             for threads, parallel in ((1, "oc"), (T2, "oc"), (T2, "pixel")):
-                for order, oh in (("fp", 1), ("pf", 3)):
+                for order, oh in (("fp", 1), ("fp", 3), ("pf", 3)):
                     sched = base.replace(oc_block=hw.lanes, ow_block=4, oh_block=oh,
                                          loop_order=order, threads=threads, parallel=parallel)
                     if problems(op, sched, hw):
                         continue
-                    assert "pack_band(" in generate(op, sched, hw).code, (isa, str(sched))
+                    code = generate(op, sched, hw).code
+                    assert "pack_band(" in code, (isa, str(sched))
+                    band_tiles.add(_define(code, "BAND_TILES") + "/" + _define(code, "NPB"))
                     cases.append((op, sched, hw))
-    assert len(cases) >= 12
+    assert len(cases) >= 18
+    assert {"1/", "whole", "part"} <= {_band_kind(b) for b in band_tiles}, band_tiles
     _check(cases)
+
+
+def _define(code: str, name: str) -> str:
+    return code.split(f"#define {name} ", 1)[1].split(None, 1)[0]
+
+
+def _band_kind(tiles_of: str) -> str:
+    """``1/`` (a band per row tile), ``whole`` (a band for every row tile) or ``part``."""
+    tiles, npb = (int(v.strip("()L")) for v in tiles_of.split("/"))
+    return "1/" if tiles == 1 else "whole" if tiles >= npb else "part"
 
 
 def _pool_ops(x: int) -> list[OpSignature]:
