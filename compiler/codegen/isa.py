@@ -27,6 +27,12 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
   ``2*lanes`` floats from ``p``), ``VSTREAM(p, v)`` (non-temporal store to an address
   aligned to the vector size; a plain store on ``generic``) and ``VSFENCE()`` (orders
   streaming stores; call it before a kernel returns).
+
+Outside the prelude, in :attr:`IsaDialect.log` (a kernel that needs it places it after the
+prelude): ``VLOG(v)``, ln v per lane for positive, normal, finite ``v`` (0, subnormals,
+negatives, inf and NaN are outside its contract), within 1 ulp where ``|ln v| >= 1`` and
+5e-8 absolute below; ``v = 2**k * m`` with ``m`` in ``[sqrt(1/2), sqrt(2))`` split by
+integer arithmetic on the bits, the Cephes ``logf`` polynomial for ``ln m``.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ class IsaDialect:
     lanes: int
     prelude: str
     flags: tuple[str, ...]
+    log: str = ""
+    """C defining ``VLOG`` (module docstring), for the few kernels that need it: kept out of
+    the prelude, which every kernel's source and so its build-cache key holds."""
 
 
 _AVX512_PRELUDE = """\
@@ -344,6 +353,62 @@ static inline float FEXP(float x) {
 """
 
 
+# VLOG's split of x into 2**k * (1 + f), 1 + f in [sqrt(1/2), sqrt(2)): adding
+# 1.0f - sqrt(1/2) to the bits carries into the exponent exactly when the mantissa is at
+# least sqrt(2), and the low 23 bits put back on sqrt(1/2)'s pattern give 1 + f.
+_AVX512_LOG_SPLIT = """\
+static inline __m512 tc_log_split(__m512 x, __m512 *k) {
+  const __m512i i = _mm512_add_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(TC_LOG_SHIFT));
+  *k = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(i, 23), _mm512_set1_epi32(127)));
+  const __m512i m = _mm512_add_epi32(_mm512_and_si512(i, _mm512_set1_epi32(0x007fffff)),
+                                     _mm512_set1_epi32(TC_LOG_SQRTH));
+  return _mm512_sub_ps(_mm512_castsi512_ps(m), _mm512_set1_ps(1.0f));
+}
+"""
+
+_AVX2_LOG_SPLIT = """\
+static inline __m256 tc_log_split(__m256 x, __m256 *k) {
+  const __m256i i = _mm256_add_epi32(_mm256_castps_si256(x), _mm256_set1_epi32(TC_LOG_SHIFT));
+  *k = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(i, 23), _mm256_set1_epi32(127)));
+  const __m256i m = _mm256_add_epi32(_mm256_and_si256(i, _mm256_set1_epi32(0x007fffff)),
+                                     _mm256_set1_epi32(TC_LOG_SQRTH));
+  return _mm256_sub_ps(_mm256_castsi256_ps(m), _mm256_set1_ps(1.0f));
+}
+"""
+
+_GENERIC_LOG_SPLIT = """\
+static inline vec tc_log_split(vec x, vec *k) {
+  const vec_i i = (vec_i)x + TC_LOG_SHIFT;
+  *k = __builtin_convertvector((i >> 23) - 127, vec);
+  return (vec)((i & 0x007fffff) + TC_LOG_SQRTH) - VSET1(1.0f);
+}
+"""
+
+# ln(1 + f) = f - f*f/2 + f**3 * P(f) with the Cephes logf coefficients, plus k*ln 2 in
+# VEXP's two parts (the high one has few bits, so k*ln2_hi is exact).
+_LOG = """\
+static inline vec VLOG(vec x) {
+  vec k;
+  const vec f = tc_log_split(x, &k), z = VMUL(f, f);
+  vec p = VFMA(VSET1(7.0376836292e-2f), f, VSET1(-1.1514610310e-1f));
+  p = VFMA(p, f, VSET1(1.1676998740e-1f));
+  p = VFMA(p, f, VSET1(-1.2420140846e-1f));
+  p = VFMA(p, f, VSET1(1.4249322787e-1f));
+  p = VFMA(p, f, VSET1(-1.6668057665e-1f));
+  p = VFMA(p, f, VSET1(2.0000714765e-1f));
+  p = VFMA(p, f, VSET1(-2.4999993993e-1f));
+  p = VFMA(p, f, VSET1(3.3333331174e-1f));
+  vec y = VFMA(k, VSET1(TC_LN2_LO), VMUL(VMUL(p, f), z));
+  y = VFMA(VSET1(-0.5f), z, y);
+  return VFMA(k, VSET1(TC_LN2_HI), VADD(f, y));
+}
+"""
+_LOG_CONSTANTS = """\
+#define TC_LOG_SQRTH 0x3f3504f3
+#define TC_LOG_SHIFT (0x3f800000 - TC_LOG_SQRTH)
+"""
+
+
 def _generic_flags() -> tuple[str, ...]:
     return ("-march=x86-64",) if platform.machine() in ("x86_64", "AMD64") else ()
 
@@ -353,14 +418,16 @@ DIALECTS: dict[str, IsaDialect] = {
         "avx512", 16,
         _AVX512_PRELUDE + _AVX512_MATH + _AVX512_MORE + _TANH_ERF + _SCALAR_EXP,
         ("-march=x86-64-v4", "-mtune=generic", "-mprefer-vector-width=512"),
+        _LOG_CONSTANTS + _AVX512_LOG_SPLIT + _LOG,
     ),
     "avx2": IsaDialect("avx2", 8,
                        _AVX2_PRELUDE + _AVX2_MATH + _AVX2_MORE + _TANH_ERF + _SCALAR_EXP,
-                       ("-march=x86-64-v3", "-mtune=generic")),
+                       ("-march=x86-64-v3", "-mtune=generic"),
+                       _LOG_CONSTANTS + _AVX2_LOG_SPLIT + _LOG),
     "generic": IsaDialect("generic", 4,
                           _GENERIC_PRELUDE + _GENERIC_MATH + _GENERIC_MORE + _TANH_ERF
                           + _SCALAR_EXP,
-                          _generic_flags()),
+                          _generic_flags(), _LOG_CONSTANTS + _GENERIC_LOG_SPLIT + _LOG),
 }
 
 
