@@ -69,7 +69,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 #     analytic columns; ARCHITECTURE change 34).
 # 15: the matmul estimate's memory floor: a split by rows with constant (pre-packed) weights
 #     makes every thread's pass over B a DRAM pass, as in a model that streams its weights.
-FEATURE_VERSION = 15
+# 16: lrn (its kind column and block: lrn_size, log_pixels_per_tile).
+FEATURE_VERSION = 16
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
