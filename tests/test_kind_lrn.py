@@ -1,13 +1,15 @@
 """The ``lrn`` kind (ONNX LRN): signature, the reference against the definition, the
 executor's numpy LRN and onnxruntime, the legal space, ``VLOG``, and generated kernels on
 every runnable ISA and layout against the float64 reference (outputs NaN-poisoned and
-misaligned, so an unwritten element or a padding lane left unwritten fails)."""
+misaligned, so an unwritten element or a padding lane left unwritten fails); then a small
+Conv -> Relu -> LRN -> MaxPool model compiled end to end."""
 
 from __future__ import annotations
 
 import ctypes
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -309,3 +311,41 @@ def test_avx512_kernels_compile() -> None:
     for layout in ("nchw", "nchw16c"):
         op = lrn_op(1, 20, 5, 7, 5, layout=layout)
         assert build(generate(op, default_lrn_schedule(op, hw, T2), hw)).path.exists()
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+
+def test_conv_relu_lrn_maxpool_model_runs_lrn_as_a_kernel(tmp_path: Path) -> None:
+    """AlexNet's conv -> LRN -> pool -> conv chain: the LRN is a generated kernel on the
+    layout its neighbours use (no reorder), and the model equals onnxruntime."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx_support import Builder, assert_close, ort_run, random_feeds
+
+    from tunecache.cache.store import Store
+    from tunecache.compiler.layout_plan import blocked_layout
+    from tunecache.tuner.deploy import compile_model
+
+    b = Builder(13, seed=7)
+    x = b.input("x", [1, 3, 15, 15])
+    y = b.node("Relu", [b.conv(x, 3, 32, 5, stride=2, name="conv")], name="relu")
+    y = b.node("LRN", [y], size=5, alpha=0.5, beta=0.75, bias=1.0, name="lrn")
+    y = b.node("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], name="pool")
+    y = b.conv(y, 32, 8, 3, name="conv2")
+    model = b.model([y], "alexnet_head")
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic",
+                             record_wanted=False)
+    assert not compiled.graph.onnx_nodes
+    [lrn] = [k for k in compiled.graph.kernel_nodes if k.name == "lrn"]
+    layout = blocked_layout(compiled.hw) or NCHW
+    assert lrn.op.kind == "lrn" and lrn.op.attr("layout") == layout
+    assert [k.op.kind for k in compiled.graph.kernel_nodes] == ["conv2d", "lrn", "pool2d",
+                                                                "conv2d"]
+    feeds = random_feeds(model)
+    assert_close(compiled.run(feeds), ort_run(model, feeds), [y])
+    profile = compiled.profile(feeds, 1)
+    assert {s.step.where for s in profile.steps} == {"kernel"}
+    assert [s.step.op for s in profile.steps if s.step.node == "lrn"] == ["lrn"]

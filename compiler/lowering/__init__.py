@@ -178,8 +178,8 @@ def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | Non
         return None
     return [position, mul]
 
-BUILTIN_LOWERINGS = ("attention", "rowwise", "rmsnorm", "pool", "rotary", "elementwise",
-                     "batchnorm", "split")
+BUILTIN_LOWERINGS = ("attention", "rowwise", "rmsnorm", "pool", "lrn", "rotary",
+                     "elementwise", "batchnorm", "split")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried
 in: attention first (its scaling Mul and mask Add would otherwise start a scaled softmax or
 an element-wise chain), then the residual-Add + LayerNormalization pattern, the RMSNorm chain
