@@ -3,11 +3,16 @@
 X is read once from memory and Y written once; the window's other channels are re-read
 from L1 (``nchw``: the tile's rows of the window's planes; blocked: the staged lines).
 Vector instructions per output vector: a load and a multiply-add (or add) per window
-channel, about 16 for the power (two square roots and a division at 4 each, the affine
-step, the load and store of x and y), and for a blocked layout 3 more to stage the square.
-Penalties: a blocked tile of one or two pixels stalls on store forwarding between staging
-and the window sums; an ``nchw`` tile whose window rows overflow L1 re-reads them from L2,
-and the smallest tiles pay their per-channel loop more often."""
+channel; 4 for the affine step and the loads and stores of x and y; 12 per 8 lanes for the
+power's two square roots and division, whose throughput is per lane (measured on an AMD
+EPYC, one thread, AlexNet's first LRN: 11 cycles per AVX2 vector, 22 per AVX-512 vector,
+12 per 4-lane generic vector, whose square roots are scalar); for a blocked layout 3 more to
+stage the square. Vectors per step did not change the time there (each vector's power is
+independent of the next), so every ``vec`` counts as enough in flight. Penalties: a blocked
+tile of one or two pixels stalls on store forwarding between staging and the window sums
+(measured 1.3x and 1.1x the time of four); an ``nchw`` tile whose window rows overflow L1
+re-reads them from L2, and the smallest tiles pay their per-channel loop more often; tiles
+that do not split evenly over the threads leave some idle."""
 
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ from tunecache.costmodel.analytic import Estimate, ceil_div, round_up
 from tunecache.costmodel.kinds import CostKind, FeatureBlock, l2, register
 from tunecache.costmodel.kinds.streaming import streaming_estimate
 
-POWER_OPS = 16.0
+POWER_FIXED_OPS = 4.0
+ROOT_OPS_PER_8_LANES = 12.0
 STAGE_OPS = 3.0
 STAGED_PIXELS_PENALTY = {1: 1.3, 2: 1.1}
 SMALL_TILE_PENALTY = 1.1
@@ -49,7 +55,8 @@ def estimate(op: OpSignature, s: LrnSchedule, hw: HardwareSpec) -> Estimate:
     d = op.dims_dict
     elements = d["N"] * _channels(op) * d["H"] * d["W"]
     vectors = ceil_div(elements, hw.lanes)
-    per_vector = 1.5 * d["size"] + POWER_OPS
+    per_vector = 1.5 * d["size"] + POWER_FIXED_OPS \
+        + ROOT_OPS_PER_8_LANES * max(1.0, hw.lanes / 8)
     if is_blocked(op):
         per_vector += STAGE_OPS
         penalty = STAGED_PIXELS_PENALTY.get(s.pixels, 1.0)
@@ -57,9 +64,12 @@ def estimate(op: OpSignature, s: LrnSchedule, hw: HardwareSpec) -> Estimate:
         penalty = SMALL_TILE_PENALTY if s.pixels == PLAIN_PIXELS[0] else 1.0
         if _tile_bytes(op, s) > 0.75 * hw.l1d_bytes:
             penalty *= L2_TILE_PENALTY
-    return streaming_estimate(op, hw, threads=s.threads, work_items=_tiles(op, s),
-                              vector_ops=vectors * per_vector * penalty, in_flight=s.vec,
-                              out_bytes=4.0 * elements, nontemporal=False)
+    tiles = _tiles(op, s)
+    busy = min(s.threads, tiles)
+    imbalance = ceil_div(tiles, busy) * busy / tiles
+    return streaming_estimate(op, hw, threads=s.threads, work_items=tiles,
+                              vector_ops=vectors * per_vector * penalty * imbalance,
+                              in_flight=2, out_bytes=4.0 * elements, nontemporal=False)
 
 
 def _op_values(op: OpSignature) -> tuple[float, ...]:
