@@ -324,13 +324,15 @@ def kernel_ops(path: str | Path | onnx.ModelProto,
 
     ``label`` names the kernel nodes using the op (the first few, then how many more).
     With ``hw``, the ops a model compiled for ``hw`` runs: its activations' layouts planned
-    (:func:`tunecache.compiler.layout_plan.plan_layouts`), reorders included.
+    (:func:`tunecache.compiler.layout_plan.plan_layouts`), reorders included, and kernel
+    pairs fused (:func:`tunecache.compiler.fusion.fuse_pairs`).
     """
     graph = load_graph(path, input_shapes)
     if hw is not None:
+        from tunecache.compiler.fusion import fuse_pairs
         from tunecache.compiler.layout_plan import plan_layouts
 
-        graph = plan_layouts(graph, hw).graph
+        graph, _ = fuse_pairs(plan_layouts(graph, hw).graph)
     users: dict[OpSignature, list[str]] = {}
     for node in graph.kernel_nodes:
         users.setdefault(node.op, []).append(node.name)

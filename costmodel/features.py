@@ -70,7 +70,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 15: the matmul estimate's memory floor: a split by rows with constant (pre-packed) weights
 #     makes every thread's pass over B a DRAM pass, as in a model that streams its weights.
 # 16: lrn (its kind column and block: lrn_size, log_pixels_per_tile).
-FEATURE_VERSION = 16
+# 17: pwdw (its kind column and block: pw_block, band_tiles, log_band_kib).
+FEATURE_VERSION = 17
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

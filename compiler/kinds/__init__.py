@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from tunecache.compiler.schedule import ScheduleData
 
 BUILTIN_KINDS = ("matmul", "batch_matmul", "conv2d", "softmax", "layernorm", "pool2d",
-                 "elementwise", "attention", "reorder", "rotary", "lrn")
+                 "elementwise", "attention", "reorder", "rotary", "lrn", "pwdw")
 """Modules of ``tunecache.compiler.kinds`` loaded on first use, in this order."""
 
 ENTRY_POINT_GROUP = "tunecache.kinds"

@@ -38,6 +38,7 @@ from tunecache.compiler.build import build, find_compiler
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError, TunecacheError
 from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
+from tunecache.compiler.fusion import fuse_pairs
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable, local_spec
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.layout_plan import plan_layouts
@@ -450,7 +451,7 @@ def _compile_shape(label: str, source: frontend.ModelSource,
     t0 = time.perf_counter()
     graph = frontend.load_graph(source, input_shapes)
     if blocked_layouts:
-        graph = plan_layouts(graph, hw).graph
+        graph, _ = fuse_pairs(plan_layouts(graph, hw).graph)
     t_load = time.perf_counter()
     view = _cache_view(store, hw)
     decider = Policy(config, hw, model=model, clock=clock)

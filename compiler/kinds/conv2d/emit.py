@@ -298,7 +298,7 @@ def _band_floats(op: OpSignature, s: Conv2dSchedule) -> int:
     return round_up(_band_rows(op, s) * wp * xi, ALIGN_FLOATS)
 
 
-def _direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
+def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
                 depthwise: bool, xi: int = 0) -> str:
     """A register tile of ``th`` x ``tw`` pixels (rows) x OCB channels (vectors) over the whole
     reduction, stored to the aligned scratch ``tile`` for :func:`store_tile`'s epilogue.
@@ -335,7 +335,7 @@ def _direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
     return micro_kernel(signature, tile, loops, columns, rows, spec)
 
 
-def _blocked_store(op: OpSignature, s: Conv2dSchedule, lanes: int, xo: int) -> str:
+def blocked_store(op: OpSignature, s: Conv2dSchedule, lanes: int, xo: int) -> str:
     """``store_tile`` of the ``vector`` sink: the scratch tile into a blocked Y at ``y`` (the
     tile's first channel's lane at its first pixel) with the epilogue, vector by vector.
     Vector ``v`` of a pixel lies ``v * lanes`` channels on, in the next block every ``xo``
@@ -514,9 +514,9 @@ def _store_tile_code(op: OpSignature, s: Conv2dSchedule, lanes: int, plan: _Dire
     """``store_tile``: output channel f0 + o, o < fvalid, of the th x tw tile at (p0, q0) of
     image n, from the scratch tile into Y (NCHW, or blocked for the ``scalar`` sink), with
     the epilogue; the ``scalar`` sink also gets ``zero_lanes`` for Y's padding lanes. The
-    ``vector`` sink's is :func:`_blocked_store`."""
+    ``vector`` sink's is :func:`blocked_store`."""
     if plan.sink == "vector":
-        return _blocked_store(op, s, lanes, plan.xo)
+        return blocked_store(op, s, lanes, plan.xo)
     if plan.sink == "scalar":
         epi = _epilogue_scalar(op, "v", "f", "o_off + j * XO")
         return f"""\
@@ -737,7 +737,7 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     variants.setdefault((th_tail, tw), "ukr_ptail")
     variants.setdefault((th_tail, tw_tail), "ukr_corner")
     for (vh, vw), name in variants.items():
-        out.append(_direct_ukr(name, vh, vw, s, d, plan.depthwise, plan.xi))
+        out.append(direct_ukr(name, vh, vw, s, d, plan.depthwise, plan.xi))
     out.append(_store_tile_code(op, s, d.lanes, plan))
     out.append(_conv_body(op, s, d, plan, variants))
     out.append(conv2d_entries(op, s.threads, f"{ws_floats}L", prepack=True))

@@ -1,0 +1,77 @@
+"""The tuner's side of ``pwdw``: depthwise tiles, pointwise strips and band heights.
+
+The pointwise strip and the depthwise tile are register tiles (pixels x one channel block
+of vectors) sized like conv2d's direct tiles: widths that divide the row or leave a small
+tail, within the register file. A band holds whole row tiles; the candidates range from one
+tile to as many as fit a quarter of L2 (the band is read back right after it is written)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.pwdw import PwdwSchedule, band_floats, block_of, pwdw_problems
+from tunecache.compiler.ops import OpSignature
+from tunecache.tuner.kinds import Strata, TunerKind, register
+
+
+def _widths(size: int, fit: int) -> list[int]:
+    """Tile widths for a row of ``size``: the whole row when it fits, its halves and thirds,
+    and the widest that fits."""
+    out = {min(size, fit)}
+    for parts in (2, 3, 4, 8):
+        w = -(-size // parts)
+        if w <= fit:
+            out.add(w)
+    return sorted(out, reverse=True)[:4]
+
+
+def _bands(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> list[int]:
+    budget = hw.l2_bytes // 4 // 4
+    tiles = -(-op.out_h // min(s.oh_block, op.out_h))
+    out = [1]
+    for t in (2, 4, 8, 16, tiles):
+        if t <= tiles and band_floats(op, s.replace(band_tiles=t)) <= budget:
+            out.append(t)
+    return sorted(set(out))
+
+
+def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[PwdwSchedule]:
+    nv = max(1, block_of(op) // hw.lanes)
+    fit = max(1, (hw.vector_registers - nv - 1) // nv)
+    pars = ["oc", "pixel"] if threads > 1 else ["oc"]
+    for ow in _widths(op.out_w, fit):
+        for oh in (1, 2):
+            if oh * ow > fit:
+                continue
+            for pw in _widths(op.dim("W"), fit):
+                base = PwdwSchedule(ow_block=ow, oh_block=oh, pw_block=pw, threads=threads)
+                for band in _bands(op, base, hw):
+                    for par in pars:
+                        s = base.replace(band_tiles=band, parallel=par)
+                        if not pwdw_problems(op, s, hw):
+                            yield s
+
+
+def _tile_key(s: PwdwSchedule) -> tuple[object, ...]:
+    return (s.ow_block, s.oh_block, s.pw_block)
+
+
+def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None = None) -> Strata:
+    t = hw.cores if threads is None else max(1, min(threads, hw.cores))
+    strata: Strata = {}
+    for s in _pool(op, hw, t):
+        strata.setdefault(_tile_key(s), []).append(s)
+    return strata
+
+
+def _neighbours(op: OpSignature, best: PwdwSchedule, hw: HardwareSpec) -> list[PwdwSchedule]:
+    moves = [best.replace(band_tiles=max(1, best.band_tiles // 2)),
+             best.replace(band_tiles=best.band_tiles * 2),
+             best.replace(pw_block=best.pw_block + 2), best.replace(pw_block=best.pw_block - 2),
+             best.replace(parallel="pixel" if best.parallel == "oc" else "oc")]
+    return [m for m in dict.fromkeys(moves) if m != best and not pwdw_problems(op, m, hw)]
+
+
+KIND = register(TunerKind(name="pwdw", pool=_pool, tile_key=_tile_key, grid=_grid,
+                          neighbours=_neighbours))
