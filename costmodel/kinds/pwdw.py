@@ -4,6 +4,7 @@ The 1x1 half is an outer-product register tile (``pw_block`` pixels broadcast x 
 block of vectors) reducing over C, at the micro-kernel efficiency of that tile, less the
 epilogue and store each output vector pays once per C steps. The depthwise half loads one
 input vector per FMA from the band (in L1 or L2), so it runs at about half the FMA rate.
+Rolling the band down moves its shared rows (a read and a write in L1/L2 per byte).
 Memory: X, the weights and Y cross memory once; the expanded tensor never does."""
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ def _items(op: OpSignature, s: PwdwSchedule) -> int:
     return ceil_div(tiles, s.band_tiles)
 
 
+def _moved_bytes(op: OpSignature, s: PwdwSchedule) -> float:
+    """Bytes the band moves rolling down: ``R - stride`` shared rows per band after the
+    first of each channel block (band_tiles=1 at stride 1 moves two rows per new row)."""
+    d = op.dims_dict
+    th = min(s.oh_block, op.out_h)
+    bands = ceil_div(ceil_div(op.out_h, th), s.band_tiles)
+    shared = max(0, (d["R"] - 1) * d["dil_h"] + 1 - d["stride_h"])
+    row = (d["W"] + d["pad_l"] + d["pad_r"]) * block_of(op) * 4
+    return 2.0 * d["N"] * (d["F"] // block_of(op)) * (bands - 1) * shared * row
+
+
 def _balance(op: OpSignature, s: PwdwSchedule) -> float:
     items = _items(op, s)
     return items / (ceil_div(items, s.threads) * s.threads)
@@ -70,8 +82,9 @@ def estimate(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> Estimate:
     pw_flops = 2.0 * d["N"] * d["F"] * d["H"] * d["W"] * d["C"]
     dw_flops = 2.0 * d["N"] * d["F"] * op.out_h * op.out_w * d["R"] * d["S"]
     busy = min(s.threads, _items(op, s)) * _balance(op, s) or 1.0
+    copy_s = _moved_bytes(op, s) / (arch.bytes_per_cycle["l2"] * arch.ghz * 1e9)
     compute_s = (pw_flops / (peak * _pw_efficiency(op, s, hw))
-                 + dw_flops / (peak * _dw_efficiency(op, s, hw))) / busy
+                 + dw_flops / (peak * _dw_efficiency(op, s, hw)) + copy_s) / busy
     moved = float(op.min_bytes)
     memory_s = moved / stream_bytes_per_s(hw, moved, s.threads)
     overhead_s = arch.call_overhead_s + (arch.fork_join_s if s.threads > 1 else 0.0)

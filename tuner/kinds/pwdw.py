@@ -1,8 +1,8 @@
 """The tuner's side of ``pwdw``: depthwise tiles, pointwise strips and band heights.
 
 The pointwise strip and the depthwise tile are register tiles (pixels x one channel block
-of vectors) sized like conv2d's direct tiles: widths that divide the row or leave a small
-tail, within the register file. A band holds whole row tiles; the candidates range from one
+of vectors) sized like conv2d's direct tiles: widths that divide the row, within the
+register file. A band holds whole row tiles; the candidates range from one
 tile to as many as fit a quarter of L2 (the band is read back right after it is written)."""
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ from tunecache.tuner.kinds import Strata, TunerKind, register
 
 
 def _widths(size: int, fit: int) -> list[int]:
-    """Tile widths for a row of ``size``: the whole row when it fits, its halves and thirds,
-    and the widest that fits."""
-    out = {min(size, fit)}
-    for parts in (2, 3, 4, 8):
-        w = -(-size // parts)
-        if w <= fit:
-            out.add(w)
-    return sorted(out, reverse=True)[:4]
+    """Tile widths for a row of ``size``: the three widest that divide it and fit the
+    registers (a tail tile measured 10-20% slower: 19+19+18 against 14 x 4 for a 56-pixel
+    row), else the widest that fits."""
+    exact = [w for w in range(min(size, fit), 3, -1) if size % w == 0]
+    return exact[:3] or [min(size, fit)]
 
 
 def _bands(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> list[int]:
