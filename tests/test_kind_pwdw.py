@@ -15,15 +15,13 @@ from kernel_support import (
     sampled,
 )
 
-from tunecache.compiler.frontend import KernelNode
-from tunecache.compiler.fusion import fuse_pairs
+from tunecache.compiler.fusion import fuse_pairs, fused_op
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.kinds.conv2d import conv2d_op
 from tunecache.compiler.kinds.pwdw import (
     PwdwSchedule,
     default_pwdw_schedule,
     depthwise_part,
-    fuse_pointwise_depthwise,
     pointwise_part,
     pwdw_op,
     pwdw_problems,
@@ -132,31 +130,21 @@ def test_the_tiler_proposes_legal_candidates_with_distinct_estimates() -> None:
 # -- the pair fusion ---------------------------------------------------------------------------
 
 
-def _node(name: str, op: OpSignature, inputs: tuple[str, ...], output: str) -> KernelNode:
-    return KernelNode(name, (name,), op, inputs, output, op.arguments()[-1].shape)
-
-
 def test_the_pair_rule_fuses_only_a_plain_1x1_into_a_depthwise_reader() -> None:
     b = "nchw16c"
     pw = conv2d_op(1, 24, 14, 14, 96, 1, 1, epilogue="bias+clip6", layout="nchw", out_layout=b)
     dw = conv2d_op(1, 96, 14, 14, 96, 3, 3, stride=2, pads=1, groups=96, epilogue="bias",
                    layout=b, out_layout=b)
-    a = _node("expand", pw, ("x", "w1", "b1"), "e")
-    fused = fuse_pointwise_depthwise(a, _node("dw", dw, ("e", "w2", "b2"), "y"))
-    assert fused is not None
-    assert fused.name == "expand+dw" and fused.nodes == ("expand", "dw")
-    assert fused.inputs == ("x", "w1", "b1", "w2", "b2") and fused.output == "y"
-    assert fused.op == pwdw_op(1, 24, 14, 14, 96, 3, 3, stride=2, pads=1,
-                               pw_epilogue="bias+clip6", epilogue="bias", layout="nchw",
-                               out_layout=b)
+    assert fused_op(pw, dw) == pwdw_op(1, 24, 14, 14, 96, 3, 3, stride=2, pads=1,
+                                       pw_epilogue="bias+clip6", epilogue="bias",
+                                       layout="nchw", out_layout=b)
     strided = conv2d_op(1, 24, 14, 14, 96, 1, 1, stride=2, out_layout=b)
     residual = conv2d_op(1, 24, 14, 14, 96, 1, 1, epilogue="add", out_layout=b)
     plain_out = conv2d_op(1, 24, 14, 14, 96, 1, 1)
     dense = conv2d_op(1, 96, 14, 14, 96, 3, 3, pads=1, layout=b, out_layout=b)
-    for first, second in ((strided, dw), (residual, dw), (plain_out, dw), (pw, dense)):
-        inputs = ("x", "w1", "add") if "add" in first.epilogue else ("x", "w1")
-        assert fuse_pointwise_depthwise(_node("a", first, inputs, "e"),
-                                        _node("b", second, ("e", "w2"), "y")) is None
+    for first, second in ((strided, dw), (residual, dw), (plain_out, dw), (pw, dense),
+                          (dw, dw)):
+        assert fused_op(first, second) is None
 
 
 def _inverted_residual(shared: bool) -> object:

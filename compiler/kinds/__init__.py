@@ -74,6 +74,10 @@ class OpKind:
       a value naming the layout ``tc_pack_weights`` writes. Kernels with equal values pack
       the same weights to the same bytes, so a model planned at several input shapes packs
       each weight once per layout.
+    * ``fuses(producer, reader)`` — optional: this kind's op computing ``producer`` and then
+      ``reader`` (whose first input is the producer's output) in one kernel, or None when it
+      cannot. The fused op's inputs are the producer's, then the reader's other inputs
+      (:func:`tunecache.compiler.fusion.fuse_pairs` asks every kind after layout planning).
     """
 
     name: str
@@ -95,6 +99,7 @@ class OpKind:
     layout_slots: Callable[[OpSignature], tuple[str | None, ...]] | None = None
     relayout: Callable[[OpSignature, str, str], OpSignature | None] | None = None
     packed_weights_layout: Callable[[OpSignature, Any], Hashable] | None = None
+    fuses: Callable[[OpSignature, OpSignature], OpSignature | None] | None = None
 
 
 _KINDS: dict[str, OpKind] = {}

@@ -35,8 +35,6 @@ from tunecache.compiler.codegen.abi import (
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel
-from tunecache.compiler.frontend import KernelNode
-from tunecache.compiler.fusion import register_pair_rule
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.conv2d import ACTIVATIONS, conv2d_nchw, conv2d_op
@@ -449,6 +447,43 @@ def generate_pwdw(op: OpSignature, s: PwdwSchedule, d: IsaDialect) -> str:
     return "\n".join(out)
 
 
+# -- fusion -----------------------------------------------------------------------------------
+
+
+def _pointwise(op: OpSignature) -> bool:
+    """A plain 1x1 conv2d (no stride, padding, groups or residual) writing a blocked tensor."""
+    if op.kind != "conv2d":
+        return False
+    d = op.dims_dict
+    return ((d["R"], d["S"], d["stride_h"], d["stride_w"]) == (1, 1, 1, 1)
+            and not any(d[k] for k in ("pad_t", "pad_l", "pad_b", "pad_r")) and d["groups"] == 1
+            and "add" not in op.epilogue and bool(channel_block(op.attr("out_layout"))))
+
+
+def _depthwise_reader(op: OpSignature, layout: str) -> bool:
+    """A depthwise conv2d (one channel per group, no residual) reading and writing ``layout``."""
+    if op.kind != "conv2d":
+        return False
+    d = op.dims_dict
+    return (d["groups"] == d["C"] == d["F"]
+            and "add" not in op.epilogue
+            and op.attr("layout") == op.attr("out_layout") == layout)
+
+
+def fuse_pointwise_depthwise(producer: OpSignature, reader: OpSignature) -> OpSignature | None:
+    """``OpKind.fuses``: a plain 1x1 conv2d writing a blocked tensor and the depthwise conv2d
+    reading it, as one pwdw op."""
+    if not (_pointwise(producer) and _depthwise_reader(reader, producer.attr("out_layout"))):
+        return None
+    d, e = producer.dims_dict, reader.dims_dict
+    return pwdw_op(d["N"], d["C"], d["H"], d["W"], d["F"], e["R"], e["S"],
+                   stride=(e["stride_h"], e["stride_w"]),
+                   pads=(e["pad_t"], e["pad_l"], e["pad_b"], e["pad_r"]),
+                   dilation=(e["dil_h"], e["dil_w"]),
+                   pw_epilogue="+".join(producer.epilogue) or "none", epilogue=reader.epilogue,
+                   layout=producer.attr("layout"), out_layout=reader.attr("out_layout"))
+
+
 KIND = register(OpKind(
     name="pwdw",
     spec=KindSpec(
@@ -482,6 +517,7 @@ KIND = register(OpKind(
     random_inputs=_random_inputs,
     layout_slots=_layout_slots,
     relayout=_relayout,
+    fuses=fuse_pointwise_depthwise,
     examples=(
         # MobileNet-v2's first expanded block (16 -> 96 channels at 112x112, stride 2) and a
         # stride-1 block reading a plain 24-channel input.
@@ -491,42 +527,3 @@ KIND = register(OpKind(
         "out_layout=nchw16c,pw_epilogue=bias+clip6,epilogue=bias+clip6)",
     ),
 ))
-
-
-# -- fusion -----------------------------------------------------------------------------------
-
-
-def _pointwise(op: OpSignature) -> bool:
-    """A plain 1x1 conv2d (no stride, padding, groups or residual) writing a blocked tensor."""
-    d = op.dims_dict
-    return (op.kind == "conv2d" and (d["R"], d["S"], d["stride_h"], d["stride_w"]) == (1, 1, 1, 1)
-            and not any(d[k] for k in ("pad_t", "pad_l", "pad_b", "pad_r")) and d["groups"] == 1
-            and "add" not in op.epilogue and bool(channel_block(op.attr("out_layout"))))
-
-
-def _depthwise_reader(op: OpSignature, layout: str) -> bool:
-    """A depthwise conv2d (one channel per group, no residual) reading and writing ``layout``."""
-    d = op.dims_dict
-    return (op.kind == "conv2d" and d["groups"] == d["C"] == d["F"]
-            and "add" not in op.epilogue
-            and op.attr("layout") == op.attr("out_layout") == layout)
-
-
-def fuse_pointwise_depthwise(producer: KernelNode, reader: KernelNode) -> KernelNode | None:
-    """The pair rule: a 1x1 conv whose output only a depthwise conv reads, as one pwdw node."""
-    a, b = producer.op, reader.op
-    if not (_pointwise(a) and _depthwise_reader(b, a.attr("out_layout"))) \
-            or reader.inputs[0] != producer.output:
-        return None
-    d, e = a.dims_dict, b.dims_dict
-    op = pwdw_op(d["N"], d["C"], d["H"], d["W"], d["F"], e["R"], e["S"],
-                 stride=(e["stride_h"], e["stride_w"]),
-                 pads=(e["pad_t"], e["pad_l"], e["pad_b"], e["pad_r"]),
-                 dilation=(e["dil_h"], e["dil_w"]),
-                 pw_epilogue="+".join(a.epilogue) or "none", epilogue=b.epilogue,
-                 layout=a.attr("layout"), out_layout=b.attr("out_layout"))
-    return KernelNode(f"{producer.name}+{reader.name}", producer.nodes + reader.nodes, op,
-                      producer.inputs + reader.inputs[1:], reader.output, reader.output_shape)
-
-
-register_pair_rule(fuse_pointwise_depthwise)

@@ -451,7 +451,8 @@ def _compile_shape(label: str, source: frontend.ModelSource,
     t0 = time.perf_counter()
     graph = frontend.load_graph(source, input_shapes)
     if blocked_layouts:
-        graph, _ = fuse_pairs(plan_layouts(graph, hw).graph)
+        graph = plan_layouts(graph, hw).graph
+    graph, _ = fuse_pairs(graph)
     t_load = time.perf_counter()
     view = _cache_view(store, hw)
     decider = Policy(config, hw, model=model, clock=clock)
