@@ -69,6 +69,14 @@ CASES = [
     (BM(3, 5, 17, 33, trans_b=True, shared="b", epilogue="bias"),
      lambda h: sched(h, 2, 2, 8, pack_a=0, pack_b=0, loop_order="dot", threads=2,
                      parallel="batch")),
+    # GELU in the epilogue (the FFN's, fused from an elementwise step): register tiles, the
+    # scalar edge loops (FERF, FTANH) and the dot kernel's scalar epilogue.
+    (M(29, 67, 23, epilogue="bias+gelu_erf"), lambda h: sched(h, 3, 1, 7, unroll=4)),
+    (M(37, 150, 53, trans_a=True, epilogue="gelu_tanh"),
+     lambda h: sched(h, 3, 1, 16, threads=2, parallel="n", pack_b=0)),
+    (M(7, 45, 70, trans_b=True, epilogue="bias+gelu_tanh"),
+     lambda h: sched(h, 3, 2, 8, pack_a=0, pack_b=0, loop_order="dot")),
+    (BM(2, 21, 19, 12, epilogue="bias+gelu_erf"), lambda h: sched(h, 4, 1, 8)),
 ]
 
 

@@ -98,6 +98,20 @@ def test_compiles_and_matches_onnxruntime(name: str, tmp_path: Path) -> None:
     assert stats.inputs == {k: v.shape for k, v in feeds.items()}
 
 
+@pytest.mark.parametrize(("name", "gelu"), [("bert_torchscript17", "gelu_erf"),
+                                            ("vit_dynamo18", "gelu_erf"),
+                                            ("gpt2_torchscript17", "gelu_tanh")])
+def test_the_ffn_gelu_runs_in_the_matmul_epilogue(name: str, gelu: str, tmp_path: Path) -> None:
+    """The exported GELU after the FFN's first matmul (+ bias) fuses into that matmul, also
+    through GPT-2's Reshape between them: no GELU kernel of its own is left, and the model
+    still matches onnxruntime."""
+    [(compiled, feeds, _, _)] = checked_runs(name, tmp_path, [(2, 5)])
+    plan = compiled.prepare({k: v.shape for k, v in feeds.items()}).plan
+    kinds = {(e.op.kind, e.op.epilogue) for e in plan}
+    assert any(kind == "matmul" and gelu in epi for kind, epi in kinds), kinds
+    assert not any(kind == "elementwise" and gelu in epi for kind, epi in kinds), kinds
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_shape_only_subgraphs_fold_away(name: str) -> None:
     path = DATA / f"{name}.onnx"

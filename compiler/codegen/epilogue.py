@@ -15,12 +15,13 @@ register tiles (vector C), edge and merge loops (scalar C) and elementwise kerne
     render(("bias", "relu"), "v", {"bias": "bias[j]"}, vector=False)
     # -> "v += bias[j]; if (v < 0.0f) v = 0.0f;"
 
-The activations ``relu``, ``clip6`` (ReLU6) and ``silu`` (``x * sigmoid(x)``) are the
-``elementwise`` kind's steps of the same names too: that kind takes their vector and numpy
-forms from here, so each is defined once. Adding a step is one entry here (plus any vector
-helper it needs in ``isa.py``, and the step in the kind's ``KindSpec.epilogues``); a step
-reading a tensor names it in ``operand``, the kind's ``arguments`` must list that tensor and
-each emitter passes its addressing.
+The activations ``relu``, ``clip6`` (ReLU6), ``silu`` (``x * sigmoid(x)``) and the two
+GELUs (``gelu_erf``, ``gelu_tanh``) are the ``elementwise`` kind's steps of the same names
+too: that kind takes their vector and numpy forms from here, so each is defined once.
+Adding a step is one entry here (plus any vector helper it needs in ``isa.py``, any scalar
+one in ``isa.SCALAR_MATH`` named in ``helpers``, and the step in the kind's
+``KindSpec.epilogues``); a step reading a tensor names it in ``operand``, the kind's
+``arguments`` must list that tensor and each emitter passes its addressing.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from types import MappingProxyType
 import numpy as np
 from scipy import special
 
-__all__ = ["STEPS", "Step", "operand_tensors", "reference", "render"]
+from tunecache.compiler.codegen.isa import SCALAR_MATH
+
+__all__ = ["STEPS", "Step", "operand_tensors", "reference", "render", "scalar_helpers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +51,24 @@ class Step:
     scalar: str
     numpy: Callable[..., np.ndarray]
     operand: str | None = None
+    helpers: tuple[str, ...] = ()
+    """Scalar C functions the scalar form calls that the prelude lacks (``isa.SCALAR_MATH``)."""
 
 
 def _add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.add(x, y, out=x)
+
+
+SQRT1_2 = 0.7071067811865476
+GELU_TANH_C = 0.7978845608028654  # sqrt(2/pi)
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + special.erf(x * x.dtype.type(SQRT1_2)))
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(x.dtype.type(GELU_TANH_C) * (x + 0.044715 * x * x * x)))
 
 
 STEPS: Mapping[str, Step] = MappingProxyType({
@@ -67,6 +84,19 @@ STEPS: Mapping[str, Step] = MappingProxyType({
     "silu": Step(vector="VDIV({x}, VADD(VSET1(1.0f), VEXP(VNEG({x}))))",
                  scalar="{x} = {x} / (1.0f + FEXP(-{x}));",
                  numpy=lambda x: np.multiply(x, special.expit(x), out=x)),
+    # GELU as exported: 0.5 x (1 + erf(x / sqrt 2)), and the tanh approximation (GPT-2).
+    "gelu_erf": Step(
+        vector=f"VMUL(VMUL(VSET1(0.5f), {{x}}), VADD(VSET1(1.0f), VERF(VMUL({{x}}, "
+               f"VSET1({SQRT1_2}f)))))",
+        scalar=f"{{x}} = 0.5f * {{x}} * (1.0f + FERF({{x}} * {SQRT1_2}f));",
+        numpy=_gelu_erf, helpers=("FERF",)),
+    "gelu_tanh": Step(
+        vector=f"VMUL(VMUL(VSET1(0.5f), {{x}}), VADD(VSET1(1.0f), VTANH(VMUL(VSET1("
+               f"{GELU_TANH_C}f), VFMA(VMUL(VSET1(0.044715f), {{x}}), VMUL({{x}}, {{x}}), "
+               f"{{x}})))))",
+        scalar=f"{{x}} = 0.5f * {{x}} * (1.0f + FTANH({GELU_TANH_C}f * ({{x}} + 0.044715f "
+               f"* {{x}} * {{x}} * {{x}})));",
+        numpy=_gelu_tanh, helpers=("FTANH",)),
 })
 """Every epilogue step a kernel can fuse, by name."""
 
@@ -76,6 +106,13 @@ def _step(name: str) -> Step:
         return STEPS[name]
     except KeyError:
         raise ValueError(f"unknown epilogue step {name!r}; known steps: {', '.join(STEPS)}") from None
+
+
+def scalar_helpers(steps: Sequence[str]) -> str:
+    """C of the scalar helpers ``steps``' scalar forms call (empty for most epilogues): a
+    kernel rendering scalar epilogues places it after the prelude."""
+    names = dict.fromkeys(h for step in steps for h in _step(step).helpers)
+    return "".join(SCALAR_MATH[name] for name in names)
 
 
 def operand_tensors(steps: Sequence[str]) -> tuple[str, ...]:

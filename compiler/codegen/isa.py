@@ -17,7 +17,7 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
   ``-87.33 <= v <= 88``; 0 below (-inf included), saturating at e**88 above; NaN stays NaN.
   Cody-Waite reduction by ln 2 and the Cephes ``expf`` polynomial, no scalar code;
   ``FEXP(x)`` is the same for one ``float`` in plain C (no libm: kernels link nothing), for
-  scalar epilogue loops;
+  scalar epilogue loops (``FTANH`` and ``FERF``, outside the prelude, in :data:`SCALAR_MATH`);
 * more element-wise math: ``VNEG``, ``VABS``, ``VSQRT``, ``VSIGNOF(x, m)`` (``m >= 0`` with
   the sign of ``x``), ``VSEL_LT(x, y, a, b)`` (per lane ``x < y ? a : b``), ``VTANH(v)``
   (odd polynomial below ``|v| = 0.625``, ``1 - 2/(e**2|v| + 1)`` above; within 2e-7
@@ -351,6 +351,49 @@ static inline float FEXP(float x) {
   return x == x ? p * e.f : x;
 }
 """
+
+
+# VTANH and VERF for one float, the same polynomials, for scalar epilogue loops: plain C on
+# every ISA (FEXP is the prelude's). Outside the prelude, so that only kernels whose epilogue
+# needs them hold them (epilogue.scalar_helpers) and no other kernel's source changes.
+SCALAR_MATH = {
+    "FTANH": """\
+static inline float FTANH(float x) {
+  const float a = x < 0.0f ? -x : x, z = x * x;
+  if (a < 0.625f) {
+    float p = -5.70498872745e-3f * z + 2.06390887954e-2f;
+    p = p * z + -5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z + -3.33332819422e-1f;
+    return p * z * x + x;
+  }
+  const float big = 1.0f - 2.0f / (FEXP(a + a) + 1.0f);
+  return x < 0.0f ? -big : big;
+}
+""",
+    "FERF": """\
+static inline float FERF(float x) {
+  const float a = x < 0.0f ? (-x < 6.0f ? -x : 6.0f) : (x < 6.0f ? x : 6.0f), z = x * x;
+  if (a < 1.0f) {
+    float p = 7.853861353153693e-5f * z + -8.010193625184903e-4f;
+    p = p * z + 5.188327685732524e-3f;
+    p = p * z + -2.685381193529856e-2f;
+    p = p * z + 1.128358514861418e-1f;
+    p = p * z + -3.761262582423300e-1f;
+    p = p * z + 1.128379165726710f;
+    return p * x;
+  }
+  const float t = 1.0f / (a * 0.3275911f + 1.0f);
+  float s = 1.061405429f * t + -1.453152027f;
+  s = s * t + 1.421413741f;
+  s = s * t + -0.284496736f;
+  s = s * t + 0.254829592f;
+  const float big = 1.0f - s * t * FEXP(-(a * a));
+  return x < 0.0f ? -big : big;
+}
+""",
+}
+"""C of each scalar helper, by name."""
 
 
 # VLOG's split of x into 2**k * (1 + f), 1 + f in [sqrt(1/2), sqrt(2)): adding

@@ -1,16 +1,21 @@
 """The ``matmul`` kind: ``C[M,N] = op(A)[M,K] @ op(B)[K,N]``, then the epilogue.
 
 ``layout`` has two letters, one per operand, ``n`` (stored as written) or ``t`` (stored
-transposed: A as ``[K,M]``, B as ``[N,K]``). Epilogue: ``bias`` adds ``bias[N]``, ``relu``
-clamps at zero. The BLIS-style kernels (``emit.py``) and the dot-product kernel for
-``C = A·Bᵀ`` (``emit_dot.py``) share the schedule family of ``space.py``, which
-``batch_matmul`` reuses.
+transposed: A as ``[K,M]``, B as ``[N,K]``). Epilogue: ``bias`` adds ``bias[N]``, then at
+most one activation (:data:`ACTIVATIONS`: ``relu``, or GELU in its erf or tanh form, as
+:mod:`~tunecache.compiler.codegen.epilogue` defines them). An ``elementwise`` activation
+reading a matmul's result fuses into it (:func:`fuse_activation`). The BLIS-style kernels
+(``emit.py``) and the dot-product kernel for ``C = A·Bᵀ`` (``emit_dot.py``) share the
+schedule family of ``space.py``, which ``batch_matmul`` reuses.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.matmul.emit import generate_matmul
@@ -24,9 +29,12 @@ from tunecache.compiler.kinds.matmul.space import (
 )
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 
-__all__ = ["LOOP_ORDERS", "PARALLEL_AXES", "MatmulSchedule", "matmul_op"]
+__all__ = ["ACTIVATIONS", "LOOP_ORDERS", "PARALLEL_AXES", "MatmulSchedule", "fuse_activation",
+           "matmul_op"]
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
+ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh")
+"""The epilogue's activations, after ``bias``; an op has at most one."""
 
 
 def matmul_op(M: int, N: int, K: int, *, trans_a: bool = False, trans_b: bool = False,
@@ -79,14 +87,30 @@ def gemm_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
         a = np.swapaxes(a, -1, -2)
     if op.trans_b:
         b = np.swapaxes(b, -1, -2)
-    c = np.matmul(a, b)
-    rest = list(inputs[2:])
-    for step in op.epilogue:
-        if step == "bias":
-            c += rest.pop(0)
-        elif step == "relu":
-            np.maximum(c, 0, out=c)
-    return c
+    operands = {"bias": inputs[2]} if "bias" in op.epilogue else {}
+    return epilogue_reference(op.epilogue, np.matmul(a, b), operands)
+
+
+def _signature_problems(op: OpSignature) -> list[str]:
+    found = [step for step in op.epilogue if step in ACTIVATIONS]
+    if len(found) > 1:
+        return [f"epilogue {'+'.join(op.epilogue)} has {len(found)} activations "
+                f"({', '.join(found)}); at most one"]
+    return []
+
+
+def fuse_activation(producer: OpSignature, reader: OpSignature) -> OpSignature | None:
+    """``OpKind.fuses``: a matmul without an activation and an ``elementwise`` op applying
+    one activation to its whole result (same rows and columns, no other operand), as the
+    matmul with that activation in its epilogue: BERT's and ViT's FFN GELU, for one."""
+    if producer.kind != "matmul" or reader.kind != "elementwise":
+        return None
+    if (len(reader.epilogue) != 1 or reader.epilogue[0] not in ACTIVATIONS
+            or any(step in ACTIVATIONS for step in producer.epilogue)
+            or len(reader.arguments()) != 2
+            or (reader.dim("M"), reader.dim("N")) != (producer.dim("M"), producer.dim("N"))):
+        return None
+    return replace(producer, epilogue=producer.epilogue + reader.epilogue)
 
 
 def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
@@ -105,7 +129,8 @@ def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int, ...]:
 
 KIND = register(OpKind(
     name="matmul",
-    spec=KindSpec(dims=("M", "N", "K"), attrs={"layout": LAYOUTS}, epilogues=("bias", "relu")),
+    spec=KindSpec(dims=("M", "N", "K"), attrs={"layout": LAYOUTS},
+                  epilogues=("bias", *ACTIVATIONS), check=_signature_problems),
     arguments=gemm_arguments,
     flops=gemm_flops,
     schedule=MatmulSchedule,
@@ -120,6 +145,8 @@ KIND = register(OpKind(
     # schedule pays no packing per call, and is timed that way.
     prepacked_timing=True,
     packed_weights_layout=packed_b_layout,
+    fuses=fuse_activation,
     examples=("matmul(M=128,N=768,K=768,epilogue=bias)", "matmul(M=1,N=1000,K=2048,layout=nt)",
-              "matmul(M=97,N=13,K=511,layout=tn,epilogue=bias+relu)"),
+              "matmul(M=97,N=13,K=511,layout=tn,epilogue=bias+relu)",
+              "matmul(M=128,N=3072,K=768,epilogue=bias+gelu_erf)"),
 ))

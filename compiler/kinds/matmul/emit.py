@@ -25,7 +25,7 @@ from tunecache.compiler.codegen.abi import (
     preamble,
     round_up,
 )
-from tunecache.compiler.codegen.epilogue import render
+from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
@@ -122,6 +122,7 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         "B_PACKED_FLOATS": packed_floats, **layout,
     }
     out = [preamble(d, constants, body_threads)]
+    out += filter(None, [scalar_helpers(op.epilogue)])
     # Packing: panels of MR rows of op(A) / NR columns of op(B), zero-padded, k-major.
     out.append(
         """\

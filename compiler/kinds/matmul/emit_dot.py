@@ -11,7 +11,7 @@ of B are kept hot in cache while every tile of A passes over them.
 from __future__ import annotations
 
 from tunecache.compiler.codegen.abi import kernel_entries, preamble
-from tunecache.compiler.codegen.epilogue import render
+from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
@@ -78,7 +78,7 @@ def generate_matmul_dot(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> st
     threaded = s.threads > 1 and s.parallel != "batch"
     constants = {"M": M, "N": N, "K": K, "BATCH": op.batch, "MR": s.mr, "NV": nv, "NCB": nc,
                  "A_BATCH": a_batch, "B_BATCH": b_batch, "C_BATCH": M * N}
-    out = [preamble(d, constants, 1), _HSUM[d.name],
+    out = [preamble(d, constants, 1), *filter(None, [scalar_helpers(op.epilogue)]), _HSUM[d.name],
            _tile(s.mr, nv, d.lanes, s.unroll, op.epilogue),
            f"""\
 static void dot_edge(const float *restrict a, const float *restrict b,
