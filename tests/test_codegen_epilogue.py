@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 
 import numpy as np
 import pytest
 
 from tunecache.compiler.build import build_source
-from tunecache.compiler.codegen.epilogue import STEPS, operand_tensors, reference, render
+from tunecache.compiler.codegen.epilogue import (
+    STEPS,
+    operand_tensors,
+    reference,
+    render,
+    scalar_helpers,
+)
 from tunecache.compiler.codegen.isa import BASE_FLAGS, dialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel, store
 from tunecache.compiler.hardware import local_spec, runnable_isas
@@ -19,10 +26,17 @@ ISAS = runnable_isas(local_spec())
 EPILOGUES = [combo for n in range(len(STEPS) + 1) for combo in itertools.combinations(STEPS, n)]
 
 
-# Written out independently of the table's own numpy forms (silu in float64).
+_ERF = np.vectorize(math.erf)
+# Written out independently of the table's own numpy forms (silu and the GELUs in float64).
 _UNARY = {"relu": lambda y: np.maximum(y, np.float32(0)),
           "clip6": lambda y: np.minimum(np.maximum(y, np.float32(0)), np.float32(6)),
-          "silu": lambda y: (y / (1.0 + np.exp(-y.astype(np.float64)))).astype(np.float32)}
+          "silu": lambda y: (y / (1.0 + np.exp(-y.astype(np.float64)))).astype(np.float32),
+          "gelu_erf": lambda y: (0.5 * y * (1.0 + _ERF(y.astype(np.float64) / math.sqrt(2.0))))
+          .astype(np.float32),
+          "gelu_tanh": lambda y: (0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (
+              y.astype(np.float64) + 0.044715 * y.astype(np.float64) ** 3)))).astype(np.float32)}
+_POLYNOMIAL = ("silu", "gelu_erf", "gelu_tanh")
+"""Steps computed with exp / erf / tanh polynomials: float32 rounding, not exact."""
 
 
 def _numpy(steps: tuple[str, ...], x: np.ndarray, operands: dict[str, np.ndarray]) -> np.ndarray:
@@ -49,7 +63,7 @@ void run_{k}(const float *x, const float *bias, const float *add, float *y, long
   for (; i < n; i++) {{ float v = x[i]; {scalar} y[i] = v; }}
 }}
 """)
-    code = d.prelude + "".join(functions)
+    code = d.prelude + scalar_helpers(tuple(STEPS)) + "".join(functions)
     return ctypes.CDLL(str(build_source(code, BASE_FLAGS + d.flags).path))
 
 
@@ -67,8 +81,8 @@ def test_vector_and_scalar_renderings_match_numpy(isa: str) -> None:
         getattr(lib, f"run_{k}")(ptr(x.ctypes.data), ptr(bias.ctypes.data),
                                  ptr(add.ctypes.data), ptr(y.ctypes.data), ctypes.c_long(n))
         expected = _numpy(steps, x, {"bias": bias, "add": add})
-        if "silu" in steps:  # e**x is a polynomial within 2 ulp: float32 rounding, not exact
-            np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-30,
+        if set(steps) & set(_POLYNOMIAL):
+            np.testing.assert_allclose(y, expected, rtol=2e-6, atol=1e-6,
                                        err_msg=f"{isa} {steps}")
         else:
             assert np.array_equal(y, expected), (isa, steps)
@@ -80,8 +94,10 @@ def test_reference_applies_the_steps_in_order() -> None:
     x, bias, add = ((4 * rng.standard_normal((3, 5))).astype(np.float32) for _ in range(3))
     for steps in EPILOGUES:
         got = reference(steps, x.copy(), {"bias": bias, "add": add})
+        # the float32 GELU of a large negative x takes 1 + (-1 + tiny): absolute error only
+        atol = 1e-6 if {"gelu_erf", "gelu_tanh"} & set(steps) else 0
         np.testing.assert_allclose(got, _numpy(steps, x, {"bias": bias, "add": add}),
-                                   rtol=1e-6, atol=0, err_msg=str(steps))
+                                   rtol=1e-6, atol=atol, err_msg=str(steps))
     with pytest.raises(ValueError, match="reads tensor 'add', but the reference got only bias"):
         reference(("add",), x.copy(), {"bias": bias})
 

@@ -48,7 +48,9 @@ def test_a_split_projection_is_one_matmul_per_piece(form: str, tmp_path: Path) -
     assert not [s for s in compiled.graph.onnx_nodes if s.op_type == "Split"]
     matmuls = [k for k in compiled.graph.kernel_nodes if k.op.kind == "matmul"]
     assert [k.op.dim("N") for k in matmuls] == list(WIDTHS)
-    assert all(k.op.epilogue == ("bias",) for k in matmuls)
+    # each piece's Relu reads only its matmul's result: it runs as that matmul's epilogue
+    assert all(k.op.epilogue == ("bias", "relu") for k in matmuls)
+    assert not [k for k in compiled.graph.kernel_nodes if k.op.kind == "elementwise"]
     assert len({k.name for k in matmuls}) == len(WIDTHS)
     # the whole weight matrix is not kept beside its slices
     sizes = [compiled.graph.constants[t].size for k in matmuls for t in k.inputs[1:]]
