@@ -269,6 +269,33 @@ def window_output(op: OpSignature, axis: str) -> int:
     return conv_window(size, lo, hi, k, dil, stride, ceil=bool(d.get("ceil_mode", 0)))[1]
 
 
+def window_params(stride: int | tuple[int, int], pads: int | tuple[int, int, int, int],
+                  dilation: int | tuple[int, int]) -> tuple[tuple[str, int], ...]:
+    """The ``stride_h, stride_w, pad_t, pad_l, pad_b, pad_r, dil_h, dil_w`` parameters of a
+    2-D window op: ``stride`` and ``dilation`` are ``(h, w)`` or one int for both, ``pads``
+    is ``(top, left, bottom, right)`` (ONNX ``pads`` order) or one int for all four."""
+    sh, sw = (stride, stride) if isinstance(stride, int) else stride
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
+    pt, pl, pb, pr = (pads,) * 4 if isinstance(pads, int) else pads
+    return (("stride_h", sh), ("stride_w", sw), ("pad_t", pt), ("pad_l", pl), ("pad_b", pb),
+            ("pad_r", pr), ("dil_h", dh), ("dil_w", dw))
+
+
+def kernel_extent_problems(op: OpSignature) -> list[str]:
+    """Why the dilated ``R x S`` kernel of a 2-D window op does not fit its padded input."""
+    d = op.dims_dict
+    found = []
+    for axis, size, lo, hi, k, dil in (
+        ("height", d["H"], d["pad_t"], d["pad_b"], d["R"], d["dil_h"]),
+        ("width", d["W"], d["pad_l"], d["pad_r"], d["S"], d["dil_w"]),
+    ):
+        extent, _ = conv_window(size, lo, hi, k, dil, 1)
+        if extent > size + lo + hi:
+            found.append(f"kernel {axis} {k} (dilated to {extent}) is larger than the padded "
+                         f"input {axis} {size}+{lo}+{hi}={size + lo + hi}")
+    return found
+
+
 def conv_window(size: int, pad_lo: int, pad_hi: int, kernel: int, dil: int,
                 stride: int, ceil: bool = False) -> tuple[int, int]:
     """(dilated kernel extent, output size) along one spatial axis.

@@ -68,7 +68,7 @@ from tunecache.compiler.kinds.layouts import (
     to_layout,
     with_attrs,
 )
-from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window
+from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window, window_params
 from tunecache.compiler.schedule import MAX_PACKED_BYTES, ScheduleData, threads_problem
 
 __all__ = ["MODES", "Pool2dSchedule", "axis_counts", "global_pool2d_op", "is_blocked", "is_global",
@@ -111,16 +111,12 @@ def pool2d_op(N: int, C: int, H: int, W: int, R: int, S: int, *, mode: str = "ma
     ``(top, left, bottom, right)`` (ONNX ``pads`` order) or one int for all four.
     ``layout`` (X's and Y's) is ``nchw`` or a channel-blocked ``nchw{x}c``.
     """
-    sh, sw = (stride, stride) if isinstance(stride, int) else stride
-    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
-    pt, pl, pb, pr = (pads,) * 4 if isinstance(pads, int) else pads
     steps = (() if epilogue in ("", "none") else tuple(epilogue.split("+"))) \
         if isinstance(epilogue, str) else tuple(epilogue)
     return OpSignature(
         KIND.name,
         (("N", N), ("C", C), ("H", H), ("W", W), ("R", R), ("S", S),
-         ("stride_h", sh), ("stride_w", sw), ("pad_t", pt), ("pad_l", pl), ("pad_b", pb),
-         ("pad_r", pr), ("dil_h", dh), ("dil_w", dw), ("ceil_mode", int(ceil_mode)),
+         *window_params(stride, pads, dilation), ("ceil_mode", int(ceil_mode)),
          ("count_include_pad", int(count_include_pad))),
         dtype, (("mode", mode), ("layout", layout)), steps,
     )

@@ -53,7 +53,13 @@ from tunecache.compiler.kinds.layouts import (
     with_attrs,
 )
 from tunecache.compiler.kinds.matmul import epilogue_tuple
-from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window
+from tunecache.compiler.ops import (
+    KindSpec,
+    OpSignature,
+    TensorArg,
+    kernel_extent_problems,
+    window_params,
+)
 from tunecache.compiler.schedule import ScheduleData
 
 __all__ = ["PwdwSchedule", "depthwise_part", "pointwise_part", "pwdw_op"]
@@ -75,14 +81,10 @@ def pwdw_op(N: int, C: int, H: int, W: int, F: int, R: int, S: int, *,
             layout: str = "nchw16c", out_layout: str = "nchw16c") -> OpSignature:
     """The fused op of ``conv2d(X, W1[F,C,1,1])`` then a depthwise ``R x S`` conv (``stride``,
     ``pads`` (top, left, bottom, right), ``dilation`` as in :func:`conv2d_op`)."""
-    sh, sw = (stride, stride) if isinstance(stride, int) else stride
-    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
-    pt, pl, pb, pr = (pads,) * 4 if isinstance(pads, int) else pads
     return OpSignature(
         KIND.name,
         (("N", N), ("C", C), ("H", H), ("W", W), ("F", F), ("R", R), ("S", S),
-         ("stride_h", sh), ("stride_w", sw), ("pad_t", pt), ("pad_l", pl),
-         ("pad_b", pb), ("pad_r", pr), ("dil_h", dh), ("dil_w", dw)),
+         *window_params(stride, pads, dilation)),
         dtype,
         (("layout", layout), ("out_layout", out_layout), ("pw_epilogue", pw_epilogue)),
         epilogue_tuple(epilogue),
@@ -126,15 +128,7 @@ def _signature_problems(op: OpSignature) -> list[str]:
                      "block channels differently; use one block size")
     if len([s for s in op.epilogue if s in ACTIVATIONS]) > 1:
         found.append(f"epilogue {'+'.join(op.epilogue)} has more than one activation")
-    for axis, size, lo, hi, k, dil in (
-        ("height", d["H"], d["pad_t"], d["pad_b"], d["R"], d["dil_h"]),
-        ("width", d["W"], d["pad_l"], d["pad_r"], d["S"], d["dil_w"]),
-    ):
-        extent, _ = conv_window(size, lo, hi, k, dil, 1)
-        if extent > size + lo + hi:
-            found.append(f"kernel {axis} {k} (dilated to {extent}) is larger than the padded "
-                         f"input {axis} {size}+{lo}+{hi}={size + lo + hi}")
-    return found
+    return found + kernel_extent_problems(op)
 
 
 def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:

@@ -41,7 +41,13 @@ from tunecache.compiler.kinds.layouts import (
     with_attrs,
 )
 from tunecache.compiler.kinds.matmul import epilogue_tuple
-from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window
+from tunecache.compiler.ops import (
+    KindSpec,
+    OpSignature,
+    TensorArg,
+    kernel_extent_problems,
+    window_params,
+)
 
 __all__ = ["ACTIVATIONS", "Conv2dSchedule", "conv2d_blocks", "conv2d_nchw", "conv2d_op",
            "is_depthwise", "nchw_conv2d", "plane_buffer_floats"]
@@ -63,14 +69,10 @@ def conv2d_op(N: int, C: int, H: int, W: int, F: int, R: int, S: int, *,
     ``layout`` is X's layout, ``out_layout`` Y's (and the residual's): ``nchw`` or
     ``nchw{x}c``.
     """
-    sh, sw = (stride, stride) if isinstance(stride, int) else stride
-    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
-    pt, pl, pb, pr = (pads,) * 4 if isinstance(pads, int) else pads
     return OpSignature(
         KIND.name,
         (("N", N), ("C", C), ("H", H), ("W", W), ("F", F), ("R", R), ("S", S),
-         ("stride_h", sh), ("stride_w", sw), ("pad_t", pt), ("pad_l", pl),
-         ("pad_b", pb), ("pad_r", pr), ("dil_h", dh), ("dil_w", dw), ("groups", groups)),
+         *window_params(stride, pads, dilation), ("groups", groups)),
         dtype,
         (("layout", layout), ("out_layout", out_layout)),
         epilogue_tuple(epilogue),
@@ -100,17 +102,7 @@ def _signature_problems(op: OpSignature) -> list[str]:
         found.append(f"input channels C={d['C']} are not divisible by groups={g}")
     if d["F"] % g:
         found.append(f"output channels F={d['F']} are not divisible by groups={g}")
-    for axis, size, lo, hi, k, dil in (
-        ("height", d["H"], d["pad_t"], d["pad_b"], d["R"], d["dil_h"]),
-        ("width", d["W"], d["pad_l"], d["pad_r"], d["S"], d["dil_w"]),
-    ):
-        extent, _ = conv_window(size, lo, hi, k, dil, 1)
-        if extent > size + lo + hi:
-            found.append(
-                f"kernel {axis} {k} (dilated to {extent}) is larger than the padded input "
-                f"{axis} {size}+{lo}+{hi}={size + lo + hi}"
-            )
-    return found
+    return found + kernel_extent_problems(op)
 
 
 def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
