@@ -6,9 +6,10 @@ to every kind's ``OpKind.fuses``: the first that returns an op replaces both nod
 reader's position (every input of either is ready there), reading the producer's inputs and
 then the reader's others. The intermediate tensor is never stored. A reshaping node between
 the two (GPT-2's Gemm -> Reshape -> GELU) stays: the fused kernel, at the producer's place,
-writes the producer's tensor, and the view now names what the reader wrote. Generic: the pass never
-names a kind; a fused kind says which pairs it can replace (``pwdw``: a 1x1 conv2d and the
-depthwise conv2d reading it; ``matmul``: a matmul and the activation applied to its result).
+writes the producer's tensor, and the view now names what the reader wrote. Generic: the
+pass never names a kind; a fused kind says which pairs it can replace (``pwdw``: a 1x1
+conv2d and the depthwise conv2d reading it; ``matmul``: a matmul and the activation applied
+to its result).
 """
 
 from __future__ import annotations
