@@ -176,6 +176,27 @@ def test_compiled_models_fuse_the_pair_and_equal_onnxruntime(tmp_path, shared: b
         assert fused.node == "expand+dw"
 
 
+@pytest.mark.parametrize("isa", [i for i in runnable_isas(HW) if i in ("avx2", "avx512")])
+def test_every_blocked_isa_runs_the_fused_model(isa: str, tmp_path) -> None:
+    """Compiled for each ISA level with a blocked layout (nchw8c on AVX2, nchw16c on
+    AVX-512), the model has its pwdw node and equals onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnx_support import assert_close, ort_run, random_feeds
+
+    from tunecache.cache.store import Store
+    from tunecache.tuner.deploy import compile_model
+
+    model = _inverted_residual(False)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    compiled = compile_model(tmp_path / "m.onnx", store=Store(tmp_path / "store"),
+                             policy="analytic", hw=HW.with_isa(isa))
+    [fused] = [e for e in compiled.plan if e.op.kind == "pwdw"]
+    assert fused.op.attr("out_layout") == f"nchw{HW.with_isa(isa).lanes}c"
+    feeds = random_feeds(model)
+    assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
+
+
 def test_fuse_pairs_leaves_a_graph_without_pairs_alone() -> None:
     from tunecache.compiler.frontend import load_graph
     from tunecache.compiler.layout_plan import plan_layouts
