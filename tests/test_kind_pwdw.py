@@ -117,6 +117,25 @@ def test_illegal_schedules_and_signatures_are_refused() -> None:
         pwdw_op(1, 8, 8, 8, 16, 3, 3, layout="nchw8c", out_layout="nchw16c")
 
 
+def test_signature_errors_and_layouts_it_cannot_take() -> None:
+    with pytest.raises(ValueError, match="more than one activation"):
+        pwdw_op(1, 8, 8, 8, 16, 3, 3, epilogue="relu+clip6", layout="nchw16c")
+    with pytest.raises(ValueError, match="dilated to 5"):
+        pwdw_op(1, 8, 3, 8, 16, 3, 3, dilation=2, layout="nchw16c")
+    with pytest.raises(ValueError, match="expected one of nchw16c, nchw8c"):
+        pwdw_op(1, 8, 8, 8, 16, 3, 3, out_layout="nchw")
+    from tunecache.compiler.kinds import op_kind
+
+    relayout = op_kind("pwdw").relayout
+    assert relayout is not None
+    op = _ops(16)[0]
+    assert relayout(op, "nchw", "nchw") is None  # the output must be blocked
+    assert relayout(op, "nchw8c", "nchw16c") is None  # one block size
+    assert relayout(op, "nchw", "nchw16c") == pwdw_op(
+        1, 16, 13, 17, 48, 3, 3, stride=2, pads=1, pw_epilogue="bias+clip6",
+        epilogue="bias+clip6", layout="nchw", out_layout="nchw16c")
+
+
 def test_the_tiler_proposes_legal_candidates_with_distinct_estimates() -> None:
     block = f"nchw{HW.lanes}c" if HW.lanes in (8, 16) else "nchw16c"  # as a model plans it
     op = pwdw_op(1, 16, 112, 112, 96, 3, 3, stride=2, pads=1, pw_epilogue="bias+clip6",

@@ -37,7 +37,8 @@ from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
-from tunecache.compiler.kinds.conv2d import ACTIVATIONS, conv2d_nchw, conv2d_op
+from tunecache.compiler.kinds.conv2d import ACTIVATIONS, conv2d_nchw, conv2d_op, is_depthwise
+from tunecache.compiler.kinds.conv2d import KIND as CONV2D
 from tunecache.compiler.kinds.conv2d.common import shape_constants
 from tunecache.compiler.kinds.conv2d.emit import blocked_store, direct_ukr
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
@@ -118,12 +119,9 @@ def _signature_problems(op: OpSignature) -> list[str]:
     d = op.dims_dict
     found = []
     xi, xo = channel_block(op.attr("layout")), channel_block(op.attr("out_layout"))
-    if not xo:
-        found.append("out_layout must be a blocked nchw{x}c layout (the expanded tensor is "
-                     f"computed in channel blocks); got {op.attr('out_layout')}")
-    elif d["F"] % xo:
+    if d["F"] % xo:  # out_layout's choices are the blocked layouts only
         found.append(f"F={d['F']} expanded channels must fill whole {xo}-channel blocks")
-    if xi and xo and xi != xo:
+    if xi and xi != xo:
         found.append(f"layout={op.attr('layout')} and out_layout={op.attr('out_layout')} "
                      "block channels differently; use one block size")
     if len([s for s in op.epilogue if s in ACTIVATIONS]) > 1:
@@ -446,7 +444,7 @@ def generate_pwdw(op: OpSignature, s: PwdwSchedule, d: IsaDialect) -> str:
 
 def _pointwise(op: OpSignature) -> bool:
     """A plain 1x1 conv2d (no stride, padding, groups or residual) writing a blocked tensor."""
-    if op.kind != "conv2d":
+    if op.kind != CONV2D.name:
         return False
     d = op.dims_dict
     return ((d["R"], d["S"], d["stride_h"], d["stride_w"]) == (1, 1, 1, 1)
@@ -456,11 +454,7 @@ def _pointwise(op: OpSignature) -> bool:
 
 def _depthwise_reader(op: OpSignature, layout: str) -> bool:
     """A depthwise conv2d (one channel per group, no residual) reading and writing ``layout``."""
-    if op.kind != "conv2d":
-        return False
-    d = op.dims_dict
-    return (d["groups"] == d["C"] == d["F"]
-            and "add" not in op.epilogue
+    return (op.kind == CONV2D.name and is_depthwise(op) and "add" not in op.epilogue
             and op.attr("layout") == op.attr("out_layout") == layout)
 
 

@@ -81,10 +81,11 @@ def estimate(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> Estimate:
     peak = peak_gflops_per_core(hw) * 1e9
     pw_flops = 2.0 * d["N"] * d["F"] * d["H"] * d["W"] * d["C"]
     dw_flops = 2.0 * d["N"] * d["F"] * op.out_h * op.out_w * d["R"] * d["S"]
-    busy = min(s.threads, _items(op, s)) * _balance(op, s) or 1.0
+    items = _items(op, s)
+    speedup = items / ceil_div(items, s.threads)  # the busiest thread's share sets the time
     copy_s = _moved_bytes(op, s) / (arch.bytes_per_cycle["l2"] * arch.ghz * 1e9)
     compute_s = (pw_flops / (peak * _pw_efficiency(op, s, hw))
-                 + dw_flops / (peak * _dw_efficiency(op, s, hw)) + copy_s) / busy
+                 + dw_flops / (peak * _dw_efficiency(op, s, hw)) + copy_s) / speedup
     moved = float(op.min_bytes)
     memory_s = moved / stream_bytes_per_s(hw, moved, s.threads)
     overhead_s = arch.call_overhead_s + (arch.fork_join_s if s.threads > 1 else 0.0)

@@ -18,6 +18,7 @@ import numpy as np
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.kinds.elementwise import KIND as ELEMENTWISE
 from tunecache.compiler.kinds.matmul.emit import generate_matmul
 from tunecache.compiler.kinds.matmul.emit_dot import generate_matmul_dot
 from tunecache.compiler.kinds.matmul.space import (
@@ -103,7 +104,7 @@ def fuse_activation(producer: OpSignature, reader: OpSignature) -> OpSignature |
     """``OpKind.fuses``: a matmul without an activation and an ``elementwise`` op applying
     one activation to its whole result (same rows and columns, no other operand), as the
     matmul with that activation in its epilogue: BERT's and ViT's FFN GELU, for one."""
-    if producer.kind != "matmul" or reader.kind != "elementwise":
+    if producer.kind != KIND.name or reader.kind != ELEMENTWISE.name:
         return None
     if (len(reader.epilogue) != 1 or reader.epilogue[0] not in ACTIVATIONS
             or any(step in ACTIVATIONS for step in producer.epilogue)
