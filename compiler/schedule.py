@@ -42,13 +42,21 @@ class ScheduleData:
     __slots__ = ()
     family: ClassVar[str]
     threads: int
+    later_knobs: ClassVar[frozenset[str]] = frozenset()
+    """Knobs added after schedules of the family were stored: left out of the JSON while at
+    their default, so every schedule stored before keeps its text and ``schedule_id``."""
 
     def knobs(self) -> dict[str, Any]:
         """Knob name -> value (the JSON form without ``family``)."""
         return asdict(cast(Any, self))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, **asdict(cast(Any, self))}
+        knobs = asdict(cast(Any, self))
+        defaults = {f.name: f.default for f in fields(cast(Any, self))}
+        for name in self.later_knobs:
+            if knobs[name] == defaults[name]:
+                del knobs[name]
+        return {"family": self.family, **knobs}
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no spaces): what the store keeps."""

@@ -21,6 +21,7 @@ from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.elementwise import KIND as ELEMENTWISE
 from tunecache.compiler.kinds.matmul.emit import generate_matmul
 from tunecache.compiler.kinds.matmul.emit_dot import generate_matmul_dot
+from tunecache.compiler.kinds.matmul.emit_strassen import generate_strassen
 from tunecache.compiler.kinds.matmul.space import (
     LOOP_ORDERS,
     PARALLEL_AXES,
@@ -31,7 +32,7 @@ from tunecache.compiler.kinds.matmul.space import (
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 
 __all__ = ["ACTIVATIONS", "LOOP_ORDERS", "PARALLEL_AXES", "MatmulSchedule", "fuse_activation",
-           "matmul_op"]
+           "matmul_op", "strassen_half"]
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
 ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh")
@@ -114,9 +115,18 @@ def fuse_activation(producer: OpSignature, reader: OpSignature) -> OpSignature |
     return replace(producer, epilogue=producer.epilogue + reader.epilogue)
 
 
+def strassen_half(op: OpSignature) -> OpSignature:
+    """The half-size product one level of Strassen runs seven times for ``op`` (halves
+    rounded up), no epilogue: what its micro-tiles and blocks are chosen and estimated for."""
+    M, N, K = (-(-op.dim(n) // 2) for n in ("M", "N", "K"))
+    return matmul_op(M, N, K, trans_a=op.trans_a, trans_b=op.trans_b, dtype=op.dtype)
+
+
 def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     if s.loop_order == "dot":
         return generate_matmul_dot(op, s, d)
+    if s.strassen:
+        return generate_strassen(op, s, d)
     return generate_matmul(op, s, d)
 
 
@@ -125,6 +135,8 @@ def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int, ...]:
     (``NC`` x ``KC``, as clipped by the emitter) of ``NR``-column panels it writes; the
     rows ``M`` and every other knob leave the packed bytes the same."""
     n, k, nr = op.dim("N"), op.dim("K"), s.nr
+    if s.strassen:  # the seven B sums in NR-column panels, KC-row blocks of half of K
+        return n, k, int(op.trans_b), nr, min(s.kc, -(-k // 2)), -1
     return n, k, int(op.trans_b), nr, min(s.kc, k), min(s.nc, -(-n // nr) * nr)
 
 

@@ -52,6 +52,11 @@ def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps
     )
 
 
+def micro_kernel_pp(s: MatmulSchedule, d: IsaDialect) -> str:
+    """``ukr_pp``: the micro-kernel over a packed A panel and a packed B panel, no epilogue."""
+    return _ukr("ukr_pp", s, d, "MR", "1", "NR", True, ())
+
+
 def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     """The C translation unit for ``op`` under schedule ``s`` (validated by the caller)."""
     dims = op.dims_dict

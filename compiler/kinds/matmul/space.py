@@ -15,6 +15,11 @@ Knobs, following the BLIS five-loop structure:
 * ``unroll``: unroll factor of the micro-kernel's k loop.
 * ``threads`` and ``parallel``: OpenMP threads and the loop they split: ``m`` (row blocks),
   ``n`` (column micro-panels) or ``batch``.
+* ``strassen``: 1 runs one level of Strassen's algorithm (``emit_strassen.py``): seven
+  products of half-size blocks in place of eight, 12.5% fewer FLOPs, for a ``matmul`` whose
+  B is constant weights packed once (the seven B combinations are formed when packing).
+  ``mc`` x ``nc`` is then the block of each C quadrant the seven products update while it
+  stays in L2, ``kc`` blocks the half of K; threads split the column micro-panels.
 
 """
 
@@ -57,12 +62,15 @@ class MatmulSchedule(ScheduleData):
     unroll: int = 1
     threads: int = 1
     parallel: str = "m"
+    strassen: int = 0
+
+    later_knobs: ClassVar[frozenset[str]] = frozenset({"strassen"})
 
     def __str__(self) -> str:
         return (
             f"mr{self.mr}xnr{self.nr} kc{self.kc} mc{self.mc} nc{self.nc} "
             f"pack{self.pack_a}{self.pack_b} {self.loop_order} u{self.unroll} "
-            f"t{self.threads}{self.parallel}"
+            f"t{self.threads}{self.parallel}" + (" strassen" if self.strassen else "")
         )
 
 
@@ -112,12 +120,37 @@ def matmul_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> lis
         )
     elif s.parallel == "batch" and "B" not in op.dims_dict:
         problems.append("parallel=batch needs a batch_matmul op (one with a batch dim B)")
+    if s.strassen:
+        problems += _strassen_problems(op, s)
     if not problems:
         packed = 4 * (s.kc * s.nc + s.mc * s.kc * s.threads)
         if packed > MAX_PACKED_BYTES:
             problems.append(
                 f"packed buffers would take {packed >> 20} MiB (> {MAX_PACKED_BYTES >> 20} MiB)"
             )
+    return problems
+
+
+STRASSEN_MIN_DIM = 16
+"""Strassen's blocks are half of each dimension: below this there is nothing to save."""
+
+
+def _strassen_problems(op: OpSignature, s: MatmulSchedule) -> list[str]:
+    if s.strassen != 1:
+        return [f"strassen={s.strassen}; expected 0 or 1 (one level)"]
+    problems = []
+    if "B" in op.dims_dict:
+        problems.append("strassen=1 needs a matmul (constant B, packed once); "
+                        "this is a batch_matmul")
+    small = [f"{n}={op.dim(n)}" for n in ("M", "N", "K") if op.dim(n) < STRASSEN_MIN_DIM]
+    if small:
+        problems.append(f"strassen=1 needs M, N and K of at least {STRASSEN_MIN_DIM}; "
+                        f"this op has {', '.join(small)}")
+    if (s.pack_a, s.pack_b, s.loop_order) != (1, 1, "jpi"):
+        problems.append("strassen=1 packs both operands in its own loop order: use pack_a=1, "
+                        "pack_b=1, loop_order=jpi")
+    if s.threads > 1 and s.parallel != "n":
+        problems.append("strassen=1 splits column micro-panels among threads: use parallel=n")
     return problems
 
 

@@ -1,0 +1,308 @@
+"""C code for one level of Strassen's algorithm over the matmul micro-kernel (``strassen=1``).
+
+With A, B and C cut into 2x2 quadrants (halves rounded up; a half's row or column beyond the
+matrix reads as zero and is never written), ``C = A·B`` takes seven products of half-size
+blocks in place of eight (:data:`PRODUCTS`): 12.5% fewer FLOPs for a few additions of
+half-size operands. B is a model's constant weights, so ``tc_pack_weights`` forms the seven B
+sums once, in the micro-kernel's panels. Per call the team packs the seven A sums (shared);
+then each thread takes its column micro-panels and, block by block (``mc`` x ``nc`` of the
+half), runs the seven products' micro-kernel tiles into a per-thread buffer holding that
+block of all four C quadrants as contiguous ``MR x NR`` tiles: each tile is added with its
+sign into its one or two quadrants (the first contribution assigns). The finished block goes
+to C once, clipped, with the epilogue. The buffer matters: adding tiles straight into C rows
+``N`` floats apart ran 3-5% slower on BERT's FFN (cache-set conflicts, 4K aliasing).
+
+Entries and ABI as ``emit.py`` (``tc_kernel``, ``tc_time`` and the pre-packed-B entries);
+``tc_kernel`` forms the B sums on every call and exists for checking, not speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunecache.compiler.codegen.abi import (
+    ALIGN_FLOATS,
+    PackedWeights,
+    kernel_entries,
+    preamble,
+    round_up,
+)
+from tunecache.compiler.codegen.epilogue import render, scalar_helpers
+from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.kinds.matmul.emit import micro_kernel_pp
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
+from tunecache.compiler.ops import OpSignature
+
+Term = tuple[int, int, int]
+"""(quadrant row, quadrant column, sign) of one operand quadrant in a sum."""
+
+
+@dataclass(frozen=True, slots=True)
+class Product:
+    """One of Strassen's seven products: ``(sum of a) @ (sum of b)``, added with its sign
+    to each quadrant of ``c``."""
+
+    a: tuple[Term, ...]
+    b: tuple[Term, ...]
+    c: tuple[Term, ...]
+
+
+PRODUCTS = (
+    Product(a=((0, 0, 1), (1, 1, 1)), b=((0, 0, 1), (1, 1, 1)), c=((0, 0, 1), (1, 1, 1))),
+    Product(a=((1, 0, 1), (1, 1, 1)), b=((0, 0, 1),), c=((1, 0, 1), (1, 1, -1))),
+    Product(a=((0, 0, 1),), b=((0, 1, 1), (1, 1, -1)), c=((0, 1, 1), (1, 1, 1))),
+    Product(a=((1, 1, 1),), b=((1, 0, 1), (0, 0, -1)), c=((0, 0, 1), (1, 0, 1))),
+    Product(a=((0, 0, 1), (0, 1, 1)), b=((1, 1, 1),), c=((0, 0, -1), (0, 1, 1))),
+    Product(a=((1, 0, 1), (0, 0, -1)), b=((0, 0, 1), (0, 1, 1)), c=((1, 1, 1),)),
+    Product(a=((0, 1, 1), (1, 1, -1)), b=((1, 0, 1), (1, 1, 1)), c=((0, 0, 1),)),
+)
+"""Strassen's products: P1 = (A11+A22)(B11+B22) into C11 and C22, P2 = (A21+A22)B11 into C21
+and -C22, P3 = A11(B12-B22) into C12 and C22, P4 = A22(B21-B11) into C11 and C21,
+P5 = (A11+A12)B22 into -C11 and C12, P6 = (A21-A11)(B11+B12) into C22, P7 = (A12-A22)(B21+B22)
+into C11. Every quadrant's first contribution is positive."""
+
+
+def _touches(quadrant: tuple[int, int]) -> list[int]:
+    return [n for n, p in enumerate(PRODUCTS) if any(c[:2] == quadrant for c in p.c)]
+
+
+def _signed(sign: int, expr: str) -> str:
+    return f"+ {expr}" if sign > 0 else f"- {expr}"
+
+
+def _pack_a(n: int, product: Product) -> str:
+    """Panel rows ``i0..i0+MR`` of the half, K range ``p0..p0+k_cur``, of product ``n``'s A
+    sum, k-major; rows and columns beyond A read as zero."""
+    inside = " && ".join(f"{qi} * MH + i < M && {qk} * KH + p0 + k_cur <= K"
+                         for qi, qk, _ in product.a)
+    ptrs = " ".join(f"const float *x{t} = A + ({qi} * MH + i) * ARS + ({qk} * KH + p0) * APS;"
+                    for t, (qi, qk, _) in enumerate(product.a))
+    fast = " ".join(_signed(sign, f"x{t}[p * APS]") for t, (_, _, sign) in enumerate(product.a))
+    slow = " ".join(
+        f"if ({qi} * MH + i < M && {qk} * KH + p0 + p < K) "
+        f"v {'+' if sign > 0 else '-'}= A[({qi} * MH + i) * ARS + ({qk} * KH + p0 + p) * APS];"
+        for qi, qk, sign in product.a)
+    return f"""\
+static void pack_a{n}(float *restrict dst, const float *restrict A, long i0, long p0, long k_cur) {{
+  for (long r = 0; r < MR; r++) {{
+    const long i = i0 + r;
+    if (i < MH && {inside}) {{
+      {ptrs}
+      for (long p = 0; p < k_cur; p++) dst[p * MR + r] = 0.0f {fast};
+    }} else {{
+      for (long p = 0; p < k_cur; p++) {{
+        float v = 0.0f;
+        if (i < MH) {{ {slow} }}
+        dst[p * MR + r] = v;
+      }}
+    }}
+  }}
+}}
+"""
+
+
+def _pack_b(n: int, product: Product) -> str:
+    """Product ``n``'s B sum in NR-column panels, block by block of KC rows (compile time)."""
+    terms = " ".join(f"v {'+' if sign > 0 else '-'}= b_at(B, {qk} * KH + k, {qj} * NH + j);"
+                     for qk, qj, sign in product.b)
+    return f"""\
+static void pack_b{n}(float *restrict dst, const float *restrict B) {{
+  for (long pc = 0; pc < KH; pc += KC) {{
+    const long k_cur = MIN(KC, KH - pc);
+    for (long jp = 0; jp < NPAN; jp++)
+      for (long kk = 0; kk < k_cur; kk++)
+        for (long q = 0; q < NR; q++) {{
+          const long k = pc + kk, j = jp * NR + q;
+          float v = 0.0f;
+          if (j < NH) {{ {terms} }}
+          dst[pc * NPAN * NR + jp * k_cur * NR + kk * NR + q] = v;
+        }}
+  }}
+}}
+"""
+
+
+def _scatter(n: int, product: Product) -> str:
+    """Add product ``n``'s finished tile ``ct`` into its quadrants' tiles of the C block
+    buffer (contiguous MR x NR tiles): assigning on a quadrant's first contribution."""
+    lines = []
+    for qi, qj, sign in product.c:
+        first = _touches((qi, qj))[0] == n
+        q = 2 * qi + qj
+        old = f"VLOAD(t{q} + e)"
+        if sign > 0:
+            step = f"VADD({old}, x)" if not first else f"kf ? x : VADD({old}, x)"
+        else:
+            step = f"VSUB({old}, x)" if not first else f"kf ? VNEG(x) : VSUB({old}, x)"
+        lines.append(f"  {{ float *restrict t{q} = cb + {q} * QUAD + tile;\n"
+                     f"    for (long e = 0; e < MR * NR; e += LANES) {{ const vec x = "
+                     f"VLOAD(ct + e); VSTORE(t{q} + e, {step}); }} }}")
+    body = "\n".join(lines)
+    return f"""\
+static inline void scatter{n}(const float *restrict ct, float *restrict cb, long tile, int kf) {{
+  (void)kf;
+{body}
+}}
+"""
+
+
+def _write_out(op: OpSignature, vectors: int, lanes: int) -> str:
+    """The C block buffer's four quadrants into C, clipped to the matrix, with the epilogue."""
+    has_bias = "bias" in op.epilogue
+    vec_ep = render(op.epilogue, "x", {"bias": "VLOADU(bj + {o})"}, vector=True)
+    vec = " ".join(
+        f"{{ vec x = VLOAD(t + r * NR + {v * lanes}); "
+        + vec_ep.replace("{o}", str(v * lanes))
+        + f" VSTOREU(c + r * N + {v * lanes}, x); }}" for v in range(vectors))
+    scalar_ep = render(op.epilogue, "x", {"bias": "bj[q]"}, vector=False)
+    return f"""\
+static void write_out(const float *restrict cb, float *restrict C, const float *restrict bias,
+                      long ic, long ie, long jc, long je) {{
+  (void)bias;
+  for (long h = 0; h < 4; h++) {{
+    const long qi = h / 2, qj = h % 2;
+    const long rows_q = qi ? M - MH : MH, cols_q = qj ? N - NH : NH;
+    for (long jp = jc; jp < je; jp++)
+      for (long ip = ic; ip < ie; ip++) {{
+        const float *t = cb + h * QUAD + ((jp - jc) * (ie - ic) + (ip - ic)) * MR * NR;
+        const long i = ip * MR, j = jp * NR;
+        const long rows = MIN(MR, rows_q - i), cols = MIN(NR, cols_q - j);
+        float *c = C + (qi * MH + i) * N + qj * NH + j;
+        const float *bj = {"bias + qj * NH + j" if has_bias else "bias"};
+        (void)bj;
+        if (rows == MR && cols == NR) {{
+          for (long r = 0; r < MR; r++) {{ {vec} }}
+        }} else {{
+          for (long r = 0; r < rows; r++)
+            for (long q = 0; q < cols; q++) {{
+              float x = t[r * NR + q]; {scalar_ep}
+              c[r * N + q] = x;
+            }}
+        }}
+      }}
+  }}
+}}
+"""
+
+
+BODY = """\
+static void pack_a_sum(int n, float *dst, const float *A, long i0, long p0, long k_cur) {
+  switch (n) {
+%(pack_cases)s
+  }
+}
+
+static void pack_weights(const float *B, float *packed) {
+%(pack_b_calls)s
+}
+
+static void strassen_body(const float *restrict A, const float *restrict Bp,
+                          const float *restrict bias, float *restrict C, float *restrict Ap,
+                          float *restrict priv, int tid, int nth) {
+  (void)tid; (void)nth;
+  float *ct = priv, *cb = priv + CT_REGION;
+  { /* the seven A sums, panel by panel, shared by the team */
+    long lo, hi;
+    split_range(7 * KBLOCKS * MPAN, tid, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) {
+      const long n = t / (KBLOCKS * MPAN), kb = t / MPAN %% KBLOCKS, ip = t %% MPAN;
+      const long pc = kb * KC, k_cur = MIN(KC, KH - pc);
+      pack_a_sum((int)n, Ap + n * AP_STRIDE + pc * MPAN * MR + ip * k_cur * MR, A, ip * MR, pc,
+                 k_cur);
+    }
+  }
+  BARRIER();
+  long lo, hi;
+  split_range(NPAN, tid, nth, &lo, &hi);
+  for (long ic = 0; ic < MPAN; ic += MCP) {
+    const long ie = MIN(MPAN, ic + MCP);
+    for (long jc = lo; jc < hi; jc += NCP) {
+      const long je = MIN(hi, jc + NCP);
+      for (long pc = 0; pc < KH; pc += KC) {
+        const long k_cur = MIN(KC, KH - pc);
+        const int kf = pc == 0;
+%(products)s
+      }
+      write_out(cb, C, bias, ic, ie, jc, je);
+    }
+  }
+}
+"""
+
+PRODUCT_LOOP = """\
+        { /* product %(n)d */
+          const float *ab = Ap + %(n)dL * AP_STRIDE + pc * MPAN * MR;
+          const float *bb = Bp + %(n)dL * BP_STRIDE + pc * NPAN * NR;
+          for (long jp = jc; jp < je; jp++)
+            for (long ip = ic; ip < ie; ip++) {
+              const long tile = ((jp - jc) * (ie - ic) + (ip - ic)) * MR * NR;
+              %(tile)s
+            }
+        }"""
+
+
+def _product_loop(n: int, product: Product) -> str:
+    """Product ``n`` over the C block: its tiles go through ``ct`` into their quadrants, or,
+    when it only adds to one quadrant, straight into that quadrant's tile."""
+    (qi, qj, sign), *more = product.c
+    a, b = "ab + ip * k_cur * MR", "bb + jp * k_cur * NR"
+    if not more and sign > 0 and _touches((qi, qj))[0] != n:
+        tile = f"ukr_pp(k_cur, {a}, {b}, cb + {2 * qi + qj} * QUAD + tile, NR, 0, 0, NULL);"
+    else:
+        tile = (f"ukr_pp(k_cur, {a}, {b}, ct, NR, 1, 0, NULL);\n"
+                f"              scatter{n}(ct, cb, tile, kf);")
+    return PRODUCT_LOOP % {"n": n, "tile": tile}
+
+
+def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
+    """The C translation unit for ``op`` under a ``strassen=1`` schedule (validated)."""
+    M, N, K = op.dim("M"), op.dim("N"), op.dim("K")
+    mh, nh, kh = -(-M // 2), -(-N // 2), -(-K // 2)
+    mr, nr = s.mr, s.nr
+    kc = min(s.kc, kh)
+    mpan, npan = -(-mh // mr), -(-nh // nr)
+    a_stride, b_stride = kh * mpan * mr, kh * npan * nr
+    mcp = max(1, min(s.mc, mpan * mr) // mr)
+    ncp = max(1, min(s.nc, npan * nr) // nr)
+    quad = mcp * ncp * mr * nr
+    a_region = round_up(7 * a_stride, ALIGN_FLOATS)
+    ct_region = round_up(mr * nr, ALIGN_FLOATS)
+    priv_region = round_up(ct_region + 4 * quad, ALIGN_FLOATS)
+    constants: dict[str, int | str] = {
+        "M": M, "N": N, "K": K, "MH": mh, "NH": nh, "KH": kh, "MR": mr, "NR": nr, "KC": kc,
+        "KBLOCKS": -(-kh // kc), "MPAN": mpan, "NPAN": npan,
+        "MCP": mcp, "NCP": ncp, "QUAD": quad, "LANES": d.lanes,
+        "ARS": 1 if op.trans_a else K, "APS": M if op.trans_a else 1,
+        "BPS": 1 if op.trans_b else N, "BCS": K if op.trans_b else 1,
+        "AP_STRIDE": a_stride, "BP_STRIDE": b_stride, "B_PACKED_FLOATS": 7 * b_stride,
+        "A_REGION": a_region, "CT_REGION": ct_region, "PRIV_REGION": priv_region,
+    }
+    out = [preamble(d, constants, s.threads)]
+    out += filter(None, [scalar_helpers(op.epilogue)])
+    out.append("static inline float b_at(const float *B, long k, long j) {\n"
+               "  return (k < K && j < N) ? B[k * BPS + j * BCS] : 0.0f;\n}\n")
+    out.append(micro_kernel_pp(s, d))
+    for n, product in enumerate(PRODUCTS):
+        out += [_pack_a(n, product), _pack_b(n, product), _scatter(n, product)]
+    out.append(_write_out(op, s.nr // d.lanes, d.lanes))
+    out.append(BODY % {
+        "pack_cases": "\n".join(f"    case {n}: pack_a{n}(dst, A, i0, p0, k_cur); break;"
+                                for n in range(7)),
+        "products": "\n".join(_product_loop(n, p) for n, p in enumerate(PRODUCTS)),
+        "pack_b_calls": "\n".join(f"  pack_b{n}(packed + {n}L * BP_STRIDE, B);"
+                                  for n in range(7)),
+    })
+    priv = "ws + A_REGION + TID * PRIV_REGION"
+
+    def body(packed: bool) -> str:
+        if packed:
+            return f"strassen_body(A, B, bias, C, ws, {priv}, TID, NTH);"
+        bp = f"ws + A_REGION + {s.threads}L * PRIV_REGION"
+        return (f"if (TID == 0) pack_weights(B, {bp});\n    BARRIER();\n"
+                f"    strassen_body(A, {bp}, bias, C, ws, {priv}, TID, NTH);")
+
+    return "\n".join(out) + "\n" + kernel_entries(
+        op, body, threads=s.threads,
+        ws_floats=f"A_REGION + {s.threads}L * PRIV_REGION + B_PACKED_FLOATS",
+        packed_ws_floats=f"A_REGION + {s.threads}L * PRIV_REGION", optional=("bias",),
+        packed=PackedWeights("B_PACKED_FLOATS", "pack_weights(weights, packed);"))

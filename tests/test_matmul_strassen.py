@@ -1,0 +1,143 @@
+"""One level of Strassen's algorithm as a matmul schedule (``strassen=1``): the product table
+against numpy, real kernels against the float64 reference on every ISA level the machine runs
+(odd shapes, every operand layout, epilogues, K blocks, C blocks, two threads, weights packed
+once), the illegal schedules, stable schedule ids, and the tiler's and estimate's side."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from kernel_support import bound_weights_problem, build_all, cached_kernel, poisoned_run_problem, sampled
+
+from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import MatmulSchedule, matmul_op
+from tunecache.compiler.kinds.matmul.emit_strassen import PRODUCTS
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.runtime import random_inputs
+from tunecache.compiler.schedule import problems, schedule_from_json
+from tunecache.costmodel.analytic import estimate
+from tunecache.tuner.search.roller import candidates
+
+HW = local_spec()
+T2 = min(2, HW.cores)
+Case = tuple[OpSignature, MatmulSchedule, HardwareSpec]
+
+
+def _quadrants(x: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """The 2x2 quadrants of ``x``, halves rounded up, zero-padded to equal size."""
+    h0, h1 = -(-x.shape[0] // 2), -(-x.shape[1] // 2)
+    padded = np.zeros((2 * h0, 2 * h1), x.dtype)
+    padded[:x.shape[0], :x.shape[1]] = x
+    return {(i, j): padded[i * h0:(i + 1) * h0, j * h1:(j + 1) * h1]
+            for i in (0, 1) for j in (0, 1)}
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(4, 6, 8), (5, 7, 3), (9, 2, 11)])
+def test_the_seven_products_make_the_product(m: int, n: int, k: int) -> None:
+    """The table the emitter follows, run in numpy: the quadrant sums, seven products and
+    their signed contributions give A @ B, odd dimensions included."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    qa, qb = _quadrants(a), _quadrants(b)
+    c = {q: np.zeros((qa[0, 0].shape[0], qb[0, 0].shape[1])) for q in qa}
+    for product in PRODUCTS:
+        left = sum(sign * qa[i, j] for i, j, sign in product.a)
+        right = sum(sign * qb[i, j] for i, j, sign in product.b)
+        for i, j, sign in product.c:
+            c[i, j] += sign * (left @ right)
+    whole = np.block([[c[0, 0], c[0, 1]], [c[1, 0], c[1, 1]]])[:m, :n]
+    np.testing.assert_allclose(whole, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def _ops() -> list[OpSignature]:
+    return [
+        matmul_op(64, 96, 64),
+        # Odd in every dimension: the second halves are one row / column short.
+        matmul_op(37, 51, 29, epilogue="bias+relu"),
+        matmul_op(33, 97, 64, trans_a=True, trans_b=True, epilogue="bias+gelu_tanh"),
+        matmul_op(48, 70, 41, trans_b=True, epilogue="gelu_erf"),
+        matmul_op(50, 33, 100, trans_a=True, epilogue="bias"),
+    ]
+
+
+def _variants(hw: HardwareSpec) -> list[MatmulSchedule]:
+    lanes = hw.lanes
+    base = MatmulSchedule(mr=4, nr=2 * lanes, kc=512, mc=512, nc=4096, strassen=1)
+    return [
+        base,
+        # K blocks: the half of K in several blocks, each product adding into its quadrants.
+        base.replace(kc=7, unroll=4),
+        # C blocks smaller than the half: several blocks of rows and of columns.
+        base.replace(mr=3, nr=lanes, mc=6, nc=2 * lanes),
+        base.replace(threads=T2, parallel="n", mr=5, kc=16, nc=lanes * 2),
+    ]
+
+
+def _cases() -> list[Case]:
+    cases: list[Case] = []
+    for isa in runnable_isas(HW):
+        hw = HW.with_isa(isa)
+        for op in _ops():
+            cases += [(op, s, hw) for s in _variants(hw) if not problems(op, s, hw)]
+    return cases
+
+
+def test_every_variant_matches_the_reference_and_prepacked_weights() -> None:
+    """Per case: the result within the float32 tolerance of the float64 reference (output
+    poisoned and misaligned), twice, and the seven B sums packed once giving the same bits."""
+    cases = sampled(_cases())
+    assert len(cases) >= 20
+    build_all(cases)
+    for i, (op, s, hw) in enumerate(cases):
+        kernel = cached_kernel(op, s, hw)
+        inputs = random_inputs(op, seed=5)
+        problem = poisoned_run_problem(kernel, op, inputs, offset=i % 3)
+        if problem is None:
+            problem = bound_weights_problem(kernel, inputs, kernel(*inputs))
+        assert problem is None, f"{hw.isa} {op.text} {s}: {problem}"
+
+
+def test_illegal_strassen_schedules_are_refused() -> None:
+    s = MatmulSchedule(mr=4, nr=HW.lanes, kc=64, mc=64, nc=4 * HW.lanes, strassen=1)
+    assert any("batch_matmul" in p for p in problems(batch_matmul_op(2, 64, 64, 64), s, HW))
+    assert any("at least 16" in p and "K=8" in p for p in problems(matmul_op(64, 64, 8), s, HW))
+    op = matmul_op(64, 64, 64)
+    assert any("pack_a=1" in p for p in problems(op, s.replace(pack_a=0), HW))
+    assert any("loop_order=jpi" in p for p in problems(op, s.replace(loop_order="ipj"), HW))
+    assert any("expected 0 or 1" in p for p in problems(op, s.replace(strassen=2), HW))
+    if HW.cores > 1:
+        assert any("parallel=n" in p
+                   for p in problems(op, s.replace(threads=2, parallel="m"), HW))
+    assert not problems(op, s, HW)
+
+
+def test_schedules_stored_before_the_knob_keep_their_text_and_id() -> None:
+    """``strassen`` is left out of a schedule's JSON while 0: every matmul schedule stored
+    before it existed reads back equal, with the same id; 1 round-trips."""
+    classic = MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=512)
+    stored = ('{"family":"matmul","kc":256,"loop_order":"jpi","mc":72,"mr":6,"nc":512,'
+              '"nr":16,"pack_a":1,"pack_b":1,"parallel":"m","threads":1,"unroll":1}')
+    assert classic.to_json() == stored
+    assert schedule_from_json(stored) == classic
+    fast = classic.replace(strassen=1)
+    assert json.loads(fast.to_json())["strassen"] == 1
+    assert schedule_from_json(fast.to_json()) == fast
+    assert fast.schedule_id != classic.schedule_id
+    assert str(fast).endswith("strassen")
+
+
+def test_the_tiler_proposes_strassen_where_it_saves_work() -> None:
+    """A BERT-sized projection gets legal strassen candidates, estimated faster than the
+    same micro-tile without it; a small matmul gets none."""
+    big = matmul_op(128, 3072, 768, epilogue="bias")
+    top = candidates(big, HW, k=12, threads=1)
+    fast = [c for c in top if c.schedule.strassen]
+    assert fast and all(not problems(big, c.schedule, HW) for c in fast)
+    s = fast[0].schedule
+    classic = s.replace(strassen=0, mc=128, nc=3072)
+    assert estimate(big, s, HW).seconds < estimate(big, classic, HW).seconds
+    small = matmul_op(24, 32, 40)
+    assert not any(c.schedule.strassen for c in candidates(small, HW, k=50, threads=1))
