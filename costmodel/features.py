@@ -71,7 +71,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 #     makes every thread's pass over B a DRAM pass, as in a model that streams its weights.
 # 16: lrn (its kind column and block: lrn_size, log_pixels_per_tile).
 # 17: pwdw (its kind column and block: pw_block, band_tiles, log_band_kib).
-FEATURE_VERSION = 17
+# 18: the matmul strassen knob (its column, and the estimate of strassen=1 schedules).
+FEATURE_VERSION = 18
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
+from tunecache.compiler.kinds.matmul import strassen_half
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.costmodel.analytic import (
@@ -58,11 +59,35 @@ def estimate_dot(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estima
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
 
 
+def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
+    """One level of Strassen: seven half-size products, each estimated as the BLIS kernel
+    with the same micro-tile and K block over the whole half (the kernel packs each A sum
+    once and adds each tile into the C block buffer, as that kernel packs A and stores C),
+    plus writing the buffer's four quadrants to C. A C block buffer (four ``mc`` x ``nc``
+    quadrants) and A block that overflow L2 slow every product."""
+    arch = constants(hw)
+    half = strassen_half(op)
+    mh, nh = half.dim("M"), half.dim("N")
+    whole = s.replace(strassen=0, mc=round_up(mh, s.mr), nc=round_up(nh, s.nr))
+    product = estimate_matmul(half, whole, hw)
+    once = arch.call_overhead_s + (arch.fork_join_s if s.threads > 1 else 0.0)
+    block_bytes = 4 * (4 * min(s.mc, mh) * min(s.nc, nh) + min(s.mc, mh) * min(s.kc, half.dim("K")))
+    spill = 1.0 if block_bytes <= 0.75 * hw.l2_bytes else 1.1
+    write_s = 32.0 * mh * nh / (arch.bytes_per_cycle["l2"] * arch.ghz * 1e9 * s.threads)
+    compute_s = 7 * product.compute_s * spill
+    memory_s = 7 * product.memory_s + write_s
+    overhead_s = 7 * (product.overhead_s - once) + once
+    seconds = 7 * (product.seconds - product.overhead_s) * spill + write_s + overhead_s
+    return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
 def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
     """Roofline-style time estimate for one matmul / batch_matmul schedule."""
     arch = constants(hw)
     if s.loop_order == "dot":
         return estimate_dot(op, s, hw)
+    if s.strassen:
+        return estimate_strassen(op, s, hw)
     d = op.dims_dict
     M, N, K, B = d["M"], d["N"], d["K"], op.batch
     mr, nr, T = s.mr, s.nr, s.threads
@@ -178,6 +203,7 @@ def _knob_values(s: MatmulSchedule, hw: HardwareSpec) -> tuple[float, ...]:
         s.mr, s.nr, s.nr / hw.lanes, s.kc, s.mc, s.nc, l2(s.kc), l2(s.mc), l2(s.nc),
         s.pack_a, s.pack_b, float(s.loop_order == "ipj"), float(s.loop_order == "dot"),
         s.unroll, *(float(s.parallel == axis) for axis in ("m", "n", "batch")),
+        float(s.strassen),
     )
 
 
@@ -265,7 +291,7 @@ FEATURES = FeatureBlock(
     op_values=_op_values,
     knob_names=("mr", "nr", "nr_vectors", "kc", "mc", "nc", "log_kc", "log_mc", "log_nc",
                 "pack_a", "pack_b", "order_ipj", "order_dot", "unroll",
-                "par_m", "par_n", "par_batch"),
+                "par_m", "par_n", "par_batch", "strassen"),
     knob_values=_knob_values,
     cross_names=CROSS_NAMES,
     cross_values=_cross,

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul import strassen_half
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MAX_MR, MAX_NR_VECTORS, Schedule, problems
@@ -145,13 +146,35 @@ def _dot_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Matmu
                                          loop_order="dot", threads=threads, parallel=par)
 
 
+STRASSEN_FROM = 64
+"""Strassen candidates start where every dimension is at least this: below it the half-size
+products are too small to run near peak and the saved eighth is lost to the additions."""
+
+
+def _strassen_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSchedule]:
+    """One level of Strassen over a constant-weights matmul: the half-size product's
+    micro-tiles and K blocks; the C block buffer (four quadrants of ``mc`` x ``nc``) and the
+    A block in half of L2."""
+    if "B" in op.dims_dict or min(op.dim(n) for n in ("M", "N", "K")) < STRASSEN_FROM:
+        return
+    half = strassen_half(op)
+    mh, nh = half.dim("M"), half.dim("N")
+    for mr, nr in kept_micro_tiles(half, hw)[:MICRO_TILES_KEPT // 2]:
+        for kc in kc_candidates(half, hw, mr, nr):
+            mc = balanced(mh, max(mr, hw.l2_bytes // 4 // (kc * 4) // mr * mr), mr)
+            nc = balanced(nh, max(nr, hw.l2_bytes // 4 // (16 * mc) // nr * nr), nr)
+            yield MatmulSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, threads=threads,
+                                 parallel="n" if threads > 1 else "m", strassen=1)
+
+
 def _matmul_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Schedule]:
     yield from _pool(op, hw, threads)
+    yield from _strassen_pool(op, hw, threads)
     yield from _dot_pool(op, hw, threads)
 
 
 def _tile_key(s: MatmulSchedule) -> tuple[object, ...]:
-    return (s.loop_order == "dot", s.mr, s.nr)
+    return (s.loop_order == "dot", s.strassen, s.mr, s.nr)
 
 
 def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None = None) -> Strata:
