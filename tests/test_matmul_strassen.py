@@ -141,3 +141,46 @@ def test_the_tiler_proposes_strassen_where_it_saves_work() -> None:
     assert estimate(big, s, HW).seconds < estimate(big, classic, HW).seconds
     small = matmul_op(24, 32, 40)
     assert not any(c.schedule.strassen for c in candidates(small, HW, k=50, threads=1))
+
+
+def _projection_model() -> object:
+    """x[1, 96, 160] @ W[160, 200] + b, then a ReLU: a transformer projection, odd halves
+    (48 x 100 x 80) included."""
+    from onnx_support import Builder
+
+    b = Builder(17, seed=3)
+    x = b.input("x", [1, 96, 160])
+    y = b.node("Add", [b.node("MatMul", [x, b.weight(160, 200)]), b.weight(200)])
+    return b.model([b.node("Relu", [y])], "projection")
+
+
+def test_a_strassen_schedule_served_from_the_store_runs_in_the_compiled_model(
+        tmp_path) -> None:
+    """The cache's best schedule for the projection is a measured strassen=1 one: the
+    compile serves it, packs the seven B sums once, and the model equals onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnx_support import assert_close, ort_run, random_feeds
+
+    from tunecache.cache.store import Store
+    from tunecache.tuner.deploy import compile_model
+    from tunecache.tuner.measure.records import to_records
+    from tunecache.tuner.measure.runner import Candidate, Runner, TimingConfig
+
+    model = _projection_model()
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    store = Store(tmp_path / "store")
+    op = next(e.op for e in compile_model(path, store=store, policy="cache-only").plan
+              if e.op.kind == "matmul")
+    fast = MatmulSchedule(mr=4, nr=2 * HW.lanes, kc=64, mc=48, nc=4 * HW.lanes, strassen=1)
+    with Runner(HW, TimingConfig(min_time_s=0.01, min_repeats=3)) as runner:
+        results = runner.measure([Candidate(op, fast)])
+    assert results[0].ok, results[0].error
+    store.append(to_records(results, HW))
+    store.publish(HW.hw_id)
+    compiled = compile_model(path, store=store, policy="balanced")
+    served = next(e for e in compiled.plan if e.op.kind == "matmul")
+    assert served.action == "cache" and served.schedule == fast
+    feeds = random_feeds(model)
+    assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
