@@ -27,8 +27,8 @@ from tunecache.tuner.search.roller import candidates
 
 HW = local_spec()
 OPS = [
-    ("BERT-base QKV", matmul_op(128, 2304, 768, epilogue="bias")),
-    ("BERT-base attention out", matmul_op(128, 768, 768, epilogue="bias")),
+    ("GPT-2 QKV", matmul_op(128, 2304, 768, epilogue="bias")),
+    ("BERT-base Q, K, V and out", matmul_op(128, 768, 768, epilogue="bias")),
     ("BERT-base FFN up", matmul_op(128, 3072, 768, epilogue="bias+gelu_erf")),
     ("BERT-base FFN down", matmul_op(128, 768, 3072, epilogue="bias")),
     ("GPT-2 LM head", matmul_op(128, 50257, 768, trans_b=True)),

@@ -217,6 +217,9 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None = None) -> Stra
                                                 group.append(s)
             if group:
                 strata[(mr, nr)] = group
+            fast = [s for s in _strassen_grid(op, mr, nr, threads) if not problems(op, s, hw)]
+            if fast:
+                strata[("strassen", mr, nr)] = fast
     if op.attr("layout") == "nt":
         for mr in (1, 2, 4, 8):
             for nv in range(1, MAX_NR_VECTORS + 1):
@@ -231,8 +234,25 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None = None) -> Stra
     return strata
 
 
+def _strassen_grid(op: OpSignature, mr: int, nr: int, threads: int) -> list[MatmulSchedule]:
+    """Strassen schedules of one micro-tile: K blocks of the half, C blocks from four
+    micro-panels to the whole half, unroll 1/4."""
+    if "B" in op.dims_dict or min(op.dim(n) for n in ("M", "N", "K")) < STRASSEN_FROM:
+        return []
+    half = strassen_half(op)
+    mh, nh, kh = half.dim("M"), half.dim("N"), half.dim("K")
+    par = "n" if threads > 1 else "m"
+    return [MatmulSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, unroll=unroll, threads=threads,
+                           parallel=par, strassen=1)
+            for kc in sorted({min(kh, kc) for kc in (128, 256, 384, 512, kh)})
+            for mc in sorted({min(round_up(mh, mr), x) for x in (mr * 8, round_up(mh, mr))})
+            for nc in sorted({min(round_up(nh, nr), x) for x in (nr * 4, nr * 16)})
+            for unroll in (1, 4)]
+
+
 def _neighbours(op: OpSignature, best: MatmulSchedule, hw: HardwareSpec) -> list[MatmulSchedule]:
-    """Blocks x/÷ ~1.5, the other unroll, the other parallel axes, the other B packing."""
+    """Blocks x/÷ ~1.5, the other unroll, the other parallel axes, the other B packing, and
+    the same micro-tile with Strassen switched."""
     K = op.dim("K")
     out: list[MatmulSchedule] = []
     for kc in (int(best.kc * 1.5), int(best.kc / 1.5), K):
@@ -246,6 +266,9 @@ def _neighbours(op: OpSignature, best: MatmulSchedule, hw: HardwareSpec) -> list
                 if a != best.parallel]
     if not op.trans_b:
         out.append(best.replace(pack_b=1 - best.pack_b))
+    if best.loop_order != "dot":  # the same tile with and without Strassen
+        out.append(best.replace(strassen=1 - best.strassen, pack_a=1, pack_b=1,
+                                loop_order="jpi", parallel="n" if best.threads > 1 else "m"))
     return out
 
 
