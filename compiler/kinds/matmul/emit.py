@@ -52,9 +52,10 @@ def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps
     )
 
 
-def micro_kernel_pp(s: MatmulSchedule, d: IsaDialect) -> str:
-    """``ukr_pp``: the micro-kernel over a packed A panel and a packed B panel, no epilogue."""
-    return _ukr("ukr_pp", s, d, "MR", "1", "NR", True, ())
+def micro_kernel_sp(s: MatmulSchedule, d: IsaDialect) -> str:
+    """``ukr_sp``: the micro-kernel over MR rows of a row-major A block (rows ``KHP`` floats
+    apart) and a packed B panel, no epilogue (Strassen's products)."""
+    return _ukr("ukr_sp", s, d, "1", "KHP", "NR", True, ())
 
 
 def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:

@@ -4,9 +4,11 @@ With A, B and C cut into 2x2 quadrants (halves rounded up; a half's row or colum
 matrix reads as zero and is never written), ``C = A·B`` takes seven products of half-size
 blocks in place of eight (:data:`PRODUCTS`): 12.5% fewer FLOPs for a few additions of
 half-size operands. B is a model's constant weights, so ``tc_pack_weights`` forms the seven B
-sums once, in the micro-kernel's panels. Per call the team packs the seven A sums (shared);
-then each thread takes its column micro-panels and, block by block (``mc`` x ``nc`` of the
-half), runs the seven products' micro-kernel tiles into a per-thread buffer holding that
+sums once, in the micro-kernel's panels. Per call the team forms the seven A sums (shared)
+row-major, in vectorised passes, and the micro-kernel reads them in place (packing them into
+k-major panels, a strided store per element, took 5-6% of the kernel: 3-7% slower on BERT's
+projections). Then each thread takes its column micro-panels and, block by block (``mc`` x
+``nc`` of the half), runs the seven products' micro-kernel tiles into a per-thread buffer holding that
 block of all four C quadrants as contiguous ``MR x NR`` tiles: each tile is added with its
 sign into its one or two quadrants (the first contribution assigns). The finished block goes
 to C once, clipped, with the epilogue. The buffer matters: adding tiles straight into C rows
@@ -29,7 +31,7 @@ from tunecache.compiler.codegen.abi import (
 )
 from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.kinds.matmul.emit import micro_kernel_pp
+from tunecache.compiler.kinds.matmul.emit import micro_kernel_sp
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 
@@ -70,30 +72,29 @@ def _signed(sign: int, expr: str) -> str:
     return f"+ {expr}" if sign > 0 else f"- {expr}"
 
 
-def _pack_a(n: int, product: Product) -> str:
-    """Panel rows ``i0..i0+MR`` of the half, K range ``p0..p0+k_cur``, of product ``n``'s A
-    sum, k-major; rows and columns beyond A read as zero."""
-    inside = " && ".join(f"{qi} * MH + i < M && {qk} * KH + p0 + k_cur <= K"
-                         for qi, qk, _ in product.a)
-    ptrs = " ".join(f"const float *x{t} = A + ({qi} * MH + i) * ARS + ({qk} * KH + p0) * APS;"
+def _form_a(n: int, product: Product) -> str:
+    """Rows ``i0..i1`` of product ``n``'s A sum, row-major ``KHP`` floats apart (read in
+    place by the micro-kernel); rows and columns beyond A read as zero."""
+    inside = " && ".join(f"{qi} * MH + i < M && {qk} * KH + KH <= K" for qi, qk, _ in product.a)
+    ptrs = " ".join(f"const float *restrict x{t} = A + ({qi} * MH + i) * ARS + {qk} * KH * APS;"
                     for t, (qi, qk, _) in enumerate(product.a))
     fast = " ".join(_signed(sign, f"x{t}[p * APS]") for t, (_, _, sign) in enumerate(product.a))
     slow = " ".join(
-        f"if ({qi} * MH + i < M && {qk} * KH + p0 + p < K) "
-        f"v {'+' if sign > 0 else '-'}= A[({qi} * MH + i) * ARS + ({qk} * KH + p0 + p) * APS];"
+        f"if ({qi} * MH + i < M && {qk} * KH + p < K) "
+        f"v {'+' if sign > 0 else '-'}= A[({qi} * MH + i) * ARS + ({qk} * KH + p) * APS];"
         for qi, qk, sign in product.a)
     return f"""\
-static void pack_a{n}(float *restrict dst, const float *restrict A, long i0, long p0, long k_cur) {{
-  for (long r = 0; r < MR; r++) {{
-    const long i = i0 + r;
+static void form_a{n}(float *restrict dst, const float *restrict A, long i0, long i1) {{
+  for (long i = i0; i < i1; i++) {{
+    float *restrict o = dst + i * KHP;
     if (i < MH && {inside}) {{
       {ptrs}
-      for (long p = 0; p < k_cur; p++) dst[p * MR + r] = 0.0f {fast};
+      for (long p = 0; p < KH; p++) o[p] = 0.0f {fast};
     }} else {{
-      for (long p = 0; p < k_cur; p++) {{
+      for (long p = 0; p < KH; p++) {{
         float v = 0.0f;
         if (i < MH) {{ {slow} }}
-        dst[p * MR + r] = v;
+        o[p] = v;
       }}
     }}
   }}
@@ -186,7 +187,7 @@ static void write_out(const float *restrict cb, float *restrict C, const float *
 
 
 BODY = """\
-static void pack_a_sum(int n, float *dst, const float *A, long i0, long p0, long k_cur) {
+static void form_a_sum(int n, float *dst, const float *A, long i0, long i1) {
   switch (n) {
 %(pack_cases)s
   }
@@ -201,14 +202,12 @@ static void strassen_body(const float *restrict A, const float *restrict Bp,
                           float *restrict priv, int tid, int nth) {
   (void)tid; (void)nth;
   float *ct = priv, *cb = priv + CT_REGION;
-  { /* the seven A sums, panel by panel, shared by the team */
+  { /* the seven A sums, MR rows at a time, shared by the team */
     long lo, hi;
-    split_range(7 * KBLOCKS * MPAN, tid, nth, &lo, &hi);
+    split_range(7 * MPAN, tid, nth, &lo, &hi);
     for (long t = lo; t < hi; t++) {
-      const long n = t / (KBLOCKS * MPAN), kb = t / MPAN %% KBLOCKS, ip = t %% MPAN;
-      const long pc = kb * KC, k_cur = MIN(KC, KH - pc);
-      pack_a_sum((int)n, Ap + n * AP_STRIDE + pc * MPAN * MR + ip * k_cur * MR, A, ip * MR, pc,
-                 k_cur);
+      const long n = t / MPAN, ip = t %% MPAN;
+      form_a_sum((int)n, Ap + n * AS_STRIDE, A, ip * MR, ip * MR + MR);
     }
   }
   BARRIER();
@@ -231,7 +230,7 @@ static void strassen_body(const float *restrict A, const float *restrict Bp,
 
 PRODUCT_LOOP = """\
         { /* product %(n)d */
-          const float *ab = Ap + %(n)dL * AP_STRIDE + pc * MPAN * MR;
+          const float *ab = Ap + %(n)dL * AS_STRIDE + pc;
           const float *bb = Bp + %(n)dL * BP_STRIDE + pc * NPAN * NR;
           for (long jp = jc; jp < je; jp++)
             for (long ip = ic; ip < ie; ip++) {
@@ -245,11 +244,11 @@ def _product_loop(n: int, product: Product) -> str:
     """Product ``n`` over the C block: its tiles go through ``ct`` into their quadrants, or,
     when it only adds to one quadrant, straight into that quadrant's tile."""
     (qi, qj, sign), *more = product.c
-    a, b = "ab + ip * k_cur * MR", "bb + jp * k_cur * NR"
+    a, b = "ab + ip * MR * KHP", "bb + jp * k_cur * NR"
     if not more and sign > 0 and _touches((qi, qj))[0] != n:
-        tile = f"ukr_pp(k_cur, {a}, {b}, cb + {2 * qi + qj} * QUAD + tile, NR, 0, 0, NULL);"
+        tile = f"ukr_sp(k_cur, {a}, {b}, cb + {2 * qi + qj} * QUAD + tile, NR, 0, 0, NULL);"
     else:
-        tile = (f"ukr_pp(k_cur, {a}, {b}, ct, NR, 1, 0, NULL);\n"
+        tile = (f"ukr_sp(k_cur, {a}, {b}, ct, NR, 1, 0, NULL);\n"
                 f"              scatter{n}(ct, cb, tile, kf);")
     return PRODUCT_LOOP % {"n": n, "tile": tile}
 
@@ -261,7 +260,10 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     mr, nr = s.mr, s.nr
     kc = min(s.kc, kh)
     mpan, npan = -(-mh // mr), -(-nh // nr)
-    a_stride, b_stride = kh * mpan * mr, kh * npan * nr
+    # Rows of an A sum one cache line longer than a multiple of 16 floats: the MR rows a
+    # micro-kernel reads together then fall in different L1 sets (K = 3072 put them in two).
+    khp = round_up(kh, ALIGN_FLOATS) + ALIGN_FLOATS
+    a_stride, b_stride = mpan * mr * khp, kh * npan * nr
     mcp = max(1, min(s.mc, mpan * mr) // mr)
     ncp = max(1, min(s.nc, npan * nr) // nr)
     quad = mcp * ncp * mr * nr
@@ -274,19 +276,19 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         "MCP": mcp, "NCP": ncp, "QUAD": quad, "LANES": d.lanes,
         "ARS": 1 if op.trans_a else K, "APS": M if op.trans_a else 1,
         "BPS": 1 if op.trans_b else N, "BCS": K if op.trans_b else 1,
-        "AP_STRIDE": a_stride, "BP_STRIDE": b_stride, "B_PACKED_FLOATS": 7 * b_stride,
+        "KHP": khp, "AS_STRIDE": a_stride, "BP_STRIDE": b_stride, "B_PACKED_FLOATS": 7 * b_stride,
         "A_REGION": a_region, "CT_REGION": ct_region, "PRIV_REGION": priv_region,
     }
     out = [preamble(d, constants, s.threads)]
     out += filter(None, [scalar_helpers(op.epilogue)])
     out.append("static inline float b_at(const float *B, long k, long j) {\n"
                "  return (k < K && j < N) ? B[k * BPS + j * BCS] : 0.0f;\n}\n")
-    out.append(micro_kernel_pp(s, d))
+    out.append(micro_kernel_sp(s, d))
     for n, product in enumerate(PRODUCTS):
-        out += [_pack_a(n, product), _pack_b(n, product), _scatter(n, product)]
+        out += [_form_a(n, product), _pack_b(n, product), _scatter(n, product)]
     out.append(_write_out(op, s.nr // d.lanes, d.lanes))
     out.append(BODY % {
-        "pack_cases": "\n".join(f"    case {n}: pack_a{n}(dst, A, i0, p0, k_cur); break;"
+        "pack_cases": "\n".join(f"    case {n}: form_a{n}(dst, A, i0, i1); break;"
                                 for n in range(7)),
         "products": "\n".join(_product_loop(n, p) for n, p in enumerate(PRODUCTS)),
         "pack_b_calls": "\n".join(f"  pack_b{n}(packed + {n}L * BP_STRIDE, B);"
