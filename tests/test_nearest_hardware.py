@@ -333,3 +333,28 @@ def test_a_dynamic_model_runs_a_new_shape_from_its_tuned_shape(tmp_path: Path) -
     # The shape that ran is wanted in its own right for the nightly job.
     assert {w.op for w in load_wanted(store.location, LOCAL.hw_id)} >= \
         {e.op for e in planned.plan if e.source == "nearest"}
+
+
+def test_a_nightly_job_measures_the_seeds_own_entry_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seed holds a measured entry for this very hardware: a job into a fresh store
+    measures it first, so a few trials can only improve on what an untuned compile gets;
+    an entry of the job's own store is not offered again."""
+    from test_tuner_faults import SimulatedRunner
+
+    from tunecache.datasets.suites import Workload
+    from tunecache.tuner.jobs import JobOptions, run_job
+
+    mine = tuned(OP, LOCAL)
+    publish(tmp_path / "seed", record(OP, mine, 1e-3, LOCAL))
+    monkeypatch.setenv("TUNECACHE_SEED", str(tmp_path / "seed"))
+    store = Store(tmp_path / "fresh")
+    options = JobOptions(trials=2, refine=False, baseline=False)
+    run_job([Workload(OP, 1, "op")], LOCAL, store, options,
+            runner=SimulatedRunner(cost_s=0.01))  # type: ignore[arg-type]
+    first = store.load(hw_id=LOCAL.hw_id).sort_values("timestamp").iloc[0]
+    assert (first["source"], first["schedule_id"]) == ("offered", mine.schedule_id)
+    store.publish()
+    run_job([Workload(OP, 1, "op")], LOCAL, store, dataclasses.replace(options, retune=True),
+            runner=SimulatedRunner(cost_s=0.01))  # type: ignore[arg-type]
+    assert list(store.load(hw_id=LOCAL.hw_id)["source"]).count("offered") == 1

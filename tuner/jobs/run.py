@@ -254,13 +254,15 @@ def _offer_view(store: Store, hw: HardwareSpec) -> CacheView | None:
 
 
 def _offers(view: CacheView | None, op: OpSignature, hw: HardwareSpec) -> list[Schedule]:
-    """The nearest tuned hardware's (or shape's) schedule for ``op``, re-fitted to ``hw``
-    (none when this hardware has its own entry, or nothing legal here is offered)."""
+    """The nearest tuned hardware's (or shape's) schedule for ``op``, re-fitted to ``hw``;
+    or the seed's own entry for this hardware, so a short job never publishes a schedule
+    slower than the one a fresh install is already served (none when the job's store has
+    an entry of this hardware, or nothing legal here is offered)."""
     try:
         served = view.lookup(op) if view is not None else None
     except Exception:  # a damaged neighbour snapshot is skipped like a missing one
         return []
-    if served is None or served.exact or view is None:
+    if served is None or view is None or (served.exact and served.store != "seed"):
         return []
     fitted = Nearest.from_served(served, view).fitted(op, hw)
     return [fitted] if fitted is not None else []
