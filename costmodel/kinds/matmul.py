@@ -61,7 +61,7 @@ def estimate_dot(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estima
 
 def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
     """One level of Strassen: seven half-size products, each estimated as the BLIS kernel
-    with the same micro-tile and K block over the whole half (the kernel packs each A sum
+    with the same micro-tile and K block over the whole half (the kernel forms each A sum
     once and adds each tile into the C block buffer, as that kernel packs A and stores C),
     plus writing the buffer's four quadrants to C. A C block buffer (four ``mc`` x ``nc``
     quadrants) and A block that overflow L2 slow every product."""

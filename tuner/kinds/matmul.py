@@ -7,6 +7,8 @@ the register file) ranked by FMAs per load and edge waste; then the K block ``kc
 micro-panel stays in L1 while A streams), the M block ``mc`` (the packed A block in a share of
 L2) and the N block ``nc`` (the packed B block in a share of L3) from the BLIS analytical
 model and the larger sizes tuned libraries ship, balanced over the dimension and the threads.
+Matmuls of every dimension >= 64 also get one-level Strassen candidates (``strassen=1``),
+built the same way for the half-size product, for the estimate or tuning to weigh.
 """
 
 from __future__ import annotations
