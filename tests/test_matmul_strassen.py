@@ -184,3 +184,15 @@ def test_a_strassen_schedule_served_from_the_store_runs_in_the_compiled_model(
     assert served.action == "cache" and served.schedule == fast
     feeds = random_feeds(model)
     assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
+
+
+def test_refinement_switches_strassen_only_where_the_tiler_proposes_it() -> None:
+    from tunecache.tuner.kinds import tuner_kind
+
+    neighbours = tuner_kind("matmul").neighbours
+    classic = MatmulSchedule(mr=4, nr=2 * HW.lanes, kc=256, mc=64, nc=4 * HW.lanes)
+    big = matmul_op(128, 768, 768, epilogue="bias")
+    assert classic.replace(strassen=1) in neighbours(big, classic, HW)
+    assert classic in neighbours(big, classic.replace(strassen=1), HW)
+    small = matmul_op(32, 48, 40)
+    assert not any(s.strassen for s in neighbours(small, classic, HW))

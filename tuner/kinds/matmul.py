@@ -153,11 +153,17 @@ STRASSEN_FROM = 64
 products are too small to run near peak and the saved eighth is lost to the additions."""
 
 
+def _strassen_worth(op: OpSignature) -> bool:
+    """Whether the tiler proposes Strassen for ``op``: a matmul (constant weights) with
+    every dimension at least :data:`STRASSEN_FROM`."""
+    return "B" not in op.dims_dict and min(op.dim(n) for n in ("M", "N", "K")) >= STRASSEN_FROM
+
+
 def _strassen_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSchedule]:
     """One level of Strassen over a constant-weights matmul: the half-size product's
     micro-tiles and K blocks; the C block buffer (four quadrants of ``mc`` x ``nc``) and the
     A block in half of L2."""
-    if "B" in op.dims_dict or min(op.dim(n) for n in ("M", "N", "K")) < STRASSEN_FROM:
+    if not _strassen_worth(op):
         return
     half = strassen_half(op)
     mh, nh = half.dim("M"), half.dim("N")
@@ -239,7 +245,7 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None = None) -> Stra
 def _strassen_grid(op: OpSignature, mr: int, nr: int, threads: int) -> list[MatmulSchedule]:
     """Strassen schedules of one micro-tile: K blocks of the half, C blocks from four
     micro-panels to the whole half, unroll 1/4."""
-    if "B" in op.dims_dict or min(op.dim(n) for n in ("M", "N", "K")) < STRASSEN_FROM:
+    if not _strassen_worth(op):
         return []
     half = strassen_half(op)
     mh, nh, kh = half.dim("M"), half.dim("N"), half.dim("K")
@@ -268,7 +274,8 @@ def _neighbours(op: OpSignature, best: MatmulSchedule, hw: HardwareSpec) -> list
                 if a != best.parallel]
     if not op.trans_b:
         out.append(best.replace(pack_b=1 - best.pack_b))
-    if best.loop_order != "dot":  # the same tile with and without Strassen
+    if best.strassen or (best.loop_order != "dot" and _strassen_worth(op)):
+        # the same tile with and without Strassen
         out.append(best.replace(strassen=1 - best.strassen, pack_a=1, pack_b=1,
                                 loop_order="jpi", parallel="n" if best.threads > 1 else "m"))
     return out

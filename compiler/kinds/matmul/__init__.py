@@ -28,6 +28,7 @@ from tunecache.compiler.kinds.matmul.space import (
     MatmulSchedule,
     default_matmul_schedule,
     matmul_problems,
+    strassen_halves,
 )
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 
@@ -118,8 +119,8 @@ def fuse_activation(producer: OpSignature, reader: OpSignature) -> OpSignature |
 def strassen_half(op: OpSignature) -> OpSignature:
     """The half-size product one level of Strassen runs seven times for ``op`` (halves
     rounded up), no epilogue: what its micro-tiles and blocks are chosen and estimated for."""
-    M, N, K = (-(-op.dim(n) // 2) for n in ("M", "N", "K"))
-    return matmul_op(M, N, K, trans_a=op.trans_a, trans_b=op.trans_b, dtype=op.dtype)
+    return matmul_op(*strassen_halves(op), trans_a=op.trans_a, trans_b=op.trans_b,
+                     dtype=op.dtype)
 
 
 def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
@@ -132,12 +133,13 @@ def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
 
 def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int, ...]:
     """What ``tc_pack_weights`` depends on: op(B)'s shape and storage, and the blocks
-    (``NC`` x ``KC``, as clipped by the emitter) of ``NR``-column panels it writes; the
-    rows ``M`` and every other knob leave the packed bytes the same."""
+    (``NC`` x ``KC``, as clipped by the emitter) of ``NR``-column panels it writes, or with
+    ``strassen`` the seven B sums in ``NR``-column panels of ``KC``-row blocks of half of K
+    (no N blocks); the rows ``M`` and every other knob leave the packed bytes the same."""
     n, k, nr = op.dim("N"), op.dim("K"), s.nr
-    if s.strassen:  # the seven B sums in NR-column panels, KC-row blocks of half of K
-        return n, k, int(op.trans_b), nr, min(s.kc, -(-k // 2)), -1
-    return n, k, int(op.trans_b), nr, min(s.kc, k), min(s.nc, -(-n // nr) * nr)
+    if s.strassen:
+        return n, k, int(op.trans_b), nr, min(s.kc, strassen_halves(op)[2]), 0, 1
+    return n, k, int(op.trans_b), nr, min(s.kc, k), min(s.nc, -(-n // nr) * nr), 0
 
 
 KIND = register(OpKind(

@@ -52,10 +52,11 @@ def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps
     )
 
 
-def micro_kernel_sp(s: MatmulSchedule, d: IsaDialect) -> str:
-    """``ukr_sp``: the micro-kernel over MR rows of a row-major A block (rows ``KHP`` floats
-    apart) and a packed B panel, no epilogue (Strassen's products)."""
-    return _ukr("ukr_sp", s, d, "1", "KHP", "NR", True, ())
+def plain_micro_kernel(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str,
+                       a_rs: str) -> str:
+    """A micro-kernel ``name`` over A panel elements ``a[p*a_ps + r*a_rs]`` and a packed B
+    panel, without an epilogue (for kernels that add its tiles up themselves)."""
+    return _ukr(name, s, d, a_ps, a_rs, "NR", True, ())
 
 
 def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:

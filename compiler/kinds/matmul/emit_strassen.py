@@ -31,8 +31,8 @@ from tunecache.compiler.codegen.abi import (
 )
 from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.kinds.matmul.emit import micro_kernel_sp
-from tunecache.compiler.kinds.matmul.space import MatmulSchedule
+from tunecache.compiler.kinds.matmul.emit import plain_micro_kernel
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule, strassen_halves
 from tunecache.compiler.ops import OpSignature
 
 Term = tuple[int, int, int]
@@ -68,8 +68,8 @@ def _touches(quadrant: tuple[int, int]) -> list[int]:
     return [n for n, p in enumerate(PRODUCTS) if any(c[:2] == quadrant for c in p.c)]
 
 
-def _signed(sign: int, expr: str) -> str:
-    return f"+ {expr}" if sign > 0 else f"- {expr}"
+def _op(sign: int) -> str:
+    return "+" if sign > 0 else "-"
 
 
 def _form_a(n: int, product: Product) -> str:
@@ -78,10 +78,10 @@ def _form_a(n: int, product: Product) -> str:
     inside = " && ".join(f"{qi} * MH + i < M && {qk} * KH + KH <= K" for qi, qk, _ in product.a)
     ptrs = " ".join(f"const float *restrict x{t} = A + ({qi} * MH + i) * ARS + {qk} * KH * APS;"
                     for t, (qi, qk, _) in enumerate(product.a))
-    fast = " ".join(_signed(sign, f"x{t}[p * APS]") for t, (_, _, sign) in enumerate(product.a))
+    fast = " ".join(f"{_op(sign)} x{t}[p * APS]" for t, (_, _, sign) in enumerate(product.a))
     slow = " ".join(
         f"if ({qi} * MH + i < M && {qk} * KH + p < K) "
-        f"v {'+' if sign > 0 else '-'}= A[({qi} * MH + i) * ARS + ({qk} * KH + p) * APS];"
+        f"v {_op(sign)}= A[({qi} * MH + i) * ARS + ({qk} * KH + p) * APS];"
         for qi, qk, sign in product.a)
     return f"""\
 static void form_a{n}(float *restrict dst, const float *restrict A, long i0, long i1) {{
@@ -104,7 +104,7 @@ static void form_a{n}(float *restrict dst, const float *restrict A, long i0, lon
 
 def _pack_b(n: int, product: Product) -> str:
     """Product ``n``'s B sum in NR-column panels, block by block of KC rows (compile time)."""
-    terms = " ".join(f"v {'+' if sign > 0 else '-'}= b_at(B, {qk} * KH + k, {qj} * NH + j);"
+    terms = " ".join(f"v {_op(sign)}= b_at(B, {qk} * KH + k, {qj} * NH + j);"
                      for qk, qj, sign in product.b)
     return f"""\
 static void pack_b{n}(float *restrict dst, const float *restrict B) {{
@@ -256,7 +256,7 @@ def _product_loop(n: int, product: Product) -> str:
 def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     """The C translation unit for ``op`` under a ``strassen=1`` schedule (validated)."""
     M, N, K = op.dim("M"), op.dim("N"), op.dim("K")
-    mh, nh, kh = -(-M // 2), -(-N // 2), -(-K // 2)
+    mh, nh, kh = strassen_halves(op)
     mr, nr = s.mr, s.nr
     kc = min(s.kc, kh)
     mpan, npan = -(-mh // mr), -(-nh // nr)
@@ -272,7 +272,7 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     priv_region = round_up(ct_region + 4 * quad, ALIGN_FLOATS)
     constants: dict[str, int | str] = {
         "M": M, "N": N, "K": K, "MH": mh, "NH": nh, "KH": kh, "MR": mr, "NR": nr, "KC": kc,
-        "KBLOCKS": -(-kh // kc), "MPAN": mpan, "NPAN": npan,
+        "MPAN": mpan, "NPAN": npan,
         "MCP": mcp, "NCP": ncp, "QUAD": quad, "LANES": d.lanes,
         "ARS": 1 if op.trans_a else K, "APS": M if op.trans_a else 1,
         "BPS": 1 if op.trans_b else N, "BCS": K if op.trans_b else 1,
@@ -283,7 +283,8 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     out += filter(None, [scalar_helpers(op.epilogue)])
     out.append("static inline float b_at(const float *B, long k, long j) {\n"
                "  return (k < K && j < N) ? B[k * BPS + j * BCS] : 0.0f;\n}\n")
-    out.append(micro_kernel_sp(s, d))
+    # The A sums are row-major, rows KHP floats apart.
+    out.append(plain_micro_kernel("ukr_sp", s, d, "1", "KHP"))
     for n, product in enumerate(PRODUCTS):
         out += [_form_a(n, product), _pack_b(n, product), _scatter(n, product)]
     out.append(_write_out(op, s.nr // d.lanes, d.lanes))

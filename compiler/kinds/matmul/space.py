@@ -135,6 +135,12 @@ STRASSEN_MIN_DIM = 16
 """Strassen's blocks are half of each dimension: below this there is nothing to save."""
 
 
+def strassen_halves(op: OpSignature) -> tuple[int, int, int]:
+    """M, N and K of the half-size products of one level of Strassen (halves rounded up)."""
+    M, N, K = (-(-op.dim(name) // 2) for name in ("M", "N", "K"))
+    return M, N, K
+
+
 def _strassen_problems(op: OpSignature, s: MatmulSchedule) -> list[str]:
     if s.strassen != 1:
         return [f"strassen={s.strassen}; expected 0 or 1 (one level)"]
