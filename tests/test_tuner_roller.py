@@ -194,3 +194,34 @@ def test_matrix_vector_with_transposed_weights_gets_dot_products() -> None:
     assert candidates(fc, AVX512)[0].schedule.loop_order == "dot"
     assert {s.loop_order for s in exhaustive_space(fc, AVX512)} >= {"dot", "jpi"}
     assert all(c.schedule.loop_order != "dot" for c in candidates(OPS[0], AVX512))
+
+
+def test_the_top_k_keeps_each_algorithms_best_and_a_job_measures_it_first() -> None:
+    """BERT's 768x768 projection at two threads: the estimate ranks the first Strassen
+    schedule far down (it measured faster than the first). A short top-k still holds it, in
+    place of a schedule of the other algorithm, a top-1 stays one schedule, and the ranked
+    list a tuning job measures starts with the best of each algorithm, the top-1 leading."""
+    from tunecache.compiler.kinds.matmul import matmul_op
+    from tunecache.tuner.search.tune import TuneConfig, ranked_candidates
+
+    op = matmul_op(128, 768, 768, epilogue="bias")
+    every = candidates(op, AVX512, k=400, threads=2)
+    first_strassen = next(c for c in every if c.schedule.strassen)
+    assert first_strassen.rank > 10, "the case no longer needs the rule; pick another"
+    top = candidates(op, AVX512, k=10, threads=2)
+    assert len(top) == 10
+    assert [c.schedule for c in top if c.schedule.strassen] == [first_strassen.schedule]
+    assert top[0].schedule == every[0].schedule
+    assert len(candidates(op, AVX512, k=1, threads=2)) == 1
+    ranked = ranked_candidates(op, AVX512, TuneConfig(threads=2, pool=10))
+    assert ranked[0].schedule == every[0].schedule
+    assert ranked[1].schedule == first_strassen.schedule
+
+
+def test_a_conv_top_k_holds_both_algorithms() -> None:
+    """A 3x3 conv where Winograd is legal: the short top-k has a schedule of each."""
+    from tunecache.compiler.kinds.conv2d import conv2d_op
+
+    op = conv2d_op(1, 64, 56, 56, 64, 3, 3, pads=1, layout="nchw8c", out_layout="nchw8c")
+    algorithms = {c.schedule.algorithm for c in candidates(op, AVX2, k=3, threads=1)}
+    assert algorithms == {"direct", "winograd"}

@@ -36,6 +36,11 @@ class TunerKind:
       evaluation and exploration; sampled per group by :func:`roller.exhaustive_space`).
     * ``neighbours(op, best, hw)`` — schedules one step from ``best`` (legal or not; the
       caller filters) for local refinement.
+    * ``algorithm(schedule)`` — which algorithm a schedule runs (Strassen or the BLIS
+      kernel, Winograd or direct). The analytic estimate ranks tiles of one algorithm well
+      and different algorithms poorly, so the tiler keeps each algorithm's best in its top-k
+      and a tuning job measures every one of them (kinds with one algorithm leave the
+      default).
     """
 
     name: str
@@ -43,6 +48,7 @@ class TunerKind:
     tile_key: Callable[[Any], tuple[object, ...]]
     grid: Callable[[OpSignature, HardwareSpec, int | None], Strata]
     neighbours: Callable[[OpSignature, Any, HardwareSpec], list[Any]]
+    algorithm: Callable[[Any], str] = lambda schedule: ""
 
 
 _REGISTRY: LayerRegistry[TunerKind] = LayerRegistry(__name__, "tuner", "the tiler has no model")

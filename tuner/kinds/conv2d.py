@@ -184,5 +184,9 @@ def _neighbours(op: OpSignature, best: Conv2dSchedule, hw: HardwareSpec) -> list
     return out
 
 
+def _algorithm(s: Conv2dSchedule) -> str:
+    return s.algorithm
+
+
 KIND = register(TunerKind(name="conv2d", pool=_conv_pool, tile_key=_tile_key, grid=_grid,
-                          neighbours=_neighbours))
+                          neighbours=_neighbours, algorithm=_algorithm))

@@ -281,5 +281,9 @@ def _neighbours(op: OpSignature, best: MatmulSchedule, hw: HardwareSpec) -> list
     return out
 
 
+def _algorithm(s: MatmulSchedule) -> str:
+    return "strassen" if s.strassen else "blis"
+
+
 KIND = register(TunerKind(name="matmul", pool=_matmul_pool, tile_key=_tile_key, grid=_grid,
-                          neighbours=_neighbours))
+                          neighbours=_neighbours, algorithm=_algorithm))

@@ -99,16 +99,26 @@ def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
                       model: Ranker | None = None) -> list[Candidate]:
     """The tiler's pool, ordered by the cost model when one is given, else by estimate.
 
-    With a model, the tiler's own first choice still comes first: it is what an untuned
-    compile runs, so a tuned op is never one the model steered away from a better default
-    (a model trained on other layouts or hardware can rank it low)."""
+    The tiler's best schedule of each algorithm comes first, its top-1 leading: the top-1 is
+    what an untuned compile runs, so a tuned op is never one the model steered away from a
+    better default (a model trained on other layouts or hardware can rank it low), and the
+    estimate and a model that has seen few measurements of an algorithm compare algorithms
+    too poorly to leave one unmeasured."""
     pool = roller.candidates(op, hw, k=config.pool, threads=config.threads)
-    if model is None or not pool:
-        return [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in pool]
-    scores = list(model.predict(op, [c.schedule for c in pool], hw))
-    order = sorted(range(1, len(pool)), key=lambda i: (-scores[i], pool[i].rank))
-    return [Candidate(op, pool[0].schedule, "tiler", pool[0].estimate.seconds),
-            *(Candidate(op, pool[i].schedule, "model", float(scores[i])) for i in order)]
+    if not pool:
+        return []
+    algorithm = tuner_kind(op.kind).algorithm
+    leaders = [c.rank for c in roller.first_of_each(pool, lambda c: algorithm(c.schedule))]
+    rest = [c.rank for c in pool if c.rank not in leaders]
+    scores = list(model.predict(op, [c.schedule for c in pool], hw)) if model else None
+    if scores is not None:
+        rest.sort(key=lambda i: (-scores[i], i))
+    first = [Candidate(op, pool[i].schedule, "tiler", pool[i].estimate.seconds)
+             for i in leaders]
+    if scores is None:
+        return first + [Candidate(op, pool[i].schedule, "tiler", pool[i].estimate.seconds)
+                        for i in rest]
+    return first + [Candidate(op, pool[i].schedule, "model", float(scores[i])) for i in rest]
 
 
 def neighbours(op: OpSignature, best: Schedule, hw: HardwareSpec) -> list[Schedule]:
