@@ -14,7 +14,7 @@ from kernel_support import bound_weights_problem, build_all, cached_kernel, pois
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
 from tunecache.compiler.kinds.matmul import MatmulSchedule, matmul_op
-from tunecache.compiler.kinds.matmul.emit_strassen import PRODUCTS
+from tunecache.compiler.kinds.matmul.emit_strassen import PRODUCTS, products
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import random_inputs
 from tunecache.compiler.schedule import problems, schedule_from_json
@@ -26,29 +26,36 @@ T2 = min(2, HW.cores)
 Case = tuple[OpSignature, MatmulSchedule, HardwareSpec]
 
 
-def _quadrants(x: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
-    """The 2x2 quadrants of ``x``, halves rounded up, zero-padded to equal size."""
-    h0, h1 = -(-x.shape[0] // 2), -(-x.shape[1] // 2)
-    padded = np.zeros((2 * h0, 2 * h1), x.dtype)
+def _blocks(x: np.ndarray, grid: int) -> dict[tuple[int, int], np.ndarray]:
+    """The ``grid`` x ``grid`` blocks of ``x``, sizes rounded up, zero-padded to equal size."""
+    h0, h1 = -(-x.shape[0] // grid), -(-x.shape[1] // grid)
+    padded = np.zeros((grid * h0, grid * h1), x.dtype)
     padded[:x.shape[0], :x.shape[1]] = x
     return {(i, j): padded[i * h0:(i + 1) * h0, j * h1:(j + 1) * h1]
-            for i in (0, 1) for j in (0, 1)}
+            for i in range(grid) for j in range(grid)}
 
 
-@pytest.mark.parametrize(("m", "n", "k"), [(4, 6, 8), (5, 7, 3), (9, 2, 11)])
-def test_the_seven_products_make_the_product(m: int, n: int, k: int) -> None:
-    """The table the emitter follows, run in numpy: the quadrant sums, seven products and
-    their signed contributions give A @ B, odd dimensions included."""
+@pytest.mark.parametrize(("m", "n", "k", "levels"),
+                         [(4, 6, 8, 1), (5, 7, 3, 1), (9, 2, 11, 1), (8, 12, 16, 2),
+                          (13, 6, 9, 2)])
+def test_the_products_make_the_product(m: int, n: int, k: int, levels: int) -> None:
+    """The table the emitter follows, run in numpy: the block sums, 7 (one level) or 49 (two)
+    products and their signed contributions give A @ B, odd dimensions included."""
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
-    qa, qb = _quadrants(a), _quadrants(b)
+    grid = 2 ** levels
+    qa, qb = _blocks(a, grid), _blocks(b, grid)
     c = {q: np.zeros((qa[0, 0].shape[0], qb[0, 0].shape[1])) for q in qa}
-    for product in PRODUCTS:
+    table = products(levels)
+    assert len(table) == 7 ** levels
+    if levels == 1:
+        assert table == PRODUCTS
+    for product in table:
         left = sum(sign * qa[i, j] for i, j, sign in product.a)
         right = sum(sign * qb[i, j] for i, j, sign in product.b)
         for i, j, sign in product.c:
             c[i, j] += sign * (left @ right)
-    whole = np.block([[c[0, 0], c[0, 1]], [c[1, 0], c[1, 1]]])[:m, :n]
+    whole = np.block([[c[i, j] for j in range(grid)] for i in range(grid)])[:m, :n]
     np.testing.assert_allclose(whole, a @ b, rtol=1e-12, atol=1e-12)
 
 
@@ -60,6 +67,9 @@ def _ops() -> list[OpSignature]:
         matmul_op(33, 97, 64, trans_a=True, trans_b=True, epilogue="bias+gelu_tanh"),
         matmul_op(48, 70, 41, trans_b=True, epilogue="gelu_erf"),
         matmul_op(50, 33, 100, trans_a=True, epilogue="bias"),
+        # Two levels: quarter blocks, the last one short in every dimension.
+        matmul_op(70, 66, 45, epilogue="bias+relu"),
+        matmul_op(64, 130, 96, trans_b=True, epilogue="bias"),
     ]
 
 
@@ -73,6 +83,10 @@ def _variants(hw: HardwareSpec) -> list[MatmulSchedule]:
         # C blocks smaller than the half: several blocks of rows and of columns.
         base.replace(mr=3, nr=lanes, mc=6, nc=2 * lanes),
         base.replace(threads=T2, parallel="n", mr=5, kc=16, nc=lanes * 2),
+        # Two levels: 49 products into a 4x4 grid of C blocks.
+        base.replace(strassen=2),
+        base.replace(strassen=2, kc=5, mr=3, nr=lanes, mc=6, nc=lanes),
+        base.replace(strassen=2, threads=T2, parallel="n", kc=9, unroll=4),
     ]
 
 
@@ -90,6 +104,7 @@ def test_every_variant_matches_the_reference_and_prepacked_weights() -> None:
     poisoned and misaligned), twice, and the seven B sums packed once giving the same bits."""
     cases = sampled(_cases())
     assert len(cases) >= 20
+    assert {s.strassen for _, s, _ in cases} == {1, 2}
     build_all(cases)
     for i, (op, s, hw) in enumerate(cases):
         kernel = cached_kernel(op, s, hw)
@@ -107,7 +122,11 @@ def test_illegal_strassen_schedules_are_refused() -> None:
     op = matmul_op(64, 64, 64)
     assert any("pack_a=1" in p for p in problems(op, s.replace(pack_a=0), HW))
     assert any("loop_order=jpi" in p for p in problems(op, s.replace(loop_order="ipj"), HW))
-    assert any("expected 0 or 1" in p for p in problems(op, s.replace(strassen=2), HW))
+    assert any("expected one of 0, 1, 2" in p for p in problems(op, s.replace(strassen=3), HW))
+    two = s.replace(strassen=2)
+    assert any("at least 32" in p and "N=31" in p
+               for p in problems(matmul_op(64, 31, 64), two, HW))
+    assert not problems(matmul_op(32, 32, 32), two, HW)
     if HW.cores > 1:
         assert any("parallel=n" in p
                    for p in problems(op, s.replace(threads=2, parallel="m"), HW))
@@ -126,19 +145,25 @@ def test_schedules_stored_before_the_knob_keep_their_text_and_id() -> None:
     assert json.loads(fast.to_json())["strassen"] == 1
     assert schedule_from_json(fast.to_json()) == fast
     assert fast.schedule_id != classic.schedule_id
-    assert str(fast).endswith("strassen")
+    assert str(fast).endswith("strassen1")
+    two = classic.replace(strassen=2)
+    assert schedule_from_json(two.to_json()) == two and two.schedule_id != fast.schedule_id
 
 
 def test_the_tiler_proposes_strassen_where_it_saves_work() -> None:
-    """A BERT-sized projection gets legal strassen candidates, estimated faster than the
-    same micro-tile without it; a small matmul gets none."""
+    """A BERT-sized projection gets legal strassen candidates of both levels, the first
+    estimated faster than the same micro-tile without it; a matmul with a dimension under
+    128 gets one level only, a small one none."""
     big = matmul_op(128, 3072, 768, epilogue="bias")
     top = candidates(big, HW, k=12, threads=1)
     fast = [c for c in top if c.schedule.strassen]
-    assert fast and all(not problems(big, c.schedule, HW) for c in fast)
+    assert {c.schedule.strassen for c in fast} == {1, 2}
+    assert all(not problems(big, c.schedule, HW) for c in fast)
     s = fast[0].schedule
     classic = s.replace(strassen=0, mc=128, nc=3072)
     assert estimate(big, s, HW).seconds < estimate(big, classic, HW).seconds
+    mid = matmul_op(96, 768, 768)
+    assert {c.schedule.strassen for c in candidates(mid, HW, k=50, threads=1)} == {0, 1}
     small = matmul_op(24, 32, 40)
     assert not any(c.schedule.strassen for c in candidates(small, HW, k=50, threads=1))
 
@@ -193,6 +218,16 @@ def test_refinement_switches_strassen_only_where_the_tiler_proposes_it() -> None
     classic = MatmulSchedule(mr=4, nr=2 * HW.lanes, kc=256, mc=64, nc=4 * HW.lanes)
     big = matmul_op(128, 768, 768, epilogue="bias")
     assert classic.replace(strassen=1) in neighbours(big, classic, HW)
+    assert classic.replace(strassen=2) in neighbours(big, classic, HW)
     assert classic in neighbours(big, classic.replace(strassen=1), HW)
+    assert classic.replace(strassen=1) in neighbours(big, classic.replace(strassen=2), HW)
+    mid = matmul_op(96, 768, 768)
+    assert {s.strassen for s in neighbours(mid, classic, HW)} == {0, 1}
     small = matmul_op(32, 48, 40)
     assert not any(s.strassen for s in neighbours(small, classic, HW))
+
+
+def test_two_levels_are_not_proposed_for_weights_too_large_to_triple() -> None:
+    """GPT-2's LM head (154 MB of weights): one level only, since two would take 3.06x."""
+    head = matmul_op(128, 50257, 768, trans_b=True)
+    assert {c.schedule.strassen for c in candidates(head, HW, k=60, threads=1)} == {0, 1}

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
-from tunecache.compiler.kinds.matmul import strassen_half
+from tunecache.compiler.kinds.matmul import strassen_block
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.costmodel.analytic import (
@@ -60,24 +60,27 @@ def estimate_dot(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estima
 
 
 def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
-    """One level of Strassen: seven half-size products, each estimated as the BLIS kernel
-    with the same micro-tile and K block over the whole half (the kernel forms each A sum
-    once and adds each tile into the C block buffer, as that kernel packs A and stores C),
-    plus writing the buffer's four quadrants to C. A C block buffer (four ``mc`` x ``nc``
-    quadrants) and A block that overflow L2 slow every product."""
+    """``levels`` of Strassen: ``7 ** levels`` block products, each estimated as the BLIS
+    kernel with the same micro-tile and K block over the whole block (the kernel forms each
+    A sum once and adds each tile into the C block buffer, as that kernel packs A and stores
+    C), plus writing the buffer's blocks to C. A C block buffer (``4 ** levels`` blocks of
+    ``mc`` x ``nc``) and A block that overflow L2 slow every product."""
     arch = constants(hw)
-    half = strassen_half(op)
-    mh, nh = half.dim("M"), half.dim("N")
+    count, grid = 7 ** s.strassen, 2 ** s.strassen
+    block = strassen_block(op, s.strassen)
+    mh, nh = block.dim("M"), block.dim("N")
     whole = s.replace(strassen=0, mc=round_up(mh, s.mr), nc=round_up(nh, s.nr))
-    product = estimate_matmul(half, whole, hw)
+    product = estimate_matmul(block, whole, hw)
     once = arch.call_overhead_s + (arch.fork_join_s if s.threads > 1 else 0.0)
-    block_bytes = 4 * (4 * min(s.mc, mh) * min(s.nc, nh) + min(s.mc, mh) * min(s.kc, half.dim("K")))
+    block_bytes = 4 * (grid * grid * min(s.mc, mh) * min(s.nc, nh)
+                       + min(s.mc, mh) * min(s.kc, block.dim("K")))
     spill = 1.0 if block_bytes <= 0.75 * hw.l2_bytes else 1.1
-    write_s = 32.0 * mh * nh / (arch.bytes_per_cycle["l2"] * arch.ghz * 1e9 * s.threads)
-    compute_s = 7 * product.compute_s * spill
-    memory_s = 7 * product.memory_s + write_s
-    overhead_s = 7 * (product.overhead_s - once) + once
-    seconds = 7 * (product.seconds - product.overhead_s) * spill + write_s + overhead_s
+    write_s = 8.0 * grid * grid * mh * nh / (
+        arch.bytes_per_cycle["l2"] * arch.ghz * 1e9 * s.threads)
+    compute_s = count * product.compute_s * spill
+    memory_s = count * product.memory_s + write_s
+    overhead_s = count * (product.overhead_s - once) + once
+    seconds = count * (product.seconds - product.overhead_s) * spill + write_s + overhead_s
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
 
 

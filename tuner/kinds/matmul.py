@@ -8,7 +8,8 @@ micro-panel stays in L1 while A streams), the M block ``mc`` (the packed A block
 L2) and the N block ``nc`` (the packed B block in a share of L3) from the BLIS analytical
 model and the larger sizes tuned libraries ship, balanced over the dimension and the threads.
 Matmuls of every dimension >= 64 also get one-level Strassen candidates (``strassen=1``),
-built the same way for the half-size product, for the estimate or tuning to weigh.
+and those of every dimension >= 128 two-level ones (``strassen=2``), built the same way for
+the block product, for the estimate or tuning to weigh.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 from collections.abc import Iterator
 
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds.matmul import strassen_half
+from tunecache.compiler.kinds.matmul import strassen_block
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MAX_MR, MAX_NR_VECTORS, Schedule, problems
@@ -148,31 +149,45 @@ def _dot_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Matmu
                                          loop_order="dot", threads=threads, parallel=par)
 
 
-STRASSEN_FROM = 64
-"""Strassen candidates start where every dimension is at least this: below it the half-size
-products are too small to run near peak and the saved eighth is lost to the additions."""
+STRASSEN_FROM = {1: 64, 2: 128}
+"""Strassen candidates of each level start where every dimension is at least this: below
+it the block products are too small to run near peak and the saved FLOPs are lost to the
+additions (two levels: BERT's FFN down-projection at sequence 128, 32 x 192 x 768 blocks,
+ran 7% faster than one level; its 768x768 projections 2%)."""
 
 
-def _strassen_worth(op: OpSignature) -> bool:
-    """Whether the tiler proposes Strassen for ``op``: a matmul (constant weights) with
-    every dimension at least :data:`STRASSEN_FROM`."""
-    return "B" not in op.dims_dict and min(op.dim(n) for n in ("M", "N", "K")) >= STRASSEN_FROM
+TWO_LEVELS_MAX_WEIGHT_BYTES = 32 << 20
+"""Two levels' B sums take 3.06x the weights' bytes (one level's 1.75x): past this weight
+size the memory is not worth the few percent (GPT-2's 154 MB LM head: 3.7% faster for 200
+MB more)."""
+
+
+def _strassen_levels(op: OpSignature) -> list[int]:
+    """The Strassen levels the tiler proposes for ``op``: none for a batch_matmul (its B is
+    not constant weights), else those whose :data:`STRASSEN_FROM` every dimension reaches,
+    two levels only for weights up to :data:`TWO_LEVELS_MAX_WEIGHT_BYTES`."""
+    if "B" in op.dims_dict:
+        return []
+    least = min(op.dim(n) for n in ("M", "N", "K"))
+    weight_bytes = 4 * op.dim("K") * op.dim("N")
+    return [level for level, start in STRASSEN_FROM.items() if least >= start
+            and (level < 2 or weight_bytes <= TWO_LEVELS_MAX_WEIGHT_BYTES)]
 
 
 def _strassen_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[MatmulSchedule]:
-    """One level of Strassen over a constant-weights matmul: the half-size product's
-    micro-tiles and K blocks; the C block buffer (four quadrants of ``mc`` x ``nc``) and the
-    A block in half of L2."""
-    if not _strassen_worth(op):
-        return
-    half = strassen_half(op)
-    mh, nh = half.dim("M"), half.dim("N")
-    for mr, nr in kept_micro_tiles(half, hw)[:MICRO_TILES_KEPT // 2]:
-        for kc in kc_candidates(half, hw, mr, nr):
-            mc = balanced(mh, max(mr, hw.l2_bytes // 4 // (kc * 4) // mr * mr), mr)
-            nc = balanced(nh, max(nr, hw.l2_bytes // 4 // (16 * mc) // nr * nr), nr)
-            yield MatmulSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, threads=threads,
-                                 parallel="n" if threads > 1 else "m", strassen=1)
+    """Strassen over a constant-weights matmul, at each level: the block product's
+    micro-tiles and K blocks; the C block buffer (``4 ** levels`` blocks of ``mc`` x ``nc``)
+    and the A block in half of L2."""
+    for level in _strassen_levels(op):
+        block = strassen_block(op, level)
+        mh, nh = block.dim("M"), block.dim("N")
+        share = 4 * 4 ** level
+        for mr, nr in kept_micro_tiles(block, hw)[:MICRO_TILES_KEPT // 2]:
+            for kc in kc_candidates(block, hw, mr, nr):
+                mc = balanced(mh, max(mr, hw.l2_bytes // 4 // (kc * 4) // mr * mr), mr)
+                nc = balanced(nh, max(nr, hw.l2_bytes // 4 // (share * mc) // nr * nr), nr)
+                yield MatmulSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, threads=threads,
+                                     parallel="n" if threads > 1 else "m", strassen=level)
 
 
 def _matmul_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Schedule]:
@@ -243,19 +258,20 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None = None) -> Stra
 
 
 def _strassen_grid(op: OpSignature, mr: int, nr: int, threads: int) -> list[MatmulSchedule]:
-    """Strassen schedules of one micro-tile: K blocks of the half, C blocks from four
-    micro-panels to the whole half, unroll 1/4."""
-    if not _strassen_worth(op):
-        return []
-    half = strassen_half(op)
-    mh, nh, kh = half.dim("M"), half.dim("N"), half.dim("K")
+    """Strassen schedules of one micro-tile at each level: K blocks of the block product, C
+    blocks from four micro-panels to the whole block, unroll 1/4."""
     par = "n" if threads > 1 else "m"
-    return [MatmulSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, unroll=unroll, threads=threads,
-                           parallel=par, strassen=1)
-            for kc in sorted({min(kh, kc) for kc in (128, 256, 384, 512, kh)})
-            for mc in sorted({min(round_up(mh, mr), x) for x in (mr * 8, round_up(mh, mr))})
-            for nc in sorted({min(round_up(nh, nr), x) for x in (nr * 4, nr * 16)})
-            for unroll in (1, 4)]
+    out = []
+    for level in _strassen_levels(op):
+        block = strassen_block(op, level)
+        mh, nh, kh = block.dim("M"), block.dim("N"), block.dim("K")
+        out += [MatmulSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, unroll=unroll,
+                               threads=threads, parallel=par, strassen=level)
+                for kc in sorted({min(kh, kc) for kc in (128, 256, 384, 512, kh)})
+                for mc in sorted({min(round_up(mh, mr), x) for x in (mr * 8, round_up(mh, mr))})
+                for nc in sorted({min(round_up(nh, nr), x) for x in (nr * 4, nr * 16)})
+                for unroll in (1, 4)]
+    return out
 
 
 def _neighbours(op: OpSignature, best: MatmulSchedule, hw: HardwareSpec) -> list[MatmulSchedule]:
@@ -274,15 +290,17 @@ def _neighbours(op: OpSignature, best: MatmulSchedule, hw: HardwareSpec) -> list
                 if a != best.parallel]
     if not op.trans_b:
         out.append(best.replace(pack_b=1 - best.pack_b))
-    if best.strassen or (best.loop_order != "dot" and _strassen_worth(op)):
-        # the same tile with and without Strassen
-        out.append(best.replace(strassen=1 - best.strassen, pack_a=1, pack_b=1,
-                                loop_order="jpi", parallel="n" if best.threads > 1 else "m"))
+    if best.loop_order != "dot":
+        # the same tile at the other Strassen levels the tiler proposes (0: none)
+        levels = [0, *_strassen_levels(op)] if _strassen_levels(op) else []
+        out += [best.replace(strassen=level, pack_a=1, pack_b=1, loop_order="jpi",
+                             parallel="n" if best.threads > 1 else "m")
+                for level in levels if level != best.strassen]
     return out
 
 
 def _algorithm(s: MatmulSchedule) -> str:
-    return "strassen" if s.strassen else "blis"
+    return f"strassen{s.strassen}" if s.strassen else "blis"
 
 
 KIND = register(TunerKind(name="matmul", pool=_matmul_pool, tile_key=_tile_key, grid=_grid,

@@ -28,12 +28,12 @@ from tunecache.compiler.kinds.matmul.space import (
     MatmulSchedule,
     default_matmul_schedule,
     matmul_problems,
-    strassen_halves,
+    strassen_blocks,
 )
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 
 __all__ = ["ACTIVATIONS", "LOOP_ORDERS", "PARALLEL_AXES", "MatmulSchedule", "fuse_activation",
-           "matmul_op", "strassen_half"]
+           "matmul_op", "strassen_block"]
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
 ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh")
@@ -116,10 +116,11 @@ def fuse_activation(producer: OpSignature, reader: OpSignature) -> OpSignature |
     return replace(producer, epilogue=producer.epilogue + reader.epilogue)
 
 
-def strassen_half(op: OpSignature) -> OpSignature:
-    """The half-size product one level of Strassen runs seven times for ``op`` (halves
-    rounded up), no epilogue: what its micro-tiles and blocks are chosen and estimated for."""
-    return matmul_op(*strassen_halves(op), trans_a=op.trans_a, trans_b=op.trans_b,
+def strassen_block(op: OpSignature, levels: int = 1) -> OpSignature:
+    """The block product ``levels`` of Strassen run ``7 ** levels`` times for ``op`` (each
+    dimension over ``2 ** levels``, rounded up), no epilogue: what its micro-tiles and
+    blocks are chosen and estimated for."""
+    return matmul_op(*strassen_blocks(op, levels), trans_a=op.trans_a, trans_b=op.trans_b,
                      dtype=op.dtype)
 
 
@@ -134,11 +135,13 @@ def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
 def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int, ...]:
     """What ``tc_pack_weights`` depends on: op(B)'s shape and storage, and the blocks
     (``NC`` x ``KC``, as clipped by the emitter) of ``NR``-column panels it writes, or with
-    ``strassen`` the seven B sums in ``NR``-column panels of ``KC``-row blocks of half of K
-    (no N blocks); the rows ``M`` and every other knob leave the packed bytes the same."""
+    ``strassen`` the B sums of its products in ``NR``-column panels of ``KC``-row blocks of
+    K's block (no N blocks); the rows ``M`` and every other knob leave the packed bytes the
+    same."""
     n, k, nr = op.dim("N"), op.dim("K"), s.nr
     if s.strassen:
-        return n, k, int(op.trans_b), nr, min(s.kc, strassen_halves(op)[2]), 0, 1
+        return (n, k, int(op.trans_b), nr, min(s.kc, strassen_blocks(op, s.strassen)[2]), 0,
+                s.strassen)
     return n, k, int(op.trans_b), nr, min(s.kc, k), min(s.nc, -(-n // nr) * nr), 0
 
 

@@ -1,17 +1,20 @@
-"""C code for one level of Strassen's algorithm over the matmul micro-kernel (``strassen=1``).
+"""C code for Strassen's algorithm over the matmul micro-kernel (``strassen=1`` or ``2`` levels).
 
 With A, B and C cut into 2x2 quadrants (halves rounded up; a half's row or column beyond the
 matrix reads as zero and is never written), ``C = A·B`` takes seven products of half-size
 blocks in place of eight (:data:`PRODUCTS`): 12.5% fewer FLOPs for a few additions of
-half-size operands. B is a model's constant weights, so ``tc_pack_weights`` forms the seven B
-sums once, in the micro-kernel's panels. Per call the team forms the seven A sums (shared)
-row-major, in vectorised passes, and the micro-kernel reads them in place (packing them into
-k-major panels, a strided store per element, took 5-6% of the kernel: 3-7% slower on BERT's
-projections). Then each thread takes its column micro-panels and, block by block (``mc`` x
-``nc`` of the half), runs the seven products' micro-kernel tiles into a per-thread buffer holding that
-block of all four C quadrants as contiguous ``MR x NR`` tiles: each tile is added with its
-sign into its one or two quadrants (the first contribution assigns). The finished block goes
-to C once, clipped, with the epilogue. The buffer matters: adding tiles straight into C rows
+half-size operands. Two levels cut A, B and C into a 4x4 grid of quarter-size blocks and run
+the 49 products of :func:`products` (Strassen's table nested in itself) in place of 64; the
+kernel below is the same for any level, only the table and the grid differ. B is a model's
+constant weights, so ``tc_pack_weights`` forms the B sums once, in the micro-kernel's panels.
+Per call the team forms the A sums (shared) row-major, in vectorised passes, and the
+micro-kernel reads them in place (packing them into k-major panels, a strided store per
+element, took 5-6% of the kernel: 3-7% slower on BERT's projections). Then each thread takes
+its column micro-panels and, block by block (``mc`` x ``nc`` of a C block), runs the products'
+micro-kernel tiles into a per-thread buffer holding that block of every C block of the grid
+as contiguous ``MR x NR`` tiles: each tile is added with its sign into the blocks its
+product reaches (the first contribution assigns). The finished block goes to C once,
+clipped, with the epilogue. The buffer matters: adding tiles straight into C rows
 ``N`` floats apart ran 3-5% slower on BERT's FFN (cache-set conflicts, 4K aliasing).
 
 Entries and ABI as ``emit.py`` (``tc_kernel``, ``tc_time`` and the pre-packed-B entries);
@@ -32,17 +35,17 @@ from tunecache.compiler.codegen.abi import (
 from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.matmul.emit import plain_micro_kernel
-from tunecache.compiler.kinds.matmul.space import MatmulSchedule, strassen_halves
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule, strassen_blocks
 from tunecache.compiler.ops import OpSignature
 
 Term = tuple[int, int, int]
-"""(quadrant row, quadrant column, sign) of one operand quadrant in a sum."""
+"""(block row, block column, sign) of one operand block in a sum."""
 
 
 @dataclass(frozen=True, slots=True)
 class Product:
-    """One of Strassen's seven products: ``(sum of a) @ (sum of b)``, added with its sign
-    to each quadrant of ``c``."""
+    """One of Strassen's products: ``(sum of a) @ (sum of b)``, added with its sign to each
+    block of ``c``."""
 
     a: tuple[Term, ...]
     b: tuple[Term, ...]
@@ -64,8 +67,24 @@ P5 = (A11+A12)B22 into -C11 and C12, P6 = (A21-A11)(B11+B12) into C22, P7 = (A12
 into C11. Every quadrant's first contribution is positive."""
 
 
-def _touches(quadrant: tuple[int, int]) -> list[int]:
-    return [n for n, p in enumerate(PRODUCTS) if any(c[:2] == quadrant for c in p.c)]
+def _nest(outer: tuple[Term, ...], inner: tuple[Term, ...]) -> tuple[Term, ...]:
+    """Terms of a block of a block: row and column ``2 * outer + inner``, signs multiplied."""
+    return tuple((2 * oi + ii, 2 * oj + ij, os * isign)
+                 for oi, oj, os in outer for ii, ij, isign in inner)
+
+
+def products(levels: int) -> tuple[Product, ...]:
+    """Strassen applied ``levels`` times: ``7 ** levels`` products of blocks of a
+    ``2 ** levels`` square grid (each product of the outer level run by the inner one)."""
+    out: tuple[Product, ...] = PRODUCTS
+    for _ in range(levels - 1):
+        out = tuple(Product(_nest(o.a, i.a), _nest(o.b, i.b), _nest(o.c, i.c))
+                    for o in out for i in PRODUCTS)
+    return out
+
+
+def _touches(table: tuple[Product, ...], block: tuple[int, int]) -> list[int]:
+    return [n for n, p in enumerate(table) if any(c[:2] == block for c in p.c)]
 
 
 def _op(sign: int) -> str:
@@ -123,13 +142,14 @@ static void pack_b{n}(float *restrict dst, const float *restrict B) {{
 """
 
 
-def _scatter(n: int, product: Product) -> str:
-    """Add product ``n``'s finished tile ``ct`` into its quadrants' tiles of the C block
-    buffer (contiguous MR x NR tiles): assigning on a quadrant's first contribution."""
+def _scatter(n: int, product: Product, table: tuple[Product, ...], grid: int) -> str:
+    """Add product ``n``'s finished tile ``ct`` into its C blocks' tiles of the C block
+    buffer (contiguous MR x NR tiles, block ``grid * row + column``): assigning on a
+    block's first contribution."""
     lines = []
     for qi, qj, sign in product.c:
-        first = _touches((qi, qj))[0] == n
-        q = 2 * qi + qj
+        first = _touches(table, (qi, qj))[0] == n
+        q = grid * qi + qj
         old = f"VLOAD(t{q} + e)"
         if sign > 0:
             step = f"VADD({old}, x)" if not first else f"kf ? x : VADD({old}, x)"
@@ -148,7 +168,7 @@ static inline void scatter{n}(const float *restrict ct, float *restrict cb, long
 
 
 def _write_out(op: OpSignature, vectors: int, lanes: int) -> str:
-    """The C block buffer's four quadrants into C, clipped to the matrix, with the epilogue."""
+    """The C block buffer's blocks into C, clipped to the matrix, with the epilogue."""
     has_bias = "bias" in op.epilogue
     vec_ep = render(op.epilogue, "x", {"bias": "VLOADU(bj + {o})"}, vector=True)
     vec = " ".join(
@@ -160,9 +180,10 @@ def _write_out(op: OpSignature, vectors: int, lanes: int) -> str:
 static void write_out(const float *restrict cb, float *restrict C, const float *restrict bias,
                       long ic, long ie, long jc, long je) {{
   (void)bias;
-  for (long h = 0; h < 4; h++) {{
-    const long qi = h / 2, qj = h % 2;
-    const long rows_q = qi ? M - MH : MH, cols_q = qj ? N - NH : NH;
+  for (long h = 0; h < G * G; h++) {{
+    const long qi = h / G, qj = h % G;
+    const long rows_q = MIN(MH, M - qi * MH), cols_q = MIN(NH, N - qj * NH);
+    if (rows_q <= 0 || cols_q <= 0) continue;
     for (long jp = jc; jp < je; jp++)
       for (long ip = ic; ip < ie; ip++) {{
         const float *t = cb + h * QUAD + ((jp - jc) * (ie - ic) + (ip - ic)) * MR * NR;
@@ -202,9 +223,9 @@ static void strassen_body(const float *restrict A, const float *restrict Bp,
                           float *restrict priv, int tid, int nth) {
   (void)tid; (void)nth;
   float *ct = priv, *cb = priv + CT_REGION;
-  { /* the seven A sums, MR rows at a time, shared by the team */
+  { /* the A sums, MR rows at a time, shared by the team */
     long lo, hi;
-    split_range(7 * MPAN, tid, nth, &lo, &hi);
+    split_range(NPROD * MPAN, tid, nth, &lo, &hi);
     for (long t = lo; t < hi; t++) {
       const long n = t / MPAN, ip = t %% MPAN;
       form_a_sum((int)n, Ap + n * AS_STRIDE, A, ip * MR, ip * MR + MR);
@@ -240,13 +261,13 @@ PRODUCT_LOOP = """\
         }"""
 
 
-def _product_loop(n: int, product: Product) -> str:
-    """Product ``n`` over the C block: its tiles go through ``ct`` into their quadrants, or,
-    when it only adds to one quadrant, straight into that quadrant's tile."""
+def _product_loop(n: int, product: Product, table: tuple[Product, ...], grid: int) -> str:
+    """Product ``n`` over the C block: its tiles go through ``ct`` into their blocks, or,
+    when it only adds to one block, straight into that block's tile."""
     (qi, qj, sign), *more = product.c
     a, b = "ab + ip * MR * KHP", "bb + jp * k_cur * NR"
-    if not more and sign > 0 and _touches((qi, qj))[0] != n:
-        tile = f"ukr_sp(k_cur, {a}, {b}, cb + {2 * qi + qj} * QUAD + tile, NR, 0, 0, NULL);"
+    if not more and sign > 0 and _touches(table, (qi, qj))[0] != n:
+        tile = f"ukr_sp(k_cur, {a}, {b}, cb + {grid * qi + qj} * QUAD + tile, NR, 0, 0, NULL);"
     else:
         tile = (f"ukr_sp(k_cur, {a}, {b}, ct, NR, 1, 0, NULL);\n"
                 f"              scatter{n}(ct, cb, tile, kf);")
@@ -254,9 +275,11 @@ def _product_loop(n: int, product: Product) -> str:
 
 
 def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
-    """The C translation unit for ``op`` under a ``strassen=1`` schedule (validated)."""
+    """The C translation unit for ``op`` under a ``strassen=1`` or ``2`` schedule (validated)."""
     M, N, K = op.dim("M"), op.dim("N"), op.dim("K")
-    mh, nh, kh = strassen_halves(op)
+    levels = s.strassen
+    table, grid = products(levels), 2 ** levels
+    mh, nh, kh = strassen_blocks(op, levels)
     mr, nr = s.mr, s.nr
     kc = min(s.kc, kh)
     mpan, npan = -(-mh // mr), -(-nh // nr)
@@ -267,16 +290,17 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     mcp = max(1, min(s.mc, mpan * mr) // mr)
     ncp = max(1, min(s.nc, npan * nr) // nr)
     quad = mcp * ncp * mr * nr
-    a_region = round_up(7 * a_stride, ALIGN_FLOATS)
+    a_region = round_up(len(table) * a_stride, ALIGN_FLOATS)
     ct_region = round_up(mr * nr, ALIGN_FLOATS)
-    priv_region = round_up(ct_region + 4 * quad, ALIGN_FLOATS)
+    priv_region = round_up(ct_region + grid * grid * quad, ALIGN_FLOATS)
     constants: dict[str, int | str] = {
         "M": M, "N": N, "K": K, "MH": mh, "NH": nh, "KH": kh, "MR": mr, "NR": nr, "KC": kc,
         "MPAN": mpan, "NPAN": npan,
         "MCP": mcp, "NCP": ncp, "QUAD": quad, "LANES": d.lanes,
         "ARS": 1 if op.trans_a else K, "APS": M if op.trans_a else 1,
         "BPS": 1 if op.trans_b else N, "BCS": K if op.trans_b else 1,
-        "KHP": khp, "AS_STRIDE": a_stride, "BP_STRIDE": b_stride, "B_PACKED_FLOATS": 7 * b_stride,
+        "KHP": khp, "AS_STRIDE": a_stride, "BP_STRIDE": b_stride,
+        "B_PACKED_FLOATS": len(table) * b_stride, "G": grid, "NPROD": len(table),
         "A_REGION": a_region, "CT_REGION": ct_region, "PRIV_REGION": priv_region,
     }
     out = [preamble(d, constants, s.threads)]
@@ -285,15 +309,15 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
                "  return (k < K && j < N) ? B[k * BPS + j * BCS] : 0.0f;\n}\n")
     # The A sums are row-major, rows KHP floats apart.
     out.append(plain_micro_kernel("ukr_sp", s, d, "1", "KHP"))
-    for n, product in enumerate(PRODUCTS):
-        out += [_form_a(n, product), _pack_b(n, product), _scatter(n, product)]
+    for n, product in enumerate(table):
+        out += [_form_a(n, product), _pack_b(n, product), _scatter(n, product, table, grid)]
     out.append(_write_out(op, s.nr // d.lanes, d.lanes))
     out.append(BODY % {
         "pack_cases": "\n".join(f"    case {n}: form_a{n}(dst, A, i0, i1); break;"
-                                for n in range(7)),
-        "products": "\n".join(_product_loop(n, p) for n, p in enumerate(PRODUCTS)),
+                                for n in range(len(table))),
+        "products": "\n".join(_product_loop(n, p, table, grid) for n, p in enumerate(table)),
         "pack_b_calls": "\n".join(f"  pack_b{n}(packed + {n}L * BP_STRIDE, B);"
-                                  for n in range(7)),
+                                  for n in range(len(table))),
     })
     priv = "ws + A_REGION + TID * PRIV_REGION"
 
