@@ -180,7 +180,7 @@ _SHARED_FLOATS = 1024
 small constants folding and shape inference look at)."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class ModelSource:
     """A model read once and loaded many times (once per input shape): the ``ModelProto``
     without its external data, the folder that data is read from, and a default name.
@@ -201,6 +201,14 @@ class ModelSource:
     nodes: list[_Node] = field(default_factory=list, repr=False)
     """The graph's nodes as read and checked by the first load; later loads copy them
     instead of parsing every attribute again."""
+
+    def slimmed(self) -> Any:
+        """Replace the proto by a copy parsed anew from its bytes, and return it: a cleared
+        field's bytes stay in the message's arena (protobuf's upb backend) until the whole
+        message goes, so dropping the weights' bytes frees nothing until then (BERT-base:
+        414 MB held twice, as arrays and in the proto)."""
+        self.model = type(self.model).FromString(self.model.SerializeToString())
+        return self.model
 
 
 @dataclass(frozen=True)
@@ -415,8 +423,10 @@ class _Loader:
             raise ModelError(f"{self.name!r} is not an ONNX model: it has no graph or no opset "
                              "import (an empty or truncated file?)")
         self.opset = self._opset()
-        nodes = self._nodes()
+        # Initializers first: reading them slims the proto (ModelSource.slimmed), and the
+        # nodes then hold parts of the slim one, not of the original.
         self._read_initializers()
+        nodes = self._nodes()
         inputs = self._inputs()
         nodes = self._sorted(nodes, inputs)
         # What the input shapes and constants alone determine folds first, so that shape
@@ -560,11 +570,16 @@ class _Loader:
                 array = read[init.name] = self._read_initializer(init)
             self._set_constant(init.name, array)
         if self.source.owned:
+            dropped = False
             for init in graph.initializer:
                 # Shape inference reads the arrays (never the proto), so the bytes can go.
-                if init.data_type == _ONNX_FLOAT and read[init.name].size >= _SHARED_FLOATS:
+                if init.data_type == _ONNX_FLOAT and read[init.name].size >= _SHARED_FLOATS \
+                        and (init.HasField("raw_data") or len(init.float_data)):
                     init.ClearField("raw_data")
                     init.ClearField("float_data")
+                    dropped = True
+            if dropped:
+                self.model = self.source.slimmed()
 
     def _read_initializer(self, init: Any) -> np.ndarray:
         try:

@@ -324,3 +324,24 @@ def test_a_new_shape_shares_packed_weights_when_the_estimate_allows(
     row_guess = candidates(rows, hw, k=2)
     kept = Decision("guess", row_guess[0].schedule, "tiler", "cache miss", None)
     assert deploy._sharing_packed(rows, kept, row_guess[1].schedule, hw) == kept
+
+
+def test_a_model_read_from_its_file_keeps_its_weights_once(tmp_path: Path) -> None:
+    """Once the first load has read the weights into arrays, the source's proto is a slim
+    copy without their bytes (a cleared field's bytes would stay in the original message's
+    arena), and later loads at other shapes share the arrays and still run right."""
+    from tunecache.compiler.frontend import read_model
+
+    model = onnx.load(str(LLAMA))
+    weights = sum(i.ByteSize() for i in model.graph.initializer)
+    source = read_model(LLAMA)
+    original = source.model
+    first = load_graph(source, {"input_ids": (1, 3), "attention_mask": (1, 3)})
+    assert source.model is not original
+    assert sum(i.ByteSize() for i in source.model.graph.initializer) < weights // 10
+    second = load_graph(source, {"input_ids": (2, 5), "attention_mask": (2, 5)})
+    shared = [n for n, a in first.constants.items() if a.size >= 1024]
+    assert shared and all(second.constants[n] is first.constants[n] for n in shared)
+    compiled = compile_model(LLAMA, store=Store(tmp_path), policy="analytic")
+    feeds = exporter_feeds(compiled.info, 2, 5, seed=1)
+    assert_close(compiled.run(feeds), ort_run(model, feeds), ["logits"])
