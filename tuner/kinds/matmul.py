@@ -292,10 +292,10 @@ def _neighbours(op: OpSignature, best: MatmulSchedule, hw: HardwareSpec) -> list
         out.append(best.replace(pack_b=1 - best.pack_b))
     if best.loop_order != "dot":
         # the same tile at the other Strassen levels the tiler proposes (0: none)
-        levels = [0, *_strassen_levels(op)] if _strassen_levels(op) else []
+        proposed = _strassen_levels(op)
         out += [best.replace(strassen=level, pack_a=1, pack_b=1, loop_order="jpi",
                              parallel="n" if best.threads > 1 else "m")
-                for level in levels if level != best.strassen]
+                for level in ([0, *proposed] if proposed else []) if level != best.strassen]
     return out
 
 

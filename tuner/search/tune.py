@@ -108,17 +108,14 @@ def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
     if not pool:
         return []
     algorithm = tuner_kind(op.kind).algorithm
-    leaders = [c.rank for c in roller.first_of_each(pool, lambda c: algorithm(c.schedule))]
-    rest = [c.rank for c in pool if c.rank not in leaders]
-    scores = list(model.predict(op, [c.schedule for c in pool], hw)) if model else None
-    if scores is not None:
-        rest.sort(key=lambda i: (-scores[i], i))
-    first = [Candidate(op, pool[i].schedule, "tiler", pool[i].estimate.seconds)
-             for i in leaders]
-    if scores is None:
-        return first + [Candidate(op, pool[i].schedule, "tiler", pool[i].estimate.seconds)
-                        for i in rest]
-    return first + [Candidate(op, pool[i].schedule, "model", float(scores[i])) for i in rest]
+    leaders = roller.first_of_each(pool, lambda c: algorithm(c.schedule))
+    first = [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in leaders]
+    rest = [c for c in pool if c not in leaders]
+    if model is None:
+        return first + [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in rest]
+    scores = list(model.predict(op, [c.schedule for c in rest], hw))
+    order = sorted(range(len(rest)), key=lambda i: (-scores[i], rest[i].rank))
+    return first + [Candidate(op, rest[i].schedule, "model", float(scores[i])) for i in order]
 
 
 def neighbours(op: OpSignature, best: Schedule, hw: HardwareSpec) -> list[Schedule]:
