@@ -4,9 +4,13 @@ policy, against onnxruntime in the same conditions.
 Each configuration runs in its own process (libgomp reads its wait policy once, when it
 loads), first on a quiet machine and then beside ``--burners`` processes that each spin one
 core. Both we and onnxruntime use ``--threads`` threads. The figure that matters is the
-growth ratio, busy ÷ quiet, ours against onnxruntime's, measured in the same run.
+growth ratio, busy ÷ quiet, ours against onnxruntime's, measured in the same run. A busy
+machine's timings scatter widely (the burners and our threads share time slices of a few
+milliseconds), so every configuration runs ``--rounds`` times, quiet and busy alternated and
+the configurations interleaved, and each figure is the median of the rounds' medians.
 
-    python benchmarks/busy_machine.py [--threads 2] [--repeat 15] [--no-write]
+    python benchmarks/busy_machine.py [--threads 2] [--repeat 40] [--rounds 3]
+        [--policy "tunecache default"] [--no-write]
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -89,10 +94,24 @@ def _burners(n: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
+def _busy_child(key: str, engine: str, env_patch: dict[str, str], args: argparse.Namespace,
+                work: Path) -> float:
+    burners = _burners(args.burners)
+    try:
+        return _run_child(key, engine, env_patch, args, work)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--repeat", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--policy", action="append", choices=sorted(POLICIES),
+                        help="time only these wait policies (and onnxruntime); default: all")
     parser.add_argument("--burners", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "ENGINE"))
@@ -107,25 +126,26 @@ def main() -> None:
     os.environ["TUNECACHE_BUILD_CACHE"] = str(work / "kernels")
     configs = [(name, "tunecache", patch) for name, patch in POLICIES.items()]
     configs.append(("onnxruntime", "onnxruntime", {}))
+    if args.policy:
+        configs = [c for c in configs if c[0] in args.policy or c[0] == "onnxruntime"]
     rows = []
     for key in MODELS:
         _run_child(key, "tunecache", {}, args, work)  # build every kernel once, untimed
-        for label, engine, patch in configs:
-            quiet = _run_child(key, engine, patch, args, work)
-            burners = _burners(args.burners)
-            try:
-                busy = _run_child(key, engine, patch, args, work)
-            finally:
-                for b in burners:
-                    b.kill()
-                    b.wait()
-            rows.append((key, label, quiet, busy))
-            print(rows[-1], flush=True)
+        samples: dict[str, tuple[list[float], list[float]]] = {c[0]: ([], []) for c in configs}
+        for _ in range(args.rounds):
+            for label, engine, patch in configs:
+                quiet, busy = samples[label]
+                quiet.append(_run_child(key, engine, patch, args, work))
+                busy.append(_busy_child(key, engine, patch, args, work))
+                print(key, label, f"quiet {quiet[-1]:.2f} ms, busy {busy[-1]:.2f} ms", flush=True)
+        rows += [(key, label, statistics.median(q), statistics.median(b))
+                 for label, (q, b) in samples.items()]
     ort_growth = {k: b / q for k, lbl, q, b in rows if lbl == "onnxruntime"}
     lines = [machine_summary(), "",
              f"Revision `{git_revision()}`. {args.threads} threads for every engine; busy = "
              f"beside {args.burners} processes spinning one core each; medians of "
-             f"{args.repeat} runs; analytic schedules (empty store); each row its own process.",
+             f"{args.rounds} interleaved rounds' medians of {args.repeat} runs; analytic "
+             "schedules (empty store); each figure from its own process.",
              "", "| model | engine / wait policy | quiet | busy | busy ÷ quiet | growth ÷ "
              "onnxruntime's |", "|---|---|---|---|---|---|"]
     for key, label, quiet, busy in rows:
