@@ -467,7 +467,7 @@ class Store:
     @staticmethod
     def _parse_snapshot(hw_id: str, name: str, data: bytes) -> pa.Table:
         try:
-            table = pq.read_table(pa.BufferReader(data))
+            table = io.read_parquet_bytes(data)
             return conform(table, SNAPSHOT_SCHEMA).replace_schema_metadata(table.schema.metadata)
         except (OSError, pa.ArrowException, SchemaError) as exc:
             raise SnapshotError(f"snapshot {name} of {hw_id} is damaged: {exc}") from None

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets import fs
+from tunecache.datasets.io import read_parquet_bytes
 from tunecache.datasets.location import Location
 from tunecache.datasets.paths import check_part, new_fragment_name
 
@@ -78,7 +79,7 @@ def load_wanted(loc: Location, hw_id: str) -> list[WantedOp]:
         if data is None:
             continue
         try:
-            table = pq.read_table(pa.BufferReader(data), schema=WANTED_SCHEMA)
+            table = read_parquet_bytes(data, WANTED_SCHEMA)
         except (pa.ArrowException, OSError):
             continue
         for text, count, model in zip(table["op_text"].to_pylist(), table["count"].to_pylist(),
@@ -100,7 +101,7 @@ def load_wanted(loc: Location, hw_id: str) -> list[WantedOp]:
 def _problem(data: bytes) -> str | None:
     """Why a wanted-list file's content is unusable (None when it is fine)."""
     try:
-        table = pq.read_table(pa.BufferReader(data), schema=WANTED_SCHEMA)
+        table = read_parquet_bytes(data, WANTED_SCHEMA)
     except (pa.ArrowException, OSError) as exc:
         return f"unreadable: {exc}"
     if table.num_rows and pc.min(table["count"]).as_py() < 1:
