@@ -83,8 +83,16 @@ def products(levels: int) -> tuple[Product, ...]:
     return out
 
 
-def _touches(table: tuple[Product, ...], block: tuple[int, int]) -> list[int]:
-    return [n for n, p in enumerate(table) if any(c[:2] == block for c in p.c)]
+Block = tuple[int, int]
+
+
+def _first_contributors(table: tuple[Product, ...]) -> dict[Block, int]:
+    """Each C block's first product in ``table`` (that product assigns, later ones add)."""
+    first: dict[Block, int] = {}
+    for n, product in enumerate(table):
+        for qi, qj, _ in product.c:
+            first.setdefault((qi, qj), n)
+    return first
 
 
 def _op(sign: int) -> str:
@@ -142,13 +150,13 @@ static void pack_b{n}(float *restrict dst, const float *restrict B) {{
 """
 
 
-def _scatter(n: int, product: Product, table: tuple[Product, ...], grid: int) -> str:
+def _scatter(n: int, product: Product, first_of: dict[Block, int], grid: int) -> str:
     """Add product ``n``'s finished tile ``ct`` into its C blocks' tiles of the C block
     buffer (contiguous MR x NR tiles, block ``grid * row + column``): assigning on a
     block's first contribution."""
     lines = []
     for qi, qj, sign in product.c:
-        first = _touches(table, (qi, qj))[0] == n
+        first = first_of[(qi, qj)] == n
         q = grid * qi + qj
         old = f"VLOAD(t{q} + e)"
         if sign > 0:
@@ -261,12 +269,12 @@ PRODUCT_LOOP = """\
         }"""
 
 
-def _product_loop(n: int, product: Product, table: tuple[Product, ...], grid: int) -> str:
+def _product_loop(n: int, product: Product, first_of: dict[Block, int], grid: int) -> str:
     """Product ``n`` over the C block: its tiles go through ``ct`` into their blocks, or,
     when it only adds to one block, straight into that block's tile."""
     (qi, qj, sign), *more = product.c
     a, b = "ab + ip * MR * KHP", "bb + jp * k_cur * NR"
-    if not more and sign > 0 and _touches(table, (qi, qj))[0] != n:
+    if not more and sign > 0 and first_of[(qi, qj)] != n:
         tile = f"ukr_sp(k_cur, {a}, {b}, cb + {grid * qi + qj} * QUAD + tile, NR, 0, 0, NULL);"
     else:
         tile = (f"ukr_sp(k_cur, {a}, {b}, ct, NR, 1, 0, NULL);\n"
@@ -279,6 +287,7 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     M, N, K = op.dim("M"), op.dim("N"), op.dim("K")
     levels = s.strassen
     table, grid = products(levels), 2 ** levels
+    first_of = _first_contributors(table)
     mh, nh, kh = strassen_blocks(op, levels)
     mr, nr = s.mr, s.nr
     kc = min(s.kc, kh)
@@ -310,12 +319,12 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     # The A sums are row-major, rows KHP floats apart.
     out.append(plain_micro_kernel("ukr_sp", s, d, "1", "KHP"))
     for n, product in enumerate(table):
-        out += [_form_a(n, product), _pack_b(n, product), _scatter(n, product, table, grid)]
+        out += [_form_a(n, product), _pack_b(n, product), _scatter(n, product, first_of, grid)]
     out.append(_write_out(op, s.nr // d.lanes, d.lanes))
     out.append(BODY % {
         "pack_cases": "\n".join(f"    case {n}: form_a{n}(dst, A, i0, i1); break;"
                                 for n in range(len(table))),
-        "products": "\n".join(_product_loop(n, p, table, grid) for n, p in enumerate(table)),
+        "products": "\n".join(_product_loop(n, p, first_of, grid) for n, p in enumerate(table)),
         "pack_b_calls": "\n".join(f"  pack_b{n}(packed + {n}L * BP_STRIDE, B);"
                                   for n in range(len(table))),
     })
