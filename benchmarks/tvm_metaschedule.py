@@ -27,6 +27,15 @@ Needs TVM (not in the project's default environment)::
     python -m venv tvmvenv && tvmvenv/bin/pip install -e '.[tvm,plots]'
     tvmvenv/bin/python benchmarks/tvm_metaschedule.py [--tvm-trials 64,256,1000] \\
         [--tc-trials 4,10,30] [--only matmul_bert] [--no-write]
+
+A thousand MetaSchedule trials take 10-60 minutes per operator on a 2-core VM, so the
+operators can be run one per invocation (``--only NAME --json NAME.json --no-write``) and
+reported together (``--merge A.json --merge B.json``): each operator's ratios come from
+kernels re-timed back to back in its own run, and a file from another machine is refused.
+``--tvm-cache DIR`` keeps each MetaSchedule run's checkpoints (the scheduled modules in TVM's
+own JSON IR format, with the trial counts and wall times of the run that found them) and
+reuses them when the operator, budgets, target, TVM version and machine match, so that a
+change on our side is measured against the same TVM kernels without tuning TVM again.
 """
 
 from __future__ import annotations
@@ -101,6 +110,7 @@ class Retimed:
     point: Checkpoint
     samples_s: list[float] = field(default_factory=list)
     error: str | None = None
+    revision: str | None = None  # set when the row comes from an earlier run (--merge)
 
     @property
     def latency_s(self) -> float | None:
@@ -186,6 +196,33 @@ def tvm_target(t: TvmModules) -> Any:
                                 "num-cores": 1})
 
 
+def _cache_key(op: OpSignature, budgets: list[int], t: TvmModules, target: Any,
+               seed: int) -> dict[str, Any]:
+    return {"hw_id": local_spec().hw_id, "op": op.text, "budgets": sorted(set(budgets)),
+            "target": str(target), "tvm": t.tvm.__version__, "seed": seed}
+
+
+def cached_tvm(path: Path, key: dict[str, Any], t: TvmModules) -> list[Checkpoint] | None:
+    """Checkpoints saved by :func:`save_tvm` under the same key, else None."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("key") != key:
+        return None
+    return [Checkpoint("TVM MetaSchedule", p["budget"], p["trials"], p["wall_s"], p["tuned_s"],
+                       t.tvm.ir.load_json(p["mod"]) if p["mod"] else None)
+            for p in data["points"]]
+
+
+def save_tvm(path: Path, key: dict[str, Any], points: list[Checkpoint], t: TvmModules) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": key, "points": [
+        {"budget": p.budget, "trials": p.trials, "wall_s": p.wall_s, "tuned_s": p.tuned_s,
+         "mod": t.tvm.ir.save_json(p.kernel) if p.kernel is not None else None}
+        for p in points]}))
+
+
 def tune_tvm(op: OpSignature, name: str, budgets: list[int], t: TvmModules, target: Any,
              build_timeout_s: float, seed: int) -> list[Checkpoint]:
     """One MetaSchedule run to ``max(budgets)`` trials; the best so far at every budget."""
@@ -243,22 +280,27 @@ class TvmKernel:
         # What MetaSchedule's builder does to a candidate.
         self.lib = build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod),
                          target=target)
-        dev = t.tvm.cpu()
-        inputs = random_inputs(op)
-        expected = reference(op, inputs)
-        self.args = [t.tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
-        self.args.append(t.tvm.runtime.empty(expected.shape, "float32", dev))
-        self.lib["main"](*self.args)
-        rtol, atol = tolerance(op, inputs)
-        got = self.args[-1].numpy()
+        self.t, self.dev, self.inputs = t, t.tvm.cpu(), random_inputs(op)
+        expected = reference(op, self.inputs)
+        args = self._args(expected.shape)
+        self.lib["main"](*args)
+        rtol, atol = tolerance(op, self.inputs)
+        got = args[-1].numpy()
         if not np.allclose(got, expected, rtol=rtol, atol=atol):
             raise ValueError(f"wrong result (max abs err {np.max(np.abs(got - expected)):.2e})")
-        self.dev = dev
+        self.out_shape = expected.shape
+
+    def _args(self, out_shape: tuple[int, ...]) -> list[Any]:
+        rt = self.t.tvm.runtime
+        args = [rt.tensor(np.ascontiguousarray(x), self.dev) for x in self.inputs]
+        return [*args, rt.empty(out_shape, "float32", self.dev)]
 
     def time_s(self, repeat: int, min_repeat_ms: int) -> float:
+        """Median of ``repeat`` timings on freshly allocated buffers: the same module timed on
+        two allocations differed by 10% here (placement), so each round draws new ones."""
         evaluator = self.lib.time_evaluator("main", self.dev, number=1, repeat=repeat,
                                             min_repeat_ms=min_repeat_ms)
-        return float(np.median(evaluator(*self.args).results))
+        return float(np.median(evaluator(*self._args(self.out_shape)).results))
 
 
 # -- tunecache side -----------------------------------------------------------------------
@@ -327,7 +369,9 @@ def render_op(name: str, label: str, op: OpSignature, rows: list[Retimed]) -> st
     tvm_rows = [r for r in rows if r.point.tuner != "tunecache"]
     ref = max(tvm_rows, key=lambda r: r.point.budget) if tvm_rows else None
     ref_lat = ref.latency_s if ref else None
-    lines = [f"**{name}**: {label}, `{op.text}` ({op.flops / 1e9:.3f} GFLOP)", "",
+    earlier = {r.revision for r in rows if r.revision}
+    run_at = f"; run at revision `{', '.join(sorted(earlier))}`" if earlier else ""
+    lines = [f"**{name}**: {label}, `{op.text}` ({op.flops / 1e9:.3f} GFLOP{run_at})", "",
              "| tuner | budget (trials measured) | tuning wall s | best latency ms | GFLOP/s | "
              "latency ÷ TVM best | TVM tuning time ÷ this |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -395,6 +439,52 @@ def plot_curves(results: dict[str, list[Retimed]], path: Path) -> bool:
     return True
 
 
+def dump_rows(results: dict[str, list[Retimed]], hw: HardwareSpec) -> dict[str, Any]:
+    """The raw rows as JSON-ready data, tagged with the machine they were measured on."""
+    return {"hw_id": hw.hw_id, "revision": git_revision(), "ops": {
+        name: [{"tuner": r.point.tuner, "budget": r.point.budget, "trials": r.point.trials,
+                "wall_s": r.point.wall_s, "tuned_s": r.point.tuned_s,
+                "latency_s": r.latency_s, "samples_s": r.samples_s, "error": r.error}
+               for r in rows]
+        for name, rows in results.items()}}
+
+
+def load_rows(path: Path, hw: HardwareSpec) -> dict[str, list[Retimed]]:
+    """An earlier run's rows (``dump_rows``); refused unless measured on this machine, since
+    each op's ratios only hold between kernels timed back to back on one machine."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("hw_id") != hw.hw_id:
+            raise ValueError(f"measured on {data.get('hw_id')}, this machine is {hw.hw_id}")
+        return {name: [Retimed(Checkpoint(row["tuner"], row["budget"], row["trials"],
+                                          row["wall_s"], row["tuned_s"], None),
+                               list(row["samples_s"]), row["error"], data["revision"])
+                       for row in rows]
+                for name, rows in data["ops"].items() if name in OPS}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        print(f"error: --merge {path}: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def tvm_points(op: OpSignature, name: str, args: argparse.Namespace, t: TvmModules,
+               target: Any) -> list[Checkpoint]:
+    """MetaSchedule's checkpoints for ``op``: from ``--tvm-cache`` when it holds a matching
+    run, else tuned now (and saved there)."""
+    key = _cache_key(op, args.tvm_trials, t, target, args.seed)
+    path = args.tvm_cache / f"{name}.json" if args.tvm_cache else None
+    cached = cached_tvm(path, key, t) if path else None
+    if cached is not None:
+        print(f"[tvm {name}] checkpoints reused from {path}", file=sys.stderr, flush=True)
+        return cached
+    points = tune_tvm(op, name, args.tvm_trials, t, target, args.build_timeout, args.seed)
+    if path:
+        try:
+            save_tvm(path, key, points, t)
+        except Exception as exc:  # a failed save must not lose the run's results
+            print(f"[tvm {name}] not saved to {path}: {exc}", file=sys.stderr, flush=True)
+    return points
+
+
 def counts(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -419,10 +509,19 @@ def main() -> None:
                         help="re-timing: seconds of timing per kernel per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tvm-cache", type=Path, default=None,
+                        help="keep MetaSchedule's checkpoints here and reuse matching ones")
+    parser.add_argument("--tvm-only", action="store_true",
+                        help="only tune TVM into --tvm-cache (for a later run to reuse)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw rows here")
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="a --json file of an earlier run on this machine: its ops are "
+                             "reported beside this run's (repeatable; ops run now win)")
     parser.add_argument("--no-write", action="store_true",
                         help="print only: no docs/BENCHMARKS.md section, no PNG")
     args = parser.parse_args()
+    if args.tvm_only and not args.tvm_cache:
+        parser.error("--tvm-only needs --tvm-cache DIR to keep what it tunes")
     t = load_tvm()
     if isinstance(t, str):
         print(f"error: {t}", file=sys.stderr)
@@ -433,22 +532,23 @@ def main() -> None:
     target = tvm_target(t)
     tuning = TimingConfig(prepacked_weights=False)
     results: dict[str, list[Retimed]] = {}
-    for name in args.only or list(OPS):
+    for path in args.merge:
+        results.update(load_rows(path, hw))
+    for name in args.only or ([] if args.merge else list(OPS)):
         _, op = OPS[name]
-        points = tune_tvm(op, name, args.tvm_trials, t, target, args.build_timeout, args.seed)
+        points = tvm_points(op, name, args, t, target)
+        if args.tvm_only:
+            continue
         points += tune_ours(op, name, args.tc_trials, hw, tuning)
         results[name] = retime(op, points, hw, t, target, args)
         print(render_op(name, *OPS[name], results[name]), file=sys.stderr, flush=True)
+    if args.tvm_only:
+        return
     plotted = not args.no_write and plot_curves(results, PLOT)
     text = render(results, args, t.tvm.__version__, PLOT.name if plotted else None)
     print(text)
     if args.json:
-        args.json.write_text(json.dumps(
-            {name: [{"tuner": r.point.tuner, "budget": r.point.budget,
-                     "trials": r.point.trials, "wall_s": r.point.wall_s,
-                     "tuned_s": r.point.tuned_s, "latency_s": r.latency_s,
-                     "samples_s": r.samples_s, "error": r.error} for r in rows]
-             for name, rows in results.items()}, indent=2))
+        args.json.write_text(json.dumps(dump_rows(results, hw), indent=2))
     if not args.no_write:
         write_section("tvm_metaschedule", text)
 
