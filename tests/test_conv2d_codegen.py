@@ -99,6 +99,10 @@ CASES: list[tuple[str, OpSignature, list[Make]]] = [
                                                   pads=(0, 1, 1, 0), groups=4,
                                                   epilogue="bias+add+relu"),
      [direct(1, 3, 2, oh=2, threads=T2), gemm(2, 1, 4, pack_w=0)]),
+    ("1x1 in place: several K chunks, channel and pixel tails, unpacked weights",
+     conv(1, 40, 8, 9, 28, 1, 1, epilogue="bias+add+relu"),
+     [gemm(12, 1, 16, pack_w=0, threads=T2, parallel="pixel"), gemm(5, 2, 40, pack_w=0),
+      gemm(6, 2, 16, threads=T2)]),
     ("1x1 input, 3x3 padded kernel", conv(1, 32, 1, 1, 40, 3, 3, pads=1, epilogue="bias+relu"),
      [direct(2, 1, 32), gemm(12, 1, 32, pack_w=0)]),
     ("1x1 input, 1x1 kernel", conv(2, 17, 1, 1, 19, 1, 1, epilogue="add"),
@@ -218,6 +222,22 @@ def _assert_all_match(cases: list[Case]) -> None:
         if problem:
             failures.append(f"{hw.isa} {what} {op.text} {s}: {problem}")
     assert not failures, "\n".join(failures)
+
+
+def test_plain_1x1_panels_read_the_input_in_place_only_when_they_fit_l1() -> None:
+    """Full panels of a 1x1 stride-1 conv read X's rows in place (``ukr_x``) when a panel
+    (kc rows x NR pixels) stays within L1; a wider or deeper panel, and any padded or strided
+    conv, copies it. The results are checked by the cases above."""
+    op = conv(1, 144, 56, 56, 24, 1, 1)
+
+    def source(o: OpSignature, nv: int, ic: int) -> str:
+        s = Conv2dSchedule(oc_block=4, ow_block=nv * HW.lanes, ic_block=ic, algorithm="gemm")
+        return generate(o, s, HW).code
+
+    assert "ukr_x(" in source(op, 1, 144)
+    assert "ukr_x(" not in source(op, 4, 144)  # four vectors of 144 rows outgrow L1
+    assert "ukr_x(" not in source(conv(1, 144, 56, 56, 24, 1, 1, stride=2), 1, 144)
+    assert "ukr_x(" not in source(conv(1, 144, 56, 56, 24, 3, 3, pads=1), 1, 16)
 
 
 def test_epilogue_order_is_bias_add_relu() -> None:
