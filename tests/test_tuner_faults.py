@@ -42,6 +42,9 @@ class SimulatedRunner:
     def clock(self) -> float:
         return self.now
 
+    def prepacked(self, op: OpSignature) -> bool:
+        return True  # as the real runner times a matmul's or a conv's weights by default
+
     def measure(self, batch: Sequence[Candidate], progress: Any = None) -> list[MeasureResult]:
         self.batches.append(len(batch))
         self.now += self.build_s

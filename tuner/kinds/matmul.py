@@ -299,9 +299,19 @@ def _neighbours(op: OpSignature, best: MatmulSchedule, hw: HardwareSpec) -> list
     return out
 
 
+def _in_place_weights(s: MatmulSchedule) -> MatmulSchedule | None:
+    """The same micro-tile and blocks reading B in place (no Strassen: it packs both). With B
+    packed on every call, BERT's 128x768x768 projection ran at 1.30-1.32 ms this way against
+    1.36-1.44 ms for the tiler's packed top-10 (Zen 4 VM, one thread)."""
+    if s.pack_b == 0 or s.loop_order == "dot":
+        return None
+    return s.replace(pack_a=0, pack_b=0, strassen=0)
+
+
 def _algorithm(s: MatmulSchedule) -> str:
     return f"strassen{s.strassen}" if s.strassen else "blis"
 
 
 KIND = register(TunerKind(name="matmul", pool=_matmul_pool, tile_key=_tile_key, grid=_grid,
-                          neighbours=_neighbours, algorithm=_algorithm))
+                          neighbours=_neighbours, algorithm=_algorithm,
+                          in_place_weights=_in_place_weights))

@@ -52,9 +52,10 @@ class TimingConfig:
     """How long and how often to time each kernel, and when to give up on it.
 
     ``prepacked_weights``: whether kernels that can take their weights packed once
-    (``Kernel.bind_weights``) are timed that way. ``None`` (the default) does it for conv2d,
-    whose weights compiled models always hold constant and pack once, and not for matmuls,
-    whose B may be an activation; True / False force it either way.
+    (``Kernel.bind_weights``) are timed that way. ``None`` (the default) follows the op kind
+    (``OpKind.prepacked_timing``: conv2d, pwdw and matmul, whose weights compiled models hold
+    constant and pack once); True / False force it either way (False: weights that are an
+    activation, packed on every call).
     """
 
     min_time_s: float = 0.2

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import Schedule
+from tunecache.compiler.schedule import Schedule, problems
 from tunecache.tuner.kinds import legal_neighbours, tuner_kind
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
 from tunecache.tuner.search import roller
@@ -96,20 +96,26 @@ def within(timing: TimingConfig, remaining_s: float) -> TimingConfig:
 
 
 def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
-                      model: Ranker | None = None) -> list[Candidate]:
+                      model: Ranker | None = None,
+                      weights_packed_once: bool = True) -> list[Candidate]:
     """The tiler's pool, ordered by the cost model when one is given, else by estimate.
 
     The tiler's best schedule of each algorithm comes first, its top-1 leading: the top-1 is
     what an untuned compile runs, so a tuned op is never one the model steered away from a
     better default (a model trained on other layouts or hardware can rank it low), and the
     estimate and a model that has seen few measurements of an algorithm compare algorithms
-    too poorly to leave one unmeasured."""
+    too poorly to leave one unmeasured. When the timing packs weights on every call
+    (``weights_packed_once`` false), the top-1 reading its weights in place follows it: the
+    tiler and the model rank as if weights were packed once."""
     pool = roller.candidates(op, hw, k=config.pool, threads=config.threads)
     if not pool:
         return []
-    algorithm = tuner_kind(op.kind).algorithm
-    leaders = roller.first_of_each(pool, lambda c: algorithm(c.schedule))
+    kind = tuner_kind(op.kind)
+    leaders = roller.first_of_each(pool, lambda c: kind.algorithm(c.schedule))
     first = [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in leaders]
+    in_place = None if weights_packed_once else kind.in_place_weights(first[0].schedule)
+    if in_place is not None and not problems(op, in_place, hw):
+        first.insert(1, Candidate(op, in_place, "tiler"))
     rest = [c for c in pool if c not in leaders]
     if model is None:
         return first + [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in rest]
@@ -163,7 +169,7 @@ def tune_op(
     start = clock()
     done = set(measured)
     try:
-        ranked = ranked_candidates(op, hw, config, model)
+        ranked = ranked_candidates(op, hw, config, model, runner.prepacked(op))
     except ValueError as exc:
         return OpTuneResult(op, (), 0.0, len(done), error=str(exc))
     loop = _Loop(runner, config, sink, deadline, clock, candidate_s)
