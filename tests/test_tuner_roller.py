@@ -221,13 +221,12 @@ def test_the_top_k_keeps_each_algorithms_best_and_a_job_measures_it_first() -> N
     assert {c.schedule for c in ranked[1:3]} == {c.schedule for c in leaders.values()}
 
 
-def test_weights_packed_on_every_call_put_each_tile_in_place_after_it() -> None:
-    """Timed with B packed on every call (B an activation), BERT's projection measures each
-    ranked tile reading B in place right after it (the top-1's: 1.31 against 1.38 ms
-    measured); timed as a compiled model runs it, and for B stored transposed (no in-place
-    reads), the ranking is unchanged."""
+def test_weights_packed_on_every_call_put_the_in_place_top_1_second() -> None:
+    """Timed with B packed on every call (B an activation), BERT's projection measures the
+    tiler's top-1 reading B in place right after it (1.30 against 1.38 ms measured); timed as
+    a compiled model runs it, and for B stored transposed (no in-place reads), the ranking is
+    unchanged."""
     from dataclasses import replace
-    from itertools import pairwise
 
     from tunecache.compiler.kinds.matmul import matmul_op
     from tunecache.tuner.search.tune import TuneConfig, ranked_candidates
@@ -240,14 +239,7 @@ def test_weights_packed_on_every_call_put_each_tile_in_place_after_it() -> None:
     assert top.pack_b == 1
     assert per_call[0].schedule == top
     assert per_call[1].schedule == replace(top, pack_a=0, pack_b=0, strassen=0)
-    assert [c.schedule for c in per_call if c.schedule.pack_b] == \
-        [c.schedule for c in packed if c.schedule.pack_b]
-    listed = {c.schedule for c in packed}
-    for before, after in pairwise(per_call):
-        in_place = replace(before.schedule, pack_a=0, pack_b=0, strassen=0)
-        if before.schedule.pack_b and in_place not in listed:
-            assert after.schedule == in_place
-        listed.add(after.schedule)
+    assert [c.schedule for c in per_call[2:]] == [c.schedule for c in packed[1:]]
     nt = matmul_op(128, 768, 768, trans_b=True)
     assert [c.schedule for c in ranked_candidates(nt, AVX512, config, weights_packed_once=False)] \
         == [c.schedule for c in ranked_candidates(nt, AVX512, config)]

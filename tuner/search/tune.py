@@ -105,39 +105,23 @@ def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
     better default (a model trained on other layouts or hardware can rank it low), and the
     estimate and a model that has seen few measurements of an algorithm compare algorithms
     too poorly to leave one unmeasured. When the timing packs weights on every call
-    (``weights_packed_once`` false), each candidate is followed by its tile reading its
-    weights in place: the tiler and the model rank as if weights were packed once."""
+    (``weights_packed_once`` false), the top-1 reading its weights in place follows it: the
+    tiler and the model rank as if weights were packed once."""
     pool = roller.candidates(op, hw, k=config.pool, threads=config.threads)
     if not pool:
         return []
     kind = tuner_kind(op.kind)
     leaders = roller.first_of_each(pool, lambda c: kind.algorithm(c.schedule))
     first = [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in leaders]
+    in_place = None if weights_packed_once else kind.in_place_weights(first[0].schedule)
+    if in_place is not None and not problems(op, in_place, hw):
+        first.insert(1, Candidate(op, in_place, "tiler"))
     rest = [c for c in pool if c not in leaders]
     if model is None:
-        ranked = first + [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in rest]
-    else:
-        scores = list(model.predict(op, [c.schedule for c in rest], hw))
-        order = sorted(range(len(rest)), key=lambda i: (-scores[i], rest[i].rank))
-        ranked = first + [Candidate(op, rest[i].schedule, "model", float(scores[i]))
-                          for i in order]
-    return ranked if weights_packed_once else _with_in_place(op, hw, ranked)
-
-
-def _with_in_place(op: OpSignature, hw: HardwareSpec,
-                   ranked: list[Candidate]) -> list[Candidate]:
-    """``ranked`` with each candidate followed by its kind's in-place-weights variant (when
-    legal and not already listed)."""
-    variant = tuner_kind(op.kind).in_place_weights
-    seen = {c.schedule for c in ranked}
-    out = []
-    for c in ranked:
-        out.append(c)
-        in_place = variant(c.schedule)
-        if in_place is not None and in_place not in seen and not problems(op, in_place, hw):
-            seen.add(in_place)
-            out.append(Candidate(op, in_place, c.source))
-    return out
+        return first + [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in rest]
+    scores = list(model.predict(op, [c.schedule for c in rest], hw))
+    order = sorted(range(len(rest)), key=lambda i: (-scores[i], rest[i].rank))
+    return first + [Candidate(op, rest[i].schedule, "model", float(scores[i])) for i in order]
 
 
 def neighbours(op: OpSignature, best: Schedule, hw: HardwareSpec) -> list[Schedule]:
