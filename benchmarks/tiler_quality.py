@@ -9,7 +9,7 @@ projected time of sweeping the whole grid. Every measurement is appended to a st
 
 Two more figures per op. *Model top-1*: the schedule a fresh install compiles (the cost model
 that serves an empty store, i.e. the shipped seed's when it covers this machine, re-ranking
-the tiler's top-10, as ``tuner.deploy.policy.best_guess`` does) ÷ the best measured. *Noise
+the tiler's top-10: ``tuner.deploy.policy.best_guess``) ÷ the best measured. *Noise
 ceiling* (unless ``--no-retest``): every schedule timed a second time, and the second pass's
 best ÷ the second-pass time of the first pass's fastest: what ranking by one timing pass is
 worth when judged by another, the cap on any ranking's score on this machine.
@@ -37,8 +37,10 @@ from _report import git_revision, machine_summary, write_section
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import Schedule
 from tunecache.costmodel.registry import load_serving
 from tunecache.datasets.suites import SUITES
+from tunecache.tuner.deploy.policy import best_guess
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig
 from tunecache.tuner.measure.records import to_records
 from tunecache.tuner.search import Ranker, roller
@@ -104,13 +106,14 @@ def _ratio(best: float | None, t: float | None) -> float | None:
     return best / t if best and t else None
 
 
-def _model_pick(op: OpSignature, schedules: list[object], ranker: Ranker | None,
+def _model_pick(op: OpSignature, schedules: list[Schedule], ranker: Ranker | None,
                 hw: HardwareSpec) -> int | None:
-    """Index of the schedule ``ranker`` puts first (ties to the tiler's order)."""
-    if ranker is None or not schedules:
+    """Index in ``schedules`` (the tiler's top-10) of what a compile with ``ranker`` and no
+    cache entry runs (the policy's :func:`best_guess`), or None without a ranker."""
+    if ranker is None:
         return None
-    scores = list(ranker.predict(op, schedules, hw))  # type: ignore[arg-type]
-    return max(range(len(schedules)), key=lambda i: (scores[i], -i))
+    guess = best_guess(op, hw, ranker).schedule
+    return schedules.index(guess) if guess in schedules else None
 
 
 def _retest_ceiling(first: list[MeasureResult], second: list[MeasureResult]) -> float | None:
