@@ -197,8 +197,8 @@ def tvm_target(t: TvmModules) -> Any:
 
 
 def _cache_key(op: OpSignature, budgets: list[int], t: TvmModules, target: Any,
-               seed: int) -> dict[str, Any]:
-    return {"hw_id": local_spec().hw_id, "op": op.text, "budgets": sorted(set(budgets)),
+               seed: int, hw: HardwareSpec) -> dict[str, Any]:
+    return {"hw_id": hw.hw_id, "op": op.text, "budgets": sorted(set(budgets)),
             "target": str(target), "tvm": t.tvm.__version__, "seed": seed}
 
 
@@ -440,11 +440,14 @@ def plot_curves(results: dict[str, list[Retimed]], path: Path) -> bool:
 
 
 def dump_rows(results: dict[str, list[Retimed]], hw: HardwareSpec) -> dict[str, Any]:
-    """The raw rows as JSON-ready data, tagged with the machine they were measured on."""
-    return {"hw_id": hw.hw_id, "revision": git_revision(), "ops": {
+    """The raw rows as JSON-ready data, tagged with the machine they were measured on and
+    each with its revision (a merged row keeps the one it was measured at)."""
+    now = git_revision()
+    return {"hw_id": hw.hw_id, "ops": {
         name: [{"tuner": r.point.tuner, "budget": r.point.budget, "trials": r.point.trials,
                 "wall_s": r.point.wall_s, "tuned_s": r.point.tuned_s,
-                "latency_s": r.latency_s, "samples_s": r.samples_s, "error": r.error}
+                "latency_s": r.latency_s, "samples_s": r.samples_s, "error": r.error,
+                "revision": r.revision or now}
                for r in rows]
         for name, rows in results.items()}}
 
@@ -458,19 +461,23 @@ def load_rows(path: Path, hw: HardwareSpec) -> dict[str, list[Retimed]]:
             raise ValueError(f"measured on {data.get('hw_id')}, this machine is {hw.hw_id}")
         return {name: [Retimed(Checkpoint(row["tuner"], row["budget"], row["trials"],
                                           row["wall_s"], row["tuned_s"], None),
-                               list(row["samples_s"]), row["error"], data["revision"])
+                               list(row["samples_s"]), row["error"], row["revision"])
                        for row in rows]
                 for name, rows in data["ops"].items() if name in OPS}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except KeyError as exc:
+        print(f"error: --merge {path}: no field {exc}; expected a --json file of this "
+              "benchmark", file=sys.stderr)
+        sys.exit(2)
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
         print(f"error: --merge {path}: {exc}", file=sys.stderr)
         sys.exit(2)
 
 
 def tvm_points(op: OpSignature, name: str, args: argparse.Namespace, t: TvmModules,
-               target: Any) -> list[Checkpoint]:
+               target: Any, hw: HardwareSpec) -> list[Checkpoint]:
     """MetaSchedule's checkpoints for ``op``: from ``--tvm-cache`` when it holds a matching
     run, else tuned now (and saved there)."""
-    key = _cache_key(op, args.tvm_trials, t, target, args.seed)
+    key = _cache_key(op, args.tvm_trials, t, target, args.seed, hw)
     path = args.tvm_cache / f"{name}.json" if args.tvm_cache else None
     cached = cached_tvm(path, key, t) if path else None
     if cached is not None:
@@ -536,7 +543,7 @@ def main() -> None:
         results.update(load_rows(path, hw))
     for name in args.only or ([] if args.merge else list(OPS)):
         _, op = OPS[name]
-        points = tvm_points(op, name, args, t, target)
+        points = tvm_points(op, name, args, t, target, hw)
         if args.tvm_only:
             continue
         points += tune_ours(op, name, args.tc_trials, hw, tuning)
