@@ -31,8 +31,10 @@ class SimulatedRunner:
     ``cost_s``, or the runner's timeout when that is shorter (the worker is then killed and
     the result is ``timeout``, as the real runner does). Records the timeouts it was given."""
 
-    def __init__(self, cost_s: float, build_s: float = 0.0) -> None:
+    def __init__(self, cost_s: float, build_s: float = 0.0,
+                 prepacked_weights: bool = True) -> None:
         self.cost_s = cost_s
+        self.prepacked_weights = prepacked_weights
         self.build_s = build_s
         self.now = 0.0
         self.timing = TimingConfig(timeout_s=60.0, min_time_s=0.1)
@@ -43,7 +45,7 @@ class SimulatedRunner:
         return self.now
 
     def prepacked(self, op: OpSignature) -> bool:
-        return True  # as the real runner times a matmul's or a conv's weights by default
+        return self.prepacked_weights  # the real runner's default for a matmul or a conv: True
 
     def measure(self, batch: Sequence[Candidate], progress: Any = None) -> list[MeasureResult]:
         self.batches.append(len(batch))

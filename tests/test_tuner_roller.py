@@ -245,6 +245,31 @@ def test_weights_packed_on_every_call_put_the_in_place_top_1_second() -> None:
         == [c.schedule for c in ranked_candidates(nt, AVX512, config)]
 
 
+def test_a_tuning_job_follows_its_runners_weight_timing() -> None:
+    """tune_op ranks with the timing its runner uses: weights packed per call put the top-1
+    reading them in place second among what is measured; packed once, it is not measured."""
+    from dataclasses import replace
+
+    from test_tuner_faults import SimulatedRunner
+
+    from tunecache.compiler.kinds.matmul import matmul_op
+    from tunecache.tuner.search import TuneConfig, tune_op
+
+    op = matmul_op(128, 768, 768)
+    config = TuneConfig(trials=3, refine=False, threads=1)
+
+    def measured(prepacked: bool) -> list[Any]:
+        runner = SimulatedRunner(cost_s=0.01, prepacked_weights=prepacked)
+        result = tune_op(op, AVX512, runner, config=config,  # type: ignore[arg-type]
+                         clock=runner.clock)
+        return [r.schedule for r in result.results]
+
+    per_call, once = measured(False), measured(True)
+    in_place = replace(once[0], pack_a=0, pack_b=0, strassen=0)
+    assert per_call[:2] == [once[0], in_place]
+    assert in_place not in once
+
+
 def _rank(ranked: list[Any], schedule: Any) -> int:
     return next(c.rank for c in ranked if c.schedule == schedule)
 
