@@ -79,10 +79,15 @@ def test_register_budget_and_algorithm_rules() -> None:
     assert "does not apply to depthwise" in " ".join(problems(DW, gemm, AVX512))
     assert "algorithm='fft'; expected one of direct, gemm, winograd" in " ".join(
         problems(CONV, gemm.replace(algorithm="fft"), AVX512))
-    # Winograd is an algorithm now (ARCHITECTURE change 34), with rules of its own: it
-    # reads a blocked layout, which this NCHW conv does not have.
-    assert "algorithm=winograd reads and writes one blocked layout" in " ".join(
-        problems(CONV, gemm.replace(algorithm="winograd"), AVX512))
+    # Winograd is an algorithm now (ARCHITECTURE change 34), with rules of its own: on an
+    # NCHW conv it blocks the input by the vector lanes, and takes whole vectors of channels.
+    wino = Conv2dSchedule(oc_block=32, ow_block=8, oh_block=4, ic_block=16, algorithm="winograd")
+    assert problems(CONV, wino, AVX512) == []
+    assert "ic_block=64 must be 16" in " ".join(
+        problems(CONV, wino.replace(ic_block=64), AVX512))
+    odd = OpSignature.conv2d(1, 60, 14, 14, 64, 3, 3, pads=1)
+    assert "reads and writes nchw, or one blocked layout" in " ".join(
+        problems(odd, wino, AVX512))
     # AVX2 has 16 registers and 8 lanes: the AVX-512 tile no longer fits.
     assert problems(CONV, ok, AVX512.with_isa("avx2"))
 

@@ -1,7 +1,7 @@
 """Winograd F(m x m, 3 x 3) conv2d kernels: the transforms, the generated kernels on every
 runnable ISA against the float64 reference (plain and pre-packed weights, one and two
-threads, grouped convolutions, several chunks of tiles), legality, and what the tiler
-proposes."""
+threads, grouped convolutions, several chunks of tiles, blocked and NCHW layouts), legality,
+and what the tiler proposes."""
 
 from __future__ import annotations
 
@@ -36,9 +36,18 @@ def blocked(hw: HardwareSpec, n: int, c: int, h: int, w: int, f: int, pads: obje
                 groups=groups, layout=layout, out_layout=layout)
 
 
-def wino(hw: HardwareSpec, m: int, nv: int, nt: int, threads: int = 1) -> Conv2dSchedule:
-    return Conv2dSchedule(oc_block=nv * hw.lanes, ow_block=nt, oh_block=m, ic_block=block(hw),
-                          algorithm="winograd", threads=threads)
+def plain(hw: HardwareSpec, n: int, c: int, h: int, w: int, f: int, pads: object = 1,
+          epilogue: str = "bias+relu", groups: int = 1) -> OpSignature:
+    """An NCHW layer (in and out): whole vectors of channels per group."""
+    return conv(n, c, h, w, f, 3, 3, pads=pads, epilogue=epilogue,  # type: ignore[arg-type]
+                groups=groups)
+
+
+def wino(hw: HardwareSpec, m: int, nv: int, nt: int, threads: int = 1,
+         nchw: bool = False) -> Conv2dSchedule:
+    return Conv2dSchedule(oc_block=nv * hw.lanes, ow_block=nt, oh_block=m,
+                          ic_block=hw.lanes if nchw else block(hw), algorithm="winograd",
+                          threads=threads)
 
 
 @pytest.mark.parametrize("m", WINOGRAD_TILES)
@@ -56,7 +65,7 @@ def _cases() -> list[tuple[str, OpSignature, HardwareSpec, Conv2dSchedule]]:
     out = []
     for isa in runnable_isas(HW):
         hw = HW.with_isa(isa)
-        x = block(hw)
+        x, v = block(hw), hw.lanes
         nv2 = 2 if hw.vector_registers >= 16 else 1
         out += [
             ("residual block, odd map", blocked(hw, 1, 2 * x, 9, 11, 3 * x, epilogue="bias+add+relu"),
@@ -73,6 +82,14 @@ def _cases() -> list[tuple[str, OpSignature, HardwareSpec, Conv2dSchedule]]:
             ("groups 3, two vectors over one-block groups", blocked(hw, 1, 3 * x, 6, 6, 3 * x,
                                                                    groups=3),
              hw, wino(hw, 2, nv2, 3)),
+            ("nchw residual block, odd map", plain(hw, 1, 2 * v, 9, 11, 3 * v,
+                                                   epilogue="bias+add+relu"),
+             hw, wino(hw, 4, nv2, 4, threads=T2, nchw=True)),
+            ("nchw batch 2, no padding", plain(hw, 2, v, 7, 6, 2 * v, pads=0, epilogue="none"),
+             hw, wino(hw, 2, 1, 5, nchw=True)),
+            ("nchw groups 2, asymmetric pads", plain(hw, 1, 2 * v, 6, 8, 4 * v, groups=2,
+                                                     pads=(0, 1, 2, 1), epilogue="bias"),
+             hw, wino(hw, 2, 1, 3, threads=T2, nchw=True)),
             ("several chunks of tiles", blocked(hw, 1, 256, 20, 20, 256), hw,
              wino(hw, 2, 1, 7, threads=T2)),
         ]
@@ -122,8 +139,14 @@ def test_illegal_uses_are_refused_with_the_reason() -> None:
                for p in problems(odd_groups, wino(hw, 2, 1, 4), hw))
     one_by_one = conv(1, 16, 14, 14, 16, 1, 1, layout=layout, out_layout=layout)
     assert any("3x3" in p for p in problems(one_by_one, wino(hw, 2, 1, 4), hw))
-    plain = conv(1, 16, 14, 14, 16, 3, 3, pads=1)
-    assert any("nchw" in p for p in problems(plain, wino(hw, 2, 1, 4), hw))
+    v = hw.lanes
+    odd_channels = plain(hw, 1, v + 1, 14, 14, v)
+    assert any("nchw" in p for p in problems(odd_channels, wino(hw, 2, 1, 4, nchw=True), hw))
+    mixed = conv(1, x, 14, 14, x, 3, 3, pads=1, layout="nchw", out_layout=layout)
+    assert any("nchw" in p for p in problems(mixed, wino(hw, 2, 1, 4, nchw=True), hw))
+    assert not problems(plain(hw, 1, v, 14, 14, v), wino(hw, 2, 1, 4, nchw=True), hw)
+    assert any("ic_block" in p for p in problems(plain(hw, 1, 2 * v, 14, 14, v),
+                                                 wino(hw, 2, 1, 4).replace(ic_block=2 * v), hw))
     assert any("oh_block=3" in p for p in problems(ok, wino(hw, 2, 1, 4).replace(oh_block=3), hw))
     too_tall = wino(hw, 2, 1, hw.vector_registers)
     assert any("vector registers" in p for p in problems(ok, too_tall, hw))
@@ -131,7 +154,7 @@ def test_illegal_uses_are_refused_with_the_reason() -> None:
                for p in problems(ok, wino(hw, 2, 1, 4).replace(loop_order="pf"), hw))
 
 
-def test_tiler_proposes_winograd_for_3x3_stride_1_on_blocked_layouts() -> None:
+def test_tiler_proposes_winograd_for_3x3_stride_1_blocked_or_nchw() -> None:
     hw = HW
     layer = blocked(hw, 1, 256, 14, 14, 256)
     found = candidates(layer, hw, k=8, threads=1)
@@ -141,8 +164,12 @@ def test_tiler_proposes_winograd_for_3x3_stride_1_on_blocked_layouts() -> None:
     strided = conv(1, 256, 14, 14, 256, 3, 3, stride=2, pads=1, layout=layout,
                    out_layout=layout)
     assert all(c.schedule.algorithm != "winograd" for c in candidates(strided, hw, k=8))
-    plain = conv(1, 256, 14, 14, 256, 3, 3, pads=1)
-    assert all(c.schedule.algorithm != "winograd" for c in candidates(plain, hw, k=8))
+    nchw = plain(hw, 1, 256, 14, 14, 256)
+    found = candidates(nchw, hw, k=8, threads=1)
+    assert any(c.schedule.algorithm == "winograd" for c in found)
+    assert all(not problems(nchw, c.schedule, hw) for c in found)
+    odd = plain(hw, 1, 3, 32, 32, 64)  # an RGB input: no whole vectors of channels
+    assert all(c.schedule.algorithm != "winograd" for c in candidates(odd, hw, k=8))
 
 
 def test_avx512_kernels_compile() -> None:
@@ -154,3 +181,7 @@ def test_avx512_kernels_compile() -> None:
         s = wino(hw, m, nv, nt, threads=T2)
         assert not problems(op, s, hw)
         assert build(generate(op, s, hw)).path.exists()
+    nchw = plain(hw, 1, 64, 14, 14, 64, epilogue="bias+add+relu")
+    s = wino(hw, 4, 2, 12, threads=T2, nchw=True)
+    assert not problems(nchw, s, hw)
+    assert build(generate(nchw, s, hw)).path.exists()

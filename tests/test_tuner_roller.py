@@ -175,7 +175,7 @@ def test_conv_candidates_are_legal_and_fit_registers(op: OpSignature, hw: Hardwa
         assert not problems(op, s, hw)
         if is_depthwise(op):
             assert s.algorithm == "direct"
-        vec = s.oc_block if s.algorithm == "direct" else s.ow_block
+        vec = s.ow_block if s.algorithm == "gemm" else s.oc_block
         assert vec % hw.lanes == 0
     assert [c.estimate.seconds for c in found] == sorted(c.estimate.seconds for c in found)
 
@@ -184,7 +184,7 @@ def test_conv_exhaustive_space_is_legal() -> None:
     op = CONVS[0]
     space = exhaustive_space(op, AVX512)
     assert len(space) > 500
-    assert {s.algorithm for s in space} == {"direct", "gemm"}
+    assert {s.algorithm for s in space} == {"direct", "gemm", "winograd"}
     assert all(not problems(op, s, AVX512) for s in space[::25])
     assert {s.algorithm for s in exhaustive_space(CONVS[1], AVX512)} == {"direct"}
 

@@ -194,7 +194,8 @@ def _estimate_winograd(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> 
     x C x F at the micro-kernel's efficiency, the input and output transforms as vector
     operations, the V and M slabs through L2 (L3 when a chunk outgrows half of L2) and the
     transformed weights U (``(a/3)**2`` times the weights) streamed once per chunk of tiles:
-    what makes small feature maps with many channels a loss for ``m=4``."""
+    what makes small feature maps with many channels a loss for ``m=4``. NCHW tensors add
+    their conversions to and from the blocked layout."""
     arch = constants(hw)
     d = op.dims_dict
     plan = winograd_plan(op, s)
@@ -221,6 +222,10 @@ def _estimate_winograd(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> 
     u_level = "l2" if u_bytes <= hw.l2_bytes * 0.5 else "l3"
     memory_s = (2.0 * slab_bytes * chunks / (arch.bytes_per_cycle[level] * cycle_bytes)
                 + u_bytes / (arch.bytes_per_cycle[u_level] * cycle_bytes))
+    if not conv2d_blocks(op)[0]:
+        # NCHW: the input transposed into the blocked copy, the output scattered lane by lane.
+        in_elems, out_elems = d["N"] * d["C"] * d["H"] * d["W"], d["N"] * d["F"] * op.out_h * op.out_w
+        memory_s += 8.0 * (in_elems + out_elems) / (arch.pack_gbps * 1e9 * min(T, plan.tiles))
     compute_s = gemm_s + transform_s + _epilogue_s(op, hw, busy)
     overhead_s = (arch.call_overhead_s + (arch.fork_join_s + 4 * chunks * arch.barrier_s
                                           if T > 1 else 0.0))

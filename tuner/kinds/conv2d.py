@@ -54,8 +54,8 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
                                     oc_block=nv * lanes, ow_block=ow, oh_block=oh, ic_block=ic,
                                     algorithm="direct", loop_order=order, unroll_kw=unroll,
                                     threads=threads, parallel=par)
+    yield from _winograd_pool(op, hw, threads)
     if xi or xo:
-        yield from _winograd_pool(op, hw, threads)
         return
     if depthwise:
         # The plane kernel: output columns in the lanes, rows of the tile in registers.
@@ -84,14 +84,19 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
 
 def _winograd_pool(op: OpSignature, hw: HardwareSpec,
                    threads: int) -> Iterator[Conv2dSchedule]:
-    """Winograd tiles for 3x3 stride-1 convolutions (not depthwise) on blocked layouts: both output
-    tiles m, one or two channel vectors, register tiles of as many Winograd tiles as the
-    registers allow (balanced over the tiles, so a small map is not padded to a tall tile)."""
+    """Winograd tiles for 3x3 stride-1 convolutions (not depthwise), blocked or NCHW: both
+    output tiles m, one or two channel vectors, register tiles of as many Winograd tiles as
+    the registers allow (balanced over the tiles, so a small map is not padded to a tall
+    tile). Layouts and channel counts the kernel cannot take yield nothing."""
     d = op.dims_dict
-    if not winograd_shape(op) or not conv2d_blocks(op)[0]:
+    if not winograd_shape(op):
         return
     regs, lanes = hw.vector_registers, hw.lanes
-    block = conv2d_blocks(op)[0]
+    block = conv2d_blocks(op)[0] or lanes
+    probe = Conv2dSchedule(oc_block=lanes, ow_block=1, oh_block=WINOGRAD_TILES[0],
+                           ic_block=block, algorithm="winograd", threads=threads)
+    if problems(op, probe, hw):
+        return
     for m in WINOGRAD_TILES:
         tiles = d["N"] * -(-op.out_h // m) * -(-op.out_w // m)
         for nv in (1, 2):
@@ -138,11 +143,11 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
                                                    ic_block=ic, algorithm="direct",
                                                    loop_order=order, unroll_kw=unroll,
                                                    threads=threads, parallel=par))
-    for m in WINOGRAD_TILES if winograd_shape(op) and xi else ():
+    for m in WINOGRAD_TILES if winograd_shape(op) else ():
         for nv in range(1, 5):
             for nt in range(1, MAX_OW_BLOCK + 1):
-                add(Conv2dSchedule(oc_block=nv * lanes, ow_block=nt, oh_block=m, ic_block=xi,
-                                   algorithm="winograd", threads=threads))
+                add(Conv2dSchedule(oc_block=nv * lanes, ow_block=nt, oh_block=m,
+                                   ic_block=xi or lanes, algorithm="winograd", threads=threads))
     if is_depthwise(op):
         for nv in range(1, 5):
             for oh in (1, 2, 3, 4, 6, 8):

@@ -32,8 +32,8 @@ Knobs of :class:`Conv2dSchedule`:
 * ``threads`` and ``parallel``: OpenMP threads and what they split: ``oc`` (output-channel
   blocks) or ``pixel`` (output rows for ``direct``, pixel panels for ``gemm``).
 
-Blocked layouts (``layout``/``out_layout`` ``nchw{x}c``) run on ``direct`` only (not the plane
-kernel, not ``gemm``): a blocked input fixes ``ic_block`` to its block ``x``; a depthwise
+Blocked layouts (``layout``/``out_layout`` ``nchw{x}c``) run on ``direct`` (not the plane
+kernel) and ``winograd``, not on ``gemm``: a blocked input fixes ``ic_block`` to its block ``x``; a depthwise
 tile covers part of one block (``oc_block`` divides ``x``), a dense one whole blocks or part
 of one (``oc_block`` a multiple or a divisor of ``x``).
 """
@@ -230,11 +230,12 @@ def _winograd_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> 
     xi, xo = conv2d_blocks(op)
     lanes = hw.lanes
     g = d["groups"]
-    if not xi or xi != xo or xi % lanes or (d["C"] // g) % xi or (d["F"] // g) % xi:
-        found.append("algorithm=winograd reads and writes one blocked layout nchw{x}c of whole "
-                     f"{hw.isa} vectors with each group's C and F multiples of x; got layout="
-                     f"{op.attr('layout')}, out_layout={op.attr('out_layout')}, C={d['C']}, "
-                     f"F={d['F']}, groups={g}")
+    x = xi or lanes
+    if xi != xo or x % lanes or (d["C"] // g) % x or (d["F"] // g) % x:
+        found.append("algorithm=winograd reads and writes nchw, or one blocked layout "
+                     f"nchw{{x}}c of whole {hw.isa} vectors, with each group's C and F "
+                     f"multiples of x ({lanes} for nchw); got layout={op.attr('layout')}, "
+                     f"out_layout={op.attr('out_layout')}, C={d['C']}, F={d['F']}, groups={g}")
     found += layout_problems((op.attr("layout"), op.attr("out_layout")), hw)
     if s.oh_block not in WINOGRAD_TILES:
         found.append(f"oh_block={s.oh_block} is the output tile m of F(m x m, 3 x 3); "
@@ -252,8 +253,9 @@ def _winograd_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> 
             found.append(f"register tile needs {needed} vector registers ({s.ow_block * nv} "
                          f"accumulators + {nv} loaded vectors + 1 broadcast); {hw.isa} has "
                          f"{hw.vector_registers}")
-    if s.ic_block != xi:
-        found.append(f"ic_block={s.ic_block} must be {xi}, the channel block of the input")
+    if s.ic_block != x:
+        found.append(f"ic_block={s.ic_block} must be {x}, the channel block of the input"
+                     + ("" if xi else f" (nchw is blocked by {hw.isa}'s {lanes} lanes)"))
     defaults = {"loop_order": "fp", "unroll_kw": 0, "pack_w": 1, "parallel": "oc"}
     for knob, value in defaults.items():
         if getattr(s, knob) != value:

@@ -100,6 +100,8 @@ class WinogradPlan:
     u_floats: int
     v_floats: int
     m_floats: int
+    xb_floats: int
+    """The blocked copy of an NCHW input (0 when the input is blocked already)."""
 
 
 def winograd_plan(op: OpSignature, s: Conv2dSchedule) -> WinogradPlan:
@@ -118,9 +120,10 @@ def winograd_plan(op: OpSignature, s: Conv2dSchedule) -> WinogradPlan:
     chunk = max(nt, CHUNK_BYTES // per_tile // nt * nt)
     chunk = min(chunk, _round_up(tiles, nt))
     block = channel_block(op.attr("layout"))
-    return WinogradPlan(m, alpha, block, tiles_h, tiles_w, tiles, chunk, nfb, fpg, fp,
-                        alpha * alpha * d["C"] // groups * fp, alpha * alpha * chunk * d["C"],
-                        alpha * alpha * chunk * fp)
+    xb_floats = 0 if block else d["N"] * d["C"] * d["H"] * d["W"]
+    return WinogradPlan(m, alpha, block or s.ic_block, tiles_h, tiles_w, tiles, chunk, nfb,
+                        fpg, fp, alpha * alpha * d["C"] // groups * fp,
+                        alpha * alpha * chunk * d["C"], alpha * alpha * chunk * fp, xb_floats)
 
 
 def _c(x: Fraction) -> str:
@@ -187,28 +190,62 @@ def _input_tile(m: int, alpha: int) -> str:
     ])
 
 
-def _output_tile(op: OpSignature, m: int, alpha: int) -> str:
-    """``output_tile``: one (tile, output block) of M transformed back to ``m x m`` output
-    vectors, with the epilogue, stored where they fall inside the output."""
+def _output_tile(op: OpSignature, m: int, alpha: int, nchw: bool) -> str:
+    """``output_tile``: one (tile, output vector ``fo``) of M transformed back to ``m x m``
+    output vectors, with the epilogue, stored where they fall inside the output: whole
+    vectors into a blocked Y, lane by lane (channels ``P*Q`` floats apart) into an NCHW Y."""
     at = transforms(m)[2]
     body = _two_sided(at, lambda k, j: f"VLOADU(mb + {k * alpha + j}L * CHUNK * FP)", "y")
-    epi = render(op.epilogue, "t", {"bias": "bv", "add": "VLOADU(add + off)"}, vector=True)
-    stores = []
-    for i in range(m):
-        for j in range(m):
-            stores.append(
-                f"  if (p0 + {i} < P && q0 + {j} < Q) {{ const long off = yoff + ({i} * Q + {j})"
-                f" * XB; vec t = y{i}_{j}; {epi} VSTOREU(Y + off, t); }}")
-    return "\n".join([
+    add = "gather(add + off)" if nchw else "VLOADU(add + off)"
+    epi = render(op.epilogue, "t", {"bias": "bv", "add": add}, vector=True)
+    put = "scatter(Y + off, t);" if nchw else "VSTOREU(Y + off, t);"
+    pixel = "1" if nchw else "XB"
+    stores = [f"  if (p0 + {i} < P && q0 + {j} < Q) {{ const long off = yoff + ({i} * Q + {j})"
+              f" * {pixel}; vec t = y{i}_{j}; {epi} {put} }}"
+              for i in range(m) for j in range(m)]
+    yoff = ("((n * F + fo * VL) * P + p0) * Q + q0" if nchw else
+            "(((n * F / XB + fo / VPB) * P + p0) * Q + q0) * XB + (fo % VPB) * VL")
+    lanes = _NCHW_LANES if nchw else ""
+    return lanes + "\n".join([
         "static void output_tile(const float *restrict mb, float *restrict Y, "
-        "const float *restrict bias, const float *restrict add, long yoff, long fo, "
+        "const float *restrict bias, const float *restrict add, long n, long fo, "
         "long p0, long q0) {",
-        "  (void)bias; (void)add; (void)fo;",
+        "  (void)bias; (void)add;",
+        f"  const long yoff = {yoff};",
         "  const vec bv = bias ? VLOADU(bias + fo * VL) : VZERO(); (void)bv;",
         *body,
         *stores,
         "}",
     ])
+
+
+# An NCHW tensor holds one output vector's channels P*Q floats apart.
+_NCHW_LANES = """\
+static inline vec gather(const float *restrict src) {
+  float lane[VL] __attribute__((aligned(64)));
+  for (long l = 0; l < VL; l++) lane[l] = src[l * P * Q];
+  return VLOAD(lane);
+}
+static inline void scatter(float *restrict dst, vec v) {
+  float lane[VL] __attribute__((aligned(64)));
+  VSTORE(lane, v);
+  for (long l = 0; l < VL; l++) dst[l * P * Q] = lane[l];
+}
+"""
+
+# An NCHW input is copied into the blocked layout once per call (rows of VL channels).
+_TO_BLOCKED = """\
+/* Xb[n][cb][h][w][VL] from NCHW X. Items: (n, cb, h). */
+static void to_blocked(const float *restrict X, float *restrict Xb, long lo, long hi) {
+  for (long t = lo; t < hi; t++) {
+    const long h = t % H, ncb = t / H;
+    const float *restrict src = X + (ncb * VL * H + h) * W;
+    float *restrict dst = Xb + t * W * VL;
+    for (long w = 0; w < W; w++)
+      for (long l = 0; l < VL; l++) dst[w * VL + l] = src[l * H * W + w];
+  }
+}
+"""
 
 
 def _gemm_ukr(nt: int, nv: int, lanes: int) -> str:
@@ -254,7 +291,7 @@ static void pack_weights(const float *restrict Wt, float *restrict Ub, long lo, 
 
 
 _BODY = """\
-static void conv_body(const float *restrict X, const float *restrict Wt,
+static void conv_body(const float *X, const float *restrict Wt,
                       const float *restrict bias, const float *restrict add, float *restrict Y,
                       float *ws, int tid, int nth, int packed) {
   float *Vb = ws, *Mb = ws + OFF_M;
@@ -262,6 +299,13 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
   if (!packed) {
     long lo, hi; split_range(FP, tid, nth, &lo, &hi); pack_weights(Wt, ws + OFF_U, lo, hi);
   }
+#if NCHW_IN
+  {
+    long lo, hi; split_range(NB * CBX * H, tid, nth, &lo, &hi);
+    to_blocked(X, ws + OFF_X, lo, hi);
+    X = ws + OFF_X;
+  }
+#endif
   BARRIER();
   for (long t0 = 0; t0 < TILES; t0 += CHUNK) {
     const long count = MIN(CHUNK, TILES - t0), rows = (count + NT - 1) / NT * NT;
@@ -292,10 +336,8 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
     for (long it = lo; it < hi; it++) {
       const long k = it / CBY, fo = it % CBY;
       const long g = t0 + k, n = g / (TH * TW), ty = (g / TW) % TH, tx = g % TW;
-      const long yoff = (((n * F / XB + fo / VPB) * P + ty * MT) * Q + tx * MT) * XB
-                        + (fo % VPB) * VL;
       const long column = (fo * VL) / FG * FPG + (fo * VL) % FG;
-      output_tile(Mb + k * FP + column, Y, bias, add, yoff, fo, ty * MT, tx * MT);
+      output_tile(Mb + k * FP + column, Y, bias, add, n, fo, ty * MT, tx * MT);
     }
     BARRIER();
   }
@@ -307,17 +349,20 @@ def generate_winograd(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     """The C translation unit of a winograd conv2d (validated by the caller)."""
     plan = winograd_plan(op, s)
     dims = op.dims_dict
+    nchw = not channel_block(op.attr("layout"))
     off_m = _round_up(plan.v_floats, ALIGN_FLOATS)
-    off_u = off_m + _round_up(plan.m_floats, ALIGN_FLOATS)
+    off_x = off_m + _round_up(plan.m_floats, ALIGN_FLOATS)
+    off_u = off_x + _round_up(plan.xb_floats, ALIGN_FLOATS)
     constants: dict[str, int | str] = {
         **shape_constants(op), "VL": d.lanes, "XB": plan.block, "VPB": plan.block // d.lanes,
         "MT": plan.m, "ALPHA": plan.alpha,
         "TH": plan.tiles_h, "TW": plan.tiles_w, "TILES": plan.tiles, "CHUNK": plan.chunk,
         "NT": s.ow_block, "OCB": s.oc_block, "NFB": plan.nfb, "FPG": plan.fpg, "FP": plan.fp,
         "CBX": dims["C"] // d.lanes, "CBY": dims["F"] // d.lanes, "OFF_M": off_m,
-        "OFF_U": off_u, "WB_FLOATS": plan.u_floats}
+        "OFF_X": off_x, "OFF_U": off_u, "WB_FLOATS": plan.u_floats, "NCHW_IN": int(nchw)}
     out = [preamble(d, constants, s.threads), _pack_weights(transforms(plan.m)[1]),
-           _input_tile(plan.m, plan.alpha), _output_tile(op, plan.m, plan.alpha),
+           _TO_BLOCKED if nchw else "", _input_tile(plan.m, plan.alpha),
+           _output_tile(op, plan.m, plan.alpha, nchw),
            _gemm_ukr(s.ow_block, s.oc_block // d.lanes, d.lanes), _BODY]
     ws = f"{off_u + _round_up(plan.u_floats, ALIGN_FLOATS)}L"
     # The packed entry needs no room for U: a 512-channel layer's U is 38 MB.
