@@ -11,6 +11,10 @@ file for the tests and ``benchmarks/costmodel_quality.py``.
 
     python benchmarks/costmodel_data.py --root /tmp/cm-store [--random 60] [--explore 26]
         [--fixture tests/fixtures/measurements.parquet --merge OLD.parquet]
+
+``--ops FILE`` measures the ops of a file instead (one op text per line, ``#`` comments):
+how records of an older timing protocol or codegen version are measured again
+(docs/SEED.md).
 """
 
 from __future__ import annotations
@@ -76,6 +80,22 @@ def random_ops(n: int, seed: int, exclude: set[str]) -> list[OpSignature]:
     return list(ops.values())
 
 
+def listed_workloads(path: Path) -> list[Workload]:
+    """The ops of ``path``, one op text per line (blank lines and ``#`` comments skipped);
+    a line that is not an op names its line number and stops the job before it starts."""
+    chosen: dict[str, Workload] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            op = OpSignature.parse(text)
+        except ValueError as exc:
+            raise SystemExit(f"error: {path}:{number}: not an op text ({exc})") from None
+        chosen.setdefault(op.op_id, Workload(op, 1, "listed"))
+    return list(chosen.values())
+
+
 def workloads(n_random: int, seed: int) -> list[Workload]:
     chosen: dict[str, Workload] = {}
     for name in SUITE_NAMES:
@@ -124,11 +144,17 @@ def main() -> None:
     parser.add_argument("--fixture", type=Path, default=None, help="write a fixture Parquet")
     parser.add_argument("--merge", type=Path, action="append", default=[],
                         help="other measurement Parquet files to include in the fixture")
+    parser.add_argument("--ops", type=Path, default=None,
+                        help="measure the ops of this file (one op text per line) instead of "
+                             "the suites and random ops")
     parser.add_argument("--list", action="store_true", help="print the ops and exit")
     parser.add_argument("--export-only", action="store_true",
                         help="only write --fixture from the store, measure nothing")
     args = parser.parse_args()
-    todo = workloads(args.random, args.seed)[: args.limit]
+    if args.ops is not None and not args.ops.is_file():
+        raise SystemExit(f"error: --ops {args.ops}: no such file")
+    todo = (listed_workloads(args.ops) if args.ops is not None
+            else workloads(args.random, args.seed))[: args.limit]
     if args.list:
         for w in todo:
             print(w.label, w.op.text, f"{w.op.flops / 1e6:.1f} MFLOP")
