@@ -1,4 +1,5 @@
-"""Winograd F(m x m, 3 x 3) for 3x3 stride-1 convolutions on blocked layouts.
+"""Winograd F(m x m, 3 x 3) for 3x3 stride-1 convolutions on blocked layouts (and on NCHW,
+through a blocked copy of the input and lane-by-lane stores of the output).
 
 ``algorithm="winograd"`` computes each ``m x m`` output tile from an ``a x a`` input patch
 (``a = m + 2``) with ``a*a`` multiplications per channel pair instead of ``9*m*m``: 2.25x
