@@ -185,3 +185,17 @@ def test_avx512_kernels_compile() -> None:
     s = wino(hw, 4, 2, 12, threads=T2, nchw=True)
     assert not problems(nchw, s, hw)
     assert build(generate(nchw, s, hw)).path.exists()
+
+
+def test_the_pool_holds_short_four_vector_tiles_where_the_layer_has_the_channels() -> None:
+    from tunecache.tuner.kinds.conv2d import KIND
+
+    hw = HW
+    wide = blocked(hw, 1, 64, 56, 56, 64)
+    pool = [s for s in KIND.pool(wide, hw, 1) if s.algorithm == "winograd"]
+    assert all(not problems(wide, s, hw) for s in pool)
+    four = [s for s in pool if s.oc_block == 4 * hw.lanes]
+    assert four and all(s.ow_block * 4 + 4 + 1 <= hw.vector_registers for s in four)
+    narrow = blocked(hw, 1, 64, 56, 56, 2 * hw.lanes)
+    assert all(s.oc_block <= 2 * hw.lanes for s in KIND.pool(narrow, hw, 1)
+               if s.algorithm == "winograd")

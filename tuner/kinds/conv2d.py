@@ -85,9 +85,15 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
 def _winograd_pool(op: OpSignature, hw: HardwareSpec,
                    threads: int) -> Iterator[Conv2dSchedule]:
     """Winograd tiles for 3x3 stride-1 convolutions (not depthwise), blocked or NCHW: both
-    output tiles m, one or two channel vectors, register tiles of as many Winograd tiles as
-    the registers allow (balanced over the tiles, so a small map is not padded to a tall
-    tile). Layouts and channel counts the kernel cannot take yield nothing."""
+    output tiles m, one, two or four channel vectors (four only where the layer has the
+    channels), register tiles of as many Winograd tiles as the registers allow and of half as
+    many (balanced over the tiles, so a small map is not padded to a tall tile). Layouts and
+    channel counts the kernel cannot take yield nothing.
+
+    Four vectors make short tiles (3-6 Winograd tiles on AVX-512): measured on Zen 4, they
+    ran ResNet-50's 64-channel 56x56 layer 12-15% faster at one thread and 13-38% faster at
+    two than the tall one- and two-vector tiles (0.657 against 0.74-0.77 ms; 0.355 against
+    0.41-0.57 ms)."""
     d = op.dims_dict
     if not winograd_shape(op):
         return
@@ -97,10 +103,13 @@ def _winograd_pool(op: OpSignature, hw: HardwareSpec,
                            ic_block=block, algorithm="winograd", threads=threads)
     if problems(op, probe, hw):
         return
+    fg = d["F"] // d["groups"]
     for m in WINOGRAD_TILES:
         tiles = d["N"] * -(-op.out_h // m) * -(-op.out_w // m)
-        for nv in (1, 2):
+        for nv in (1, 2, 4):
             max_rows = (regs - nv - 1) // nv
+            if nv > 1 and (nv // 2) * lanes >= fg or max_rows < 1:
+                break
             for nt in sorted({min(max_rows, tiles), balanced(tiles, max_rows, 1),
                               balanced(tiles, max(1, max_rows // 2), 1)}):
                 yield Conv2dSchedule(oc_block=nv * lanes, ow_block=nt, oh_block=m,
