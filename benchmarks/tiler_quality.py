@@ -283,7 +283,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N ops")
     parser.add_argument("--only", choices=("matmul", "conv"), default=None)
     parser.add_argument("--min-time", type=float, default=0.05)
-    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only: leave docs/BENCHMARKS.md and the plot alone")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--no-retest", action="store_true",
                         help="time every schedule once (no noise ceiling)")
@@ -320,7 +321,8 @@ def main() -> None:
         print(f"fixture: {args.fixture} ({args.fixture.stat().st_size >> 10} KiB, "
               f"{table.num_rows} rows)")
     plot_name = "tiler_quality.png"
-    plotted = plot_ratios(outcomes, Path(__file__).resolve().parent.parent / "docs" / plot_name)
+    plotted = not args.no_write and plot_ratios(
+        outcomes, Path(__file__).resolve().parent.parent / "docs" / plot_name)
     text = render(outcomes, args.sample, plot_name if plotted else None, ranker_note)
     print(text)
     if args.json:
