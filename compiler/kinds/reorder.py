@@ -145,6 +145,15 @@ static void reorder_part(const float *restrict X, float *restrict Y, int tid, in
 """
 
 
+def blocked_copy(name: str) -> str:
+    """C of ``name(X, Y, tid, nth)``: this thread's share of the rows of an NCHW ``X`` copied
+    into ``Y[n][b][h][w][XD]`` (zero lanes beyond ``C``): this kind's kernel, and the input
+    copy of any kernel that computes on a blocked layout but is handed NCHW. The unit defines
+    ``NB``, ``C``, ``H``, ``W``, ``XD`` and ``CBD`` and has ``split_range``."""
+    return (_TO_BLOCKED.replace("reorder_part", name)
+            .replace("SRC_ROW", "X + ((n * C + c) * H + h) * W").replace("x[w * XS]", "x[w]"))
+
+
 def emit_reorder(op: OpSignature, s: ReorderSchedule, d: IsaDialect) -> str:
     """The C translation unit for the reorder ``op`` under ``s`` (validated by the caller)."""
     dims = op.dims_dict
@@ -154,11 +163,9 @@ def emit_reorder(op: OpSignature, s: ReorderSchedule, d: IsaDialect) -> str:
         values.update(XS=xs, CBS=-(-dims["C"] // xs))
     if xd:
         values.update(XD=xd, CBD=-(-dims["C"] // xd))
-        row = ("X + ((n * CBS + c / XS) * H + h) * W * XS + c % XS" if xs
-               else "X + ((n * C + c) * H + h) * W")
-        body = _TO_BLOCKED.replace("SRC_ROW", row)
-        if not xs:
-            body = body.replace("x[w * XS]", "x[w]")
+        body = (_TO_BLOCKED.replace(
+            "SRC_ROW", "X + ((n * CBS + c / XS) * H + h) * W * XS + c % XS")
+            if xs else blocked_copy("reorder_part"))
     else:
         body = _TO_NCHW
     constants = "".join(f"#define {k} {v}L\n" for k, v in values.items())

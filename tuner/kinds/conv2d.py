@@ -108,7 +108,7 @@ def _winograd_pool(op: OpSignature, hw: HardwareSpec,
         tiles = d["N"] * -(-op.out_h // m) * -(-op.out_w // m)
         for nv in (1, 2, 4):
             max_rows = (regs - nv - 1) // nv
-            if (nv > 1 and (nv // 2) * lanes >= fg) or max_rows < 1:
+            if nv > 1 and (nv // 2) * lanes >= fg:
                 break
             for nt in sorted({min(max_rows, tiles), balanced(tiles, max_rows, 1),
                               balanced(tiles, max(1, max_rows // 2), 1)}):

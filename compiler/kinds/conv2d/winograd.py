@@ -38,6 +38,7 @@ from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kern
 from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import channel_block
+from tunecache.compiler.kinds.reorder import blocked_copy
 from tunecache.compiler.ops import OpSignature
 
 Matrix = tuple[tuple[Fraction, ...], ...]
@@ -234,21 +235,6 @@ static inline void scatter(float *restrict dst, vec v) {
 }
 """
 
-# An NCHW input is copied into the blocked layout once per call (rows of VL channels).
-_TO_BLOCKED = """\
-/* Xb[n][cb][h][w][VL] from NCHW X. Items: (n, cb, h). */
-static void to_blocked(const float *restrict X, float *restrict Xb, long lo, long hi) {
-  for (long t = lo; t < hi; t++) {
-    const long h = t % H, ncb = t / H;
-    const float *restrict src = X + (ncb * VL * H + h) * W;
-    float *restrict dst = Xb + t * W * VL;
-    for (long w = 0; w < W; w++)
-      for (long l = 0; l < VL; l++) dst[w * VL + l] = src[l * H * W + w];
-  }
-}
-"""
-
-
 def _gemm_ukr(nt: int, nv: int, lanes: int) -> str:
     """NT tiles (broadcast rows of V[t]) x OCB output channels (vectors of U[t])."""
     tile = Tile(tuple(str(r) for r in range(nt)), nv, lanes)
@@ -301,11 +287,8 @@ static void conv_body(const float *X, const float *restrict Wt,
     long lo, hi; split_range(FP, tid, nth, &lo, &hi); pack_weights(Wt, ws + OFF_U, lo, hi);
   }
 #if NCHW_IN
-  {
-    long lo, hi; split_range(NB * CBX * H, tid, nth, &lo, &hi);
-    to_blocked(X, ws + OFF_X, lo, hi);
-    X = ws + OFF_X;
-  }
+  to_blocked(X, ws + OFF_X, tid, nth);
+  X = ws + OFF_X;
 #endif
   BARRIER();
   for (long t0 = 0; t0 < TILES; t0 += CHUNK) {
@@ -360,9 +343,11 @@ def generate_winograd(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         "TH": plan.tiles_h, "TW": plan.tiles_w, "TILES": plan.tiles, "CHUNK": plan.chunk,
         "NT": s.ow_block, "OCB": s.oc_block, "NFB": plan.nfb, "FPG": plan.fpg, "FP": plan.fp,
         "CBX": dims["C"] // d.lanes, "CBY": dims["F"] // d.lanes, "OFF_M": off_m,
-        "OFF_X": off_x, "OFF_U": off_u, "WB_FLOATS": plan.u_floats, "NCHW_IN": int(nchw)}
+        "OFF_X": off_x, "OFF_U": off_u, "WB_FLOATS": plan.u_floats, "NCHW_IN": int(nchw),
+        # The input copy (reorder's kernel) names the block and the block count its own way.
+        "XD": plan.block, "CBD": dims["C"] // plan.block}
     out = [preamble(d, constants, s.threads), _pack_weights(transforms(plan.m)[1]),
-           _TO_BLOCKED if nchw else "", _input_tile(plan.m, plan.alpha),
+           blocked_copy("to_blocked") if nchw else "", _input_tile(plan.m, plan.alpha),
            _output_tile(op, plan.m, plan.alpha, nchw),
            _gemm_ukr(s.ow_block, s.oc_block // d.lanes, d.lanes), _BODY]
     ws = f"{off_u + _round_up(plan.u_floats, ALIGN_FLOATS)}L"
