@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import ctypes
 
-import numpy as np
-
+from tunecache.compiler.buffers import aligned_empty
 from tunecache.compiler.build import build_source
 from tunecache.compiler.codegen.isa import BASE_FLAGS, dialect
 from tunecache.compiler.hardware import HardwareSpec
@@ -109,16 +108,11 @@ def measure_bandwidth_gbs(hw: HardwareSpec, threads: int = 1, mib: int = 128) ->
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_double
     n = (mib << 20) // 4 // 16 * 16
-    x = _aligned(n)
-    y = _aligned(n)
+    x = aligned_empty(n)
+    y = aligned_empty(n)
     x[:] = 1.0
     y[:] = 0.0
     best = min(fn(x.ctypes.data, y.ctypes.data, n, threads, streaming)
                for streaming in (0, 1) for _ in range(5))
     return 8.0 * n / best / 1e9
 
-
-def _aligned(n: int) -> np.ndarray:
-    raw = np.empty(n * 4 + 64, dtype=np.uint8)
-    start = -raw.ctypes.data % 64
-    return raw[start:start + n * 4].view(np.float32)

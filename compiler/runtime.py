@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler.backends import backend_for
+from tunecache.compiler.buffers import aligned_copy, aligned_empty
 from tunecache.compiler.build import Artifact, open_verified
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import KernelArgumentError
@@ -140,7 +141,7 @@ class Kernel:
                 "pack_b=1 and a shared B, have one)")
         spec = self._inputs[1]
         self._check(spec.name, weights, spec.shape, writable=False)
-        packed = _aligned_empty(self._packed_floats(), self._dtype)
+        packed = aligned_empty(self._packed_floats(), self._dtype)
         pack = self._lib.tc_pack_weights
         pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         pack.restype = None
@@ -172,12 +173,6 @@ class Kernel:
         timer.restype = ctypes.c_double
         return WeightBoundKernel(self, packed, entry, timer)
 
-
-def _aligned_empty(floats: int, dtype: np.dtype, align: int = 64) -> np.ndarray:
-    """An uninitialised 1-D array whose data starts on an ``align``-byte boundary."""
-    raw = np.empty(floats * dtype.itemsize + align, dtype=np.uint8)
-    start = -raw.ctypes.data % align
-    return raw[start:start + floats * dtype.itemsize].view(dtype)
 
 
 @dataclass(frozen=True)
@@ -236,7 +231,7 @@ def rotating_timer(kernel: Kernel, inputs: tuple[np.ndarray, ...], out: np.ndarr
         vectors = [kernel._pointers(rest, out, weights=b.packed.ctypes.data)[0] for b in held]
         entry = first.entry
     else:
-        held = [weights, *(weights.copy() for _ in range(copies - 1))]
+        held = [weights, *(aligned_copy(weights) for _ in range(copies - 1))]
         vectors = [kernel._pointers((rest[0], w, *rest[1:]), out)[0] for w in held]
         entry = kernel._entry
     nargs = len(vectors[0])
@@ -267,15 +262,14 @@ def compile_kernel(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Ker
 
 def random_inputs(op: OpSignature, seed: int = 0) -> tuple[np.ndarray, ...]:
     """Float32 inputs of the right shapes, deterministic for a seed: standard normal, unless
-    the kind draws its own (``OpKind.random_inputs``)."""
+    the kind draws its own (``OpKind.random_inputs``); each starts on a cache line."""
     rng = np.random.default_rng(seed)
     draw = op_kind(op.kind).random_inputs
-    if draw is not None:
-        return draw(op, rng)
-    return tuple(
+    drawn = draw(op, rng) if draw is not None else tuple(
         rng.standard_normal(arg.shape, dtype=np.float32)
-        for arg in op.arguments() if arg.role == "input"
-    )
+        for arg in op.arguments() if arg.role == "input")
+    # Cache-line aligned, as a compiled model's arena and packed weights are.
+    return tuple(aligned_copy(x) for x in drawn)
 
 
 def reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:

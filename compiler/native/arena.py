@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-ALIGN = 64
+from tunecache.compiler.buffers import ALIGN
+
 """Byte alignment of every tensor in the arena (a cache line; an AVX-512 vector)."""
 
 

@@ -33,8 +33,8 @@ from itertools import accumulate
 
 import numpy as np
 
+from tunecache.compiler.buffers import ALIGN
 from tunecache.compiler.frontend import FLOAT32, OnnxNode
-from tunecache.compiler.native.arena import ALIGN
 
 Shapes = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 

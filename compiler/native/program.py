@@ -33,11 +33,12 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler import onnx_ops
+from tunecache.compiler.buffers import aligned_empty
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.executor import check_inputs, numpy_kernel
 from tunecache.compiler.frontend import FLOAT32, Graph, KernelNode, ModelError, OnnxNode
 from tunecache.compiler.memo import IdentityMemo
-from tunecache.compiler.native.arena import ALIGN, Lifetime, plan_arena
+from tunecache.compiler.native.arena import Lifetime, plan_arena
 from tunecache.compiler.native.copies import copies_of
 from tunecache.compiler.native.joins import Join, Placement, join_of, place_joins
 from tunecache.compiler.native.profile import ProgramProfile, StepInfo
@@ -318,7 +319,7 @@ class NativeProgram:
             lifetimes.append(Lifetime(host, size, start, end))
         plan = plan_arena(lifetimes)
         self.arena_bytes, self.unplanned_bytes = plan.peak_bytes, plan.total_bytes
-        self._arena = _aligned_bytes(plan.peak_bytes, zero=True)
+        self._arena = aligned_empty(plan.peak_bytes, np.uint8, zero=True)
         self._bases[_ARENA] = self._arena.ctypes.data
         self._where: dict[str, _Where] = {}
         for host, names in groups.items():
@@ -466,7 +467,7 @@ class NativeProgram:
     def _fresh_outputs(self) -> None:
         """A new buffer for every graph output's slot: a run's outputs are its own."""
         for region, size in self._outputs.items():
-            self._buffers[region] = buffer = _aligned_bytes(size)
+            self._buffers[region] = buffer = aligned_empty(size, np.uint8)
             self._base_array[region] = buffer.ctypes.data
 
     def profile(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
@@ -587,12 +588,6 @@ class NativeProgram:
         shape = self._shapes[name][0]
         return np.array(array.reshape(shape), copy=True)
 
-
-def _aligned_bytes(size: int, zero: bool = False) -> np.ndarray:
-    """``size`` bytes starting on an ``ALIGN``-byte boundary (zeroed when asked)."""
-    raw = (np.zeros if zero else np.empty)(size + ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + size]
 
 
 def _written(item: _NativeCall | _Bridge) -> tuple[str, ...]:

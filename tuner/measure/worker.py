@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tunecache.compiler.buffers import aligned_empty
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import (
@@ -84,7 +85,8 @@ def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any
     check = bool(req.get("check", True))
     inputs, ref = inputs_cache.get(op, int(req.get("seed", 0)), with_reference=check)
     out_shape = op.arguments()[-1].shape
-    out = np.full(out_shape, np.nan, dtype=np.float32)
+    out = aligned_empty(out_shape)
+    out[...] = np.nan
     run: Kernel | WeightBoundKernel = kernel
     args = inputs
     constant = bool(req.get("prepacked"))  # the kind's weights are a model's constants
