@@ -41,11 +41,11 @@ class TunerKind:
       and different algorithms poorly, so the tiler keeps each algorithm's best in its top-k
       and a tuning job measures every one of them (kinds with one algorithm leave the
       default).
-    * ``in_place_weights(schedule)`` — the same tile reading its weights (second input) where
-      they lie, or None. The tiler ranks as if weights were packed once, as a compiled model
-      holds them; a tuning job that times them packed on every call (weights that are an
-      activation) measures this variant of the tiler's first candidate too (kinds without
-      weight packing leave the default).
+    * ``in_place_weights(op, schedule, hw)`` — schedules like ``schedule`` that read its
+      weights (second input) where they lie, best guess first, or none. The tiler ranks as
+      if weights were packed once, as a compiled model holds them; a tuning job that times
+      them packed on every call (weights that are an activation) measures these variants of
+      the tiler's first candidate too (kinds without weight packing leave the default).
     """
 
     name: str
@@ -54,7 +54,8 @@ class TunerKind:
     grid: Callable[[OpSignature, HardwareSpec, int | None], Strata]
     neighbours: Callable[[OpSignature, Any, HardwareSpec], list[Any]]
     algorithm: Callable[[Any], str] = lambda schedule: ""
-    in_place_weights: Callable[[Any], Any | None] = lambda schedule: None
+    in_place_weights: Callable[[OpSignature, Any, HardwareSpec], list[Any]] = (
+        lambda op, schedule, hw: [])
 
 
 _REGISTRY: LayerRegistry[TunerKind] = LayerRegistry(__name__, "tuner", "the tiler has no model")

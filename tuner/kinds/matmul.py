@@ -299,13 +299,27 @@ def _neighbours(op: OpSignature, best: MatmulSchedule, hw: HardwareSpec) -> list
     return out
 
 
-def _in_place_weights(s: MatmulSchedule) -> MatmulSchedule | None:
-    """The same micro-tile and blocks reading B in place (no Strassen: it packs both). With B
-    packed on every call, BERT's 128x768x768 projection ran at 1.30-1.32 ms this way against
-    1.36-1.44 ms for the tiler's packed top-10 (Zen 4 VM, one thread)."""
+def _in_place_weights(op: OpSignature, s: MatmulSchedule,
+                      hw: HardwareSpec) -> list[MatmulSchedule]:
+    """The same micro-tile and blocks reading B in place (no Strassen: it packs both), then
+    the best one-vector-wide tile reading it in place.
+
+    Read in place, B is not the contiguous micro-panel the L1 model sizes ``kc`` for: each
+    k step of an ``nr``-wide tile reads ``nr`` floats from another row of B, so the panel
+    L1 has to hold spans ``kc`` rows. A one-vector tile reads one cache line per row. With
+    B packed on every call, BERT's 128x768x768 projection ran at 1.30-1.31 ms with 8x16 and
+    16x16 tiles in place against 1.32-1.35 ms for the tiler's top-1 (4x96) in place and
+    1.36-1.44 ms for its packed top-10 (Zen 4 VM, one thread, 64-byte aligned operands)."""
     if s.pack_b == 0 or s.loop_order == "dot":
-        return None
-    return s.replace(pack_a=0, pack_b=0, strassen=0)
+        return []
+    same = s.replace(pack_a=0, pack_b=0, strassen=0)
+    narrow = [(mr, nr) for mr, nr in micro_tiles(op, hw) if nr == hw.lanes]
+    if not narrow or s.nr == hw.lanes:
+        return [same]
+    mr, nr = narrow[0]
+    d = op.dims_dict
+    return [same, same.replace(mr=mr, nr=nr, kc=kc_candidates(op, hw, mr, nr)[0],
+                               mc=balanced(d["M"], s.mc, mr), nc=balanced(d["N"], s.nc, nr))]
 
 
 def _algorithm(s: MatmulSchedule) -> str:

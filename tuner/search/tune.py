@@ -105,17 +105,18 @@ def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
     better default (a model trained on other layouts or hardware can rank it low), and the
     estimate and a model that has seen few measurements of an algorithm compare algorithms
     too poorly to leave one unmeasured. When the timing packs weights on every call
-    (``weights_packed_once`` false), the top-1 reading its weights in place follows it: the
-    tiler and the model rank as if weights were packed once."""
+    (``weights_packed_once`` false), the kind's variants of the top-1 reading its weights in
+    place follow it: the tiler and the model rank as if weights were packed once."""
     pool = roller.candidates(op, hw, k=config.pool, threads=config.threads)
     if not pool:
         return []
     kind = tuner_kind(op.kind)
     leaders = roller.first_of_each(pool, lambda c: kind.algorithm(c.schedule))
     first = [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in leaders]
-    in_place = None if weights_packed_once else kind.in_place_weights(first[0].schedule)
-    if in_place is not None and not problems(op, in_place, hw):
-        first.insert(1, Candidate(op, in_place, "tiler"))
+    if not weights_packed_once:
+        in_place = [s for s in kind.in_place_weights(op, first[0].schedule, hw)
+                    if not problems(op, s, hw)]
+        first[1:1] = [Candidate(op, s, "tiler") for s in in_place]
     rest = [c for c in pool if c not in leaders]
     if model is None:
         return first + [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in rest]
