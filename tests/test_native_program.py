@@ -75,6 +75,9 @@ def test_models_run_natively_and_match_the_reference(make, tmp_path: Path) -> No
     program = NativeProgram.build(compiled.graph, compiled.kernels, feeds)
     assert program.native_steps == len(compiled.graph.kernel_nodes)
     assert 0 < program.arena_bytes <= program.unplanned_bytes
+    # Constants read in place (biases, depthwise weights) start on a line, as the arena does.
+    constants = list(program._constants.values())
+    assert constants and all(c.ctypes.data % ALIGN == 0 for c in constants)
     reference = compiled.run(feeds)
     for seed in (0, 1):  # runs are independent: nothing stale is left in the arena
         feeds = random_feeds(model, seed)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler import onnx_ops
-from tunecache.compiler.buffers import aligned_empty
+from tunecache.compiler.buffers import aligned_copy, aligned_empty
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.executor import check_inputs, numpy_kernel
 from tunecache.compiler.frontend import FLOAT32, Graph, KernelNode, ModelError, OnnxNode
@@ -251,8 +251,8 @@ class NativeProgram:
         names = list(node.inputs)
         for i, (name, shape) in enumerate(zip(node.inputs, shapes, strict=True)):
             if name in self.graph.constants:
-                prepared = np.ascontiguousarray(self.graph.constants[name].reshape(shape),
-                                                dtype=FLOAT32)
+                prepared = aligned_copy(
+                    np.asarray(self.graph.constants[name], dtype=FLOAT32).reshape(shape))
                 names[i] = f"const:{node.name}:{i}"
                 self._constants[names[i]] = prepared
         entry = library.tc_kernel
@@ -339,8 +339,8 @@ class NativeProgram:
         if root in self._where:
             return self._where[root]
         if root in self.graph.constants:  # a constant reached through a view
-            self._constants[root] = np.ascontiguousarray(self.graph.constants[root],
-                                                         dtype=FLOAT32)
+            self._constants[root] = aligned_copy(
+                np.asarray(self.graph.constants[root], dtype=FLOAT32))
             self._where[root] = _Where(len(self._bases))
             self._bases.append(self._constants[root].ctypes.data)
             return self._where[root]
