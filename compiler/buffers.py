@@ -33,3 +33,11 @@ def aligned_copy(x: np.ndarray) -> np.ndarray:
     out = aligned_empty(x.shape, x.dtype)
     out[...] = x
     return out
+
+
+def as_aligned(x: np.ndarray) -> np.ndarray:
+    """``x`` itself when it is C-contiguous and starts on an :data:`ALIGN`-byte boundary,
+    else :func:`aligned_copy` of it."""
+    if x.flags.c_contiguous and x.ctypes.data % ALIGN == 0:
+        return x
+    return aligned_copy(x)

@@ -125,4 +125,3 @@ def measure_bandwidth_gbs(hw: HardwareSpec, threads: int = 1, mib: int = 128) ->
     best = min(fn(x.ctypes.data, y.ctypes.data, n, threads, streaming)
                for streaming in (0, 1) for _ in range(5))
     return 8.0 * n / best / 1e9
-

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler.backends import backend_for
-from tunecache.compiler.buffers import aligned_copy, aligned_empty
+from tunecache.compiler.buffers import aligned_copy, aligned_empty, as_aligned
 from tunecache.compiler.build import Artifact, open_verified
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import KernelArgumentError
@@ -174,7 +174,6 @@ class Kernel:
         return WeightBoundKernel(self, packed, entry, timer)
 
 
-
 @dataclass(frozen=True)
 class WeightBoundKernel:
     """A kernel with its weights packed once; call it without them (``k(X[, bias][, add])``
@@ -265,11 +264,11 @@ def random_inputs(op: OpSignature, seed: int = 0) -> tuple[np.ndarray, ...]:
     the kind draws its own (``OpKind.random_inputs``); each starts on a cache line."""
     rng = np.random.default_rng(seed)
     draw = op_kind(op.kind).random_inputs
-    drawn = draw(op, rng) if draw is not None else tuple(
-        rng.standard_normal(arg.shape, dtype=np.float32)
-        for arg in op.arguments() if arg.role == "input")
     # Cache-line aligned, as a compiled model's arena and packed weights are.
-    return tuple(aligned_copy(x) for x in drawn)
+    if draw is not None:
+        return tuple(as_aligned(x) for x in draw(op, rng))
+    return tuple(rng.standard_normal(out=aligned_empty(arg.shape), dtype=np.float32)
+                 for arg in op.arguments() if arg.role == "input")
 
 
 def reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tunecache.compiler.buffers import ALIGN, aligned_copy, aligned_empty
+from tunecache.compiler.buffers import ALIGN, aligned_copy, aligned_empty, as_aligned
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.ops import OpSignature
@@ -64,6 +64,10 @@ def test_aligned_empty_takes_shapes_dtypes_and_zeroes() -> None:
     y = aligned_copy(np.arange(10.0)[::2])
     assert y.ctypes.data % ALIGN == 0 and y.flags.c_contiguous
     np.testing.assert_array_equal(y, [0.0, 2.0, 4.0, 6.0, 8.0])
+    assert as_aligned(y) is y
+    shifted = aligned_empty(9)[1:]  # 4 bytes past a line
+    moved = as_aligned(shifted)
+    assert moved is not shifted and moved.ctypes.data % ALIGN == 0
 
 @pytest.mark.parametrize(
     ("mutate", "fragment"),

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# Every tensor in the arena starts on a cache line (buffers.ALIGN).
 from tunecache.compiler.buffers import ALIGN
-
-"""Byte alignment of every tensor in the arena (a cache line; an AVX-512 vector)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -589,7 +589,6 @@ class NativeProgram:
         return np.array(array.reshape(shape), copy=True)
 
 
-
 def _written(item: _NativeCall | _Bridge) -> tuple[str, ...]:
     return (item.output,) if isinstance(item, _NativeCall) else tuple(o for o in item.outputs if o)
 
