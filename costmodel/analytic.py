@@ -61,15 +61,15 @@ def micro_efficiency(mr: int, nv: int, c: ArchConstants = DEFAULT_CONSTANTS,
                      margin: float = LATENCY_MARGIN) -> float:
     """Fraction of FMA peak a ``mr x (nv vectors)`` micro-kernel can sustain.
 
-    Latency: fewer than fma_pipes * fma_latency * LATENCY_MARGIN independent accumulators
-    leave pipes idle.
+    Latency: fewer than fma_in_flight * LATENCY_MARGIN independent accumulators leave pipes
+    idle.
     Loads: per k step the kernel loads nv vectors and broadcasts mr scalars for mr*nv FMAs;
     with two load ports a ratio below one FMA per load starves the FMA pipes. A broadcast
     costs about half a vector load (compilers fold it into the FMA as a memory operand;
     measured here, tall one-vector tiles such as 22x16 are among the fastest).
     """
     acc = mr * nv
-    latency = min(1.0, acc / (c.fma_pipes * c.fma_latency * margin))
+    latency = min(1.0, acc / (c.fma_in_flight * margin))
     loads = min(1.0, acc / (0.5 * mr + nv))
     return 0.92 * latency * loads
 

@@ -72,7 +72,12 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 16: lrn (its kind column and block: lrn_size, log_pixels_per_tile).
 # 17: pwdw (its kind column and block: pw_block, band_tiles, log_band_kib).
 # 18: the matmul strassen knob (its column, and the estimate of strassen=1 schedules).
-FEATURE_VERSION = 18
+# 19: FMAs in flight per ISA (4 at AVX-512: Zen 4 issues one 512-bit FMA per cycle), which
+#     moves the analytic columns and the micro_efficiency columns (now the hardware's, not
+#     the default constants); implicit-GEMM conv tiles take the matmul's
+#     latency margin; a GEMM conv's 1x1 panels cost their read, and split by output channels
+#     every thread packs every panel (ARCHITECTURE change 54).
+FEATURE_VERSION = 19
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

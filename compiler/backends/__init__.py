@@ -31,11 +31,13 @@ class ArchConstants:
     estimates readable in milliseconds. ``dram_gbps_per_core`` is what a blocked GEMM or
     convolution sustains from memory; ``stream_gbps_per_core`` what a streaming kernel (one
     vector load and store per element) does (a STREAM copy: about 33 GB/s on one core of the
-    project's Zen 3 and Zen 4 VMs)."""
+    project's Zen 3 and Zen 4 VMs). ``fma_in_flight`` is how many independent FMAs of the
+    ISA's vector width keep the FMA units busy: pipes x latency (2 x 4), fewer where one
+    wide FMA occupies several pipes."""
 
     ghz: float = 3.0
     fma_pipes: int = 2
-    fma_latency: int = 4
+    fma_in_flight: int = 8
     bytes_per_cycle: Mapping[str, float] = field(
         default_factory=lambda: {"l1": 64.0, "l2": 32.0, "l3": 16.0})
     dram_gbps_per_core: float = 10.0

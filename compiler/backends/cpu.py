@@ -4,7 +4,7 @@ called through ctypes (:mod:`tunecache.compiler.runtime`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tunecache.compiler.backends import ArchConstants, register_backend
@@ -17,6 +17,15 @@ from tunecache.compiler.runtime import Kernel, load_kernel
 # Nominal per-core numbers of the x86 VMs this project runs on: FMA with 2 pipes and 4-cycle
 # latency; libgomp's fork/join and barriers on a 2-vCPU VM are 2-3x bare metal.
 X86_CONSTANTS = ArchConstants()
+# Zen 4, the one AVX-512 machine met, runs a 512-bit FMA on both of its 256-bit pipes: the
+# peak probe reads the same 117.5 GFLOP/s at AVX-512 and at AVX2 there, so four 512-bit
+# FMAs in flight (one per cycle, latency 4) keep it busy, and an 8-accumulator tile is not
+# latency bound (8 x 1 vectors is the fastest implicit-GEMM tile of ResNet-50's 56x56 1x1
+# layer at AVX-512, while 12-accumulator tiles win it at AVX2). The pipes stay at 2: the
+# bandwidth constants were fitted against that compute scale, and halving it moved the
+# tiler's top-1 on matmuls (1024^3: 0.72 of the best, Strassen's two levels first).
+# Server cores with two 512-bit FMA units (Skylake-SP Gold, Zen 5) would want 8.
+AVX512_CONSTANTS = replace(X86_CONSTANTS, fma_in_flight=4)
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class CpuBackend:
         return load_kernel(op, artifact)
 
     def constants(self, hw: HardwareSpec) -> ArchConstants:
-        return X86_CONSTANTS
+        return AVX512_CONSTANTS if hw.isa == "avx512" else X86_CONSTANTS
 
 
 CPU = register_backend(CpuBackend())

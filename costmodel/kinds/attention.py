@@ -95,7 +95,7 @@ def _item_cycles(op: OpSignature, s: AttentionSchedule, hw: HardwareSpec, g: Geo
         score = g.key_rows * d_vecs / (pipes * micro_efficiency(q, g.score_vectors, arch))
     else:
         # accumulators q x keys, one load per row and key per step; then a horizontal sum
-        eff = min(1.0, q * g.score_vectors / (pipes * arch.fma_latency)) * 0.9
+        eff = min(1.0, q * g.score_vectors / arch.fma_in_flight) * 0.9
         score = g.key_rows * (d_vecs / (pipes * eff) + HSUM_OPS / pipes)
     pv = g.key_rows * dv_vecs / (pipes * micro_efficiency(q, g.pv_vectors, arch))
     softmax = (g.key_rows / lanes * SOFTMAX_OPS_PER_VECTOR

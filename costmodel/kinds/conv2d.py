@@ -9,6 +9,7 @@ from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, conv2d_blocks,
 from tunecache.compiler.kinds.conv2d.winograd import transform_ops, winograd_plan
 from tunecache.compiler.ops import OpSignature
 from tunecache.costmodel.analytic import (
+    LATENCY_MARGIN,
     Estimate,
     ceil_div,
     constants,
@@ -19,10 +20,17 @@ from tunecache.costmodel.analytic import (
 from tunecache.costmodel.kinds import CostKind, FeatureBlock, l2, register
 from tunecache.costmodel.kinds.elementwise import HEAVY, STEP_OPS
 
-# Conv tiles keep the plain latency rule (analytic.LATENCY_MARGIN is the matmul's): a 4-pixel
-# two-vector tile and a 14-pixel one-vector tile measured within 10% on NCHW input
-# (test_conv2d_schedule).
+# Direct conv tiles keep the plain latency rule (analytic.LATENCY_MARGIN is the matmul's): a
+# 4-pixel two-vector tile and a 14-pixel one-vector tile measured within 10% on NCHW input
+# (test_conv2d_schedule). Implicit-GEMM tiles are a matmul's micro-kernel (channels broadcast,
+# pixel vectors) and take its margin: at AVX2 on Zen 4, ResNet-50's 56x56 64->64 1x1 ran
+# 127-134 us with 12-accumulator tiles (4 x 3 and 6 x 2 vectors) against 158-161 us with
+# 8-accumulator ones (8 x 1, 2 x 4), which a margin of 1 rated equal.
 CONV_MARGIN = 1.0
+
+
+def _margin(s: Conv2dSchedule) -> float:
+    return LATENCY_MARGIN if s.algorithm == "gemm" else CONV_MARGIN
 
 
 def _conv_dims(op: OpSignature) -> tuple[int, int, int, int, int, int, int, bool]:
@@ -53,7 +61,6 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     lanes = hw.lanes
     T = s.threads
     peak = peak_gflops_per_core(hw) * 1e9
-    pack_bw = arch.pack_gbps * 1e9
     direct = s.algorithm == "direct"
     pixels = p * q
     if depthwise:
@@ -77,7 +84,7 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     else:
         nv = max(1, s.ow_block // lanes)
         kc = min(s.ic_block, cg) * rs
-        eff = micro_efficiency(s.oc_block, nv, arch, CONV_MARGIN) * kc / (kc + 24)
+        eff = micro_efficiency(s.oc_block, nv, arch, _margin(s)) * kc / (kc + 24)
         flops = (2.0 * n * groups * round_up(fg, s.oc_block) * round_up(pixels, s.ow_block)
                  * cg * rs)
         units = n * groups * (ceil_div(fg, s.oc_block) if s.parallel == "oc"
@@ -88,12 +95,8 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     in_elems = n * d["C"] * (d["H"] + d["pad_t"] + d["pad_b"]) * (d["W"] + d["pad_l"] + d["pad_r"])
     out_elems = n * d["F"] * pixels
     weights = d["F"] * cg * rs
-    # Weights are packed once, when a model is compiled (and tuning times conv2d that way,
-    # codegen v2): per call they are only read, once, whatever the layout.
-    pack_bytes = 8.0 * in_elems if direct else 8.0 * n * groups * cg * rs * pixels
-    if conv2d_blocks(op)[0]:
-        pack_bytes *= _blocked_input_copy(op)
-    memory_s = pack_bytes / (pack_bw * busy) + (8.0 * out_elems + 4.0 * weights) / (
+    pack_s = _pack_s(op, s, hw, in_elems, busy)
+    memory_s = pack_s + (8.0 * out_elems + 4.0 * weights) / (
         arch.bytes_per_cycle["l3"] * arch.ghz * 1e9 * busy)
     if depthwise:
         memory_s += 4.0 * in_elems / (arch.bytes_per_cycle["l3"] * arch.ghz * 1e9 * busy)
@@ -102,6 +105,36 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     overhead_s = arch.call_overhead_s + (arch.fork_join_s if T > 1 else 0.0)
     seconds = compute_s + memory_s + overhead_s
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+# Bytes per element a schedule's input copy moves. Weights are packed once, when a model is
+# compiled (tuning times conv2d that way, codegen v2): per call they are only read, once.
+# A direct schedule converts the whole input into a blocked copy (read and write) that its
+# tiles then read back. A GEMM schedule copies one panel at a time into a buffer that stays
+# in L1, so a 1x1 panel (a plain copy of input rows) costs the read; an im2col panel of a
+# larger window is a gather, priced like the blocked copy. Over the seed's records this
+# lifted the analytic top-1 on 1x1 convs from 0.67-0.78 to 0.70-0.89 per hardware spec
+# (ARCHITECTURE change 54).
+_COPY_BYTES = 8.0
+_PANEL_1X1_BYTES = 4.0
+
+
+def _pack_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec, in_elems: float,
+            busy: int) -> float:
+    """Seconds of the per-call input copy. A GEMM schedule split by output channels packs
+    every panel in every thread (each walks all pixels), so that copy does not divide."""
+    d = op.dims_dict
+    n, groups, cg = d["N"], d["groups"], d["C"] // d["groups"]
+    rs = d["R"] * d["S"]
+    if s.algorithm == "direct":
+        nbytes, packers = _COPY_BYTES * in_elems, busy
+    else:
+        per = _PANEL_1X1_BYTES if rs == 1 else _COPY_BYTES
+        nbytes = per * n * groups * cg * rs * op.out_h * op.out_w
+        packers = 1 if s.parallel == "oc" else busy
+    if conv2d_blocks(op)[0]:
+        nbytes *= _blocked_input_copy(op)
+    return nbytes / (constants(hw).pack_gbps * 1e9 * packers)
 
 
 def _reread_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec, arch: ArchConstants,
@@ -291,7 +324,7 @@ def _cross(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> tuple[float,
     flops = float(op.flops)
     return (
         rows, nv, acc, regs, regs / hw.vector_registers, acc / (rows + nv),
-        micro_efficiency(rows, int(nv), margin=CONV_MARGIN) if nv >= 1 else 0.0,
+        micro_efficiency(rows, int(nv), constants(hw), _margin(s)) if nv >= 1 else 0.0,
         eff_m, eff_n,
         items / (busiest * T) if T > 1 else 1.0, l2(items / T), l2(flops / T),
         cg / round_up(cg, icb) if not dw else 1.0,

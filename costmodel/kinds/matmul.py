@@ -254,7 +254,7 @@ def _cross(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> tuple[float,
         bal, units = (sum(per_block) / T / busiest if busiest else 1.0), sum(per_block) / T
     return (
         mr, nv, acc, regs, regs / hw.vector_registers, acc / (mr + nv),
-        micro_efficiency(mr, int(nv)) if nv >= 1 else 0.0,
+        micro_efficiency(mr, int(nv), constants(hw)) if nv >= 1 else 0.0,
         M / Mp, N / Np, M / (n_ic * mc), N / (n_jc * nc), K / (n_pc * kc),
         kc, l2(kc), l2(mc), l2(nc),
         l2(n_ic), l2(n_jc), l2(n_pc), l2(b * n_ic * n_jc * n_pc),

@@ -70,7 +70,7 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
                                          ic_block=1, pack_w=0, unroll_kw=unroll,
                                          threads=threads, parallel="oc")
         return
-    for nv in (1, 2, 4):
+    for nv in (1, 2, 3, 4):
         max_mr = min(MAX_MR, (regs - nv - 1) // nv)
         for mr in sorted({max_mr, max(1, max_mr // 2), min(max_mr, round_up(min(fg, 8), 1))}):
             for depth in (256, 512):
