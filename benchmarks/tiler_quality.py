@@ -15,7 +15,11 @@ the second pass's best ÷ the second-pass time of the first pass's fastest: what
 one timing pass is worth when judged by another, the cap on any ranking's score on this
 machine. With the second pass, every ratio takes each schedule's faster pass: the first pass
 times the top-10 before the sample, so a slow phase of a shared VM between the two would
-otherwise read as a tiler miss.
+otherwise read as a tiler miss. Taking the fastest of many noisy timings favours whichever
+group holds more schedules (the sample has three times the top-10's), so an outsider that
+beats the top-10 by more than 5% is confirmed: it and the top-10's best are timed side by
+side in three fresh rounds, and those rounds' faster times replace both (up to three
+outsiders per op).
 
     python benchmarks/tiler_quality.py [--sample 60] [--root DIR] [--fixture PATH]
 """
@@ -152,6 +156,40 @@ def _retest_ceiling(first: list[MeasureResult], second: list[MeasureResult]) -> 
     return min(b for _, b in pairs) / picked
 
 
+# An outsider that beats the top-k's best by more than this is confirmed in a duel.
+CONFIRM_BELOW = 0.95
+CONFIRM_ROUNDS = 3
+MAX_CONFIRMATIONS = 3
+
+
+def _fastest(results: list[MeasureResult]) -> int | None:
+    ranked = [(r.median_s, i) for i, r in enumerate(results) if r.ok and r.median_s]
+    return min(ranked)[1] if ranked else None
+
+
+def _confirm_outsiders(op: OpSignature, schedules: list[Schedule],
+                       settled: list[MeasureResult], k: int,
+                       runner: Runner) -> list[MeasureResult]:
+    """``settled`` with each outsider (a schedule past the first ``k`` that beats their best
+    by more than CONFIRM_BELOW) and the top-k's best timed again side by side, the faster of
+    CONFIRM_ROUNDS fresh rounds replacing both: a minimum over many noisy timings is biased
+    low, and the sample's best is such a minimum."""
+    out = list(settled)
+    for _ in range(MAX_CONFIRMATIONS):
+        best, inside = _fastest(out), _fastest(out[:k])
+        if best is None or inside is None or best < k:
+            break
+        if (out[best].median_s or 0.0) >= CONFIRM_BELOW * (out[inside].median_s or 0.0):
+            break
+        pair = (inside, best)
+        rounds = [runner.measure([Candidate(op, schedules[i], "confirm") for i in pair])
+                  for _ in range(CONFIRM_ROUNDS)]
+        for j, i in enumerate(pair):
+            timed = [r[j] for r in rounds if r[j].ok and r[j].median_s]
+            out[i] = min(timed, key=lambda r: r.median_s or 0.0) if timed else rounds[0][j]
+    return out
+
+
 def evaluate(op: OpSignature, model: str, sample: int, runner: Runner, store: Store | None,
              job_id: str, ranker: Ranker | None = None,
              retest: bool = True) -> tuple[OpOutcome, list[MeasureResult]]:
@@ -176,6 +214,8 @@ def evaluate(op: OpSignature, model: str, sample: int, runner: Runner, store: St
         again = _shuffled_pass(op, [c.schedule for c in top] + drawn, runner)
         ceiling = _retest_ceiling(every, again)
         settled = [_faster(a, b) for a, b in zip(every, again, strict=True)]
+        settled = _confirm_outsiders(op, [c.schedule for c in top] + drawn, settled,
+                                     len(top), runner)
     best = _best_time(settled)
     picks = settled[:len(top)]
 
@@ -184,10 +224,9 @@ def evaluate(op: OpSignature, model: str, sample: int, runner: Runner, store: St
 
     pick = _model_pick(op, [c.schedule for c in top], ranker, hw)
     model_top1 = _ratio(best, _best_time([picks[pick]])) if pick is not None else None
-    ranked = [(r.median_s, i) for i, r in enumerate(picks) if r.ok and r.median_s]
     outcome = OpOutcome(
         model, op, gen_s * 1e3, score(1), score(5), score(10), model_top1, ceiling,
-        min(ranked)[1] if ranked else None, tune_s,
+        _fastest(picks), tune_s,
         sweep_s / max(1, len(drawn)), len(space), len(every),
         sum(not r.ok for r in every),
     )
@@ -214,7 +253,9 @@ def render(outcomes: list[OpOutcome], sample: int, plot: str | None, ranker_note
         "measured among the tiler's top-k (1.0 = the tiler found the best). Model top-1: "
         f"{ranker_note}. Noise ceiling: the same schedules timed again in a shuffled order, "
         "ranked by the first pass (which times the top-10 before the sample); with that "
-        "second pass, every ratio takes each schedule's faster pass.", "",
+        "second pass, every ratio takes each schedule's faster pass, and a sampled schedule "
+        "that beats the top-10's best by more than 5% is confirmed: both timed again side by "
+        "side in three fresh rounds, whose faster times replace theirs.", "",
         "| | median | worst | target |", "|---|---|---|---|",
         f"| top-1 ratio | {med(top1):.3f} | {min(top1, default=float('nan')):.3f} | ≥ 0.85 median |",
         f"| top-5 ratio | {med(top5):.3f} | {min(top5, default=float('nan')):.3f} | |",
