@@ -221,6 +221,25 @@ def test_the_top_k_keeps_each_algorithms_best_and_a_job_measures_it_first() -> N
     assert {c.schedule for c in ranked[1:3]} == {c.schedule for c in leaders.values()}
 
 
+def test_a_small_op_keeps_each_thread_counts_best_and_a_job_measures_them_first() -> None:
+    """A 5x37x53x19 batched matmul: the estimate's fork/join charge ranks ten one-thread
+    schedules first, but two threads measured 0.87x their time in one run and slower in
+    others (the cost moves with the machine's load). The top-10 keeps the best of each
+    thread count, the top-1 unchanged, and a tuning job measures both first."""
+    from tunecache.tuner.search.tune import TuneConfig, ranked_candidates
+
+    op = OpSignature.parse("batch_matmul(B=5,M=37,N=53,K=19,layout=nn,shared=b,epilogue=bias)")
+    every = candidates(op, AVX512, k=400)
+    firsts = {t: next(c.schedule for c in every if c.schedule.threads == t) for t in (1, 2)}
+    assert max(_rank(every, s) for s in firsts.values()) >= 10, "the case no longer needs the rule"
+    top = candidates(op, AVX512, k=10)
+    assert len(top) == 10 and top[0].schedule == every[0].schedule
+    assert set(firsts.values()) <= {c.schedule for c in top}
+    ranked = ranked_candidates(op, AVX512, TuneConfig(pool=10))
+    assert {c.schedule for c in ranked[:2]} == set(firsts.values())
+    assert ranked[0].schedule == every[0].schedule
+
+
 def test_weights_packed_on_every_call_put_the_in_place_top_1_second() -> None:
     """Timed with B packed on every call (B an activation), BERT's projection measures the
     tiler's top-1 reading B in place right after it (1.32 against 1.38 ms measured), then the

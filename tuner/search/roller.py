@@ -109,29 +109,64 @@ def candidates(op: OpSignature, hw: HardwareSpec, k: int = DEFAULT_K,
         picked = {s for s, _ in chosen}
         chosen = _by_estimate(chosen + [(s, e) for s, e in scored
                                         if s not in picked][: k - len(chosen)])
-    chosen = _with_every_algorithm(chosen, scored, kind.algorithm)
+    chosen = _with_every_leader(chosen, scored, kind.algorithm)
     return [ScoredSchedule(s, est, rank) for rank, (s, est) in enumerate(chosen)]
 
 
-def _with_every_algorithm(chosen: list[tuple[Schedule, Estimate]],
+def _with_every_leader(chosen: list[tuple[Schedule, Estimate]],
                           scored: list[tuple[Schedule, Estimate]],
                           algorithm: Callable[[Schedule], str]) -> list[tuple[Schedule, Estimate]]:
-    """``chosen`` with each algorithm's best-estimated schedule in it, each in place of the
-    last one of an algorithm that has several (never growing the list): the estimate
-    compares algorithms too poorly to leave one out (Strassen at two threads on BERT's
-    768x768 projections: ranked 74th, measured 5% faster than the first)."""
-    leaders = first_of_each(scored, lambda item: algorithm(item[0]))
+    """``chosen`` with the best-estimated schedule of each algorithm and of each thread count
+    in it, each in place of the last one whose algorithm and thread count others share (never
+    growing the list): the estimate compares algorithms too poorly to leave one out
+    (Strassen at two threads on BERT's 768x768 projections: ranked 74th, measured 5% faster
+    than the first), and thread counts of a small op by a fork/join cost that moves with the
+    machine's load (a 5x37x53x19 batched matmul: two threads 0.87x one thread's time in one
+    run, one thread fastest in others)."""
+    keys = leader_keys(algorithm)
+    leaders = leaders_of(scored, lambda item: item[0], algorithm)
     missing = [item for item in leaders if item not in chosen]
     if not missing:
         return chosen
     kept = list(chosen)
     for item in missing:
-        counts = Counter(algorithm(s) for s, _ in kept)
+        counts = [Counter(key(s) for s, _ in kept) for key in keys]
         drop = next((i for i in range(len(kept) - 1, -1, -1)
-                     if counts[algorithm(kept[i][0])] > 1 and kept[i] not in leaders), None)
+                     if kept[i] not in leaders and _shared(kept[i][0], counts, keys)), None)
         if drop is not None:
             kept[drop] = item
     return _by_estimate(kept)
+
+
+def _shared(s: Schedule, counts: list[Counter[str]],
+            keys: list[Callable[[Schedule], str]]) -> bool:
+    """Whether other kept schedules share each of ``s``'s keys (so dropping it loses none)."""
+    return all(c[key(s)] > 1 for c, key in zip(counts, keys, strict=True))
+
+
+def _threads(s: Schedule) -> str:
+    return str(s.threads)
+
+
+def leader_keys(algorithm: Callable[[Schedule], str]) -> list[Callable[[Schedule], str]]:
+    """What the top-k and a tuning job keep one of each: algorithms and thread counts."""
+    return [algorithm, _threads]
+
+
+def leaders_of(items: Iterable[T], schedule: Callable[[T], Schedule],
+               algorithm: Callable[[Schedule], str]) -> list[T]:
+    """The first item of each algorithm, then the first of each thread count not already
+    among them, in the items' order within each group."""
+    items = list(items)
+    found: list[T] = []
+    for key in leader_keys(algorithm):
+        found += first_of_each(items, _composed(key, schedule))
+    return list(dict.fromkeys(found))
+
+
+def _composed(key: Callable[[Schedule], str], schedule: Callable[[T], Schedule]
+              ) -> Callable[[T], str]:
+    return lambda item: key(schedule(item))
 
 
 def first_of_each(items: Iterable[T], key: Callable[[T], str]) -> list[T]:

@@ -100,7 +100,8 @@ def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
                       weights_packed_once: bool = True) -> list[Candidate]:
     """The tiler's pool, ordered by the cost model when one is given, else by estimate.
 
-    The tiler's best schedule of each algorithm comes first, its top-1 leading: the top-1 is
+    The tiler's best schedule of each algorithm and of each thread count comes first, its
+    top-1 leading: the top-1 is
     what an untuned compile runs, so a tuned op is never one the model steered away from a
     better default (a model trained on other layouts or hardware can rank it low), and the
     estimate and a model that has seen few measurements of an algorithm compare algorithms
@@ -111,7 +112,7 @@ def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
     if not pool:
         return []
     kind = tuner_kind(op.kind)
-    leaders = roller.first_of_each(pool, lambda c: kind.algorithm(c.schedule))
+    leaders = roller.leaders_of(pool, lambda c: c.schedule, kind.algorithm)
     first = [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in leaders]
     if not weights_packed_once:
         in_place = [s for s in kind.in_place_weights(op, first[0].schedule, hw)
