@@ -8,7 +8,7 @@ import pytest
 
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import ScheduleError
-from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
@@ -189,9 +189,7 @@ def test_the_loop_order_pays_for_what_it_streams_again() -> None:
     assert estimate(deep, fp, avx2).seconds < estimate(deep, pf, avx2).seconds
 
 
-def _spec(isa: str) -> object:
-    from tunecache.compiler.hardware import HardwareSpec
-
+def _spec(isa: str) -> HardwareSpec:
     return HardwareSpec(arch="x86_64", isa=isa, vector_bits=512 if isa == "avx512" else 256,
                         cores=2, l1d_bytes=32 << 10, l2_bytes=1 << 20, l3_bytes=32 << 20,
                         cpu_model="test", l3_shared_by=2)

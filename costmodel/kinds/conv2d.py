@@ -123,14 +123,12 @@ def _pack_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec, in_elems: floa
             busy: int) -> float:
     """Seconds of the per-call input copy. A GEMM schedule split by output channels packs
     every panel in every thread (each walks all pixels), so that copy does not divide."""
-    d = op.dims_dict
-    n, groups, cg = d["N"], d["groups"], d["C"] // d["groups"]
-    rs = d["R"] * d["S"]
+    n, groups, cg, _, p, q, rs, _ = _conv_dims(op)
     if s.algorithm == "direct":
         nbytes, packers = _COPY_BYTES * in_elems, busy
     else:
         per = _PANEL_1X1_BYTES if rs == 1 else _COPY_BYTES
-        nbytes = per * n * groups * cg * rs * op.out_h * op.out_w
+        nbytes = per * n * groups * cg * rs * p * q
         packers = 1 if s.parallel == "oc" else busy
     if conv2d_blocks(op)[0]:
         nbytes *= _blocked_input_copy(op)
