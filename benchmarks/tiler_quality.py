@@ -85,6 +85,18 @@ CONV_OPS: list[tuple[str, OpSignature]] = [
     for name, picks in CONV_PICKS.items() for i in picks
 ]
 OPS = MATMUL_OPS + CONV_OPS
+# Compiled models run convolutions on blocked activations (NCHW[x]c, x = the vector width),
+# where the tiler has other tiles and estimates: some of the same layers in that layout.
+BLOCKED_PICKS = {"resnet50": (5, 12, 19, 21), "mobilenet_v2": (5, 6)}
+
+
+def blocked_ops(hw: HardwareSpec) -> list[tuple[str, OpSignature]]:
+    """The :data:`BLOCKED_PICKS` layers in ``hw``'s blocked layout, input and output."""
+    tag = f"nchw{hw.lanes}c"
+    return [(f"{name}: {SUITES[name].workloads[i].label.split(';')[0]}, {tag}",
+             OpSignature.parse(SUITES[name].workloads[i].op.text.replace(
+                 "layout=nchw,", f"layout={tag},out_layout={tag},")))
+            for name, picks in BLOCKED_PICKS.items() for i in picks]
 
 
 @dataclass
@@ -322,18 +334,22 @@ def main() -> None:
     parser.add_argument("--fixture", type=Path, default=None,
                         help="write the measurements as one Parquet file (test fixture)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N ops")
-    parser.add_argument("--only", choices=("matmul", "conv"), default=None)
+    parser.add_argument("--only", choices=("matmul", "conv", "blocked"), default=None)
     parser.add_argument("--min-time", type=float, default=0.05)
     parser.add_argument("--no-write", action="store_true",
                         help="print only: leave docs/BENCHMARKS.md and the plot alone")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--section", default="tiler_quality",
+                        help="docs/BENCHMARKS.md section (and plot name) to write, e.g. one per ISA")
     parser.add_argument("--no-retest", action="store_true",
                         help="time every schedule once (no noise ceiling)")
     args = parser.parse_args()
     # Cold builds, so "time to tune" includes compiling (and never reuses a user's cache).
     os.environ["TUNECACHE_BUILD_CACHE"] = tempfile.mkdtemp(prefix="tiler-quality-kernels-")
     hw = local_spec()
-    ops = {None: OPS, "matmul": MATMUL_OPS, "conv": CONV_OPS}[args.only]
+    blocked = blocked_ops(hw)
+    ops = {None: OPS + blocked, "matmul": MATMUL_OPS, "conv": CONV_OPS + blocked,
+           "blocked": blocked}[args.only]
     ops = ops[: args.limit] if args.limit else ops
     root = args.root or tempfile.mkdtemp(prefix="tiler-quality-")
     store = Store(root)
@@ -361,7 +377,7 @@ def main() -> None:
         pq.write_table(table, args.fixture, compression="zstd")
         print(f"fixture: {args.fixture} ({args.fixture.stat().st_size >> 10} KiB, "
               f"{table.num_rows} rows)")
-    plot_name = "tiler_quality.png"
+    plot_name = f"{args.section}.png"
     plotted = not args.no_write and plot_ratios(
         outcomes, Path(__file__).resolve().parent.parent / "docs" / plot_name)
     text = render(outcomes, args.sample, plot_name if plotted else None, ranker_note)
@@ -370,7 +386,7 @@ def main() -> None:
         args.json.write_text(json.dumps([o.__dict__ | {"op": o.op.text} for o in outcomes],
                                         indent=2))
     if not args.no_write:
-        write_section("tiler_quality", text)
+        write_section(args.section, text)
 
 
 if __name__ == "__main__":

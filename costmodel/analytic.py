@@ -65,12 +65,13 @@ def micro_efficiency(mr: int, nv: int, c: ArchConstants = DEFAULT_CONSTANTS,
     idle.
     Loads: per k step the kernel loads nv vectors and broadcasts mr scalars for mr*nv FMAs;
     with two load ports a ratio below one FMA per load starves the FMA pipes. A broadcast
-    costs about half a vector load (compilers fold it into the FMA as a memory operand;
-    measured here, tall one-vector tiles such as 22x16 are among the fastest).
+    costs ``c.broadcast_loads`` vector loads: half at AVX-512, which folds it into the FMA as
+    a memory operand (tall one-vector tiles such as 22x16 are among the fastest there), more
+    at AVX2, where one-vector tiles (a broadcast per FMA) are the slow ones.
     """
     acc = mr * nv
     latency = min(1.0, acc / (c.fma_in_flight * margin))
-    loads = min(1.0, acc / (0.5 * mr + nv))
+    loads = min(1.0, acc / (c.broadcast_loads * mr + nv))
     return 0.92 * latency * loads
 
 

@@ -77,7 +77,11 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 #     the default constants); implicit-GEMM conv tiles take the matmul's
 #     latency margin; a GEMM conv's 1x1 panels cost their read, and split by output channels
 #     every thread packs every panel (ARCHITECTURE change 54).
-FEATURE_VERSION = 19
+# 20: a broadcast's cost in loads per ISA (1.5 without AVX-512's embedded broadcast) and
+#     the matmul's latency margin for direct conv tiles, which move the analytic and
+#     micro_efficiency columns at AVX2 and on portable builds; a direct conv's re-read
+#     counts the input lines a stride touches (ARCHITECTURE change 56).
+FEATURE_VERSION = 20
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

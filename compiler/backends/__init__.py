@@ -33,11 +33,15 @@ class ArchConstants:
     vector load and store per element) does (a STREAM copy: about 33 GB/s on one core of the
     project's Zen 3 and Zen 4 VMs). ``fma_in_flight`` is how many independent FMAs of the
     ISA's vector width keep the FMA units busy: pipes x latency (2 x 4), fewer where one
-    wide FMA occupies several pipes."""
+    wide FMA occupies several pipes. ``broadcast_loads`` is what one broadcast operand of a
+    micro-kernel costs in vector loads: about half where the ISA folds it into the FMA as a
+    memory operand (AVX-512's embedded broadcast), more where it is an instruction and a
+    register of its own (AVX2)."""
 
     ghz: float = 3.0
     fma_pipes: int = 2
     fma_in_flight: int = 8
+    broadcast_loads: float = 0.5
     bytes_per_cycle: Mapping[str, float] = field(
         default_factory=lambda: {"l1": 64.0, "l2": 32.0, "l3": 16.0})
     dram_gbps_per_core: float = 10.0

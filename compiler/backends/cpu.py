@@ -15,8 +15,14 @@ from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import Kernel, load_kernel
 
 # Nominal per-core numbers of the x86 VMs this project runs on: FMA with 2 pipes and 4-cycle
-# latency; libgomp's fork/join and barriers on a 2-vCPU VM are 2-3x bare metal.
-X86_CONSTANTS = ArchConstants()
+# latency; libgomp's fork/join and barriers on a 2-vCPU VM are 2-3x bare metal. Without
+# AVX-512's embedded broadcast every broadcast is a load instruction and a register of its
+# own: on the AVX2 Zen 3 VM, one thread, ResNet-50's blocked 1x1 convolutions ran 1.2-1.8x
+# faster with two- or three-vector tiles (12 accumulators, 6 or 4 pixels) than with the
+# one-vector 14-pixel tiles a broadcast at half a load rated best (256->128 channels at
+# 56x56: 2.48 against 4.07 ms), and the matmul's 8x8 tiles ran 41-67 GFLOP/s against 63-78
+# for 4x24 (ARCHITECTURE change 56).
+X86_CONSTANTS = ArchConstants(broadcast_loads=1.5)
 # Zen 4, the one AVX-512 machine met, runs a 512-bit FMA on both of its 256-bit pipes: the
 # peak probe reads the same 117.5 GFLOP/s at AVX-512 and at AVX2 there, so four 512-bit
 # FMAs in flight (one per cycle, latency 4) keep it busy, and an 8-accumulator tile is not
@@ -25,7 +31,7 @@ X86_CONSTANTS = ArchConstants()
 # bandwidth constants were fitted against that compute scale, and halving it moved the
 # tiler's top-1 on matmuls (1024^3: 0.72 of the best, Strassen's two levels first).
 # Server cores with two 512-bit FMA units (Skylake-SP Gold, Zen 5) would want 8.
-AVX512_CONSTANTS = replace(X86_CONSTANTS, fma_in_flight=4)
+AVX512_CONSTANTS = replace(X86_CONSTANTS, fma_in_flight=4, broadcast_loads=0.5)
 
 
 @dataclass(frozen=True)

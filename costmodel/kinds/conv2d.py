@@ -20,17 +20,18 @@ from tunecache.costmodel.analytic import (
 from tunecache.costmodel.kinds import CostKind, FeatureBlock, l2, register
 from tunecache.costmodel.kinds.elementwise import HEAVY, STEP_OPS
 
-# Direct conv tiles keep the plain latency rule (analytic.LATENCY_MARGIN is the matmul's): a
-# 4-pixel two-vector tile and a 14-pixel one-vector tile measured within 10% on NCHW input
-# (test_conv2d_schedule). Implicit-GEMM tiles are a matmul's micro-kernel (channels broadcast,
-# pixel vectors) and take its margin: at AVX2 on Zen 4, ResNet-50's 56x56 64->64 1x1 ran
-# 127-134 us with 12-accumulator tiles (4 x 3 and 6 x 2 vectors) against 158-161 us with
-# 8-accumulator ones (8 x 1, 2 x 4), which a margin of 1 rated equal.
+# Register tiles that broadcast (direct: pixels; implicit GEMM: channels) take the matmul's
+# latency margin (analytic.LATENCY_MARGIN). Implicit GEMM: at AVX2 on Zen 4, ResNet-50's
+# 56x56 64->64 1x1 ran 127-134 us with 12-accumulator tiles (4 x 3 and 6 x 2 vectors) against
+# 158-161 us with 8-accumulator ones (8 x 1, 2 x 4). Direct (ARCHITECTURE change 56): on the
+# AVX2 Zen 3 VM, blocked 1x1 layers ran 1.2-1.3 ms with 6 pixels x 2 vectors against 1.5 ms
+# with 4 x 2. Depthwise plane tiles (a vector load per FMA) keep the plain rule.
 CONV_MARGIN = 1.0
 
 
-def _margin(s: Conv2dSchedule) -> float:
-    return LATENCY_MARGIN if s.algorithm == "gemm" else CONV_MARGIN
+def _margin(op: OpSignature, s: Conv2dSchedule) -> float:
+    broadcasts = s.algorithm == "gemm" or (s.algorithm == "direct" and not is_depthwise(op))
+    return LATENCY_MARGIN if broadcasts else CONV_MARGIN
 
 
 def _conv_dims(op: OpSignature) -> tuple[int, int, int, int, int, int, int, bool]:
@@ -67,7 +68,7 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
         nv = max(1, s.oc_block // lanes)
         rows = s.ow_block * s.oh_block
         # Each FMA needs its own input vector: loads ~ FMAs, so at most half of peak.
-        eff = micro_efficiency(rows, nv, arch, CONV_MARGIN) * 0.5
+        eff = micro_efficiency(rows, nv, arch, _margin(op, s)) * 0.5
         channels = round_up(d["C"], s.oc_block)
         flops = 2.0 * n * channels * round_up(q, s.ow_block) * round_up(p, s.oh_block) * rs
         units = n * (channels // s.oc_block if s.parallel == "oc" else p)
@@ -75,7 +76,7 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
         nv = max(1, s.oc_block // lanes)
         rows = s.ow_block * s.oh_block
         kc = min(s.ic_block, cg) * rs
-        eff = micro_efficiency(rows, nv, arch, CONV_MARGIN) * kc / (kc + 24)
+        eff = micro_efficiency(rows, nv, arch, _margin(op, s)) * kc / (kc + 24)
         if conv2d_blocks(op)[0]:
             eff *= _blocked_stream_factor(cg * rs, rows, s.oc_block, nv, hw, arch)
         flops = (2.0 * n * groups * round_up(fg, s.oc_block) * round_up(q, s.ow_block)
@@ -84,7 +85,7 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     else:
         nv = max(1, s.ow_block // lanes)
         kc = min(s.ic_block, cg) * rs
-        eff = micro_efficiency(s.oc_block, nv, arch, _margin(s)) * kc / (kc + 24)
+        eff = micro_efficiency(s.oc_block, nv, arch, _margin(op, s)) * kc / (kc + 24)
         flops = (2.0 * n * groups * round_up(fg, s.oc_block) * round_up(pixels, s.ow_block)
                  * cg * rs)
         units = n * groups * (ceil_div(fg, s.oc_block) if s.parallel == "oc"
@@ -147,10 +148,27 @@ def _reread_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec, arch: ArchCo
         gf_per, pb_per, in_share, w_share = ceil_div(ngf, busy), npb, in_bytes, w_bytes / busy
     else:
         gf_per, pb_per, in_share, w_share = ngf, ceil_div(npb, busy), in_bytes / busy, w_bytes
+    in_share *= _touched_share(op, hw)
     share, passes = (in_share, gf_per) if s.loop_order == "fp" else (w_share, pb_per)
     if share <= hw.l2_bytes * 0.5:
         return 0.0
     return share * (passes - 1) / (arch.bytes_per_cycle["l3"] * arch.ghz * 1e9)
+
+
+def _touched_share(op: OpSignature, hw: HardwareSpec) -> float:
+    """The share of the input's cache lines a pass over the output reads: a stride larger
+    than the window skips rows (a 1x1 stride-2 layer reads half of them), and columns too
+    where a pixel fills a cache line. On the AVX2 Zen 3 VM, ResNet-50's 1024->2048 1x1
+    stride-2 layer ran 2x faster walking the input once per channel block (its touched half
+    stays in L2) than walking the weights once per row block, which the whole input's bytes
+    rated the other way round."""
+    d = op.dims_dict
+    rows = min(1.0, op.out_h * min(d["R"], d["stride_h"]) / d["H"])
+    pixel_bytes = 4 * (conv2d_blocks(op)[0] or 1)
+    cols = 1.0
+    if pixel_bytes >= hw.cache_line:
+        cols = min(1.0, op.out_w * min(d["S"], d["stride_w"]) / d["W"])
+    return rows * cols
 
 
 def _epilogue_s(op: OpSignature, hw: HardwareSpec, busy: int) -> float:
@@ -322,7 +340,7 @@ def _cross(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> tuple[float,
     flops = float(op.flops)
     return (
         rows, nv, acc, regs, regs / hw.vector_registers, acc / (rows + nv),
-        micro_efficiency(rows, int(nv), constants(hw), _margin(s)) if nv >= 1 else 0.0,
+        micro_efficiency(rows, int(nv), constants(hw), _margin(op, s)) if nv >= 1 else 0.0,
         eff_m, eff_n,
         items / (busiest * T) if T > 1 else 1.0, l2(items / T), l2(flops / T),
         cg / round_up(cg, icb) if not dw else 1.0,
