@@ -44,6 +44,7 @@ from _report import git_revision, machine_summary, write_section
 
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.kinds.layouts import with_attrs
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
 from tunecache.costmodel.registry import load_serving
@@ -94,8 +95,7 @@ def blocked_ops(hw: HardwareSpec) -> list[tuple[str, OpSignature]]:
     """The :data:`BLOCKED_PICKS` layers in ``hw``'s blocked layout, input and output."""
     tag = f"nchw{hw.lanes}c"
     return [(f"{name}: {SUITES[name].workloads[i].label.split(';')[0]}, {tag}",
-             OpSignature.parse(SUITES[name].workloads[i].op.text.replace(
-                 "layout=nchw,", f"layout={tag},out_layout={tag},")))
+             with_attrs(SUITES[name].workloads[i].op, layout=tag, out_layout=tag))
             for name, picks in BLOCKED_PICKS.items() for i in picks]
 
 
