@@ -81,7 +81,11 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 #     the matmul's latency margin for direct conv tiles, which move the analytic and
 #     micro_efficiency columns at AVX2 and on portable builds; a direct conv's re-read
 #     counts the input lines a stride touches (ARCHITECTURE change 56).
-FEATURE_VERSION = 20
+# 21: micro_efficiency takes the lower of its latency and load limits, not their product,
+#     and a direct conv tile's short reduction overlaps the next tiles' chains; a direct
+#     tile's per-call overhead counts its whole reduction plus a little per channel block,
+#     and one-channel blocks copy rows (ARCHITECTURE change 57).
+FEATURE_VERSION = 21
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ LAYOUT_DIGESTS = {1: "69330a51579c4cf9", 2: "84f7f0316a034daa", 3: "84f7f0316a03
                   12: "9938fab643596ddb", 13: "9938fab643596ddb", 14: "9938fab643596ddb",
                   15: "9938fab643596ddb", 16: "ff6646bd22ec6025",
                   17: "9d8d40ab8cb05e1a", 18: "973f8a727afef4ee",
-                  19: "973f8a727afef4ee", 20: "973f8a727afef4ee"}
+                  19: "973f8a727afef4ee", 20: "973f8a727afef4ee", 21: "973f8a727afef4ee"}
 VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2", 3: "ee3c150c3f1c00d4",
                  4: "28e29d75ebf480e0", 5: "5a2a23657e21ad2a", 6: "e6204765dd950e66",
                  7: "f20cb4de32fb7943", 8: "d6d65c55b0f686b2", 9: "def038e369205259",
@@ -39,7 +39,8 @@ VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2", 3: "ee3c150c3f1c0
                  17: "d90a1d863a554226",  # 17: and MobileNet-v2's fused pwdw block
                  18: "bc01626452950a51",  # 18: and BERT's FFN as one level of Strassen
                  19: "9a8c4b571a8800b9",  # 19: FMAs in flight per ISA, GEMM conv margin and panels
-                 20: "cce5ec7520d1a0e1"}  # 20: broadcast cost per ISA, direct conv margin, strides
+                 20: "cce5ec7520d1a0e1",  # 20: broadcast cost per ISA, direct conv margin, strides
+                 21: "7f572caaa473aa3f"}  # 21: latency or loads, short reductions overlap, ic blocks
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=48 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="Golden CPU",

@@ -36,12 +36,16 @@ class ArchConstants:
     wide FMA occupies several pipes. ``broadcast_loads`` is what one broadcast operand of a
     micro-kernel costs in vector loads: about half where the ISA folds it into the FMA as a
     memory operand (AVX-512's embedded broadcast), more where it is an instruction and a
-    register of its own (AVX2)."""
+    register of its own (AVX2). ``window_uops`` is how many micro-ops the core's out-of-order
+    window holds beyond the one executing (Zen 3's reorder buffer has 256 entries, Zen 4's
+    320): a micro-kernel whose whole reduction is shorter than that overlaps the next tile's
+    independent accumulator chains with its own."""
 
     ghz: float = 3.0
     fma_pipes: int = 2
     fma_in_flight: int = 8
     broadcast_loads: float = 0.5
+    window_uops: int = 224
     bytes_per_cycle: Mapping[str, float] = field(
         default_factory=lambda: {"l1": 64.0, "l2": 32.0, "l3": 16.0})
     dram_gbps_per_core: float = 10.0

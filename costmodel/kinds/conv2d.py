@@ -29,6 +29,13 @@ from tunecache.costmodel.kinds.elementwise import HEAVY, STEP_OPS
 CONV_MARGIN = 1.0
 
 
+# What one channel block of a direct tile's reduction costs beyond its FMAs, in reduction
+# steps (the window loops restart, the pointers move): small, but it prefers deep blocks
+# where the weight panel still fits L1 (ResNet-50's 512->2048 1x1 at 7x7 took 256-channel
+# blocks at AVX-512 before ARCHITECTURE change 57 stopped charging the tile's store per block).
+_BLOCK_STEPS = 2
+
+
 def _margin(op: OpSignature, s: Conv2dSchedule) -> float:
     broadcasts = s.algorithm == "gemm" or (s.algorithm == "direct" and not is_depthwise(op))
     return LATENCY_MARGIN if broadcasts else CONV_MARGIN
@@ -75,8 +82,12 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     elif direct:
         nv = max(1, s.oc_block // lanes)
         rows = s.ow_block * s.oh_block
-        kc = min(s.ic_block, cg) * rs
-        eff = micro_efficiency(rows, nv, arch, _margin(op, s)) * kc / (kc + 24)
+        # The micro-kernel accumulates over every channel block before it stores its tile;
+        # each block restarts its window loops.
+        kc = cg * rs
+        blocks = ceil_div(cg, min(s.ic_block, cg))
+        eff = (micro_efficiency(rows, nv, arch, _margin(op, s), kc)
+               * kc / (kc + 24 + _BLOCK_STEPS * blocks))
         if conv2d_blocks(op)[0]:
             eff *= _blocked_stream_factor(cg * rs, rows, s.oc_block, nv, hw, arch)
         flops = (2.0 * n * groups * round_up(fg, s.oc_block) * round_up(q, s.ow_block)
@@ -126,7 +137,9 @@ def _pack_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec, in_elems: floa
     every panel in every thread (each walks all pixels), so that copy does not divide."""
     n, groups, cg, _, p, q, rs, _ = _conv_dims(op)
     if s.algorithm == "direct":
-        nbytes, packers = _COPY_BYTES * in_elems, busy
+        # One channel per block makes the blocked copy a zero-padded copy of input rows.
+        per = _PANEL_1X1_BYTES if min(s.ic_block, cg) == 1 else _COPY_BYTES
+        nbytes, packers = per * in_elems, busy
     else:
         per = _PANEL_1X1_BYTES if rs == 1 else _COPY_BYTES
         nbytes = per * n * groups * cg * rs * p * q

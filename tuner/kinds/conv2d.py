@@ -48,8 +48,7 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
             for oh in (1, 2, 4):
                 if ow * oh > max_rows or (oh > 1 and (oh > p or q > max_rows // 2)):
                     continue
-                ics = ([1] if depthwise else [xi] if xi
-                       else sorted({min(cg, b) for b in (lanes, 64, 256)}))
+                ics = ([1] if depthwise else [xi] if xi else _channel_blocks(cg, lanes))
                 for ic in ics:
                     for order in ("fp", "pf"):
                         for unroll in ((0, 1) if d["S"] > 1 else (0,)):
@@ -84,6 +83,18 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
                         yield Conv2dSchedule(
                             oc_block=mr, ow_block=nv * lanes, ic_block=ic, algorithm="gemm",
                             pack_w=pack_w, threads=threads, parallel=par)
+
+
+def _channel_blocks(cg: int, lanes: int) -> list[int]:
+    """Input-channel blocks of a direct tile on NCHW input: a vector's worth and L1/L2-sized
+    depths, and one channel per block where the input has fewer channels than lanes (a stem:
+    its copy is then a row copy, not an interleave). On the AVX2 Zen 3 VM, MobileNet-v2's
+    3x3 stem (3 channels) ran 0.29-0.31 ms with one channel per block against 0.35-0.37 ms
+    with all three interleaved, same tile."""
+    blocks = {min(cg, b) for b in (lanes, 64, 256)}
+    if cg < lanes:
+        blocks.add(1)
+    return sorted(blocks)
 
 
 def _winograd_pool(op: OpSignature, hw: HardwareSpec,
