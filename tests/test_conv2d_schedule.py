@@ -255,3 +255,45 @@ def test_a_strided_1x1_walks_the_input_half_it_reads_and_one_vector_tiles_lose_a
     avx512 = constants(_spec("avx512"))
     assert micro_efficiency(14, 1, avx512) == micro_efficiency(7, 2, avx512)
     assert micro_efficiency(14, 1, constants(avx2)) < micro_efficiency(7, 2, constants(avx2))
+
+
+MOBILENET_STEM = OpSignature.parse(
+    "conv2d(N=1,C=3,H=224,W=224,F=32,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,pad_b=1,"
+    "pad_r=1,epilogue=bias+relu)")
+
+
+def test_a_stems_short_reduction_overlaps_tiles_and_one_channel_blocks_copy_rows() -> None:
+    """MobileNet-v2's 3x3 stem (3 channels, 27 reduction steps) on the AVX2 Zen 3 VM, two
+    threads: a 4-accumulator tile (8 channels x 4 pixels) ran it fastest, 0.26-0.29 ms, where
+    the estimate had rated it 4x slower than 12-accumulator tiles (latency and load limits
+    multiplied, no overlap between tiles). The tiler now offers one channel per block, whose
+    copy is a row copy, and its top-k spends no slot on a variant tied with one it kept."""
+    from tunecache.costmodel.analytic import constants, micro_efficiency
+    from tunecache.tuner.search import candidates
+
+    avx2 = _spec("avx2")
+    c = constants(avx2)
+    # A short reduction overlaps the next tile's chains; a long one does not.
+    assert micro_efficiency(4, 1, c, steps=27) > micro_efficiency(4, 1, c)
+    assert micro_efficiency(4, 1, c, steps=4096) == pytest.approx(micro_efficiency(4, 1, c),
+                                                                  rel=0.01)
+    # Latency-bound tiles leave load slots free: the limits do not compound.
+    assert micro_efficiency(4, 1, c) == pytest.approx(0.92 * 4 / (c.fma_in_flight * 1.5))
+    small = Conv2dSchedule(oc_block=8, ow_block=4, ic_block=1, threads=2, parallel="pixel")
+    big = dataclasses.replace(small, oc_block=16, ow_block=6)
+    ratio = estimate_s(MOBILENET_STEM, small, avx2) / estimate_s(MOBILENET_STEM, big, avx2)
+    assert ratio < 2.0
+    one, all3 = (dataclasses.replace(big, ic_block=b) for b in (1, 3))
+    assert estimate_s(MOBILENET_STEM, one, avx2) < estimate_s(MOBILENET_STEM, all3, avx2)
+    top = candidates(MOBILENET_STEM, avx2, k=10)
+    assert any(t.schedule.ic_block == 1 for t in top)
+    tiles = [(t.schedule.algorithm, t.schedule.oc_block, t.schedule.ow_block,
+              t.schedule.oh_block, t.schedule.threads, round(t.estimate.seconds, 9)) for t in top]
+    assert len(set(tiles)) == len(tiles)
+    assert len({t[:4] for t in tiles}) >= 6
+
+
+def estimate_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> float:
+    from tunecache.costmodel.analytic import estimate
+
+    return estimate(op, s, hw).seconds
