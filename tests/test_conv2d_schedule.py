@@ -297,3 +297,19 @@ def estimate_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> float:
     from tunecache.costmodel.analytic import estimate
 
     return estimate(op, s, hw).seconds
+
+
+def test_a_blocked_3x3_prefers_its_kernel_width_loop_unrolled() -> None:
+    """ResNet-50's blocked 3x3 layers on the AVX2 Zen 3 VM, one thread: the unrolled
+    kernel-width loop ran faster in 24 of 28 (layer, tile) pairs, by 1.3-2.8x; on NCHW input
+    with 64-channel blocks neither won, and the estimate keeps them equal there."""
+    avx2 = dataclasses.replace(_spec("avx2"), cores=1)
+    blocked = OpSignature.parse(
+        "conv2d(N=1,C=128,H=56,W=56,F=128,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,"
+        "pad_b=1,pad_r=1,layout=nchw8c,out_layout=nchw8c,epilogue=bias+relu)")
+    s = Conv2dSchedule(oc_block=16, ow_block=6, ic_block=8, threads=1, loop_order="fp")
+    rolled, unrolled = (dataclasses.replace(s, unroll_kw=u) for u in (0, 1))
+    assert estimate_s(blocked, unrolled, avx2) < 0.8 * estimate_s(blocked, rolled, avx2)
+    nchw = OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, pads=1, epilogue="bias+relu")
+    rolled, unrolled = (dataclasses.replace(s, ic_block=64, unroll_kw=u) for u in (0, 1))
+    assert estimate_s(nchw, unrolled, avx2) == estimate_s(nchw, rolled, avx2)

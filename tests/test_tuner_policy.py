@@ -97,3 +97,21 @@ def test_model_ranks_the_guess_unless_analytic() -> None:
 def test_bad_settings(kw, fragment) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(PolicyError, match=fragment):
         PolicyConfig(**kw)
+
+
+def test_a_run_bounded_to_fewer_threads_ranks_its_guess_for_them() -> None:
+    """``--threads 1`` on a two-core machine: the guess is the tiler's top-1 for one thread,
+    not the two-thread top-1 re-fitted (which kept a kernel-width loop the two-thread
+    ranking left rolled: ResNet-50's 128-channel 3x3 stride-2 layer ran 2x slower so)."""
+    import dataclasses
+
+    from tunecache.tuner.search import candidates
+
+    hw = dataclasses.replace(HW, cores=2)
+    op = OpSignature.parse("conv2d(N=1,C=128,H=56,W=56,F=128,R=3,S=3,stride_h=2,stride_w=2,"
+                           "pad_t=1,pad_l=1,pad_b=1,pad_r=1,layout=nchw8c,out_layout=nchw8c,"
+                           "epilogue=bias+relu)")
+    bounded = Policy(PolicyConfig(name="analytic"), hw, clock=FakeClock(), threads=1)
+    decision = bounded.decide(op, None)
+    assert decision.schedule == candidates(op, hw, k=10, threads=1)[0].schedule
+    assert decision.schedule is not None and decision.schedule.threads == 1

@@ -36,6 +36,26 @@ CONV_MARGIN = 1.0
 _BLOCK_STEPS = 2
 
 
+# What each window position of a direct tile costs beyond its FMAs when the kernel-width
+# loop is not unrolled, in reduction steps. Measured on the AVX2 Zen 3 VM at one thread over
+# ResNet-50's seven blocked 3x3 layers (8-channel blocks, so eight steps per position) and
+# four tiles each: the unrolled loop ran faster in 24 of 28 pairs, by 1.3-2.8x (the 128-
+# channel stride-2 layer: 3.3 against 9.1 ms with 16 channels x 6 pixels); on NCHW input
+# with 64-channel blocks, and on the stems' one- and three-channel blocks, neither won.
+_POSITION_STEPS = 4
+
+
+def _loop_steps(op: OpSignature, s: Conv2dSchedule, blocks: int) -> float:
+    """A direct tile's loop overhead per call in reduction steps: per channel block, and on
+    a blocked input per window position of each block unless the kernel-width loop is
+    unrolled."""
+    d = op.dims_dict
+    steps = _BLOCK_STEPS * blocks
+    if d["S"] > 1 and not s.unroll_kw and conv2d_blocks(op)[0]:
+        steps += _POSITION_STEPS * blocks * d["R"] * d["S"]
+    return steps
+
+
 def _margin(op: OpSignature, s: Conv2dSchedule) -> float:
     broadcasts = s.algorithm == "gemm" or (s.algorithm == "direct" and not is_depthwise(op))
     return LATENCY_MARGIN if broadcasts else CONV_MARGIN
@@ -87,7 +107,7 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
         kc = cg * rs
         blocks = ceil_div(cg, min(s.ic_block, cg))
         eff = (micro_efficiency(rows, nv, arch, _margin(op, s), kc)
-               * kc / (kc + 24 + _BLOCK_STEPS * blocks))
+               * kc / (kc + 24 + _loop_steps(op, s, blocks)))
         if conv2d_blocks(op)[0]:
             eff *= _blocked_stream_factor(cg * rs, rows, s.oc_block, nv, hw, arch)
         flops = (2.0 * n * groups * round_up(fg, s.oc_block) * round_up(q, s.ow_block)

@@ -455,7 +455,10 @@ def _compile_shape(label: str, source: frontend.ModelSource,
     graph, _ = fuse_pairs(graph)
     t_load = time.perf_counter()
     view = _cache_view(store, hw)
-    decider = Policy(config, hw, model=model, clock=clock)
+    # A run bounded to fewer threads ranks its guesses for them: a top-1 ranked for every
+    # core and re-fitted could keep knobs the estimate cannot tell apart at that count.
+    bound = threads if threads is not None and threads < hw.cores else None
+    decider = Policy(config, hw, model=model, clock=clock, threads=bound)
     plan: list[PlanEntry] = []
     misses: dict[OpSignature, int] = {}
     decisions: dict[OpSignature, Decision] = {}

@@ -102,10 +102,11 @@ class Decision:
 
 
 def best_guess(op: OpSignature, hw: HardwareSpec, model: Ranker | None = None,
-               use_model: bool = True) -> Guess:
-    """The tiler's top-1, re-ranked by the cost model when one is given."""
+               use_model: bool = True, threads: int | None = None) -> Guess:
+    """The tiler's top-1, re-ranked by the cost model when one is given; ranked for
+    ``threads`` when given (a run bounded to fewer threads than ``hw`` has cores)."""
     try:
-        pool = roller.candidates(op, hw, k=10)
+        pool = roller.candidates(op, hw, k=10, threads=threads)
     except ValueError:
         schedule = default_schedule(op, hw, hw.cores)
         if problems(op, schedule, hw):
@@ -123,10 +124,12 @@ class Policy:
 
     def __init__(self, config: PolicyConfig, hw: HardwareSpec, *,
                  model: Ranker | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 threads: int | None = None) -> None:
         self.config = config
         self.hw = hw
         self.model = model
+        self.threads = threads
         self.clock = clock
         self.started = clock()
 
@@ -165,7 +168,8 @@ class Policy:
             return Decision("numpy", None, "numpy",
                             f"{miss_reason}; policy cache-only runs the numpy reference", None)
         guess = (self._nearest_guess(op, nearest) if cfg.name in ("balanced", "tune") else None) \
-            or best_guess(op, self.hw, self.model, use_model=cfg.name != "analytic")
+            or best_guess(op, self.hw, self.model, use_model=cfg.name != "analytic",
+                          threads=self.threads)
         if cfg.name == "analytic":
             return Decision("guess", guess.schedule, guess.source,
                             f"{miss_reason}; policy analytic uses the tiler's top-1",
