@@ -13,6 +13,7 @@ from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import default_schedule, problems, schedule_from_json, validate
+from tunecache.costmodel.analytic import estimate
 from tunecache.datasets.suites import SUITES
 
 HW = local_spec()
@@ -242,7 +243,7 @@ def test_a_strided_1x1_walks_the_input_half_it_reads_and_one_vector_tiles_lose_a
     once per row block (``pf``); and a one-vector 14-pixel tile, a broadcast per FMA without
     AVX-512's embedded broadcast, lost to two- and three-vector tiles. At AVX-512 the
     one-vector tile keeps its rating."""
-    from tunecache.costmodel.analytic import constants, estimate, micro_efficiency
+    from tunecache.costmodel.analytic import constants, micro_efficiency
 
     avx2 = dataclasses.replace(_spec("avx2"), cores=1, l2_bytes=512 << 10)
     op = OpSignature.parse("conv2d(N=1,C=1024,H=14,W=14,F=2048,R=1,S=1,stride_h=2,stride_w=2,"
@@ -255,6 +256,10 @@ def test_a_strided_1x1_walks_the_input_half_it_reads_and_one_vector_tiles_lose_a
     avx512 = constants(_spec("avx512"))
     assert micro_efficiency(14, 1, avx512) == micro_efficiency(7, 2, avx512)
     assert micro_efficiency(14, 1, constants(avx2)) < micro_efficiency(7, 2, constants(avx2))
+
+
+def estimate_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> float:
+    return estimate(op, s, hw).seconds
 
 
 MOBILENET_STEM = OpSignature.parse(
@@ -291,12 +296,6 @@ def test_a_stems_short_reduction_overlaps_tiles_and_one_channel_blocks_copy_rows
               t.schedule.oh_block, t.schedule.threads, round(t.estimate.seconds, 9)) for t in top]
     assert len(set(tiles)) == len(tiles)
     assert len({t[:4] for t in tiles}) >= 6
-
-
-def estimate_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> float:
-    from tunecache.costmodel.analytic import estimate
-
-    return estimate(op, s, hw).seconds
 
 
 def test_a_blocked_3x3_prefers_its_kernel_width_loop_unrolled() -> None:

@@ -45,7 +45,7 @@ _BLOCK_STEPS = 2
 _POSITION_STEPS = 4
 
 
-def _loop_steps(op: OpSignature, s: Conv2dSchedule, blocks: int) -> float:
+def _loop_steps(op: OpSignature, s: Conv2dSchedule, blocks: int) -> int:
     """A direct tile's loop overhead per call in reduction steps: per channel block, and on
     a blocked input per window position of each block unless the kernel-width loop is
     unrolled."""
@@ -109,7 +109,7 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
         eff = (micro_efficiency(rows, nv, arch, _margin(op, s), kc)
                * kc / (kc + 24 + _loop_steps(op, s, blocks)))
         if conv2d_blocks(op)[0]:
-            eff *= _blocked_stream_factor(cg * rs, rows, s.oc_block, nv, hw, arch)
+            eff *= _blocked_stream_factor(kc, rows, s.oc_block, nv, hw, arch)
         flops = (2.0 * n * groups * round_up(fg, s.oc_block) * round_up(q, s.ow_block)
                  * round_up(p, s.oh_block) * cg * rs)
         units = n * groups * (ceil_div(fg, s.oc_block) if s.parallel == "oc" else p)
