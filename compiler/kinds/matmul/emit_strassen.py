@@ -17,6 +17,12 @@ product reaches (the first contribution assigns). The finished block goes to C o
 clipped, with the epilogue. The buffer matters: adding tiles straight into C rows
 ``N`` floats apart ran 3-5% slower on BERT's FFN (cache-set conflicts, 4K aliasing).
 
+The products are data, not code: tables of each product's A and B sums (``A_SUMS``,
+``B_SUMS``) and C blocks (``TARGETS``) drive one loop, so the micro-kernel is inlined twice
+whatever the level. A function per product (49 at two levels, each inlining its loop) made
+225 KB of machine code and took gcc 8-60 s per kernel, against 1-2 s for the tables, at the
+same speed within this VM's noise (ARCHITECTURE change 59).
+
 Entries and ABI as ``emit.py`` (``tc_kernel``, ``tc_time`` and the pre-packed-B entries);
 ``tc_kernel`` forms the B sums on every call and exists for checking, not speed.
 """
@@ -95,32 +101,53 @@ def _first_contributors(table: tuple[Product, ...]) -> dict[Block, int]:
     return first
 
 
-def _op(sign: int) -> str:
-    return "+" if sign > 0 else "-"
+def _c_array(values: list[int], width: int) -> str:
+    """``values`` as a C array initialiser of ``width`` entries, zero-padded."""
+    return "{" + ", ".join(map(str, values + [0] * (width - len(values)))) + "}"
 
 
-def _form_a(n: int, product: Product) -> str:
+def _sums(name: str, sums: list[tuple[Term, ...]], width: int) -> str:
+    """Each product's operand sum as C data (``sum_t``): its blocks' rows, columns, signs."""
+    rows = [f"  {{{len(t)}, {_c_array([r for r, _, _ in t], width)}, "
+            f"{_c_array([c for _, c, _ in t], width)}, {_c_array([g for _, _, g in t], width)}}},"
+            for t in sums]
+    return f"static const sum_t {name}[NPROD] = {{\n" + "\n".join(rows) + "\n};\n"
+
+
+def _form_a(width: int) -> str:
     """Rows ``i0..i1`` of product ``n``'s A sum, row-major ``KHP`` floats apart (read in
-    place by the micro-kernel); rows and columns beyond A read as zero."""
-    inside = " && ".join(f"{qi} * MH + i < M && {qk} * KH + KH <= K" for qi, qk, _ in product.a)
-    ptrs = " ".join(f"const float *restrict x{t} = A + ({qi} * MH + i) * ARS + {qk} * KH * APS;"
-                    for t, (qi, qk, _) in enumerate(product.a))
-    fast = " ".join(f"{_op(sign)} x{t}[p * APS]" for t, (_, _, sign) in enumerate(product.a))
-    slow = " ".join(
-        f"if ({qi} * MH + i < M && {qk} * KH + p < K) "
-        f"v {_op(sign)}= A[({qi} * MH + i) * ARS + ({qk} * KH + p) * APS];"
-        for qi, qk, sign in product.a)
+    place by the micro-kernel); rows and columns beyond A read as zero. One loop per number
+    of terms, so each is one vectorised pass."""
+    cases = []
+    for n in range(1, width + 1):
+        terms = " + ".join(f"g[{t}] * x[{t}][p * APS]" for t in range(n))
+        cases.append(f"      case {n}: for (long p = 0; p < KH; p++) o[p] = {terms}; break;")
+    body = "\n".join(cases)
     return f"""\
-static void form_a{n}(float *restrict dst, const float *restrict A, long i0, long i1) {{
+static void form_a_sum(int n, float *restrict dst, const float *restrict A, long i0, long i1) {{
+  const sum_t *s = &A_SUMS[n];
+  float g[SUM_TERMS];
+  int whole = 1;
+  for (int t = 0; t < s->n; t++) {{
+    g[t] = (float)s->sign[t];
+    whole = whole && s->c[t] * KH + KH <= K;
+  }}
   for (long i = i0; i < i1; i++) {{
     float *restrict o = dst + i * KHP;
-    if (i < MH && {inside}) {{
-      {ptrs}
-      for (long p = 0; p < KH; p++) o[p] = 0.0f {fast};
+    int inside = whole && i < MH;
+    for (int t = 0; t < s->n; t++) inside = inside && s->r[t] * MH + i < M;
+    if (inside) {{
+      const float *restrict x[SUM_TERMS];
+      for (int t = 0; t < s->n; t++) x[t] = A + (s->r[t] * MH + i) * ARS + s->c[t] * KH * APS;
+      switch (s->n) {{
+{body}
+      }}
     }} else {{
       for (long p = 0; p < KH; p++) {{
         float v = 0.0f;
-        if (i < MH) {{ {slow} }}
+        for (int t = 0; t < s->n && i < MH; t++)
+          if (s->r[t] * MH + i < M && s->c[t] * KH + p < K)
+            v += g[t] * A[(s->r[t] * MH + i) * ARS + (s->c[t] * KH + p) * APS];
         o[p] = v;
       }}
     }}
@@ -129,50 +156,67 @@ static void form_a{n}(float *restrict dst, const float *restrict A, long i0, lon
 """
 
 
-def _pack_b(n: int, product: Product) -> str:
-    """Product ``n``'s B sum in NR-column panels, block by block of KC rows (compile time)."""
-    terms = " ".join(f"v {_op(sign)}= b_at(B, {qk} * KH + k, {qj} * NH + j);"
-                     for qk, qj, sign in product.b)
-    return f"""\
-static void pack_b{n}(float *restrict dst, const float *restrict B) {{
-  for (long pc = 0; pc < KH; pc += KC) {{
+PACK_B = """\
+static void pack_b_sum(const sum_t *s, float *restrict dst, const float *restrict B) {
+  for (long pc = 0; pc < KH; pc += KC) {
     const long k_cur = MIN(KC, KH - pc);
     for (long jp = 0; jp < NPAN; jp++)
       for (long kk = 0; kk < k_cur; kk++)
-        for (long q = 0; q < NR; q++) {{
+        for (long q = 0; q < NR; q++) {
           const long k = pc + kk, j = jp * NR + q;
           float v = 0.0f;
-          if (j < NH) {{ {terms} }}
+          for (int t = 0; t < s->n && j < NH; t++)
+            v += (float)s->sign[t] * b_at(B, s->r[t] * KH + k, s->c[t] * NH + j);
           dst[pc * NPAN * NR + jp * k_cur * NR + kk * NR + q] = v;
-        }}
-  }}
-}}
+        }
+  }
+}
+
+static void pack_weights(const float *B, float *packed) {
+  for (int n = 0; n < NPROD; n++) pack_b_sum(&B_SUMS[n], packed + n * BP_STRIDE, B);
+}
 """
+"""Each product's B sum in NR-column panels, block by block of KC rows (compile time)."""
 
 
-def _scatter(n: int, product: Product, first_of: dict[Block, int], grid: int) -> str:
-    """Add product ``n``'s finished tile ``ct`` into its C blocks' tiles of the C block
-    buffer (contiguous MR x NR tiles, block ``grid * row + column``): assigning on a
-    block's first contribution."""
-    lines = []
-    for qi, qj, sign in product.c:
-        first = first_of[(qi, qj)] == n
-        q = grid * qi + qj
-        old = f"VLOAD(t{q} + e)"
-        if sign > 0:
-            step = f"VADD({old}, x)" if not first else f"kf ? x : VADD({old}, x)"
-        else:
-            step = f"VSUB({old}, x)" if not first else f"kf ? VNEG(x) : VSUB({old}, x)"
-        lines.append(f"  {{ float *restrict t{q} = cb + {q} * QUAD + tile;\n"
-                     f"    for (long e = 0; e < MR * NR; e += LANES) {{ const vec x = "
-                     f"VLOAD(ct + e); VSTORE(t{q} + e, {step}); }} }}")
-    body = "\n".join(lines)
-    return f"""\
-static inline void scatter{n}(const float *restrict ct, float *restrict cb, long tile, int kf) {{
-  (void)kf;
-{body}
-}}
+def _targets(table: tuple[Product, ...], grid: int) -> str:
+    """Each product's C blocks as C data (``TARGETS``): block ``grid * row + column``, sign,
+    whether it is the block's first contribution (that one assigns on the first K block),
+    and ``direct``, the block a product that only adds to one block runs its tiles into."""
+    first_of = _first_contributors(table)
+    width = max(len(p.c) for p in table)
+    rows = []
+    for n, product in enumerate(table):
+        (qi, qj, sign), *more = product.c
+        direct = grid * qi + qj if not more and sign > 0 and first_of[(qi, qj)] != n else -1
+        fields = [[grid * i + j for i, j, _ in product.c], [sg for _, _, sg in product.c],
+                  [int(first_of[(i, j)] == n) for i, j, _ in product.c]]
+        cells = ", ".join(_c_array(f, width) for f in fields)
+        rows.append(f"  {{{len(product.c)}, {direct}, {cells}}},")
+    return (f"typedef struct {{ signed char n, direct, q[{width}], sign[{width}], "
+            f"first[{width}]; }} target_t;\n"
+            "static const target_t TARGETS[NPROD] = {\n" + "\n".join(rows) + "\n};\n")
+
+
+SCATTER = """\
+static inline void scatter(const float *restrict ct, float *restrict cb, long tile, int kf,
+                           const target_t *t) {
+  for (int h = 0; h < t->n; h++) {
+    float *restrict d = cb + t->q[h] * QUAD + tile;
+    const int assign = kf && t->first[h];
+    if (t->sign[h] > 0 && assign)
+      for (long e = 0; e < MR * NR; e += LANES) VSTORE(d + e, VLOAD(ct + e));
+    else if (t->sign[h] > 0)
+      for (long e = 0; e < MR * NR; e += LANES) VSTORE(d + e, VADD(VLOAD(d + e), VLOAD(ct + e)));
+    else if (assign)
+      for (long e = 0; e < MR * NR; e += LANES) VSTORE(d + e, VNEG(VLOAD(ct + e)));
+    else
+      for (long e = 0; e < MR * NR; e += LANES) VSTORE(d + e, VSUB(VLOAD(d + e), VLOAD(ct + e)));
+  }
+}
 """
+"""A product's finished tile ``ct`` added with its sign into its C blocks' tiles of the C
+block buffer (contiguous MR x NR tiles): assigned on a block's first contribution."""
 
 
 def _write_out(op: OpSignature, vectors: int, lanes: int) -> str:
@@ -216,16 +260,6 @@ static void write_out(const float *restrict cb, float *restrict C, const float *
 
 
 BODY = """\
-static void form_a_sum(int n, float *dst, const float *A, long i0, long i1) {
-  switch (n) {
-%(pack_cases)s
-  }
-}
-
-static void pack_weights(const float *B, float *packed) {
-%(pack_b_calls)s
-}
-
 static void strassen_body(const float *restrict A, const float *restrict Bp,
                           const float *restrict bias, float *restrict C, float *restrict Ap,
                           float *restrict priv, int tid, int nth) {
@@ -235,7 +269,7 @@ static void strassen_body(const float *restrict A, const float *restrict Bp,
     long lo, hi;
     split_range(NPROD * MPAN, tid, nth, &lo, &hi);
     for (long t = lo; t < hi; t++) {
-      const long n = t / MPAN, ip = t %% MPAN;
+      const long n = t / MPAN, ip = t % MPAN;
       form_a_sum((int)n, Ap + n * AS_STRIDE, A, ip * MR, ip * MR + MR);
     }
   }
@@ -249,7 +283,22 @@ static void strassen_body(const float *restrict A, const float *restrict Bp,
       for (long pc = 0; pc < KH; pc += KC) {
         const long k_cur = MIN(KC, KH - pc);
         const int kf = pc == 0;
-%(products)s
+        for (int n = 0; n < NPROD; n++) {
+          const float *ab = Ap + n * AS_STRIDE + pc;
+          const float *bb = Bp + n * BP_STRIDE + pc * NPAN * NR;
+          const target_t *t = &TARGETS[n];
+          for (long jp = jc; jp < je; jp++)
+            for (long ip = ic; ip < ie; ip++) {
+              const long tile = ((jp - jc) * (ie - ic) + (ip - ic)) * MR * NR;
+              const float *a = ab + ip * MR * KHP, *b = bb + jp * k_cur * NR;
+              if (t->direct >= 0) {
+                ukr_sp(k_cur, a, b, cb + t->direct * QUAD + tile, NR, 0, 0, NULL);
+              } else {
+                ukr_sp(k_cur, a, b, ct, NR, 1, 0, NULL);
+                scatter(ct, cb, tile, kf, t);
+              }
+            }
+        }
       }
       write_out(cb, C, bias, ic, ie, jc, je);
     }
@@ -257,37 +306,11 @@ static void strassen_body(const float *restrict A, const float *restrict Bp,
 }
 """
 
-PRODUCT_LOOP = """\
-        { /* product %(n)d */
-          const float *ab = Ap + %(n)dL * AS_STRIDE + pc;
-          const float *bb = Bp + %(n)dL * BP_STRIDE + pc * NPAN * NR;
-          for (long jp = jc; jp < je; jp++)
-            for (long ip = ic; ip < ie; ip++) {
-              const long tile = ((jp - jc) * (ie - ic) + (ip - ic)) * MR * NR;
-              %(tile)s
-            }
-        }"""
-
-
-def _product_loop(n: int, product: Product, first_of: dict[Block, int], grid: int) -> str:
-    """Product ``n`` over the C block: its tiles go through ``ct`` into their blocks, or,
-    when it only adds to one block, straight into that block's tile."""
-    (qi, qj, sign), *more = product.c
-    a, b = "ab + ip * MR * KHP", "bb + jp * k_cur * NR"
-    if not more and sign > 0 and first_of[(qi, qj)] != n:
-        tile = f"ukr_sp(k_cur, {a}, {b}, cb + {grid * qi + qj} * QUAD + tile, NR, 0, 0, NULL);"
-    else:
-        tile = (f"ukr_sp(k_cur, {a}, {b}, ct, NR, 1, 0, NULL);\n"
-                f"              scatter{n}(ct, cb, tile, kf);")
-    return PRODUCT_LOOP % {"n": n, "tile": tile}
-
-
 def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     """The C translation unit for ``op`` under a ``strassen=1`` or ``2`` schedule (validated)."""
     M, N, K = op.dim("M"), op.dim("N"), op.dim("K")
     levels = s.strassen
     table, grid = products(levels), 2 ** levels
-    first_of = _first_contributors(table)
     mh, nh, kh = strassen_blocks(op, levels)
     mr, nr = s.mr, s.nr
     kc = min(s.kc, kh)
@@ -310,6 +333,7 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         "BPS": 1 if op.trans_b else N, "BCS": K if op.trans_b else 1,
         "KHP": khp, "AS_STRIDE": a_stride, "BP_STRIDE": b_stride,
         "B_PACKED_FLOATS": len(table) * b_stride, "G": grid, "NPROD": len(table),
+        "SUM_TERMS": max(len(terms) for p in table for terms in (p.a, p.b)),
         "A_REGION": a_region, "CT_REGION": ct_region, "PRIV_REGION": priv_region,
     }
     out = [preamble(d, constants, s.threads)]
@@ -318,16 +342,14 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
                "  return (k < K && j < N) ? B[k * BPS + j * BCS] : 0.0f;\n}\n")
     # The A sums are row-major, rows KHP floats apart.
     out.append(plain_micro_kernel("ukr_sp", s, d, "1", "KHP"))
-    for n, product in enumerate(table):
-        out += [_form_a(n, product), _pack_b(n, product), _scatter(n, product, first_of, grid)]
+    width = int(constants["SUM_TERMS"])
+    out += ["typedef struct { signed char n, r[SUM_TERMS], c[SUM_TERMS], sign[SUM_TERMS]; "
+            "} sum_t;\n",
+            _sums("A_SUMS", [p.a for p in table], width),
+            _sums("B_SUMS", [p.b for p in table], width),
+            _targets(table, grid), _form_a(width), PACK_B, SCATTER]
     out.append(_write_out(op, s.nr // d.lanes, d.lanes))
-    out.append(BODY % {
-        "pack_cases": "\n".join(f"    case {n}: form_a{n}(dst, A, i0, i1); break;"
-                                for n in range(len(table))),
-        "products": "\n".join(_product_loop(n, p, first_of, grid) for n, p in enumerate(table)),
-        "pack_b_calls": "\n".join(f"  pack_b{n}(packed + {n}L * BP_STRIDE, B);"
-                                  for n in range(len(table))),
-    })
+    out.append(BODY)
     priv = "ws + A_REGION + TID * PRIV_REGION"
 
     def body(packed: bool) -> str:
