@@ -19,15 +19,12 @@ The C compiler is ``$CC``, else the first of ``cc``, ``gcc``, ``clang`` on ``PAT
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
-import json
 import os
 import shutil
 import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,11 +34,18 @@ import platformdirs
 
 from tunecache.compiler.codegen import KernelSource
 from tunecache.compiler.errors import BuildError
+from tunecache.compiler.files import (
+    fd_matches,
+    folder_lock,
+    matching_digest,
+    publish_recorded,
+    publish_text,
+    temp_path,
+)
+from tunecache.compiler.pch import include_flags
 
 BUILD_CACHE_ENV = "TUNECACHE_BUILD_CACHE"
 DEFAULT_TIMEOUT_S = 120.0
-RECORD_SUFFIX = ".json"
-_RECORD_MAX_BYTES = 4096
 _DIR_MODE = 0o775
 
 
@@ -143,7 +147,7 @@ def build_source(
     target = folder / f"{key}.so"
     if target.exists():
         _refuse_shared_writable(folder)
-        digest = _matching_digest(target)
+        digest = matching_digest(target)
         if digest is not None:
             return Artifact(target, key, True, 0.0, digest)
     try:
@@ -152,11 +156,13 @@ def build_source(
     except OSError as exc:
         raise BuildError(f"cannot create build cache folder {folder}: {exc.strerror}") from None
     _refuse_shared_writable(folder)
-    _publish_text(folder / f"{key}.c", source)
-    tmp = _temp_path(folder, f".{key}.", ".so.tmp")
+    publish_text(folder / f"{key}.c", source)
+    tmp = temp_path(folder, f".{key}.", ".so.tmp")
     try:
-        seconds = _compile(cc, flags, folder / f"{key}.c", tmp, timeout_s)
-        digest = _publish_object(tmp, target, source)
+        pch = include_flags(cc.path, cc.identity, flags, source, root, timeout_s)
+        seconds = _compile(cc, flags + pch, folder / f"{key}.c", tmp, timeout_s)
+        digest = publish_recorded(
+            tmp, target, {"source_sha256": hashlib.sha256(source.encode()).hexdigest()})
     finally:
         tmp.unlink(missing_ok=True)
     return Artifact(target, key, False, seconds, digest)
@@ -183,93 +189,6 @@ def _compile(cc: CompilerInfo, flags: tuple[str, ...], source: Path, out: Path,
     return time.perf_counter() - started
 
 
-def _temp_path(folder: Path, prefix: str, suffix: str) -> Path:
-    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
-    os.close(fd)
-    return Path(name)
-
-
-def _publish_object(tmp: Path, target: Path, source: str) -> str:
-    """Record ``tmp``'s digest and move it to ``target``; returns the published digest.
-
-    Under the folder's lock, a valid object already at ``target`` (another process built the
-    same key meanwhile) is kept rather than replaced, so a verified pair never changes; an
-    invalid one is replaced. The record is renamed into place before the object, and both are
-    on disk (fsync) before the folder entry points at them.
-    """
-    with tmp.open("rb") as handle:
-        digest, size = _digest_of(handle.fileno())
-        os.fsync(handle.fileno())
-    record = {"sha256": digest, "bytes": size,
-              "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
-    with _folder_lock(target.parent):
-        existing = _matching_digest(target)
-        if existing is not None:
-            return existing
-        _publish_bytes(_record_path(target), json.dumps(record, sort_keys=True).encode())
-        os.replace(tmp, target)
-        _fsync_dir(target.parent)
-    return digest
-
-
-def _record_path(artifact: Path) -> Path:
-    return artifact.with_suffix(RECORD_SUFFIX)
-
-
-def _digest_of(fd: int) -> tuple[str, int]:
-    """SHA-256 hex digest and size of the bytes of open file ``fd``, read from its start."""
-    h = hashlib.sha256()
-    size = 0
-    offset = 0
-    while chunk := os.pread(fd, 1 << 20, offset):
-        h.update(chunk)
-        size += len(chunk)
-        offset += len(chunk)
-    return h.hexdigest(), size
-
-
-def _recorded(artifact: Path) -> tuple[str, int] | None:
-    """(sha256, size) from ``artifact``'s record, or None if it is missing or malformed."""
-    try:
-        with _record_path(artifact).open("rb") as handle:
-            raw = handle.read(_RECORD_MAX_BYTES + 1)
-    except OSError:
-        return None
-    if len(raw) > _RECORD_MAX_BYTES:
-        return None
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    digest, size = data.get("sha256"), data.get("bytes")
-    if not isinstance(digest, str) or not isinstance(size, int) or isinstance(size, bool):
-        return None
-    return digest, size
-
-
-def _fd_matches(artifact: Path, fd: int) -> str | None:
-    """The digest of open ``fd`` if it equals ``artifact``'s record, else None."""
-    expected = _recorded(artifact)
-    if expected is None or os.fstat(fd).st_size != expected[1]:
-        return None
-    digest, _ = _digest_of(fd)
-    return digest if digest == expected[0] else None
-
-
-def _matching_digest(artifact: Path) -> str | None:
-    """The digest of ``artifact`` if its bytes match its record, else None."""
-    try:
-        fd = os.open(artifact, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return _fd_matches(artifact, fd)
-    finally:
-        os.close(fd)
-
-
 def _refuse_shared_writable(folder: Path) -> None:
     """BuildError if the cache root or ``folder`` (a key folder) is writable by every user."""
     for directory in (folder.parent, folder):
@@ -287,25 +206,6 @@ def _refuse_shared_writable(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def _folder_lock(folder: Path) -> Iterator[None]:
-    """An exclusive advisory lock on a key folder (publishing and re-checking a pair)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
 def open_verified(artifact: Path) -> Iterator[str]:
     """The path to load ``artifact`` from, inside the ``with``, once its bytes are known to
     match its build record; BuildError (never a load) if they do not.
@@ -319,14 +219,14 @@ def open_verified(artifact: Path) -> Iterator[str]:
     _refuse_shared_writable(path.parent)
     fd = _open_artifact(path)
     try:
-        if _fd_matches(path, fd) is None:
+        if fd_matches(path, fd) is None:
             # A publisher may be between renaming the record and the object: look again
             # under its lock before calling the artifact bad.
             os.close(fd)
             fd = -1
-            with _folder_lock(path.parent):
+            with folder_lock(path.parent):
                 fd = _open_artifact(path)
-                if _fd_matches(path, fd) is None:
+                if fd_matches(path, fd) is None:
                     raise BuildError(
                         f"kernel artifact {path} does not match the digest recorded when it "
                         "was built (truncated, replaced, or built before digests were "
@@ -355,25 +255,3 @@ def _open_artifact(path: Path) -> int:
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise BuildError(f"cannot open kernel artifact {path}: {exc.strerror}") from None
-
-
-def _publish_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically unless ``path`` already holds exactly it."""
-    data = text.encode()
-    with contextlib.suppress(OSError):
-        if path.read_bytes() == data:
-            return
-    _publish_bytes(path, data)
-
-
-def _publish_bytes(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically, on disk (fsync) before the rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)

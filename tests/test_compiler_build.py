@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import stat
@@ -29,10 +30,14 @@ def counting_compiler(tmp_path: Path) -> tuple[Path, Path]:
     return wrapper, log
 
 
-def calls(log: Path) -> int:
+def calls(log: Path, language: str = "c") -> int:
+    """How many compiler runs ``log`` holds on ``language`` sources (``c``: kernels;
+    ``c-header``: precompiled headers)."""
     if not log.exists():
         return 0
-    return sum(1 for line in log.read_text().splitlines() if "-o" in line.split())
+    runs = [line.split() for line in log.read_text().splitlines()]
+    return sum(1 for words in runs if "-o" in words
+               and any(a == "-x" and b == language for a, b in itertools.pairwise(words)))
 
 
 def test_warm_build_does_not_run_the_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,149 @@
+"""Files published atomically into a shared cache folder: written under a temporary name,
+on disk (fsync) before an atomic rename, under the folder's advisory lock where a pair of
+files must change together; and the digest record beside a published file (its SHA-256 and
+size, written before the file is renamed into place) that a reader checks it against."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+RECORD_SUFFIX = ".json"
+RECORD_MAX_BYTES = 4096
+
+
+def temp_path(folder: Path, prefix: str, suffix: str) -> Path:
+    """A new empty file in ``folder`` with a unique name, for output to publish later."""
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
+    os.close(fd)
+    return Path(name)
+
+
+def digest_of(fd: int) -> tuple[str, int]:
+    """SHA-256 hex digest and size of the bytes of open file ``fd``, read from its start."""
+    h = hashlib.sha256()
+    size = 0
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        h.update(chunk)
+        size += len(chunk)
+        offset += len(chunk)
+    return h.hexdigest(), size
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive advisory lock on a key folder (publishing and re-checking a pair)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Flush ``folder``'s entries to disk (a rename into it survives a crash)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically unless ``path`` already holds exactly it."""
+    data = text.encode()
+    with contextlib.suppress(OSError):
+        if path.read_bytes() == data:
+            return
+    publish_bytes(path, data)
+
+
+def publish_bytes(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically, on disk (fsync) before the rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def publish_recorded(tmp: Path, target: Path, extra: dict[str, str]) -> str:
+    """Record ``tmp``'s digest (with ``extra`` fields) and move it to ``target``; returns the
+    published digest.
+
+    Under the folder's lock, a valid object already at ``target`` (another process built the
+    same key meanwhile) is kept rather than replaced, so a verified pair never changes; an
+    invalid one is replaced. The record is renamed into place before the object, and both are
+    on disk (fsync) before the folder entry points at them.
+    """
+    with tmp.open("rb") as handle:
+        digest, size = digest_of(handle.fileno())
+        os.fsync(handle.fileno())
+    record: dict[str, str | int] = {"sha256": digest, "bytes": size, **extra}
+    with folder_lock(target.parent):
+        existing = matching_digest(target)
+        if existing is not None:
+            return existing
+        publish_bytes(record_path(target), json.dumps(record, sort_keys=True).encode())
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    return digest
+
+
+def record_path(artifact: Path) -> Path:
+    """Where ``artifact``'s digest record lies: beside it, ``.json`` for its last suffix."""
+    return artifact.with_suffix(RECORD_SUFFIX)
+
+
+def recorded(artifact: Path) -> tuple[str, int] | None:
+    """(sha256, size) from ``artifact``'s record, or None if it is missing or malformed."""
+    try:
+        with record_path(artifact).open("rb") as handle:
+            raw = handle.read(RECORD_MAX_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > RECORD_MAX_BYTES:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    digest, size = data.get("sha256"), data.get("bytes")
+    if not isinstance(digest, str) or not isinstance(size, int) or isinstance(size, bool):
+        return None
+    return digest, size
+
+
+def fd_matches(artifact: Path, fd: int) -> str | None:
+    """The digest of open ``fd`` if it equals ``artifact``'s record, else None."""
+    expected = recorded(artifact)
+    if expected is None or os.fstat(fd).st_size != expected[1]:
+        return None
+    digest, _ = digest_of(fd)
+    return digest if digest == expected[0] else None
+
+
+def matching_digest(artifact: Path) -> str | None:
+    """The digest of ``artifact`` if its bytes match its record, else None."""
+    try:
+        fd = os.open(artifact, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return fd_matches(artifact, fd)
+    finally:
+        os.close(fd)
