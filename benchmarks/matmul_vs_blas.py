@@ -182,6 +182,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the 2048 square")
     parser.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
     parser.add_argument("--json", type=Path, help="also write raw rows as JSON here")
+    parser.add_argument("--section", default="matmul_vs_blas",
+                        help="the docs/BENCHMARKS.md section to write (one per ISA level)")
     args = parser.parse_args()
     hw = local_spec()
     threads = [t for t in args.threads if t <= hw.cores]
@@ -195,7 +197,7 @@ def main() -> None:
              "numpy_gflops": r.numpy_gflops,
              "kernel": r.kernel.summary() if r.kernel else None} for r in rows], indent=2))
     if not args.no_write:
-        write_section("matmul_vs_blas", text)
+        write_section(args.section, text)
 
 
 if __name__ == "__main__":
