@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from tunecache.compiler.errors import BuildError, TunecacheError
-from tunecache.tuner.cli import compiler, deploy, model, seed, store, tune
+from tunecache.tuner.cli import build_cache, compiler, deploy, model, seed, store, tune
 from tunecache.tuner.cli.common import EXIT_ENVIRONMENT, EXIT_USER_ERROR
 
 DEBUG_ENV = "TUNECACHE_DEBUG"
@@ -134,6 +134,6 @@ def main() -> None:
     """tunecache: offline autotuning and a compile cache for tensor kernels."""
 
 
-for _module in (compiler, store, tune, model, deploy, seed):
+for _module in (compiler, build_cache, store, tune, model, deploy, seed):
     for _command in _module.COMMANDS:
         main.add_command(_command)
