@@ -7,6 +7,7 @@ and after the candidates; its better figure is used). Fractions of the measured 
 reported too. Results are printed and written to docs/BENCHMARKS.md.
 
     python benchmarks/matmul_vs_blas.py [--threads 1 2] [--min-time 0.3] [--no-write]
+        [--section matmul_vs_blas_avx2]   # one section per ISA level
 """
 
 from __future__ import annotations
