@@ -3,7 +3,9 @@
 An artifact's key is a hash of (source, compiler identity and version, flags). The shared
 object is compiled under a unique temporary name in the cache directory and published with
 an atomic rename, so any number of processes may build the same kernel at once; a warm build
-finds the published file and never runs the compiler.
+finds the published file and never runs the compiler. A cold build compiles against a
+precompiled header of the source's system headers where gcc can use one (:mod:`.pch`); the
+key and the machine code are the same without it.
 
 Integrity: beside every ``<key>.so`` lies ``<key>.json``, recording the SHA-256 and size of
 the object's bytes (and of its C source) at build time. A lookup trusts a cached object only
