@@ -189,3 +189,52 @@ def test_a_quiet_baseline_gives_a_ratio(tmp_path: Path) -> None:
     assert len(worker.requests) == 1
     assert not op.baseline_noisy and op.ratio == pytest.approx(op.best_gflops / op.baseline_gflops)
     assert summary.to_dict()["ops"][0]["baseline_noisy"] is False
+
+
+class _OutlierRunner(SimulatedRunner):
+    """The first schedule it measures runs 1.0 ms but is timed 1.3 ms the first time (a slow
+    phase outlasting one measurement); the second runs 1.1 ms, the others 1.2 ms. Records
+    whether each measurement was checked."""
+
+    def __init__(self) -> None:
+        super().__init__(cost_s=0.01)
+        self.seen: dict[str, int] = {}
+        self.checked: list[bool] = []
+
+    def measure(self, batch: Sequence[Candidate], progress: Any = None) -> list[MeasureResult]:
+        out = []
+        for cand in batch:
+            sid = cand.schedule.schedule_id
+            first = sid not in self.seen
+            order = self.seen.setdefault(sid, len(self.seen))
+            seconds = [1.0e-3, 1.1e-3][order] if order < 2 else 1.2e-3
+            if first and order == 0:
+                seconds = 1.3e-3
+            self.now += self.cost_s
+            self.checked.append(self.timing.check)
+            result = MeasureResult(cand.op, cand.schedule, "ok", runtimes_s=(seconds,) * 3,
+                                   source=cand.source)
+            if progress is not None:
+                progress(result)
+            out.append(result)
+        return out
+
+
+def test_finalists_timed_again_unmask_a_slow_first_measurement() -> None:
+    """The fastest schedule, timed slow once, wins after the finalists' rounds: each is
+    timed twice more, unchecked, and ranked by the median of its medians."""
+    from tunecache.tuner.search import TuneConfig
+
+    def tuned(confirm: int) -> tuple[Any, _OutlierRunner]:
+        runner = _OutlierRunner()
+        config = TuneConfig(trials=3, refine=False, confirm=confirm)
+        return tune_op(OP, HW, runner, config=config, clock=runner.clock), runner  # type: ignore[arg-type]
+
+    once, _ = tuned(confirm=0)
+    result, runner = tuned(confirm=3)
+    first, second = (r.schedule for r in result.results[:2])
+    assert once.best.schedule == second  # one measurement each: the outlier loses
+    assert result.best.schedule == first and result.best.median_s == 1.0e-3
+    assert result.trials == 3 and len(result.retimed) == 6
+    assert {r.source for r in result.retimed} == {"confirm"}
+    assert runner.checked == [True] * 3 + [False] * 6

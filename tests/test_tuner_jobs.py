@@ -47,12 +47,16 @@ def test_tunes_ops_end_to_end_and_records_everything(tmp_path: Path) -> None:
     assert frame["record_id"].is_unique
     per_op = frame.groupby("op_text")["schedule_id"].nunique().to_dict()
     assert all(n >= 3 for n in per_op.values())
-    assert set(frame["source"]) <= {"tiler", "refine", "model"}
+    assert set(frame["source"]) <= {"tiler", "refine", "model", "confirm"}
+    # The three fastest of each op's trials are timed twice more (the finalists' rounds).
+    repeats = frame[frame["source"] == "confirm"].groupby(["op_text", "schedule_id"]).size()
+    assert len(repeats) == 6 and set(repeats) == {2}
     a = next(o for o in summary.ops if o.op == A)
     # No ratio from a baseline too noisy to trust (a busy machine): flagged instead.
     assert a.best_gflops and a.baseline == "numpy" and a.baseline_gflops
     assert a.ratio or a.baseline_noisy
-    fastest = frame[frame["op_text"] == A.text]["median_s"].min()
+    # The summary's best is what the index publishes: the lowest median of medians.
+    fastest = frame[frame["op_text"] == A.text].groupby("schedule_id")["median_s"].median().min()
     assert a.best_gflops == pytest.approx(A.flops / fastest / 1e9)
 
 
@@ -68,7 +72,9 @@ def test_skip_and_retune(tmp_path: Path) -> None:
     assert first.ops[0].status == "tuned" and first.ops[0].trials == 2
     assert again.ops[0].status == "skipped" and "already tuned" in again.ops[0].note
     assert retuned.ops[0].status == "tuned" and retuned.ops[0].trials == 2
-    assert len(store.load()) == 4
+    frame = store.load()
+    assert (frame["source"] != "confirm").sum() == 4
+    assert (frame["source"] == "confirm").sum() == 8  # 2 finalists x 2 rounds, per run
 
 
 class _TickingRunner:
@@ -128,8 +134,8 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path: Path) -> No
     after = store.load()
     assert set(before["record_id"]) <= set(after["record_id"])
     assert after["record_id"].is_unique
-    pairs = after[["op_text", "schedule_id"]]
-    assert not pairs.duplicated().any(), "a schedule was measured twice"
+    pairs = after[after["source"] != "confirm"][["op_text", "schedule_id"]]
+    assert not pairs.duplicated().any(), "a schedule was tried twice"
     assert after.groupby("op_text")["schedule_id"].nunique().to_dict() == {A.text: 6, B.text: 6}
 
 
@@ -190,7 +196,7 @@ def test_train_then_the_next_job_ranks_with_the_model(tmp_path: Path) -> None:
                       "--no-baseline", root=tmp_path)
     assert again.returncode == 0, again.stderr
     frame = Store(tmp_path).load()
-    rows = frame[frame["op_text"] == other.text]
+    rows = frame[(frame["op_text"] == other.text) & (frame["source"] != "confirm")]
     # the tiler's first choice (what an untuned compile runs) and its best at the other
     # thread count (a small op) are measured, then the model's
     pool = candidates(other, local_spec(), k=10)
@@ -236,6 +242,7 @@ def test_exploration_samples_the_grid_and_resumes_without_repeats(tmp_path: Path
     sample = {s.schedule_id for s in roller.exhaustive_space(op, HW, limit=4, seed=7)}
     assert first.ops[0].status == "tuned"
     assert 1 <= len(explored) <= 4 and set(explored["schedule_id"]) <= sample
-    # what the ranked trials already measured is not measured twice
-    assert frame["schedule_id"].is_unique
+    # what the ranked trials already measured is not measured twice (the finalists'
+    # repeats aside)
+    assert frame[frame["source"] != "confirm"]["schedule_id"].is_unique
     assert again.ops[0].status == "skipped" or again.ops[0].trials == 0
