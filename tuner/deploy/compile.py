@@ -564,7 +564,10 @@ def _measure_now(op: OpSignature, hw: HardwareSpec, store: Store, runner: Runner
                           f"{_cause(exc)}", StoreWarning, stacklevel=2)
 
     offered = [decision.schedule] if decision.schedule is not None else []
-    result = tune_op(op, hw, runner, config=TuneConfig(trials=config.trials, refine=False),
+    # No finalists' rounds: the policy priced this miss at its trials, and the compile is
+    # waiting; the nightly job times its finalists again.
+    result = tune_op(op, hw, runner,
+                     config=TuneConfig(trials=config.trials, refine=False, confirm=0),
                      model=model, sink=sink, first=offered)
     best = result.best
     if best is None or best.schedule is None:
