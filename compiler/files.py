@@ -10,12 +10,22 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 RECORD_SUFFIX = ".json"
 RECORD_MAX_BYTES = 4096
+
+
+def writable_by_all(folder: Path) -> bool:
+    """Whether every user may write to ``folder`` (so may plant files there); False if it
+    cannot be read."""
+    try:
+        return bool(folder.stat().st_mode & stat.S_IWOTH)
+    except OSError:
+        return False
 
 
 def temp_path(folder: Path, prefix: str, suffix: str) -> Path:

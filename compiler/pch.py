@@ -20,12 +20,17 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 import subprocess
 import threading
 from pathlib import Path
 
-from tunecache.compiler.files import matching_digest, publish_recorded, publish_text, temp_path
+from tunecache.compiler.files import (
+    matching_digest,
+    publish_recorded,
+    publish_text,
+    temp_path,
+    writable_by_all,
+)
 
 PCH_ENV = "TUNECACHE_PCH"
 HEADER_NAME = "tc_includes.h"
@@ -73,7 +78,7 @@ def _usable(compiler: str, flags: tuple[str, ...], header: Path, text: str,
     """Whether ``header``'s ``.gch`` matches its record, building it first if it does not;
     never in a folder every user may write to."""
     gch = header.with_name(HEADER_NAME + ".gch")
-    if any(_shared_writable(d) for d in (header.parent.parent, header.parent)):
+    if any(writable_by_all(d) for d in (header.parent.parent, header.parent)):
         return False
     if _holds(header, text) and matching_digest(gch) is not None:
         return True
@@ -100,11 +105,4 @@ def _holds(path: Path, text: str) -> bool:
     try:
         return path.read_text() == text
     except (OSError, UnicodeDecodeError):
-        return False
-
-
-def _shared_writable(folder: Path) -> bool:
-    try:
-        return bool(folder.stat().st_mode & stat.S_IWOTH)
-    except OSError:
         return False

@@ -253,8 +253,9 @@ class _Loop:
         self.stopped: str | None = None
         self.overrun_s = 0.0
 
-    def run(self, candidates: list[Candidate], done: set[str]) -> bool:
-        """Measure ``candidates`` (adding each measured id to ``done``); False if stopped."""
+    def run(self, candidates: list[Candidate], done: set[str], retime: bool = False) -> bool:
+        """Measure ``candidates`` (adding each measured id to ``done``); False if stopped.
+        With ``retime``, they are repeats (see :meth:`_measure`)."""
         queue = list(candidates)
         while queue:
             size = self._batch_size()
@@ -263,30 +264,23 @@ class _Loop:
                 return False
             batch, queue = queue[:size], queue[size:]
             started = self.clock()
-            if not self._measure(batch, done):
+            if not self._measure(batch, done, retime):
                 self.stopped = "budget"
                 return False
-            self.candidate_s = (self.clock() - started) / len(batch)
+            if not retime:  # a repeat builds nothing: not a candidate's cost
+                self.candidate_s = (self.clock() - started) / len(batch)
         return True
 
     def confirm(self, finalists: list[Schedule], op: OpSignature) -> None:
-        """Time ``finalists`` again, unchecked, in ``confirm_rounds`` rounds, each in
-        another order (see the module doc); nothing when fewer than two."""
+        """Time ``finalists`` again, unchecked, in ``confirm_rounds`` rounds, each starting
+        one finalist later (see the module doc); nothing when fewer than two."""
         if len(finalists) < 2:
             return
         for round_ in range(self.config.confirm_rounds):
             shift = round_ % len(finalists)
-            order = [*finalists[shift:], *finalists[:shift]][::-1 if round_ % 2 == 0 else 1]
-            queue = [Candidate(op, s, "confirm") for s in order]
-            while queue:
-                size = self._batch_size()
-                if size == 0:
-                    self.stopped = "budget"
-                    return
-                batch, queue = queue[:size], queue[size:]
-                if not self._measure(batch, set(), retime=True):
-                    self.stopped = "budget"
-                    return
+            order = finalists[shift:] + finalists[:shift]
+            if not self.run([Candidate(op, s, "confirm") for s in order], set(), retime=True):
+                return
 
     def _batch_size(self) -> int:
         """How many candidates the next batch may hold: 0 when the deadline leaves no room."""
