@@ -10,8 +10,12 @@ measured *valid* schedule:
    check runs once per distinct schedule JSON or op text, not per record.
 3. Repeated measurements of the same schedule (same ``schedule_id``) are aggregated by the
    **median of their medians**, so one lucky run does not make a schedule win.
-4. The schedule with the lowest aggregated latency wins; exact ties go to the smallest
-   ``schedule_id``, so the result never depends on file or row order.
+4. The schedule with the lowest aggregated latency wins, each measurement first divided by
+   its job's phase (``phases.py``: how fast the machine ran during that job, fitted from the
+   schedules jobs measured in common), so a schedule timed again in a slow phase does not
+   lose to one timed once in a fast one. Exact ties go to the smallest ``schedule_id``, so
+   the result never depends on file or row order. The snapshot's ``median_s`` is the raw
+   median of medians.
 5. A winner measured with this codegen version on hardware whose spec is known (from the
    records' ``hw_json``) must be legal for its op on that hardware
    (:func:`tunecache.compiler.schedule.problems`); an illegal winner is rejected and the
@@ -47,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tunecache.cache.phases import job_phases
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
@@ -405,19 +410,21 @@ def select(records: pa.Table,
         if df.empty:
             return Selection(SNAPSHOT_SCHEMA.empty_table(), tuple(rejections))
     keys5 = [*GROUP_KEYS, "schedule_id"]
+    df = df.assign(_ranked_s=df["median_s"].to_numpy() * np.exp(-job_phases(df, GROUP_KEYS)))
     agg = df.groupby(keys5, observed=True, sort=False).agg(
         median_s=("median_s", "median"),
         min_s=("min_s", "min"),
         gflops=("gflops", "median"),
         n_measurements=("median_s", "size"),
+        _ranked_s=("_ranked_s", "median"),
     ).reset_index()
     agg["_sid"] = agg["schedule_id"].astype(str)
-    agg = agg.sort_values(["median_s", "_sid"], kind="stable", ignore_index=True)
+    agg = agg.sort_values(["_ranked_s", "_sid"], kind="stable", ignore_index=True)
     chosen, illegal = _winners(df, agg, hardware, parsed)
     latest = df.sort_values(["timestamp", "record_id"], ascending=False, kind="stable")
     latest = latest.drop_duplicates(keys5)
     rows = agg.iloc[chosen].merge(
-        latest.drop(columns=["median_s", "min_s", "gflops", "status"]),
+        latest.drop(columns=["median_s", "min_s", "gflops", "status", "_ranked_s"]),
         on=keys5, how="left", validate="one_to_one")
     families = [cast(Schedule, parsed.schedule(text)).family
                 for text in rows["schedule_json"].astype(str)]

@@ -6,6 +6,7 @@ import json
 import random
 import time
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -59,6 +60,49 @@ def test_ties_break_by_schedule_id_and_result_is_order_independent():
             "schedule_id"].to_pylist() == [expected]
         digests.add(snapshot_digest(snapshot))
     assert len(digests) == 1
+
+
+D = MatmulSchedule(mr=6, nr=16, kc=512, mc=72, nc=1024)
+
+
+def test_a_schedule_timed_again_in_slow_phases_still_beats_one_timed_once_in_a_fast_one(
+        tmp_path):
+    # A fast job times A at 1.00 and B at 1.03; two later jobs, in a 25% slower phase of the
+    # machine, time A again (and D, which links them) but not B. Raw medians would serve B.
+    timed = [("fast", A, 1.00), ("fast", B, 1.03), ("fast", D, 1.10)]
+    timed += [(job, s, t * 1.25) for job in ("slow1", "slow2")
+              for s, t in ((A, 1.00), (D, 1.10), (C, 1.40))]
+    store = Store(tmp_path)
+    store.append([rec(OP, s, t, job_id=job) for job, s, t in timed])
+    store.publish()
+    entry = Index(tmp_path, HW.hw_id).lookup(OP)
+    assert entry is not None
+    assert entry.schedule == A
+    assert entry.median_s == pytest.approx(1.25)  # the published latency stays the raw median
+    assert entry.n_measurements == 3
+    # The same measurements without the jobs that link them: raw medians rank B first.
+    plain = [rec(OP, s, t) for _, s, t in timed]
+    assert best_of(records_to_table(plain))["schedule_id"].to_pylist() == [B.schedule_id]
+
+
+def test_job_phases_are_fitted_only_from_schedules_jobs_share():
+    from tunecache.cache.phases import job_phases
+    from tunecache.cache.publish import GROUP_KEYS
+
+    records = [rec(OP, A, 1.0, job_id="j1"), rec(OP, D, 2.0, job_id="j1"),
+               rec(OP, A, 1.5, job_id="j2"), rec(OP, D, 3.0, job_id="j2"),
+               rec(OP, B, 0.9, job_id="j3"),  # a job of one schedule: no phase
+               rec(OP2, A, 5.0, job_id="j1"), rec(OP2, A, 9.0)]  # another group; no job
+    df = records_to_table(records).to_pandas()
+    phases = dict(zip(zip(df["op_id"], df["job_id"].fillna("-"), df["median_s"],
+                          strict=True),
+                      job_phases(df, GROUP_KEYS), strict=True))
+    ratio = np.exp(phases[(OP.op_id, "j2", 1.5)] - phases[(OP.op_id, "j1", 1.0)])
+    assert ratio == pytest.approx(1.5)
+    assert phases[(OP.op_id, "j1", 1.0)] == phases[(OP.op_id, "j1", 2.0)]
+    assert phases[(OP.op_id, "j3", 0.9)] == 0.0
+    assert phases[(OP2.op_id, "j1", 5.0)] == 0.0
+    assert phases[(OP2.op_id, "-", 9.0)] == 0.0
 
 
 def test_one_row_per_codegen_version_and_compiler():
