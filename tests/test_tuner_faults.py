@@ -238,3 +238,53 @@ def test_finalists_timed_again_unmask_a_slow_first_measurement() -> None:
     assert result.trials == 3 and len(result.retimed) == 6
     assert {r.source for r in result.retimed} == {"confirm"}
     assert runner.checked == [True] * 3 + [False] * 6
+
+
+class _IncumbentRunner(SimulatedRunner):
+    """Times by the order schedules are first seen: the first (the offered incumbent) runs
+    1.0 ms but reads 1.5 ms its first time; the second runs 1.25 ms but reads 1.1 ms its
+    first time (a lucky challenger); the others run 1.2 ms and up."""
+
+    def __init__(self) -> None:
+        super().__init__(cost_s=0.01)
+        self.seen: dict[str, int] = {}
+        self.timed: dict[str, int] = {}
+
+    def measure(self, batch: Sequence[Candidate], progress: Any = None) -> list[MeasureResult]:
+        out = []
+        for cand in batch:
+            sid = cand.schedule.schedule_id
+            order = self.seen.setdefault(sid, len(self.seen))
+            nth = self.timed[sid] = self.timed.get(sid, 0) + 1
+            scripted = {0: (1.5e-3, 1.0e-3), 1: (1.1e-3, 1.25e-3)}
+            first, later = scripted.get(order, (1.2e-3 + order * 1e-5,) * 2)
+            seconds = first if nth == 1 else later
+            self.now += self.cost_s
+            result = MeasureResult(cand.op, cand.schedule, "ok", runtimes_s=(seconds,) * 3,
+                                   source=cand.source)
+            if progress is not None:
+                progress(result)
+            out.append(result)
+        return out
+
+
+def test_the_incumbent_stays_a_finalist_when_its_one_timing_was_slow() -> None:
+    """A job starts from the schedule the store offers; timed slow once, it is outside the
+    fastest two, yet it joins the finalists' rounds and beats the challenger timed fast once."""
+    from tunecache.tuner.search import TuneConfig
+    from tunecache.tuner.search.roller import candidates
+
+    incumbent = candidates(OP, HW, k=40)[-1].schedule
+    runner = _IncumbentRunner()
+    config = TuneConfig(trials=5, refine=False, confirm=2)
+    result = tune_op(OP, HW, runner, config=config, clock=runner.clock,  # type: ignore[arg-type]
+                     first=[incumbent])
+    assert result.results[0].schedule == incumbent and result.results[0].source == "offered"
+    assert result.best.schedule == incumbent and result.best.median_s == pytest.approx(1.0e-3)
+    assert runner.timed[incumbent.schedule_id] == 3
+    assert len(result.retimed) == 3 * 2  # the fastest two and the incumbent, twice each
+    # Without the finalists' rounds the lucky challenger would have won.
+    plain = tune_op(OP, HW, _IncumbentRunner(), config=TuneConfig(trials=5, refine=False,
+                                                                   confirm=0),
+                    first=[incumbent])
+    assert plain.best.schedule != incumbent and plain.best.median_s == pytest.approx(1.1e-3)

@@ -9,9 +9,13 @@ other parallel axis). An optional exploration then measures a fixed, stratified 
 the whole legal schedule grid (``roller.exhaustive_space``): schedules the tiler would not
 propose, so that the cost model also learns from the tiler's mistakes.
 
-Finalists: before exploring, the ``confirm`` fastest schedules measured in this run are
-timed again, unchecked, in ``confirm_rounds`` interleaved rounds (each round in another
-order), and every measurement is recorded. A schedule's figure is then the median of its
+Finalists: before exploring, the ``confirm`` fastest schedules measured in this run, and the
+schedules it was offered first (the incumbent: the store's or the seed's entry, or the
+nearest hardware's) when they measured ``ok``, are timed again, unchecked, in
+``confirm_rounds`` interleaved rounds (each round in another order), and every measurement
+is recorded. The incumbent joins even when its one timing fell outside the fastest few: a
+schedule that several earlier jobs found best should lose only to a challenger that beats
+it over the same rounds, not to one lucky timing. A schedule's figure is then the median of its
 measurements' medians, as the index publishes it: on a shared machine a slow phase can
 outlast one measurement's repeats, and a fastest schedule timed once 25% slow lost a
 BERT-base tuning job (docs/BENCHMARKS.md).
@@ -171,6 +175,19 @@ def by_schedule(results: Sequence[MeasureResult]) -> list[tuple[float, MeasureRe
     return sorted(ranked, key=lambda pair: pair[0])
 
 
+def finalists(results: Sequence[MeasureResult], offered: Sequence[Schedule],
+              count: int) -> list[Schedule]:
+    """The ``count`` fastest schedules of ``results`` (by :func:`by_schedule`), then each
+    ``offered`` one measured ``ok`` among them and not yet in: the incumbent a job starts
+    from stays in the running, so a challenger must beat it over the same rounds (none when
+    ``count`` is 0)."""
+    if count <= 0:
+        return []
+    ranked = [r.schedule for _, r in by_schedule(results) if r.schedule is not None]
+    chosen = ranked[:count]
+    return chosen + [s for s in offered if s in ranked and s not in chosen]
+
+
 def tune_op(
     op: OpSignature,
     hw: HardwareSpec,
@@ -217,8 +234,8 @@ def tune_op(
                      if s.schedule_id not in done][: config.refine_trials]
             loop.run(extra, done)
     if loop.stopped is None:
-        loop.confirm([r.schedule for _, r in by_schedule(loop.results)[: config.confirm]
-                      if r.schedule is not None], op)
+        loop.confirm(finalists(loop.results, [c.schedule for c in offered], config.confirm),
+                     op)
     if loop.stopped is None and config.explore > 0:
         loop.run(exploration(op, hw, config, done), done)
     return OpTuneResult(op, tuple(loop.results), clock() - start, len(set(measured)),
