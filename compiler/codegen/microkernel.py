@@ -63,7 +63,9 @@ class Store:
     (``"!first"``; empty: never). ``epilogue``: steps applied when ``epilogue_if`` holds
     (empty condition: always), with ``operands`` mapping each tensor a step reads to a vector
     expression template (``{r}`` row, ``{o}`` lane offset); a template without ``{r}`` is
-    loaded once per column for the whole tile.
+    loaded once per column for the whole tile. ``prefetch``: touch every cache line of the
+    destination before the reduction, so that the lines a tile adds to (or overwrites) are
+    on their way while it computes.
     """
 
     rows: tuple[str, ...]
@@ -72,6 +74,17 @@ class Store:
     epilogue: tuple[str, ...] = ()
     operands: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     epilogue_if: str = ""
+    prefetch: bool = False
+
+
+def _prefetches(tile: Tile, spec: Store) -> list[str]:
+    """Write prefetches of every line the tile's rows cover (its start may be unaligned, so
+    each row's last float is touched too)."""
+    if not spec.prefetch:
+        return []
+    width = tile.vectors * tile.lanes
+    offsets = sorted({*range(0, width, 16), width - 1})
+    return [f"  __builtin_prefetch({row} + {o}, 1, 3);" for row in spec.rows for o in offsets]
 
 
 def _fmas(tile: Tile, columns: str, rows: Sequence[str], indent: str) -> list[str]:
@@ -172,5 +185,5 @@ def micro_kernel(signature: str, tile: Tile, loops: Sequence[Loop], columns: str
                  rows: Sequence[str], spec: Store) -> str:
     """A whole ``static inline`` micro-kernel: ``signature`` (everything before the body's
     brace), the reduction of :func:`accumulate`, then the :func:`store` of ``spec``."""
-    return "\n".join([f"{signature} {{", *accumulate(tile, loops, columns, rows),
-                      *store(tile, spec), "}"])
+    return "\n".join([f"{signature} {{", *_prefetches(tile, spec),
+                      *accumulate(tile, loops, columns, rows), *store(tile, spec), "}"])

@@ -48,7 +48,7 @@ def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps
         rows=[f"a[p * ({a_ps}) + {r} * ({a_rs})]" for r in range(s.mr)],
         spec=Store(tuple(f"c + {r} * ldc" for r in range(s.mr)), accumulate="!first",
                    epilogue=epilogue, operands={"bias": "VLOADU(bias + {o})"},
-                   epilogue_if="last"),
+                   epilogue_if="last", prefetch=True),
     )
 
 
@@ -135,6 +135,12 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         """\
 static void pack_a_panel(float *restrict dst, const float *restrict a, long m_cur, long k_cur) {
   /* a points at op(A)[i0, p0] */
+  if (APS == 1 && m_cur == MR) {
+    /* a full panel column by column: MR loads, MR contiguous stores */
+    for (long p = 0; p < k_cur; p++)
+      for (long r = 0; r < MR; r++) dst[p * MR + r] = a[r * ARS + p];
+    return;
+  }
   if (APS == 1) {
     for (long r = 0; r < m_cur; r++)
       for (long p = 0; p < k_cur; p++) dst[p * MR + r] = a[r * ARS + p];
