@@ -127,3 +127,21 @@ def test_micro_kernel_checks_its_rows() -> None:
     tile = Tile(("0", "1"), 1, 8)
     with pytest.raises(ValueError, match="1 row operands for a tile of 2 rows"):
         micro_kernel("void k(void)", tile, [Loop("for (;;)")], "b", ["a[0]"], Store(("c", "c")))
+
+
+def test_store_prefetch_touches_every_line_of_every_row_before_the_reduction() -> None:
+    # 24 floats a row: lines start at 0 and 16, and an unaligned row also reaches float 23.
+    tile = Tile(("0", "1"), 3, 8)
+    spec = Store(("c", "c + ldc"), accumulate="!first", prefetch=True)
+    code = micro_kernel("void k(long kc, const float *b, const float *a, float *c, long ldc, "
+                        "int first)", tile, [Loop("for (long p = 0; p < kc; p++)")],
+                        "VLOAD(b + p * 24 + {o})", ["a[p * 2]", "a[p * 2 + 1]"], spec)
+    lines = code.splitlines()
+    fetched = [line.strip() for line in lines if "__builtin_prefetch" in line]
+    assert fetched == [f"__builtin_prefetch({row} + {o}, 1, 3);"
+                       for row in ("c", "c + ldc") for o in (0, 16, 23)]
+    last_prefetch = max(i for i, line in enumerate(lines) if "__builtin_prefetch" in line)
+    assert last_prefetch < next(i for i, line in enumerate(lines) if "for (long p" in line)
+    without = micro_kernel("void k(void)", tile, [Loop("for (;;)")], "b", ["a[0]", "a[1]"],
+                           Store(("c", "c + ldc")))
+    assert "__builtin_prefetch" not in without

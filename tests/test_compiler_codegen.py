@@ -165,6 +165,36 @@ def test_source_is_deterministic_and_carries_provenance() -> None:
     assert op.text in a.code and "codegen v" in a.code
     assert "-ffast-math" not in a.flags
     assert "-ffp-contract=fast" in a.flags and "-std=gnu11" in a.flags
+    assert "-falign-loops=64" in a.flags
+
+
+def test_micro_kernel_loop_starts_on_a_cache_line(tmp_path) -> None:
+    """The k loop of the local ISA's widest register tile is aligned to 64 bytes, so the
+    kernel's speed does not depend on the code placed before it (ARCHITECTURE change 64),
+    and its tile prefetches the C rows it adds to."""
+    import subprocess
+
+    from tunecache.compiler.build import find_compiler
+
+    lanes = HW.lanes
+    mr, nv = {"avx512": (14, 2), "avx2": (6, 2)}.get(HW.isa, (6, 2))
+    kernel = generate(M(256, 256, 256), MatmulSchedule(mr=mr, nr=nv * lanes, kc=128,
+                                                      mc=mr * 8, nc=256), HW)
+    assert kernel.code.count("__builtin_prefetch(c + ") == mr * 2
+    src = tmp_path / "k.c"
+    src.write_text(kernel.code)
+    flags = [f for f in kernel.flags if f != "-shared"]
+    asm = subprocess.run([find_compiler().path, *flags, "-S", "-o", "-", str(src)],
+                         capture_output=True, text=True, check=True).stdout
+    if "vfmadd" not in asm:
+        pytest.skip("the portable kernel's FMAs are not recognisable in this target's assembly")
+    # Each block is its label's body preceded by the directives before the label.
+    pieces = re.split(r"^(\.L\w+):\s*$", asm, flags=re.MULTILINE)
+    loops = [(pieces[i - 1], pieces[i + 1]) for i in range(1, len(pieces) - 1, 2)
+             if len(re.findall(r"vfmadd\w+", pieces[i + 1])) >= mr * nv]
+    assert loops, f"no k loop with {mr * nv} FMAs found"
+    for before, _ in loops:
+        assert re.search(r"\.p2align 6\s*(\.p2align \d+\s*)?$", before), before[-80:]
 
 
 @pytest.mark.skipif("avx512" not in ISAS, reason="needs an AVX-512 machine")
