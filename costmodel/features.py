@@ -85,7 +85,10 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 #     and a direct conv tile's short reduction overlaps the next tiles' chains; a direct
 #     tile's per-call overhead counts its whole reduction plus a little per channel block,
 #     and one-channel blocks copy rows (ARCHITECTURE change 57).
-FEATURE_VERSION = 21
+# 22: a direct tile of a 1x1 stride-1 unpadded conv runs along the image's flat run of
+#     pixels (compiler.kinds.conv2d.space.flat_pixels), which moves its edge-efficiency,
+#     split and analytic columns (ARCHITECTURE change 65).
+FEATURE_VERSION = 22
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

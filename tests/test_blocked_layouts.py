@@ -26,7 +26,13 @@ from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.kinds.conv2d import conv2d_op, nchw_conv2d
-from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
+from tunecache.compiler.kinds.conv2d.space import (
+    Conv2dSchedule,
+    default_conv2d_schedule,
+    direct_tile,
+    flat_pixels,
+    pixel_grid,
+)
 from tunecache.compiler.kinds.layouts import (
     from_blocked,
     layout_problems,
@@ -40,6 +46,7 @@ from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import random_inputs, reference
 from tunecache.compiler.schedule import ScheduleData, default_schedule, problems
 from tunecache.costmodel.analytic import estimate
+from tunecache.tuner.kinds import tuner_kind
 
 HW = local_spec()
 T2 = min(2, HW.cores)
@@ -196,6 +203,31 @@ def test_conv2d_blocked_tiles(x: int) -> None:
                 cases.append((op, s, HW))
     assert len(cases) > len(_conv_ops(x))
     _check(_sampled(cases, x))
+
+
+def test_1x1_tiles_run_along_the_flat_run_of_pixels() -> None:
+    """A 1x1 stride-1 unpadded conv's tiles take oh x ow consecutive pixels of the image, so
+    they cross rows: every layout pair, tiles wider than a row and not dividing it, both
+    thread splits (a split by pixels then splits the tiles), checked against the reference;
+    and the tiler proposes one-row tiles for it."""
+    x = HW.lanes
+    cases: list[Case] = []
+    for layout, out_layout in _layouts(x):
+        op = conv2d_op(1, 3 * x, 5, 7, 2 * x + 3, 1, 1, epilogue="bias+add+relu",
+                       layout=layout, out_layout=out_layout)
+        assert flat_pixels(op) and pixel_grid(op) == (1, 35)
+        for nv, ow, oh, par in ((1, 4, 2, "pixel"), (2, 3, 1, "oc"), (1, 9, 1, "pixel")):
+            s = Conv2dSchedule(oc_block=nv * x, ow_block=ow, oh_block=oh,
+                               ic_block=x if layout != "nchw" else 8, threads=T2, parallel=par)
+            assert not problems(op, s, HW), (op.text, str(s))
+            assert direct_tile(op, s) == (1, ow * oh)
+            cases.append((op, s, HW))
+    _check(cases)
+    flat = conv2d_op(1, 96, 7, 7, 32, 1, 1, layout=f"nchw{x}c", out_layout=f"nchw{x}c")
+    pool = [s for s in tuner_kind("conv2d").pool(flat, HW, 2) if s.algorithm == "direct"]
+    assert pool and all(s.oh_block == 1 for s in pool)
+    assert not flat_pixels(conv2d_op(1, 96, 7, 7, 32, 1, 1, pads=1))
+    assert not flat_pixels(conv2d_op(1, 96, 7, 7, 32, 1, 1, stride=2))
 
 
 def test_depthwise_bands_packed_as_the_tiles_need_them() -> None:

@@ -27,7 +27,8 @@ LAYOUT_DIGESTS = {1: "69330a51579c4cf9", 2: "84f7f0316a034daa", 3: "84f7f0316a03
                   12: "9938fab643596ddb", 13: "9938fab643596ddb", 14: "9938fab643596ddb",
                   15: "9938fab643596ddb", 16: "ff6646bd22ec6025",
                   17: "9d8d40ab8cb05e1a", 18: "973f8a727afef4ee",
-                  19: "973f8a727afef4ee", 20: "973f8a727afef4ee", 21: "973f8a727afef4ee"}
+                  19: "973f8a727afef4ee", 20: "973f8a727afef4ee", 21: "973f8a727afef4ee",
+                  22: "973f8a727afef4ee"}
 VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2", 3: "ee3c150c3f1c00d4",
                  4: "28e29d75ebf480e0", 5: "5a2a23657e21ad2a", 6: "e6204765dd950e66",
                  7: "f20cb4de32fb7943", 8: "d6d65c55b0f686b2", 9: "def038e369205259",
@@ -40,7 +41,8 @@ VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2", 3: "ee3c150c3f1c0
                  18: "bc01626452950a51",  # 18: and BERT's FFN as one level of Strassen
                  19: "9a8c4b571a8800b9",  # 19: FMAs in flight per ISA, GEMM conv margin and panels
                  20: "cce5ec7520d1a0e1",  # 20: broadcast cost per ISA, direct conv margin, strides
-                 21: "7f572caaa473aa3f"}  # 21: latency or loads, short reductions overlap, ic blocks
+                 21: "7f572caaa473aa3f",  # 21: latency or loads, short reductions overlap, ic blocks
+                 22: "c617eb4b7fcc3874"}  # 22: a golden row more (a 1x1 conv on a flat pixel grid)
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=48 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="Golden CPU",
@@ -95,6 +97,11 @@ def golden_inputs() -> list[tuple[OpSignature, object, HardwareSpec]]:
         (OpSignature.matmul(128, 3072, 768, epilogue="bias"),
          MatmulSchedule(mr=8, nr=48, kc=384, mc=64, nc=240, threads=2, parallel="n",
                         strassen=1), AVX512),
+        # MobileNet-v2's last 1x1 projection: tiles along the flat run of pixels (version 22)
+        (OpSignature.parse("conv2d(N=1,C=960,H=7,W=7,F=320,R=1,S=1,layout=nchw8c,"
+                           "out_layout=nchw8c,epilogue=bias)"),
+         Conv2dSchedule(oc_block=16, ow_block=5, oh_block=2, ic_block=8, threads=2,
+                        parallel="pixel"), AVX2),
     ]
 
 

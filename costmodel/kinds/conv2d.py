@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from tunecache.compiler.backends import ArchConstants
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, conv2d_blocks, is_depthwise
+from tunecache.compiler.kinds.conv2d.space import (
+    Conv2dSchedule,
+    conv2d_blocks,
+    direct_tile,
+    flat_pixels,
+    is_depthwise,
+    pixel_grid,
+)
 from tunecache.compiler.kinds.conv2d.winograd import transform_ops, winograd_plan
 from tunecache.compiler.ops import OpSignature
 from tunecache.costmodel.analytic import (
@@ -110,9 +117,9 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
                * kc / (kc + 24 + _loop_steps(op, s, blocks)))
         if conv2d_blocks(op)[0]:
             eff *= _blocked_stream_factor(kc, rows, s.oc_block, nv, hw, arch)
-        flops = (2.0 * n * groups * round_up(fg, s.oc_block) * round_up(q, s.ow_block)
-                 * round_up(p, s.oh_block) * cg * rs)
-        units = n * groups * (ceil_div(fg, s.oc_block) if s.parallel == "oc" else p)
+        share, pixel_units = _direct_pixels(op, s)
+        flops = 2.0 * n * groups * round_up(fg, s.oc_block) * pixels / share * cg * rs
+        units = n * groups * (ceil_div(fg, s.oc_block) if s.parallel == "oc" else pixel_units)
     else:
         nv = max(1, s.ow_block // lanes)
         kc = min(s.ic_block, cg) * rs
@@ -176,7 +183,7 @@ def _reread_s(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec, arch: ArchCo
     outgrows half of L2), ``pf`` its weight share once per row block."""
     d = op.dims_dict
     ngf = d["groups"] * ceil_div(d["F"] // d["groups"], s.oc_block)
-    npb = ceil_div(op.out_h, s.oh_block)
+    npb = ceil_div(pixel_grid(op)[0], direct_tile(op, s)[0])
     if s.parallel == "oc":
         gf_per, pb_per, in_share, w_share = ceil_div(ngf, busy), npb, in_bytes, w_bytes / busy
     else:
@@ -202,6 +209,17 @@ def _touched_share(op: OpSignature, hw: HardwareSpec) -> float:
     if pixel_bytes >= hw.cache_line:
         cols = min(1.0, op.out_w * min(d["S"], d["stride_w"]) / d["W"])
     return rows * cols
+
+
+def _direct_pixels(op: OpSignature, s: Conv2dSchedule) -> tuple[float, int]:
+    """A dense direct schedule's useful share of the pixels its tiles cover (edge tiles
+    count whole) and the items a split by pixels divides: output rows, or the tiles of a
+    flat pixel grid (:func:`flat_pixels`), which the kernel splits instead."""
+    if flat_pixels(op):
+        cols, width = pixel_grid(op)[1], direct_tile(op, s)[1]
+        return cols / round_up(cols, width), ceil_div(cols, width)
+    p, q = op.out_h, op.out_w
+    return (q / round_up(q, s.ow_block)) * (p / round_up(p, s.oh_block)), p
 
 
 def _epilogue_s(op: OpSignature, hw: HardwareSpec, busy: int) -> float:
@@ -354,9 +372,12 @@ def _cross(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> tuple[float,
         rows, vec = s.ow_block * s.oh_block, s.oc_block
         width_n = d["C"] if dw else d["F"] // g
         eff_m = (Q / round_up(Q, s.ow_block)) * (P / round_up(P, s.oh_block))
+        pixel_items = d["N"] * ceil_div(P, s.oh_block)
+        if s.algorithm == "direct" and flat_pixels(op):
+            eff_m, tiles = _direct_pixels(op, s)
+            pixel_items = d["N"] * tiles
         eff_n = width_n / round_up(width_n, vec)
         oc_blocks = ceil_div(width_n, vec) * (1 if dw else g)
-        pixel_items = d["N"] * ceil_div(P, s.oh_block)
     else:
         rows, vec = s.oc_block, s.ow_block
         fg = d["F"] // g

@@ -12,7 +12,9 @@ from tunecache.compiler.kinds.conv2d.space import (
     WINOGRAD_TILES,
     Conv2dSchedule,
     conv2d_blocks,
+    flat_pixels,
     is_depthwise,
+    pixel_grid,
     winograd_shape,
 )
 from tunecache.compiler.ops import OpSignature
@@ -35,7 +37,8 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
     lanes, regs = hw.lanes, hw.vector_registers
     groups = d["groups"]
     cg, fg = d["C"] // groups, d["F"] // groups
-    p, q, rs = op.out_h, op.out_w, d["R"] * d["S"]
+    p, q = pixel_grid(op)
+    rs = d["R"] * d["S"]
     depthwise = is_depthwise(op)
     width = d["C"] if depthwise else fg
     pars = ["oc", "pixel"] if threads > 1 else ["oc"]
@@ -152,10 +155,13 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
         if not problems(op, s, hw):
             strata.setdefault(_tile_key(s), []).append(s)
 
+    # On a flat pixel grid a tile is oh x ow pixels in a row: one row per tile, any width.
+    flat = flat_pixels(op)
+    widths = set(range(1, MAX_OW_BLOCK + 1)) if flat else {1, 2, 4, 7, 8, 12, 14, 16, 28}
     for nv in range(1, 5):
         max_rows = min(MAX_OW_BLOCK, (regs - nv - 1) // nv)
-        for ow in sorted({1, 2, 4, 7, 8, 12, 14, 16, 28, max_rows} & set(range(1, max_rows + 1))):
-            for oh in (1, 2, 4):
+        for ow in sorted((widths | {max_rows}) & set(range(1, max_rows + 1))):
+            for oh in (1,) if flat else (1, 2, 4):
                 if ow * oh > max_rows:
                     continue
                 ics = [xi] if xi else sorted({1, lanes, 32, 64, 128, cg} & set(range(1, cg + 1)))
@@ -194,8 +200,9 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
 
 
 def _neighbours(op: OpSignature, best: Conv2dSchedule, hw: HardwareSpec) -> list[Conv2dSchedule]:
-    """Channel block x/÷ 2, the other loop order, one row more or less per tile, the other
-    kernel-width unrolling and weight packing, the other parallel axis."""
+    """Channel block x/÷ 2, the other loop order, one row more or less per tile (one pixel
+    on a flat pixel grid), the other kernel-width unrolling and weight packing, the other
+    parallel axis."""
     out = [best.replace(ic_block=max(1, best.ic_block * 2)),
            best.replace(ic_block=max(1, best.ic_block // 2)),
            best.replace(loop_order="pf" if best.loop_order == "fp" else "fp"),
@@ -206,6 +213,7 @@ def _neighbours(op: OpSignature, best: Conv2dSchedule, hw: HardwareSpec) -> list
         out.append(best.replace(pack_w=1 - best.pack_w))
     if best.algorithm == "winograd":
         out += [best.replace(oh_block=m) for m in WINOGRAD_TILES]
+    if best.algorithm == "winograd" or (best.algorithm == "direct" and flat_pixels(op)):
         out += [best.replace(ow_block=best.ow_block + 1),
                 best.replace(ow_block=max(1, best.ow_block - 1))]
     if best.threads > 1:

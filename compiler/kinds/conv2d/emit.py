@@ -26,7 +26,7 @@ directly. Partial tiles go through a local tile merged by scalar code, as in mat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tunecache.compiler.codegen.abi import (
     ALIGN_FLOATS,
@@ -40,6 +40,8 @@ from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constan
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
     conv2d_blocks,
+    direct_tile,
+    flat_pixels,
     is_depthwise,
     plane_buffer_floats,
 )
@@ -64,7 +66,18 @@ def generate_conv2d(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         return generate_winograd(op, s, d)
     if not s.pack_w:
         return _generate_plane(op, s, d)
+    if flat_pixels(op):
+        return _generate_direct(*_flattened(op, s), d)
     return _generate_direct(op, s, d)
+
+
+def _flattened(op: OpSignature, s: Conv2dSchedule) -> tuple[OpSignature, Conv2dSchedule]:
+    """The same convolution over images of one row of ``H*W`` pixels (the same memory in
+    every layout, :func:`flat_pixels`) and the schedule whose tiles are one row of
+    :func:`direct_tile`'s pixels on it."""
+    d = op.dims_dict
+    dims = tuple((k, 1 if k == "H" else d["H"] * d["W"] if k == "W" else v) for k, v in op.dims)
+    return replace(op, dims=dims), s.replace(oh_block=1, ow_block=direct_tile(op, s)[1])
 
 
 # -- depthwise plane kernel -------------------------------------------------------------------
@@ -638,8 +651,12 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectP
     split_oc = s.parallel == "oc"
     oc_range = ("long gf_lo, gf_hi; split_range(NGF, tid, nth, &gf_lo, &gf_hi);" if split_oc
                 else "const long gf_lo = 0, gf_hi = NGF;")
-    pb_range = ("const long pb_lo = 0, pb_hi = NPB;" if split_oc
+    # One row block (a flat grid): a split by pixels splits its tiles instead.
+    split_q = not split_oc and _cdiv(op.out_h, plan.th) == 1
+    pb_range = ("const long pb_lo = 0, pb_hi = NPB;" if split_oc or split_q
                 else "long pb_lo, pb_hi; split_range(NPB, tid, nth, &pb_lo, &pb_hi);")
+    qt_range = ("long qt_lo, qt_hi; split_range(NQT, tid, nth, &qt_lo, &qt_hi);" if split_q
+                else "const long qt_lo = 0, qt_hi = NQT;")
     if s.loop_order == "fp":
         loops = ("for (long gf = gf_lo; gf < gf_hi; gf++)\n"
                  "      for (long pb = pb_lo; pb < pb_hi; pb++) {")
@@ -692,10 +709,11 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
   BARRIER();
   {oc_range}
   {pb_range}
+  {qt_range}
   for (long n = 0; n < NB; n++)
     {loops}
       const long p0 = pb * TH, th = MIN(TH, P - p0);{band}
-      for (long qt = 0; qt < NQT; qt++) {{
+      for (long qt = qt_lo; qt < qt_hi; qt++) {{
         const long q0 = qt * TW, tw = MIN(TW, Q - q0);
         const float *xb = {x_at};
         const float *wb = {w_at};

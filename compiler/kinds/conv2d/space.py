@@ -96,6 +96,36 @@ def is_depthwise(op: OpSignature) -> bool:
     return d["C"] == d["groups"] and d["F"] == d["groups"]
 
 
+def flat_pixels(op: OpSignature) -> bool:
+    """A dense 1x1 convolution of stride 1 without padding: its output pixels are its input
+    pixels, and in every layout (each channel's plane of NCHW, each block's of NCHW[x]c) an
+    image's ``P*Q`` pixels are one run in memory. A ``direct`` tile then takes ``oh_block *
+    ow_block`` consecutive pixels of that run rather than ``oh_block`` rows of ``ow_block``
+    columns, so a row's width leaves no narrow tile at its end (a 7x7 map in 4-pixel tiles ran
+    a 3-pixel tile in every row; ARCHITECTURE change 65)."""
+    d = op.dims_dict
+    return (d["R"] == d["S"] == d["stride_h"] == d["stride_w"] == 1
+            and not any(d[k] for k in ("pad_t", "pad_l", "pad_b", "pad_r"))
+            and not is_depthwise(op))
+
+
+def pixel_grid(op: OpSignature) -> tuple[int, int]:
+    """(rows, columns) of the grid a ``direct`` tile's pixels are laid over: ``(1, P*Q)`` for
+    :func:`flat_pixels`, else the output's ``(P, Q)``."""
+    if flat_pixels(op):
+        return 1, op.out_h * op.out_w
+    return op.out_h, op.out_w
+
+
+def direct_tile(op: OpSignature, s: Conv2dSchedule) -> tuple[int, int]:
+    """(rows, columns) of a ``direct`` register tile on :func:`pixel_grid`, clipped to it: on a
+    flat grid one row of ``oh_block * ow_block`` pixels (the same registers as the 2-D tile)."""
+    rows, cols = pixel_grid(op)
+    if flat_pixels(op):
+        return 1, min(s.oh_block * s.ow_block, cols)
+    return min(s.oh_block, rows), min(s.ow_block, cols)
+
+
 def conv2d_blocks(op: OpSignature) -> tuple[int, int]:
     """Channel blocks of X and Y: ``x`` of a blocked ``nchw{x}c`` layout, 0 for ``nchw``."""
     return channel_block(op.attr("layout")), channel_block(op.attr("out_layout"))
