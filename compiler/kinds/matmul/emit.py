@@ -83,10 +83,12 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     a_block = round_up(mc, mr) * kc
     b_block = round_up(nc, nr) * kc
     edge_a, edge_b, ctile = mr * kc, kc * nr, mr * nr
-    shared_a = s.pack_a == 1 and par == "n"
+    # Every thread packs the A block it reads itself, also when threads split the columns:
+    # a shared A block cost two barriers per block, and a barrier waits for the other vCPU,
+    # which a busy host may not be running.
     shared_b = s.pack_b == 1 and (par == "n" or (par == "m" and s.loop_order == "jpi"))
     if body_threads == 1:
-        shared_a = shared_b = False
+        shared_b = False
 
     def region(n: int) -> int:
         return round_up(n, ALIGN_FLOATS)
@@ -97,12 +99,8 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     offset_shared = 0
     offset_private = 0
     if s.pack_a:
-        if shared_a:
-            layout["OFF_A_SHARED"] = offset_shared
-            offset_shared += region(a_block)
-        else:
-            layout["OFF_A_PRIV"] = offset_private
-            offset_private += region(a_block)
+        layout["OFF_A_PRIV"] = offset_private
+        offset_private += region(a_block)
     if s.pack_b:
         if shared_b:
             layout["OFF_B_SHARED"] = offset_shared
@@ -299,8 +297,7 @@ def _call_edge(s: MatmulSchedule) -> str:
 
 def _gemm_body(s: MatmulSchedule, par: str, threads: int) -> str:
     """The blocked loops for one batch item, run by every thread of the team."""
-    a_buf = ("shared + OFF_A_SHARED" if (s.pack_a and par == "n" and threads > 1)
-             else "priv + OFF_A_PRIV" if s.pack_a else "NULL")
+    a_buf = "priv + OFF_A_PRIV" if s.pack_a else "NULL"
     if s.pack_b and threads > 1 and (par == "n" or (par == "m" and s.loop_order == "jpi")):
         b_buf = "shared + OFF_B_SHARED"
     else:
@@ -321,9 +318,6 @@ static void gemm_body(const float *restrict A, const float *restrict B, const fl
     def pack_a(ind: str) -> str:
         if not s.pack_a:
             return ""
-        if split_n:
-            return (f"{ind}{{ long lo, hi; split_range((m_cur + MR - 1) / MR, tid, nth, &lo, &hi);"
-                    f" pack_a_block(Ap, A, ic, m_cur, pc, k_cur, lo, hi); }}\n{ind}BARRIER();\n")
         return f"{ind}pack_a_block(Ap, A, ic, m_cur, pc, k_cur, 0, (m_cur + MR - 1) / MR);\n"
 
     def pack_b(ind: str, split: bool) -> str:
@@ -357,11 +351,11 @@ static void gemm_body(const float *restrict A, const float *restrict B, const fl
                      "        const long m_cur = MIN(MC, M - ic);\n")
         body += pack_a("        ")
         body += compute("        ")
-        if split_n:
-            body += "        BARRIER();\n"
         body += "      }\n"
-        if split_m:
-            body += "      BARRIER();\n"
+        if split_m or split_n:
+            # Only the shared B block couples the threads: pre-packed weights (every compiled
+            # model's) leave each thread its own rows of C and nothing to wait for.
+            body += "      if (!Bpre) { BARRIER(); }\n"
         body += "    }\n  }\n"
     else:  # ipj
         if split_m:
@@ -375,7 +369,7 @@ static void gemm_body(const float *restrict A, const float *restrict B, const fl
         body += pack_b("        ", split_n)
         body += compute("        ")
         if split_n:
-            body += "        BARRIER();\n"
+            body += "        if (!Bpre) { BARRIER(); }\n"
         body += "      }\n    }\n  }\n"
     lines.append(body)
     lines.append("}\n")
