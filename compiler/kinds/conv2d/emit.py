@@ -680,9 +680,9 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectP
     head += f"  float tile[{plan.th * plan.tw * s.oc_block}] __attribute__((aligned(64)));\n"
     if vector:
         if plan.bias_floats:
-            head += "  float *Bp = ws + OFF_BP;\n"
-            pack += ("  if (tid == 0)\n"
-                     "    for (long f = 0; f < BP_FLOATS; f++) Bp[f] = f < F ? bias[f] : 0.0f;\n")
+            # Each thread its own copy: a shared one would need a barrier before any tile.
+            head += "  float *Bp = ws + OFF_BP + tid * BP_STRIDE;\n"
+            head += ("  for (long f = 0; f < BP_FLOATS; f++) Bp[f] = f < F ? bias[f] : 0.0f;\n")
         bp = "Bp + f0" if plan.bias_floats else "NULL"
         nv = s.oc_block // d.lanes
         vmax = f"MIN({nv}, (CBY * XO - f0) / {d.lanes})" if s.oc_block > plan.xo else str(nv)
@@ -695,6 +695,8 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectP
                  f"\n        store_tile(tile, Y, bias, add, n, {f0}, {fvalid}, p0, q0, th, tw);")
     else:
         after = f"\n        store_tile(tile, Y, bias, add, n, {f0}, {fvalid}, p0, q0, th, tw);"
+    # Threads wait for each other only for what they packed together.
+    barrier = "BARRIER();" if pack else "if (!packed) { BARRIER(); }"
     tail = ""
     if plan.sink == "scalar" and op.dim("F") % plan.xo:
         tail = ("  { long lo, hi; split_range(NB * P * Q, tid, nth, &lo, &hi); "
@@ -706,7 +708,7 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
 {head}{pack}  if (!packed) {{
     long lo, hi; split_range(WPACK_ITEMS, tid, nth, &lo, &hi); pack_weights(Wt, Wb_ws, lo, hi);
   }}
-  BARRIER();
+  {barrier}
   {oc_range}
   {pb_range}
   {qt_range}
@@ -747,8 +749,9 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     if plan.xo:
         constants.update(XO=plan.xo, CBY=_cdiv(dims["F"], plan.xo))
     if plan.bias_floats:
-        constants.update(OFF_BP=ws_floats, BP_FLOATS=plan.bias_floats)
-        ws_floats += round_up(plan.bias_floats, ALIGN_FLOATS)
+        stride = round_up(plan.bias_floats, ALIGN_FLOATS)
+        constants.update(OFF_BP=ws_floats, BP_FLOATS=plan.bias_floats, BP_STRIDE=stride)
+        ws_floats += s.threads * stride
     out = [preamble(d, constants, s.threads), _pack_code(plan)]
     variants = {(th, tw): "ukr_full"}
     variants.setdefault((th, tw_tail), "ukr_qtail")
