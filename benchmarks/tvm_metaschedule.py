@@ -36,6 +36,9 @@ kernels re-timed back to back in its own run, and a file from another machine is
 own JSON IR format, with the trial counts and wall times of the run that found them) and
 reuses them when the operator, budgets, target, TVM version and machine match, so that a
 change on our side is measured against the same TVM kernels without tuning TVM again.
+``--section NAME`` writes another docs/BENCHMARKS.md section (and docs/NAME.png), one per
+machine: ``tvm_metaschedule`` holds the AVX-512 VM's run, ``tvm_metaschedule_avx2`` the
+AVX2 VM's.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ from tunecache.tuner.measure import Candidate, Runner, TimingConfig
 from tunecache.tuner.search import TuneConfig, tune_op
 
 ROOT = Path(__file__).resolve().parent.parent
-PLOT = ROOT / "docs" / "tvm_metaschedule.png"
+DOCS = ROOT / "docs"
 INSTALL_HINT = ("TVM is not importable in this Python; install it into a separate venv: "
                 "`python -m venv tvmvenv && tvmvenv/bin/pip install -e '.[tvm,plots]'` "
                 "and run this script with tvmvenv/bin/python")
@@ -524,6 +527,9 @@ def main() -> None:
     parser.add_argument("--merge", type=Path, action="append", default=[],
                         help="a --json file of an earlier run on this machine: its ops are "
                              "reported beside this run's (repeatable; ops run now win)")
+    parser.add_argument("--section", default="tvm_metaschedule",
+                        help="docs/BENCHMARKS.md section to write (one per machine); the plot "
+                             "is docs/SECTION.png")
     parser.add_argument("--no-write", action="store_true",
                         help="print only: no docs/BENCHMARKS.md section, no PNG")
     args = parser.parse_args()
@@ -551,13 +557,14 @@ def main() -> None:
         print(render_op(name, *OPS[name], results[name]), file=sys.stderr, flush=True)
     if args.tvm_only:
         return
-    plotted = not args.no_write and plot_curves(results, PLOT)
-    text = render(results, args, t.tvm.__version__, PLOT.name if plotted else None)
+    plot = DOCS / f"{args.section}.png"
+    plotted = not args.no_write and plot_curves(results, plot)
+    text = render(results, args, t.tvm.__version__, plot.name if plotted else None)
     print(text)
     if args.json:
         args.json.write_text(json.dumps(dump_rows(results, hw), indent=2))
     if not args.no_write:
-        write_section("tvm_metaschedule", text)
+        write_section(args.section, text)
 
 
 if __name__ == "__main__":
