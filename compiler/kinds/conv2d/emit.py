@@ -682,7 +682,7 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectP
         if plan.bias_floats:
             # Each thread its own copy: a shared one would need a barrier before any tile.
             head += "  float *Bp = ws + OFF_BP + tid * BP_STRIDE;\n"
-            head += ("  for (long f = 0; f < BP_FLOATS; f++) Bp[f] = f < F ? bias[f] : 0.0f;\n")
+            head += "  for (long f = 0; f < BP_FLOATS; f++) Bp[f] = f < F ? bias[f] : 0.0f;\n"
         bp = "Bp + f0" if plan.bias_floats else "NULL"
         nv = s.oc_block // d.lanes
         vmax = f"MIN({nv}, (CBY * XO - f0) / {d.lanes})" if s.oc_block > plan.xo else str(nv)
