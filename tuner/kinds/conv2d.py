@@ -64,12 +64,13 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
     if xi or xo:
         return
     if depthwise:
-        # The plane kernel: output columns in the lanes, rows of the tile in registers.
+        # The plane kernel: output columns in the lanes, rows of the tile in registers
+        # beside the R weights of one kernel column and the input vector the sweep shares.
         for nv in (1, 2, 4):
             if nv > 1 and (nv - 1) * lanes >= q:
                 break
-            for oh in (1, 2, 4):
-                if oh * nv + 2 > regs or (oh > 1 and oh > p):
+            for oh in (1, 2, 4, 8):
+                if oh * nv + d["R"] + 1 > regs or (oh > 1 and oh > p):
                     continue
                 for unroll in ((0, 1) if d["S"] > 1 else (0,)):
                     yield Conv2dSchedule(oc_block=lanes, ow_block=nv * lanes, oh_block=oh,

@@ -35,7 +35,7 @@ from tunecache.compiler.codegen.abi import (
 )
 from tunecache.compiler.codegen.epilogue import render
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, accumulate, micro_kernel, store
+from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel, store
 from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
@@ -83,16 +83,45 @@ def _flattened(op: OpSignature, s: Conv2dSchedule) -> tuple[OpSignature, Conv2dS
 # -- depthwise plane kernel -------------------------------------------------------------------
 
 
+def _plane_sweep(op: OpSignature, tile: Tile, unroll_kw: int) -> list[str]:
+    """C lines zeroing ``tile`` and accumulating its R x S taps by a sweep down the input rows.
+
+    Per kernel column ``s``, the R weights of that column sit in registers and every input
+    vector the tile reads is loaded once, then FMA'd into each output row it feeds (output
+    row ``i`` reads input row ``i * SH + r * DH``): a 3x3 tile of ``th`` rows loads ``th + 2``
+    vectors per column instead of ``3 * th``, and each row's taps spread over independent
+    chains. On the AVX2 Zen 3 VM, MobileNet-v2's 144-channel 56x56 depthwise 3x3 with 4 x 8
+    tiles ran 0.86-0.88x the time of the tap-by-tap kernel (same schedule, same run).
+    """
+    d = op.dims_dict
+    feeds: dict[int, list[tuple[int, int]]] = {}
+    for i in range(len(tile.rows)):
+        for r in range(d["R"]):
+            feeds.setdefault(i * d["stride_h"] + r * d["dil_h"], []).append((i, r))
+    lines = ["  vec " + ", ".join(f"{tile.acc(i, v)} = VZERO()" for v in range(tile.vectors)) + ";"
+             for i in range(len(tile.rows))]
+    if unroll_kw:
+        lines.append("#pragma GCC unroll 16")
+    lines += ["  for (long s = 0; s < S; s++) {",
+              "    const float *base = buf + ((s * DW) % SW) * PLANE + p0 * SH * PW + q0"
+              " + (s * DW) / SW;",
+              "    const vec " + ", ".join(f"k{r} = VSET1(w[{r} * S + s])"
+                                         for r in range(d["R"])) + ";"]
+    for u, pairs in sorted(feeds.items()):
+        for v in range(tile.vectors):
+            fmas = " ".join(f"{tile.acc(i, v)} = VFMA(x, k{r}, {tile.acc(i, v)});"
+                            for i, r in pairs)
+            lines.append(f"    {{ vec x = VLOADU(base + {u} * PW + {v * tile.lanes}); VKEEP(x); "
+                         f"{fmas} }}")
+    return [*lines, "  }"]
+
+
 def _plane_tile(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     """One TH x QV output tile of one channel: accumulators over R x S taps (one broadcast
     weight times a vector of output columns per row), then the epilogue, stored straight into
     NCHW rows (full tiles) or through a scratch tile."""
     th = s.oh_block
     tile = Tile(tuple(str(i) for i in range(th)), s.ow_block // d.lanes, d.lanes)
-    loops = [Loop("for (long r = 0; r < R; r++)"),
-             Loop("for (long s = 0; s < S; s++)",
-                  ("const float *base = buf + ((s * DW) % SW) * PLANE + (p0 * SH + r * DH) * PW"
-                   " + q0 + (s * DW) / SW;",), unroll=16 if s.unroll_kw else 1)]
     full = Store(tuple(f"y + (p0 + {i}) * Q + q0" for i in range(th)), epilogue=op.epilogue,
                  operands={"bias": "VSET1(bias_c)", "add": "VLOADU(addp + (p0 + {r}) * Q + q0 + {o})"})
     scratch = Store(tuple(f"tile + {i * s.ow_block}" for i in range(th)))
@@ -103,8 +132,7 @@ def _plane_tile(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         "                              float *restrict y, const float *restrict addp,",
         "                              float bias_c, long p0, long q0, long th, long tw) {",
         "  (void)addp; (void)bias_c;",
-        *accumulate(tile, loops, "VSET1(w[r * S + s])",
-                    [f"VLOADU(base + {i} * SH * PW + {{o}})" for i in range(th)]),
+        *_plane_sweep(op, tile, s.unroll_kw),
         "  if (th == TH && tw == QV) {",
         *store(tile, full),
         "    return;",
@@ -133,6 +161,14 @@ def _generate_plane(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
                  "NPB": _cdiv(op.out_h, s.oh_block), "NQT": _cdiv(op.out_w, s.ow_block)}
     out = [preamble(d, constants, s.threads)]
     out.append("""\
+/* An input vector feeds up to R output rows: keep it in a register, or GCC folds every use
+ * back into a memory-operand FMA and the sweep loads it R times (the tap-by-tap kernel). */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define VKEEP(x) __asm__("" : "+v"(x))
+#else
+#define VKEEP(x) ((void)0)
+#endif
+
 /* Channel plane x (H x W) into buf: phase (PL + iw) % SW, row PT + ih, column (PL + iw) / SW.
  * Only interior positions are written: the zero padding, set once per call, stays. */
 static void fill_plane(const float *restrict x, float *restrict buf) {
