@@ -23,7 +23,18 @@ from types import MappingProxyType
 
 from tunecache.compiler.codegen.epilogue import operand_tensors, render
 
-__all__ = ["Loop", "Store", "Tile", "accumulate", "micro_kernel", "store"]
+__all__ = ["KEEP_IN_REGISTER", "Loop", "Store", "Tile", "accumulate", "micro_kernel", "store"]
+
+KEEP_IN_REGISTER = """\
+/* VKEEP(x): keep a loaded vector in a register. A tile that sweeps its input (one load
+ * feeding several accumulators) needs it: GCC otherwise folds every use back into a
+ * memory-operand FMA and loads the vector once per use. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define VKEEP(x) __asm__("" : "+v"(x))
+#else
+#define VKEEP(x) ((void)0)
+#endif
+"""
 
 
 @dataclass(frozen=True, slots=True)

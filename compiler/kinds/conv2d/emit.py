@@ -35,7 +35,14 @@ from tunecache.compiler.codegen.abi import (
 )
 from tunecache.compiler.codegen.epilogue import render
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel, store
+from tunecache.compiler.codegen.microkernel import (
+    KEEP_IN_REGISTER,
+    Loop,
+    Store,
+    Tile,
+    micro_kernel,
+    store,
+)
 from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
@@ -159,16 +166,8 @@ def _generate_plane(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     constants = {**shape_constants(op), "TH": s.oh_block, "QV": s.ow_block, "PW": width,
                  "PLANE": f"({rows}L * PW)", "BUF_FLOATS": buf_floats,
                  "NPB": _cdiv(op.out_h, s.oh_block), "NQT": _cdiv(op.out_w, s.ow_block)}
-    out = [preamble(d, constants, s.threads)]
+    out = [preamble(d, constants, s.threads), KEEP_IN_REGISTER]
     out.append("""\
-/* An input vector feeds up to R output rows: keep it in a register, or GCC folds every use
- * back into a memory-operand FMA and the sweep loads it R times (the tap-by-tap kernel). */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define VKEEP(x) __asm__("" : "+v"(x))
-#else
-#define VKEEP(x) ((void)0)
-#endif
-
 /* Channel plane x (H x W) into buf: phase (PL + iw) % SW, row PT + ih, column (PL + iw) / SW.
  * Only interior positions are written: the zero padding, set once per call, stays. */
 static void fill_plane(const float *restrict x, float *restrict buf) {
