@@ -60,7 +60,11 @@ def _variants(op: OpSignature, hw: HardwareSpec) -> list[PwdwSchedule]:
             base.replace(threads=T2, parallel="pixel", band_tiles=1),
             base.replace(threads=T2, parallel="oc", band_tiles=2, oh_block=2, ow_block=3,
                          pw_block=4),
-            base.replace(band_tiles=3, ow_block=2, pw_block=3)]
+            base.replace(band_tiles=3, ow_block=2, pw_block=3),
+            # Two of Y's channel blocks per band (legal where F is a whole number of them).
+            base.replace(band_blocks=2, ow_block=2, oh_block=2, pw_block=3, band_tiles=2),
+            base.replace(band_blocks=2, ow_block=3, oh_block=1, pw_block=2, band_tiles=1,
+                         threads=T2, parallel="pixel")]
 
 
 def _cases() -> list[Case]:
@@ -80,6 +84,7 @@ def test_every_variant_matches_the_reference_and_prepacked_weights() -> None:
     poisoned output and workspace), and W1 packed once giving the same bits."""
     cases = sampled(_cases())
     assert len(cases) >= 16
+    assert any(s.band_blocks == 2 for _, s, _ in _cases())
     build_all(cases)
     for i, (op, s, hw) in enumerate(cases):
         kernel = cached_kernel(op, s, hw)
@@ -109,6 +114,9 @@ def test_illegal_schedules_and_signatures_are_refused() -> None:
     assert any("depthwise tile" in f for f in found)
     assert any("pointwise tile" in f for f in found)
     assert any("parallel='rows'" in f for f in found)
+    # F = 48 is three 16-channel blocks: not a whole number of two-block bands.
+    pair = PwdwSchedule(ow_block=2, oh_block=1, pw_block=2, band_blocks=2)
+    assert any("whole number of bands of 32" in f for f in pwdw_problems(op, pair, hw))
     big = pwdw_op(1, 8, 8, 4000, 16, 3, 3, pads=1, layout="nchw16c", out_layout="nchw16c")
     assert any("band" in f for f in pwdw_problems(big, PwdwSchedule(4, 4, band_tiles=8), hw))
     with pytest.raises(ValueError, match="whole 16-channel blocks"):

@@ -188,13 +188,17 @@ def _relayout(op: OpSignature, src: str, dst: str) -> OpSignature | None:
 class PwdwSchedule(ScheduleData):
     """Knobs of a pwdw kernel.
 
-    ``ow_block`` x ``oh_block``: the depthwise register tile (output pixels, one channel
-    block each); ``pw_block``: pixels of one pointwise register tile (a strip of an expanded
-    row); ``band_tiles``: depthwise row tiles per band (the band holds the expanded rows they
-    read); ``parallel``: threads split the channel blocks (``oc``) or the bands (``pixel``).
+    ``ow_block`` x ``oh_block``: the depthwise register tile (output pixels, the band's
+    channels each); ``pw_block``: pixels of one pointwise register tile (a strip of an
+    expanded row); ``band_tiles``: depthwise row tiles per band (the band holds the expanded
+    rows they read); ``band_blocks``: Y's channel blocks one band holds (its pixels are that
+    many blocks wide, so a register tile has that many vectors per pixel, and each input
+    value broadcast in the pointwise half feeds them all); ``parallel``: threads split the
+    band's channel groups (``oc``) or the bands (``pixel``).
     """
 
     family: ClassVar[str] = "pwdw"
+    later_knobs: ClassVar[frozenset[str]] = frozenset({"band_blocks"})
 
     ow_block: int
     pw_block: int
@@ -202,15 +206,22 @@ class PwdwSchedule(ScheduleData):
     band_tiles: int = 1
     parallel: str = "oc"
     threads: int = 1
+    band_blocks: int = 1
 
     def __str__(self) -> str:
+        blocks = f"x{self.band_blocks}" if self.band_blocks != 1 else ""
         return (f"ow{self.ow_block}xoh{self.oh_block} pw{self.pw_block} "
-                f"band{self.band_tiles} t{self.threads}{self.parallel}")
+                f"band{self.band_tiles}{blocks} t{self.threads}{self.parallel}")
 
 
 def block_of(op: OpSignature) -> int:
     """The channel block of the expanded tensor and of Y."""
     return channel_block(op.attr("out_layout"))
+
+
+def band_channels(op: OpSignature, s: PwdwSchedule) -> int:
+    """Channels of one band pixel: ``band_blocks`` of Y's blocks."""
+    return block_of(op) * s.band_blocks
 
 
 def band_rows(op: OpSignature, s: PwdwSchedule) -> int:
@@ -224,7 +235,7 @@ def band_floats(op: OpSignature, s: PwdwSchedule) -> int:
     """One thread's band buffer."""
     d = op.dims_dict
     wp = d["W"] + d["pad_l"] + d["pad_r"]
-    return round_up(band_rows(op, s) * wp * block_of(op), ALIGN_FLOATS)
+    return round_up(band_rows(op, s) * wp * band_channels(op, s), ALIGN_FLOATS)
 
 
 def pwdw_problems(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> list[str]:
@@ -232,11 +243,15 @@ def pwdw_problems(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> list[st
     found = layout_problems((op.attr("layout"), op.attr("out_layout")), hw)
     if found:
         return found
-    nv = block_of(op) // hw.lanes
     regs = hw.vector_registers
-    if s.ow_block < 1 or s.oh_block < 1 or s.pw_block < 1 or s.band_tiles < 1:
-        found.append("ow_block, oh_block, pw_block and band_tiles must be at least 1")
+    if min(s.ow_block, s.oh_block, s.pw_block, s.band_tiles, s.band_blocks) < 1:
+        found.append("ow_block, oh_block, pw_block, band_tiles and band_blocks must be at "
+                     "least 1")
         return found
+    nv = band_channels(op, s) // hw.lanes
+    if op.dim("F") % band_channels(op, s):
+        found.append(f"band_blocks={s.band_blocks}: F={op.dim('F')} is not a whole number of "
+                     f"bands of {band_channels(op, s)} channels")
     if min(s.oh_block, op.out_h) * min(s.ow_block, op.out_w) * nv + nv + 1 > regs:
         found.append(f"the depthwise tile {s.ow_block}x{s.oh_block} of {nv} vector(s) per "
                      f"pixel needs more than {regs} vector registers")
@@ -271,24 +286,24 @@ def default_pwdw_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -
 # -- code -------------------------------------------------------------------------------------
 
 
-def _pw_ukr(name: str, width: int, op: OpSignature, d: IsaDialect) -> str:
-    """``width`` expanded pixels x one channel block: the 1x1 conv over C from X's row at
-    ``xr`` (plain or blocked), the pointwise epilogue, stored to the band at ``dst``."""
-    xb = block_of(op)
-    tile = Tile(tuple(str(j) for j in range(width)), xb // d.lanes, d.lanes)
+def _pw_ukr(name: str, width: int, bb: int, op: OpSignature, d: IsaDialect) -> str:
+    """``width`` expanded pixels x the ``bb`` channels of a band: the 1x1 conv over C from
+    X's row at ``xr`` (plain or blocked), the pointwise epilogue, stored to the band at
+    ``dst``."""
+    tile = Tile(tuple(str(j) for j in range(width)), bb // d.lanes, d.lanes)
     if channel_block(op.attr("layout")):
         loops = [Loop("for (long cb0 = 0; cb0 < CB0; cb0++)",
                       ("const float *xc = xr + cb0 * (H * W * XB);",
-                       "const float *wc = w1 + cb0 * (XB * XB);",
+                       "const float *wc = w1 + cb0 * (XB * BB);",
                        "const long nc = cb0 + 1 < CB0 ? XB : C0_TAIL;")),
                  Loop("for (long c = 0; c < nc; c++)")]
         rows = [f"xc[{j} * XB + c]" for j in range(width)]
-        columns = "VLOAD(wc + c * XB + {o})"
+        columns = "VLOAD(wc + c * BB + {o})"
     else:
         loops = [Loop("for (long c = 0; c < C0; c++)", ("const float *xc = xr + c * (H * W);",))]
         rows = [f"xc[{j}]" for j in range(width)]
-        columns = "VLOAD(w1 + c * XB + {o})"
-    spec = Store(tuple(f"dst + {j} * XB" for j in range(width)), aligned=True,
+        columns = "VLOAD(w1 + c * BB + {o})"
+    spec = Store(tuple(f"dst + {j} * BB" for j in range(width)), aligned=True,
                  epilogue=pw_steps(op), operands={"bias": "VLOADU(b1 + {o})"})
     signature = (f"static inline void {name}(const float *restrict xr, const float *restrict w1, "
                  "const float *restrict b1, float *restrict dst)")
@@ -296,18 +311,19 @@ def _pw_ukr(name: str, width: int, op: OpSignature, d: IsaDialect) -> str:
 
 
 _PACK = """\
-/* W1p[cb][c][XB] (the 1x1 weights, XB output channels apart): packed once for a model. */
+/* W1p[cb][c][BB] (the 1x1 weights, a band's BB output channels apart): packed once for a
+ * model. */
 static void pack_w1(const float *restrict W1, float *restrict w1p, long lo, long hi) {
   for (long cb = lo; cb < hi; cb++)
     for (long c = 0; c < C0; c++)
-      for (long l = 0; l < XB; l++) w1p[(cb * C0 + c) * XB + l] = W1[(cb * XB + l) * C0 + c];
+      for (long l = 0; l < BB; l++) w1p[(cb * C0 + c) * BB + l] = W1[(cb * BB + l) * C0 + c];
 }
 
-/* W2p[cb][r*S+s][XB] (the depthwise taps), every call: F*R*S floats. */
+/* W2p[cb][r*S+s][BB] (the depthwise taps), every call: F*R*S floats. */
 static void pack_w2(const float *restrict W2, float *restrict w2p, long lo, long hi) {
   for (long cb = lo; cb < hi; cb++)
     for (long t = 0; t < R * S; t++)
-      for (long l = 0; l < XB; l++) w2p[(cb * R * S + t) * XB + l] = W2[(cb * XB + l) * R * S + t];
+      for (long l = 0; l < BB; l++) w2p[(cb * R * S + t) * BB + l] = W2[(cb * BB + l) * R * S + t];
 }
 """
 
@@ -319,18 +335,18 @@ def _fill_row_code(op: OpSignature, s: PwdwSchedule) -> str:
     row = ("X + ((n * CB0) * H + ih) * (W * XB)" if blocked else "X + (n * C0 * H + ih) * W")
     step = "XB" if blocked else "1"
     tail = d["W"] % width
-    call = "pw_full(xr + w * {step}, w1, b1, dst + (PL + w) * XB);"
+    call = "pw_full(xr + w * {step}, w1, b1, dst + (PL + w) * BB);"
     if tail:
-        call = (f"if (w + {width} <= W) pw_full(xr + w * {step}, w1, b1, dst + (PL + w) * XB);\n"
-                f"    else pw_tail(xr + w * {step}, w1, b1, dst + (PL + w) * XB);")
+        call = (f"if (w + {width} <= W) pw_full(xr + w * {step}, w1, b1, dst + (PL + w) * BB);\n"
+                f"    else pw_tail(xr + w * {step}, w1, b1, dst + (PL + w) * BB);")
     return f"""\
 /* Padded expanded row hp of image n, channel block (w1, b1), into dst: zero outside X. */
 static void fill_row(const float *restrict X, const float *restrict w1,
                      const float *restrict b1, float *restrict dst, long n, long hp) {{
   const long ih = hp - PT;
-  if (ih < 0 || ih >= H) {{ memset(dst, 0, sizeof(float) * WP * XB); return; }}
-  memset(dst, 0, sizeof(float) * PL * XB);
-  memset(dst + (PL + W) * XB, 0, sizeof(float) * (WP - PL - W) * XB);
+  if (ih < 0 || ih >= H) {{ memset(dst, 0, sizeof(float) * WP * BB); return; }}
+  memset(dst, 0, sizeof(float) * PL * BB);
+  memset(dst + (PL + W) * BB, 0, sizeof(float) * (WP - PL - W) * BB);
   const float *xr = {row};
   for (long w = 0; w < W; w += {width}) {{
     {call.format(step=step)}
@@ -358,8 +374,8 @@ static void body(const float *restrict X, const float *restrict W1, const float 
   SPLIT
   for (long it = it_lo; it < it_hi; it++) {
     const long n = it / CBY, cb = it % CBY;
-    const float *w1 = w1p + cb * C0 * XB, *w2 = ws + OFF_W2 + cb * R * S * XB;
-    const float *pb1 = b1 ? b1 + cb * XB : NULL, *pb2 = b2 ? b2 + cb * XB : NULL;
+    const float *w1 = w1p + cb * C0 * BB, *w2 = ws + OFF_W2 + cb * R * S * BB;
+    const float *pb1 = b1 ? b1 + cb * BB : NULL, *pb2 = b2 ? b2 + cb * BB : NULL;
     long have0 = -1, have1 = -1;
     for (long g = g_lo; g < g_hi; g++) {
       const long p0g = g * BAND_TILES * TH, p1g = MIN(P, p0g + BAND_TILES * TH);
@@ -367,18 +383,18 @@ static void body(const float *restrict X, const float *restrict W1, const float 
       long keep = 0;
       if (h0 >= have0 && h0 < have1) {
         keep = have1 - h0;
-        memmove(band, band + (h0 - have0) * WP * XB, sizeof(float) * keep * WP * XB);
+        memmove(band, band + (h0 - have0) * WP * BB, sizeof(float) * keep * WP * BB);
       }
-      for (long r = keep; r < h1 - h0; r++) fill_row(X, w1, pb1, band + r * WP * XB, n, h0 + r);
+      for (long r = keep; r < h1 - h0; r++) fill_row(X, w1, pb1, band + r * WP * BB, n, h0 + r);
       have0 = h0;
       have1 = h1;
       for (long p0 = p0g; p0 < p1g; p0 += TH) {
         const long th = MIN(TH, P - p0);
         for (long qt = 0; qt < NQT; qt++) {
           const long q0 = qt * TW, tw = MIN(TW, Q - q0);
-          const float *xb = band + ((p0 - p0g) * SH * WP + q0 * SW) * XB;
+          const float *xb = band + ((p0 - p0g) * SH * WP + q0 * SW) * BB;
           DISPATCH
-          float *yp = Y + ((n * CBY + cb) * P + p0) * Q * XO + q0 * XO;
+          float *yp = Y + ((n * CBY + cb) * BAND_BLOCKS * P + p0) * Q * XO + q0 * XO;
           store_tile(tile, yp, pb2, NULL, th, tw, OCB / LANES);
         }
       }
@@ -391,40 +407,40 @@ static void body(const float *restrict X, const float *restrict W1, const float 
 def generate_pwdw(op: OpSignature, s: PwdwSchedule, d: IsaDialect) -> str:
     """The C translation unit of ``op`` under ``s`` (validated) for dialect ``d``."""
     dims = op.dims_dict
-    xb = block_of(op)
+    xb, bb = block_of(op), band_channels(op, s)
     dw = depthwise_part(op)
     P, Q = op.out_h, op.out_w
     th, tw = min(s.oh_block, P), min(s.ow_block, Q)
     npb, nqt = -(-P // th), -(-Q // tw)
-    cby = dims["F"] // xb
+    cby = dims["F"] // bb
     offsets: dict[str, int] = {}
     ws = 0
-    for name, floats in (("OFF_W2", cby * dims["R"] * dims["S"] * xb),
-                         ("OFF_W1", cby * dims["C"] * xb)):
+    for name, floats in (("OFF_W2", dims["F"] * dims["R"] * dims["S"]),
+                         ("OFF_W1", dims["F"] * dims["C"])):
         offsets[name] = ws
         ws += round_up(floats, ALIGN_FLOATS)
     offsets["OFF_BAND"] = ws
     ws += s.threads * band_floats(op, s)
     constants: dict[str, int | str] = {
-        **shape_constants(dw), "C0": dims["C"], "XB": xb, "XI": xb, "XO": xb, "OCB": xb,
-        "CBY": cby, "LANES": d.lanes, "TH": th, "TW": tw, "NQT": nqt,
-        "BAND_TILES": s.band_tiles, "BAND_FLOATS": band_floats(op, s),
-        "NG": -(-npb // s.band_tiles), "W1P_FLOATS": cby * dims["C"] * xb, **offsets}
+        **shape_constants(dw), "C0": dims["C"], "XB": xb, "BB": bb, "XI": bb, "XO": xb,
+        "OCB": bb, "CBY": cby, "BAND_BLOCKS": s.band_blocks, "LANES": d.lanes, "TH": th,
+        "TW": tw, "NQT": nqt, "BAND_TILES": s.band_tiles, "BAND_FLOATS": band_floats(op, s),
+        "NG": -(-npb // s.band_tiles), "W1P_FLOATS": dims["F"] * dims["C"], **offsets}
     if channel_block(op.attr("layout")):
         cb0 = -(-dims["C"] // xb)
         constants.update(CB0=cb0, C0_TAIL=dims["C"] - (cb0 - 1) * xb)
     width = min(s.pw_block, dims["W"])
-    out = [preamble(d, constants, s.threads), _PACK, _pw_ukr("pw_full", width, op, d)]
+    out = [preamble(d, constants, s.threads), _PACK, _pw_ukr("pw_full", width, bb, op, d)]
     if dims["W"] % width:
-        out.append(_pw_ukr("pw_tail", dims["W"] % width, op, d))
+        out.append(_pw_ukr("pw_tail", dims["W"] % width, bb, op, d))
     out.append(_fill_row_code(op, s))
-    dw_s = Conv2dSchedule(oc_block=xb, ow_block=tw, ic_block=1, oh_block=th)
+    dw_s = Conv2dSchedule(oc_block=bb, ow_block=tw, ic_block=1, oh_block=th)
     variants = {(th, tw): "ukr_full"}
     variants.setdefault((th, Q - (nqt - 1) * tw), "ukr_qtail")
     variants.setdefault((P - (npb - 1) * th, tw), "ukr_ptail")
     variants.setdefault((P - (npb - 1) * th, Q - (nqt - 1) * tw), "ukr_corner")
     for (vh, vw), name in variants.items():
-        out.append(direct_ukr(name, vh, vw, dw_s, d, depthwise=True, xi=xb))
+        out.append(direct_ukr(name, vh, vw, dw_s, d, depthwise=True, xi=bb))
     out.append(blocked_store(dw, dw_s, d.lanes, xb))
     dispatch = "\n          else ".join(f"if (th == {vh} && tw == {vw}) {name}(xb, w2, tile);"
                                         for (vh, vw), name in variants.items())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.layouts import channel_block
-from tunecache.compiler.kinds.pwdw import PwdwSchedule, band_floats, block_of
+from tunecache.compiler.kinds.pwdw import PwdwSchedule, band_channels, band_floats
 from tunecache.compiler.ops import OpSignature
 from tunecache.costmodel.analytic import (
     Estimate,
@@ -39,7 +39,7 @@ def _room(accumulators: int, nv: int, hw: HardwareSpec) -> float:
 def _items(op: OpSignature, s: PwdwSchedule) -> int:
     """Parallel work items: (image, channel block) pairs, or bands."""
     if s.parallel == "oc":
-        return op.dim("N") * op.dim("F") // block_of(op)
+        return op.dim("N") * op.dim("F") // band_channels(op, s)
     tiles = ceil_div(op.out_h, min(s.oh_block, op.out_h))
     return ceil_div(tiles, s.band_tiles)
 
@@ -51,8 +51,8 @@ def _moved_bytes(op: OpSignature, s: PwdwSchedule) -> float:
     th = min(s.oh_block, op.out_h)
     bands = ceil_div(ceil_div(op.out_h, th), s.band_tiles)
     shared = max(0, (d["R"] - 1) * d["dil_h"] + 1 - d["stride_h"])
-    row = (d["W"] + d["pad_l"] + d["pad_r"]) * block_of(op) * 4
-    return 2.0 * d["N"] * (d["F"] // block_of(op)) * (bands - 1) * shared * row
+    row = (d["W"] + d["pad_l"] + d["pad_r"]) * band_channels(op, s) * 4
+    return 2.0 * d["N"] * (d["F"] // band_channels(op, s)) * (bands - 1) * shared * row
 
 
 def _balance(op: OpSignature, s: PwdwSchedule) -> float:
@@ -61,7 +61,7 @@ def _balance(op: OpSignature, s: PwdwSchedule) -> float:
 
 
 def _pw_efficiency(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> float:
-    nv = max(1, block_of(op) // hw.lanes)
+    nv = max(1, band_channels(op, s) // hw.lanes)
     width = min(s.pw_block, op.dim("W"))
     edge = op.dim("W") / (ceil_div(op.dim("W"), width) * width)
     c = op.dim("C")
@@ -70,7 +70,7 @@ def _pw_efficiency(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> float:
 
 
 def _dw_efficiency(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> float:
-    nv = max(1, block_of(op) // hw.lanes)
+    nv = max(1, band_channels(op, s) // hw.lanes)
     acc = min(s.ow_block, op.out_w) * min(s.oh_block, op.out_h) * nv
     return DEPTHWISE_EFFICIENCY * min(1.0, acc / 8) * _room(acc, nv, hw)
 
