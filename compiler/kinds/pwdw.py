@@ -4,11 +4,11 @@ reads, fused so that the expanded tensor between them is never stored.
 MobileNet-v2's inverted residual blocks expand the channels six-fold with a 1x1 conv, then
 run a depthwise 3x3 over the expanded tensor: at 112x112 that tensor is 4.8 MB, written by
 one kernel and read back by the next from beyond L2. Here each thread computes, for one
-channel block at a time, the expanded rows a band of depthwise row tiles reads (the 1x1
-conv and its epilogue, straight into a band buffer with the depthwise padding around it),
-then runs the depthwise tiles over the band. Consecutive bands of one channel block share
-``R - stride_h`` rows; those are moved, not recomputed, so the 1x1 conv is computed once
-per expanded element.
+or two channel blocks at a time (``band_blocks``), the expanded rows a band of depthwise
+row tiles reads (the 1x1 conv and its epilogue, straight into a band buffer with the
+depthwise padding around it), then runs the depthwise tiles over the band. Consecutive
+bands of the same channels share ``R - stride_h`` rows; those are moved, not recomputed, so
+the 1x1 conv is computed once per expanded element.
 
 ``X[N,C,H,W]`` (``layout``: ``nchw`` or ``nchw{x}c``), ``W1[F,C,1,1]`` and, with ``bias`` in
 ``pw_epilogue``, ``b1[F]``, give ``E = pw_epilogue(conv1x1(X, W1) + b1)``; then ``W2[F,1,R,S]``
