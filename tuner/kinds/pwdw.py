@@ -24,15 +24,15 @@ def _widths(size: int, fit: int) -> list[int]:
 
 
 def _strips(size: int, fit: int, blocks: int) -> list[int]:
-    """Pointwise strip widths for a row of ``size``: :func:`_widths`, and for two-block
-    bands the widest that fits, tail and all, but only strips that cover the row with less
-    than a tenth wasted. On the AVX2 VM, 6-pixel two-block strips ran MobileNet-v2's
-    112-wide 16->96 layer 0.83-0.87x the time of the 4-pixel strips that divide the row,
-    while on its 7x7 160->960 layer (6 + 1 pixels) they ran 1.2x the one-block time."""
+    """Pointwise strip widths for a row of ``size``: :func:`_widths`; for two-block bands
+    the three widest that fit, tail and all, of those that cover the row with less than a
+    tenth wasted. On the AVX2 VM, 6-pixel two-block strips ran MobileNet-v2's 112-wide
+    16->96 layer 0.83-0.87x the time of the 4-pixel strips that divide the row, while on its
+    7x7 160->960 layer (6 + 1 pixels) they ran 1.2x the one-block time."""
     if blocks == 1:
         return _widths(size, fit)
-    wide = dict.fromkeys([*_widths(size, fit), min(size, fit)])
-    return [w for w in wide if size / (-(-size // w) * w) >= 0.9]
+    fitting = range(min(size, fit), 3, -1)
+    return [w for w in fitting if size / (-(-size // w) * w) >= 0.9][:3]
 
 
 def _bands(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> list[int]:
@@ -49,9 +49,9 @@ def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[PwdwSched
     """Bands of one channel block and, where F allows, of two (one-vector blocks only: a
     second vector per pixel lets each broadcast input value feed two FMAs). Two-block
     bands take narrow depthwise tiles two rows tall as well. On the AVX2 Zen 3 VM, in
-    MobileNet-v2 compiled from the estimate, its six pwdw layers of 28x28 and more ran
-    0.88-0.97x their one-block time with two-block bands (6-pixel strips, 3x2 or 2x2
-    depthwise tiles); the 14x14 and 7x7 layers keep one-block bands."""
+    MobileNet-v2 compiled from the estimate, its pwdw layers of 14x14 and more ran
+    0.84-0.91x their one-block time with two-block bands (5- and 6-pixel strips, 3x2 or 2x2
+    depthwise tiles); the 7x7 layers keep one-block bands."""
     pars = ["oc", "pixel"] if threads > 1 else ["oc"]
     for blocks in (1, 2):
         nv = max(1, block_of(op) * blocks // hw.lanes)
