@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from tunecache.compiler.build import build
-from tunecache.compiler.codegen import generate
+from tunecache.compiler.build import build, find_compiler
+from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.hardware import HardwareSpec, cpu_isa
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import Kernel, check_result, load_kernel, reference
 from tunecache.compiler.schedule import ScheduleData
+
+
+def assembly(kernel: KernelSource, tmp_path: Path) -> str:
+    """The assembly the system compiler makes of ``kernel`` with its own flags."""
+    src = tmp_path / "kernel.c"
+    src.write_text(kernel.code)
+    flags = [f for f in kernel.flags if f != "-shared"]
+    return subprocess.run([find_compiler().path, *flags, "-S", "-o", "-", str(src)],
+                          capture_output=True, text=True, check=True).stdout
 
 
 def bound_weights_problem(kernel: Kernel, inputs: tuple[np.ndarray, ...],

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from kernel_support import bound_weights_problem, sampled
+from kernel_support import assembly, bound_weights_problem, sampled
 
 from tunecache.compiler.build import build
 from tunecache.compiler.codegen import generate
@@ -172,20 +172,12 @@ def test_micro_kernel_loop_starts_on_a_cache_line(tmp_path) -> None:
     """The k loop of the local ISA's widest register tile is aligned to 64 bytes, so the
     kernel's speed does not depend on the code placed before it (ARCHITECTURE change 64),
     and its tile prefetches the C rows it adds to."""
-    import subprocess
-
-    from tunecache.compiler.build import find_compiler
-
     lanes = HW.lanes
     mr, nv = {"avx512": (14, 2), "avx2": (6, 2)}.get(HW.isa, (6, 2))
     kernel = generate(M(256, 256, 256), MatmulSchedule(mr=mr, nr=nv * lanes, kc=128,
                                                       mc=mr * 8, nc=256), HW)
     assert kernel.code.count("__builtin_prefetch(c + ") == mr * 2
-    src = tmp_path / "k.c"
-    src.write_text(kernel.code)
-    flags = [f for f in kernel.flags if f != "-shared"]
-    asm = subprocess.run([find_compiler().path, *flags, "-S", "-o", "-", str(src)],
-                         capture_output=True, text=True, check=True).stdout
+    asm = assembly(kernel, tmp_path)
     if "vfmadd" not in asm:
         pytest.skip("the portable kernel's FMAs are not recognisable in this target's assembly")
     # Each block is its label's body preceded by the directives before the label.
@@ -200,17 +192,9 @@ def test_micro_kernel_loop_starts_on_a_cache_line(tmp_path) -> None:
 @pytest.mark.skipif("avx512" not in ISAS, reason="needs an AVX-512 machine")
 def test_avx512_micro_kernel_is_fma_dense_without_spills(tmp_path) -> None:
     """The 14x32 micro-kernel's k loop: 28 zmm FMAs and no vector register spills."""
-    import subprocess
-
-    from tunecache.compiler.build import find_compiler
-
     op = M(512, 512, 512)
     kernel = generate(op, MatmulSchedule(mr=14, nr=32, kc=256, mc=224, nc=512), HW)
-    src = tmp_path / "k.c"
-    src.write_text(kernel.code)
-    flags = [f for f in kernel.flags if f != "-shared"]
-    asm = subprocess.run([find_compiler().path, *flags, "-S", "-o", "-", str(src)],
-                         capture_output=True, text=True, check=True).stdout
+    asm = assembly(kernel, tmp_path)
     # Basic blocks start at local labels; the k loop is the block with the FMAs.
     blocks = re.split(r"^\.L\w+:\s*$", asm, flags=re.MULTILINE)
     dense = [b for b in blocks if len(re.findall(r"vfmadd\w+\s[^\n]*%zmm", b)) >= 28]

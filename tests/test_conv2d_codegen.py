@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kernel_support import bound_weights_problem, sampled
+from kernel_support import assembly, bound_weights_problem, sampled
 
 from tunecache.compiler.build import Artifact, build
 from tunecache.compiler.codegen import generate
@@ -331,19 +331,11 @@ def test_direct_tile_is_fully_unrolled_in_registers() -> None:
 def test_depthwise_plane_tile_loads_each_input_vector_once(tmp_path: Path) -> None:
     """A 3x3 plane tile of 4 rows sweeps 6 input rows per kernel column, each loaded once
     and FMA'd into every output row it feeds, in registers (no memory-operand FMAs)."""
-    import subprocess
-
-    from tunecache.compiler.build import find_compiler
-
     op = conv(1, 16, 12, 16, 16, 3, 3, pads=1, groups=16)
     kernel = generate(op, plane(1, 4)(HW), HW)
     tile = kernel.code[kernel.code.index("plane_tile("):].split("\n}\n")[0]
     assert tile.count("VLOADU(base + ") == 6 and tile.count(" = VFMA(x, k") == 12
-    src = tmp_path / "k.c"
-    src.write_text(kernel.code)
-    flags = [f for f in kernel.flags if f != "-shared"]
-    asm = subprocess.run([find_compiler().path, *flags, "-S", "-o", "-", str(src)],
-                         capture_output=True, text=True, check=True).stdout
+    asm = assembly(kernel, tmp_path)
     if "vfmadd" not in asm:
         pytest.skip("the portable kernel's FMAs are not recognisable in this target's assembly")
     assert not re.findall(r"vfmadd\w+ps\s+-?\d*\(", asm)
