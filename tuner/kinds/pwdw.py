@@ -8,6 +8,7 @@ tile to as many as fit a quarter of L2 (the band is read back right after it is 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import product
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.pwdw import PwdwSchedule, band_floats, block_of, pwdw_problems
@@ -45,32 +46,35 @@ def _bands(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> list[int]:
     return sorted(set(out))
 
 
-def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[PwdwSchedule]:
-    """Bands of one channel block and, where F allows, of two (one-vector blocks only: a
-    second vector per pixel lets each broadcast input value feed two FMAs). Two-block
-    bands take narrow depthwise tiles two rows tall as well. On the AVX2 Zen 3 VM, in
-    MobileNet-v2 compiled from the estimate, its pwdw layers of 14x14 and more ran
-    0.84-0.91x their one-block time with two-block bands (5- and 6-pixel strips, 3x2 or 2x2
-    depthwise tiles); the 7x7 layers keep one-block bands."""
-    pars = ["oc", "pixel"] if threads > 1 else ["oc"]
-    for blocks in (1, 2):
-        nv = max(1, block_of(op) * blocks // hw.lanes)
-        if blocks > 1 and (nv > 2 or op.dim("F") % (block_of(op) * blocks)):
-            continue
-        fit = max(1, (hw.vector_registers - nv - 1) // nv)
-        narrow = [w for w in (2, 3) if blocks > 1 and 2 * w <= fit]
-        for ow in dict.fromkeys([*_widths(op.out_w, fit), *narrow]):
-            for oh in (1, 2):
-                if oh * ow > fit or (ow in narrow and oh == 1):
-                    continue
+def _tiles(op: OpSignature, hw: HardwareSpec, blocks: int) -> Iterator[tuple[int, int, int]]:
+    """(depthwise ow, oh, pointwise strip) register tiles for bands of ``blocks`` channel
+    blocks; two-block bands take narrow depthwise tiles two rows tall as well."""
+    nv = max(1, block_of(op) * blocks // hw.lanes)
+    fit = max(1, (hw.vector_registers - nv - 1) // nv)
+    narrow = [w for w in (2, 3) if blocks > 1 and 2 * w <= fit]
+    for ow in dict.fromkeys([*_widths(op.out_w, fit), *narrow]):
+        for oh in (1, 2):
+            if oh * ow <= fit and not (ow in narrow and oh == 1):
                 for pw in _strips(op.dim("W"), fit, blocks):
-                    base = PwdwSchedule(ow_block=ow, oh_block=oh, pw_block=pw,
-                                        threads=threads, band_blocks=blocks)
-                    for band in _bands(op, base, hw):
-                        for par in pars:
-                            s = base.replace(band_tiles=band, parallel=par)
-                            if not pwdw_problems(op, s, hw):
-                                yield s
+                    yield ow, oh, pw
+
+
+def _pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[PwdwSchedule]:
+    """Bands of one channel block and of two where a block is one vector (a second vector
+    per pixel lets each broadcast input value feed two FMAs; F must hold whole bands, as
+    :func:`pwdw_problems` checks). On the AVX2 Zen 3 VM, in MobileNet-v2 compiled from the
+    estimate, its pwdw layers of 14x14 and more ran 0.84-0.91x their one-block time with
+    two-block bands (5- and 6-pixel strips, 3x2 or 2x2 depthwise tiles); the 7x7 layers keep
+    one-block bands."""
+    pars = ["oc", "pixel"] if threads > 1 else ["oc"]
+    for blocks in (1, 2) if block_of(op) == hw.lanes else (1,):
+        for ow, oh, pw in _tiles(op, hw, blocks):
+            base = PwdwSchedule(ow_block=ow, oh_block=oh, pw_block=pw, threads=threads,
+                                band_blocks=blocks)
+            for band, par in product(_bands(op, base, hw), pars):
+                s = base.replace(band_tiles=band, parallel=par)
+                if not pwdw_problems(op, s, hw):
+                    yield s
 
 
 def _tile_key(s: PwdwSchedule) -> tuple[object, ...]:
