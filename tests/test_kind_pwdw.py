@@ -117,6 +117,8 @@ def test_illegal_schedules_and_signatures_are_refused() -> None:
     # F = 48 is three 16-channel blocks: not a whole number of two-block bands.
     pair = PwdwSchedule(ow_block=2, oh_block=1, pw_block=2, band_blocks=2)
     assert any("whole number of bands of 32" in f for f in pwdw_problems(op, pair, hw))
+    assert any("band_blocks must be at least 1" in f
+               for f in pwdw_problems(op, pair.replace(band_blocks=0), hw))
     big = pwdw_op(1, 8, 8, 4000, 16, 3, 3, pads=1, layout="nchw16c", out_layout="nchw16c")
     assert any("band" in f for f in pwdw_problems(big, PwdwSchedule(4, 4, band_tiles=8), hw))
     with pytest.raises(ValueError, match="whole 16-channel blocks"):
