@@ -98,3 +98,16 @@ def test_candidates_command(tmp_path: Path) -> None:
                for c in other["candidates"])
     text = tunecache("candidates", "matmul(M=64,N=64,K=64)", "--k", "3")
     assert "rank" in text.stdout and len(text.stdout.strip().splitlines()) == 5
+
+
+def test_candidates_for_an_op_no_schedule_of_this_machine_runs(tmp_path: Path) -> None:
+    """An 8-channel blocked conv on AVX-512 (16 lanes): one error line naming the layout the
+    machine takes, not an empty table (nor, in a compile, an index error)."""
+    from dataclasses import replace
+
+    spec = tmp_path / "avx512.json"
+    spec.write_text(replace(local_spec(), isa="avx512", vector_bits=512, cores=2).to_json())
+    out = tunecache("candidates", "conv2d(N=1,C=16,H=8,W=8,F=16,R=3,S=3,pad_t=1,pad_l=1,"
+                    "pad_b=1,pad_r=1,layout=nchw8c,out_layout=nchw8c)", "--hardware", str(spec))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("error: no legal schedule") and "nchw16c" in out.stderr

@@ -108,8 +108,9 @@ def test_a_run_bounded_to_fewer_threads_ranks_its_guess_for_them() -> None:
     from tunecache.tuner.search import candidates
 
     hw = dataclasses.replace(HW, cores=2)
+    block = f"nchw{hw.lanes}c"  # the blocked layout this machine's vectors take
     op = OpSignature.parse("conv2d(N=1,C=128,H=56,W=56,F=128,R=3,S=3,stride_h=2,stride_w=2,"
-                           "pad_t=1,pad_l=1,pad_b=1,pad_r=1,layout=nchw8c,out_layout=nchw8c,"
+                           f"pad_t=1,pad_l=1,pad_b=1,pad_r=1,layout={block},out_layout={block},"
                            "epilogue=bias+relu)")
     bounded = Policy(PolicyConfig(name="analytic"), hw, clock=FakeClock(), threads=1)
     decision = bounded.decide(op, None)

@@ -11,7 +11,7 @@ import click
 
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.schedule import default_schedule, schedule_from_json, validate
+from tunecache.compiler.schedule import default_schedule, problems, schedule_from_json, validate
 from tunecache.tuner.cli.common import (
     emit_json,
     hardware_option,
@@ -183,6 +183,15 @@ def _print_bench(report: dict[str, Any], spec: HardwareSpec) -> None:
 COMMANDS: list[click.Command] = [hw_command, bench_op_command]
 
 
+def _no_legal_schedule(op: OpSignature, spec: HardwareSpec) -> str:
+    """Why the tiler proposed nothing: the problems of the kind's default schedule."""
+    try:
+        why = "; ".join(problems(op, default_schedule(op, spec, spec.cores), spec))
+    except ValueError as exc:
+        why = str(exc)
+    return f"no legal schedule for {op.text} on {spec.hw_id}: {why or 'none found'}"
+
+
 @click.command("candidates")
 @click.argument("op_text", metavar="OP")
 @click.option("--k", "k", type=click.IntRange(min=1), default=10, show_default=True,
@@ -198,6 +207,8 @@ def candidates_command(op_text: str, k: int, threads: int | None, hardware: Path
     spec = local_spec(hardware)
     op = OpSignature.parse(op_text)
     found, seconds = timed_candidates(op, spec, k, threads)
+    if not found:
+        raise click.ClickException(_no_legal_schedule(op, spec))
     if as_json:
         emit_json({
             "op": op.text, "op_id": op.op_id, "hw_id": spec.hw_id,

@@ -108,6 +108,8 @@ def best_guess(op: OpSignature, hw: HardwareSpec, model: Ranker | None = None,
     try:
         pool = roller.candidates(op, hw, k=10, threads=threads)
     except ValueError:
+        pool = []
+    if not pool:
         schedule = default_schedule(op, hw, hw.cores)
         if problems(op, schedule, hw):
             schedule = default_schedule(op, hw, 1)
