@@ -81,7 +81,18 @@ def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> E
     memory_s = count * product.memory_s + write_s
     overhead_s = count * (product.overhead_s - once) + once
     seconds = count * (product.seconds - product.overhead_s) * spill + write_s + overhead_s
+    seconds *= 1.0 + SECOND_LEVEL_COST * (s.strassen - 1)
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+# What a second Strassen level costs beyond what the estimate above charges it, as a share of
+# its time: its 49 products are a quarter as tall, and the B sums it streams 3.06x the
+# weights' bytes, against 1.75x for one level. Measured (benchmarks/strassen.py, the
+# tiler's first three of each level, cold weights), two levels ÷ one level: 0.99-1.07 at one
+# thread and 1.02-1.13 at two on the AVX-512 Zen 4 VM (mean 1.04), and 1.15-1.33 on BERT's
+# FFN at one thread on the AVX-512 Xeon VM, where the estimate had ranked two levels first
+# (ARCHITECTURE change 69).
+SECOND_LEVEL_COST = 0.06
 
 
 def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
