@@ -66,7 +66,8 @@ Make = Callable[[HardwareSpec], Conv2dSchedule]
 # (what it covers, op, schedules); each schedule builder spreads the knobs over the cases.
 CASES: list[tuple[str, OpSignature, list[Make]]] = [
     ("resnet stem 7x7/2 pad 3", conv(1, 3, 23, 21, 64, 7, 7, stride=2, pads=3, epilogue="bias+relu"),
-     [direct(2, 14, 3), gemm(12, 2, 3, threads=T2, parallel="pixel")]),
+     [direct(2, 14, 3), direct(1, 7, 1, unroll_kw=1, threads=T2, parallel="pixel"),
+      gemm(12, 2, 3, threads=T2, parallel="pixel")]),
     ("resnet 3x3 64", conv(1, 64, 9, 9, 64, 3, 3, pads=1, epilogue="bias+relu"),
      [direct(2, 5, 16, unroll_kw=1, loop_order="pf"), gemm(6, 4, 64, pack_w=0)]),
     ("resnet 1x1 256->64 residual", conv(1, 256, 7, 7, 64, 1, 1, epilogue="bias+add+relu"),
@@ -326,6 +327,30 @@ def test_direct_tile_is_fully_unrolled_in_registers() -> None:
     # Count in the micro-kernel only: the prelude's math helpers use VFMA too.
     tile = code[code.index("ukr_full("):].split("\n}\n")[0]
     assert tile.count(" = VFMA(") == 28 and "a0_13_1" in tile
+
+
+def test_a_stems_taps_run_as_one_loop_without_spills(tmp_path: Path) -> None:
+    """A 7x7 stem on NCHW input (one channel a block) walks its 49 taps in one loop over a
+    table of input offsets, and keeps its 28 accumulators in registers through it; a 3x3
+    stem keeps the row and column loops (ARCHITECTURE change 70)."""
+    stem = conv(1, 3, 40, 64, 64, 7, 7, stride=2, pads=3, epilogue="bias+relu")
+    lanes = HW.lanes
+    nv, ow = (1, 28) if HW.vector_registers > 16 else (1, 12)
+    kernel = generate(stem, Conv2dSchedule(oc_block=nv * lanes, ow_block=ow, ic_block=1), HW)
+    tile = kernel.code[kernel.code.index("ukr_full("):].split("\n}\n")[0]
+    assert "TAP_X[R * S]" in kernel.code and "for (long t = 0; t < R * S; t++)" in tile
+    assert "for (long r = 0; r < R; r++)" not in tile
+    small = conv(1, 3, 40, 64, 32, 3, 3, stride=2, pads=1)
+    assert "TAP_X" not in generate(small, Conv2dSchedule(oc_block=lanes, ow_block=8,
+                                                         ic_block=1), HW).code
+    asm = assembly(kernel, tmp_path)
+    if "vfmadd" not in asm:
+        pytest.skip("the portable kernel's FMAs are not recognisable in this target's assembly")
+    blocks = re.split(r"^\.L\w+:\s*$", asm, flags=re.MULTILINE)
+    # The loop body: its block up to the branch back (the tile's stores follow it).
+    loop = max(blocks, key=lambda b: len(re.findall(r"vfmadd", b))).split("\n\tj")[0]
+    assert len(re.findall(r"vfmadd", loop)) == nv * ow
+    assert not re.findall(r"\((%rsp|%rbp)\)", loop), "the tap loop spills"
 
 
 def test_depthwise_plane_tile_loads_each_input_vector_once(tmp_path: Path) -> None:

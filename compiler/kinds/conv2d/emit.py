@@ -346,14 +346,53 @@ def _band_floats(op: OpSignature, s: Conv2dSchedule) -> int:
     return round_up(_band_rows(op, s) * wp * xi, ALIGN_FLOATS)
 
 
+FLAT_TAPS_MAX_IC = 4
+"""Dense direct tiles whose input-channel block is at most this (a stem on NCHW input, one or
+three channels a block) and whose kernel has at least :data:`FLAT_TAPS_MIN` taps run the
+taps as one loop over :func:`tap_table`'s offsets. Nested row and column loops of seven
+iterations around a one-channel body made GCC rotate the accumulators between registers and
+spill them at every kernel row; a 3x3 kernel's short loops it unrolls, and there the nested
+form ran faster (ARCHITECTURE change 70)."""
+FLAT_TAPS_MIN = 25
+
+
+def flat_taps(op: OpSignature, s: Conv2dSchedule, depthwise: bool) -> bool:
+    """Whether a direct tile of ``s`` runs ``op``'s taps as one loop (:data:`FLAT_TAPS_MAX_IC`)."""
+    dims = op.dims_dict
+    return (not depthwise and s.ic_block <= FLAT_TAPS_MAX_IC
+            and dims["R"] * dims["S"] >= FLAT_TAPS_MIN)
+
+
+def tap_table(op: OpSignature) -> str:
+    """``TAP_X``: each kernel tap's input offset, row-major over (r, s), for flat tap loops."""
+    dims = op.dims_dict
+    offsets = ", ".join(f"({r} * DH * WP + {c} * DW) * ICB"
+                        for r in range(dims["R"]) for c in range(dims["S"]))
+    return f"static const long TAP_X[R * S] = {{{offsets}}};"
+
+
+def _tap_loops(flat: bool, unroll: int) -> list[Loop]:
+    """The loops over a dense direct tile's kernel taps, setting ``xr`` and ``wr``."""
+    if flat:
+        return [Loop("for (long t = 0; t < R * S; t++)",
+                     ("const float *xr = xc + TAP_X[t];",
+                      "const float *wr = wc + t * (ICB * OCB);"), unroll)]
+    return [Loop("for (long r = 0; r < R; r++)"),
+            Loop("for (long s = 0; s < S; s++)",
+                 ("const float *xr = xc + (r * DH * WP + s * DW) * ICB;",
+                  "const float *wr = wc + (r * S + s) * (ICB * OCB);"), unroll)]
+
+
 def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
-                depthwise: bool, xi: int = 0) -> str:
+                depthwise: bool, xi: int = 0, flat: bool = False) -> str:
     """A register tile of ``th`` x ``tw`` pixels (rows) x OCB channels (vectors) over the whole
     reduction, stored to the aligned scratch ``tile`` for :func:`store_tile`'s epilogue.
 
     Dense: per input channel, OCB weights as vectors times each pixel's input broadcast.
     Depthwise: per tap, OCB weights times each pixel's OCB channels, both vectors (read from
     ``Xb``'s OCB-channel pixels, or with ``xi`` from a blocked input's ``xi``-channel pixels).
+    ``flat``: one loop over the taps of ``TAP_X`` (:func:`flat_taps`) instead of rows and
+    columns.
     """
     pixels = [(i, j) for i in range(th) for j in range(tw)]
     tile = Tile(tuple(f"{i}_{j}" for i, j in pixels), s.oc_block // d.lanes, d.lanes)
@@ -370,10 +409,7 @@ def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
         loops = [Loop("for (long cb = 0; cb < NCB; cb++)",
                       ("const float *xc = xb + cb * (HP * WP * ICB);",
                        "const float *wc = wb + cb * (R * S * ICB * OCB);")),
-                 Loop("for (long r = 0; r < R; r++)"),
-                 Loop("for (long s = 0; s < S; s++)",
-                      ("const float *xr = xc + (r * DH * WP + s * DW) * ICB;",
-                       "const float *wr = wc + (r * S + s) * (ICB * OCB);"), unroll),
+                 *_tap_loops(flat, unroll),
                  Loop("for (long c = 0; c < ICB; c++)")]
         columns = "VLOAD(wr + c * OCB + {o})"
         rows = [f"xr[({i} * SH * WP + {j} * SW) * ICB + c]" for i, j in pixels]
@@ -788,12 +824,15 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         constants.update(OFF_BP=ws_floats, BP_FLOATS=plan.bias_floats, BP_STRIDE=stride)
         ws_floats += s.threads * stride
     out = [preamble(d, constants, s.threads), _pack_code(plan)]
+    flat = flat_taps(op, s, plan.depthwise)
+    if flat:
+        out.append(tap_table(op))
     variants = {(th, tw): "ukr_full"}
     variants.setdefault((th, tw_tail), "ukr_qtail")
     variants.setdefault((th_tail, tw), "ukr_ptail")
     variants.setdefault((th_tail, tw_tail), "ukr_corner")
     for (vh, vw), name in variants.items():
-        out.append(direct_ukr(name, vh, vw, s, d, plan.depthwise, plan.xi))
+        out.append(direct_ukr(name, vh, vw, s, d, plan.depthwise, plan.xi, flat))
     out.append(_store_tile_code(op, s, d.lanes, plan))
     out.append(_conv_body(op, s, d, plan, variants))
     out.append(conv2d_entries(op, s.threads, f"{ws_floats}L", prepack=True))
