@@ -353,6 +353,19 @@ def test_a_stems_taps_run_as_one_loop_without_spills(tmp_path: Path) -> None:
     assert not re.findall(r"\((%rsp|%rbp)\)", loop), "the tap loop spills"
 
 
+def test_a_1x1_tile_prefetches_the_next_blocks_weights_only_over_few_pixel_tiles() -> None:
+    """A 1x1 layer at 5x5 (two pixel tiles an image) prefetches the next channel block's
+    weights while it reduces; at 28x28 every tile would repeat them, so it does not
+    (ARCHITECTURE change 71)."""
+    lanes = HW.lanes
+    small = conv(1, 256, 5, 5, 4 * lanes, 1, 1, epilogue="bias+relu")
+    big = conv(1, 256, 28, 28, 4 * lanes, 1, 1, epilogue="bias+relu")
+    s = Conv2dSchedule(oc_block=lanes, ow_block=13, ic_block=lanes)
+    fetch = "__builtin_prefetch(wc + NCB * R * S * ICB * OCB + l, 0, 1)"
+    assert fetch in generate(small, s, HW).code
+    assert fetch not in generate(big, s, HW).code
+
+
 def test_depthwise_plane_tile_loads_each_input_vector_once(tmp_path: Path) -> None:
     """A 3x3 plane tile of 4 rows sweeps 6 input rows per kernel column, each loaded once
     and FMA'd into every output row it feeds, in registers (no memory-operand FMAs)."""
