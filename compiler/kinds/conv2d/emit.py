@@ -422,7 +422,7 @@ def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
         columns = "VLOAD(wr + {o})"
         rows = [f"{load}(xr + ({i} * SH * WP + {j} * SW) * {pixel} + {{o}})" for i, j in pixels]
     else:
-        setup = ("const float *xc = xb + cb * (HP * WP * ICB);",
+        setup: tuple[str, ...] = ("const float *xc = xb + cb * (HP * WP * ICB);",
                  "const float *wc = wb + cb * (R * S * ICB * OCB);")
         if PREFETCH_NEXT_WEIGHTS and prefetch_next:
             setup += ("for (long l = 0; l < R * S * ICB * OCB; l += 16) "
