@@ -384,6 +384,7 @@ def _tap_loops(flat: bool, unroll: int) -> list[Loop]:
 
 
 PREFETCH_NEXT_WEIGHTS = True
+"""Off, no tile prefetches the next block's weights: the switch an A/B of change 71 flips."""
 PREFETCH_MAX_TILES = 2
 """A 1x1 direct tile prefetches the next channel block's weights where an image has at most
 this many pixel tiles: there nearly every prefetch brings a line the next block reads, while
@@ -423,7 +424,7 @@ def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
         rows = [f"{load}(xr + ({i} * SH * WP + {j} * SW) * {pixel} + {{o}})" for i, j in pixels]
     else:
         setup: tuple[str, ...] = ("const float *xc = xb + cb * (HP * WP * ICB);",
-                 "const float *wc = wb + cb * (R * S * ICB * OCB);")
+                                  "const float *wc = wb + cb * (R * S * ICB * OCB);")
         if PREFETCH_NEXT_WEIGHTS and prefetch_next:
             setup += ("for (long l = 0; l < R * S * ICB * OCB; l += 16) "
                       "__builtin_prefetch(wc + NCB * R * S * ICB * OCB + l, 0, 1);",)
