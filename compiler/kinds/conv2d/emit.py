@@ -409,7 +409,8 @@ def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
     Depthwise: per tap, OCB weights times each pixel's OCB channels, both vectors (read from
     ``Xb``'s OCB-channel pixels, or with ``xi`` from a blocked input's ``xi``-channel pixels).
     ``flat``: one loop over the taps of ``TAP_X`` (:func:`flat_taps`) instead of rows and
-    columns.
+    columns. ``prefetch_next``: each input-channel step prefetches the next channel block's
+    weights (:func:`_prefetch_next_weights`).
     """
     pixels = [(i, j) for i in range(th) for j in range(tw)]
     tile = Tile(tuple(f"{i}_{j}" for i, j in pixels), s.oc_block // d.lanes, d.lanes)
