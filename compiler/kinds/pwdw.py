@@ -248,10 +248,11 @@ def pwdw_problems(op: OpSignature, s: PwdwSchedule, hw: HardwareSpec) -> list[st
         found.append("ow_block, oh_block, pw_block, band_tiles and band_blocks must be at "
                      "least 1")
         return found
-    nv = band_channels(op, s) // hw.lanes
-    if op.dim("F") % band_channels(op, s):
+    bb = band_channels(op, s)
+    nv = bb // hw.lanes
+    if op.dim("F") % bb:
         found.append(f"band_blocks={s.band_blocks}: F={op.dim('F')} is not a whole number of "
-                     f"bands of {band_channels(op, s)} channels")
+                     f"bands of {bb} channels")
     if min(s.oh_block, op.out_h) * min(s.ow_block, op.out_w) * nv + nv + 1 > regs:
         found.append(f"the depthwise tile {s.ow_block}x{s.oh_block} of {nv} vector(s) per "
                      f"pixel needs more than {regs} vector registers")

@@ -59,6 +59,17 @@ def estimate_dot(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estima
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
 
 
+# What a second Strassen level costs beyond what estimate_strassen charges it, as a share of
+# its time: its 49 products are a quarter as tall, and the B sums it streams 3.06x the
+# weights' bytes, against 1.75x for one level. Measured (benchmarks/strassen.py, the
+# tiler's first three of each level, cold weights), two levels ÷ one level: 0.99-1.07 at one
+# thread and 1.02-1.13 at two on the AVX-512 Zen 4 VM (mean 1.04), and 1.15-1.36 on BERT's
+# FFN at one thread on the AVX-512 Xeon VM (1.14-1.25 with its AVX2 kernels), where the
+# estimate had ranked two levels first (ARCHITECTURE change 69). The charge is set past the
+# Zen 4 mean: two levels there won by 1.5% at best and lost by up to 36% elsewhere.
+SECOND_LEVEL_COST = 0.10
+
+
 def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
     """``levels`` of Strassen: ``7 ** levels`` block products, each estimated as the BLIS
     kernel with the same micro-tile and K block over the whole block (the kernel forms each
@@ -83,17 +94,6 @@ def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> E
     seconds = count * (product.seconds - product.overhead_s) * spill + write_s + overhead_s
     seconds *= 1.0 + SECOND_LEVEL_COST * (s.strassen - 1)
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
-
-
-# What a second Strassen level costs beyond what the estimate above charges it, as a share of
-# its time: its 49 products are a quarter as tall, and the B sums it streams 3.06x the
-# weights' bytes, against 1.75x for one level. Measured (benchmarks/strassen.py, the
-# tiler's first three of each level, cold weights), two levels ÷ one level: 0.99-1.07 at one
-# thread and 1.02-1.13 at two on the AVX-512 Zen 4 VM (mean 1.04), and 1.15-1.36 on BERT's
-# FFN at one thread on the AVX-512 Xeon VM (1.14-1.25 with its AVX2 kernels), where the
-# estimate had ranked two levels first (ARCHITECTURE change 69). The charge is set past the
-# Zen 4 mean: two levels there won by 1.5% at best and lost by up to 36% elsewhere.
-SECOND_LEVEL_COST = 0.10
 
 
 def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:

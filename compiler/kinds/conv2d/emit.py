@@ -396,7 +396,8 @@ the 28x28 and 56x56 layers ran 1.12-1.24x (ARCHITECTURE change 71)."""
 def _prefetch_next_weights(op: OpSignature, tiles: int) -> bool:
     """Whether a dense direct tile of ``op`` prefetches the next channel block's weights
     (:data:`PREFETCH_MAX_TILES`): a 1x1 kernel over ``tiles`` pixel tiles per image."""
-    return op.dim("R") * op.dim("S") == 1 and tiles <= PREFETCH_MAX_TILES and not is_depthwise(op)
+    return (PREFETCH_NEXT_WEIGHTS and op.dim("R") * op.dim("S") == 1
+            and tiles <= PREFETCH_MAX_TILES and not is_depthwise(op))
 
 
 def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
@@ -426,7 +427,7 @@ def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
     else:
         setup: tuple[str, ...] = ("const float *xc = xb + cb * (HP * WP * ICB);",
                                   "const float *wc = wb + cb * (R * S * ICB * OCB);")
-        if PREFETCH_NEXT_WEIGHTS and prefetch_next:
+        if prefetch_next:
             setup += ("for (long l = 0; l < R * S * ICB * OCB; l += 16) "
                       "__builtin_prefetch(wc + NCB * R * S * ICB * OCB + l, 0, 1);",)
         loops = [Loop("for (long cb = 0; cb < NCB; cb++)", setup),
@@ -848,13 +849,13 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     flat = flat_taps(op, s, plan.depthwise)
     if flat:
         out.append(tap_table(op))
+    prefetch_next = _prefetch_next_weights(op, npb * nqt)
     variants = {(th, tw): "ukr_full"}
     variants.setdefault((th, tw_tail), "ukr_qtail")
     variants.setdefault((th_tail, tw), "ukr_ptail")
     variants.setdefault((th_tail, tw_tail), "ukr_corner")
     for (vh, vw), name in variants.items():
-        out.append(direct_ukr(name, vh, vw, s, d, plan.depthwise, plan.xi, flat,
-                              prefetch_next=_prefetch_next_weights(op, npb * nqt)))
+        out.append(direct_ukr(name, vh, vw, s, d, plan.depthwise, plan.xi, flat, prefetch_next))
     out.append(_store_tile_code(op, s, d.lanes, plan))
     out.append(_conv_body(op, s, d, plan, variants))
     out.append(conv2d_entries(op, s.threads, f"{ws_floats}L", prepack=True))
