@@ -47,13 +47,10 @@ class Layer:
     ort_ms: float
 
 
-def _ort_node(graph: onnx.GraphProto, conv: onnx.NodeProto, names: set[str]) -> str | None:
+def _ort_node(consumers: Mapping[str, list[onnx.NodeProto]], conv: onnx.NodeProto,
+              names: set[str]) -> str | None:
     """The onnxruntime node name that ends ``conv``'s fused chain: onnxruntime names a
     fused NCHWc node after its last output, with ``_nchwc`` appended."""
-    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            consumers[name].append(node)
     out = conv.output[0]
     for _ in range(len(FUSED_TAILS) + 1):
         if out + "_nchwc" in names:
@@ -65,13 +62,11 @@ def _ort_node(graph: onnx.GraphProto, conv: onnx.NodeProto, names: set[str]) -> 
     return None
 
 
-def _shape(model: onnx.ModelProto, conv: onnx.NodeProto) -> str:
-    weights = {t.name: t.dims for t in model.graph.initializer}
+def _shape(conv: onnx.NodeProto, weights: Mapping[str, list[int]],
+           dims: Mapping[str, list[int]]) -> str:
     f, c, r, s = weights[conv.input[1]]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}
     group, stride = attrs.get("group", 1), attrs.get("strides", [1, 1])[0]
-    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-            for v in [*model.graph.value_info, *model.graph.input]}
     h, w = dims.get(conv.input[0], [0, 0, 0, 0])[2:4]
     return f"{c * group}x{h}x{w} -> {f}, {r}x{s}/{stride}" + (f" g{group}" if group > 1 else "")
 
@@ -115,13 +110,21 @@ def measure(key: str, threads: int, runs: int, policy: str) -> list[Layer]:
 
 def _layers(model: onnx.ModelProto, steps: Mapping[str, list[float]],
             nodes: Mapping[str, list[float]]) -> list[Layer]:
-    convs = {n.name: n for n in model.graph.node if n.op_type == "Conv"}
+    graph = model.graph
+    convs = {n.name: n for n in graph.node if n.op_type == "Conv"}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    weights = {t.name: list(t.dims) for t in graph.initializer}
+    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*graph.value_info, *graph.input]}
     layers = []
     for name, times in steps.items():
         conv = convs.get(name)
-        peer = _ort_node(model.graph, conv, set(nodes)) if conv is not None else None
+        peer = _ort_node(consumers, conv, set(nodes)) if conv is not None else None
         if conv is not None and peer is not None and nodes[peer]:
-            layers.append(Layer(name, _shape(model, conv), statistics.median(times),
+            layers.append(Layer(name, _shape(conv, weights, dims), statistics.median(times),
                                 statistics.median(nodes[peer])))
     return sorted(layers, key=lambda layer: layer.ort_ms - layer.ours_ms)
 
