@@ -116,3 +116,22 @@ def test_a_run_bounded_to_fewer_threads_ranks_its_guess_for_them() -> None:
     decision = bounded.decide(op, None)
     assert decision.schedule == candidates(op, hw, k=10, threads=1)[0].schedule
     assert decision.schedule is not None and decision.schedule.threads == 1
+
+
+def test_a_guess_for_an_op_no_schedule_of_the_machine_runs_is_the_default_not_a_crash() -> None:
+    """An 8-channel blocked conv on AVX-512 (16 lanes): the tiler proposes nothing, and the
+    guess falls back to the kind's default schedule, whose problems name the layout the
+    machine takes (the compile then refuses it in one line) instead of an index error."""
+    import dataclasses
+
+    from tunecache.compiler.schedule import problems
+    from tunecache.tuner.deploy.policy import best_guess
+    from tunecache.tuner.search import candidates
+
+    hw = dataclasses.replace(HW.with_isa("avx512"), cores=2)
+    op = OpSignature.parse("conv2d(N=1,C=16,H=8,W=8,F=16,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,"
+                           "pad_r=1,layout=nchw8c,out_layout=nchw8c)")
+    assert candidates(op, hw, k=10) == []
+    guess = best_guess(op, hw, threads=1)
+    assert guess.source == "default" and guess.expected_s is None
+    assert any("nchw16c" in p for p in problems(op, guess.schedule, hw))
