@@ -13,12 +13,23 @@ input.
 With ``--tune TRIALS``, tunecache is also measured **tuned**: in its own process, a
 tuning job (``TRIALS`` per distinct op, no refinement) on the ops the compiled model runs
 (layouts planned for the spec: ``kernel_ops(path, hw=...)``) into a fresh store, published,
-then the model compiled against it (``balanced``: every op a cache hit) and timed. The
-engines are measured ``--rounds`` times, interleaved: each latency is the median round, and
-each ratio to the faster peer the median over rounds of the ratio within the round.
+then the model compiled against it (``balanced``: every op a cache hit) and timed.
+
+How the engines are timed (``--mode``):
+
+* ``lockstep`` (the default): every engine is opened at once, each in its own process, and
+  the parent asks each for one timed inference in turn, ``--repeat`` times. The order
+  rotates, and each inference starts once the previous engine's process has stopped using
+  CPU (onnxruntime's workers spin for about 45 ms after an inference). Each latency is the
+  engine's median; each ratio to the faster peer is the median over those rounds of the
+  ratio within the round. A slow phase of a shared VM then lands on every engine alike; on
+  this project's VMs the per-process figures of the other mode moved by 20-40% between
+  minutes.
+* ``rounds``: each engine measured ``--repeat`` times in its own process, ``--rounds``
+  times, interleaved; each latency is the median round, each ratio the median over rounds.
 
     python benchmarks/model_zoo_latency.py [--only squeezenet1_1,vgg16] [--threads 1,2]
-        [--repeat 20] [--size 224] [--tune 6] [--no-write]
+        [--repeat 20] [--size 224] [--tune 6] [--mode lockstep|rounds] [--no-write]
     python benchmarks/model_zoo_latency.py --zoo transformers [--only bert_base_s128,...]
 
 ``--zoo transformers`` runs the full-size transformers of ``benchmarks/transformer_zoo.py``
@@ -41,8 +52,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +68,10 @@ ENGINES = ("onnxruntime", "tunecache", "openvino")
 INSTALL_HINT = ("error: OpenVINO is not installed; install the extra with "
                 "pip install 'tunecache[openvino]' (or pip install openvino)")
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+IDLE_PROBE_S = 0.012
+"""Longer than two scheduler ticks: a running thread's CPU time is only brought up to date
+at a tick (4 ms here), so a shorter window can read a spinning thread as idle."""
+IDLE_WAIT_MAX_S = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +106,19 @@ def _first_output(compiled: Any, feeds: Feeds) -> np.ndarray:
     return compiled.run(feeds)[compiled.graph.outputs[0].name]
 
 
-def _run_tunecache(path: Path, feeds: Feeds, threads: int, repeat: int,
-                   work: Path) -> tuple[float, np.ndarray, dict[str, float]]:
+@dataclass(frozen=True)
+class Opened:
+    """One engine ready to run the model: ``run`` is one inference, ``output`` its first
+    output, ``extra`` the figures of opening it (compile times, arena, cache hits)."""
+
+    run: Callable[[], object]
+    output: Callable[[], np.ndarray]
+    extra: dict[str, float]
+    compiled: Any = None
+    """tunecache's compiled model, for the in-kernels share; None for the peers."""
+
+
+def _open_tunecache(path: Path, feeds: Feeds, threads: int, work: Path) -> Opened:
     from tunecache.cache.store import Store
     from tunecache.compiler.hardware import local_spec
     from tunecache.tuner.deploy import compile_model
@@ -108,13 +134,8 @@ def _run_tunecache(path: Path, feeds: Feeds, threads: int, repeat: int,
     compiled = compile_model(path, store=store, policy="analytic", record_wanted=False, hw=hw,
                              input_shapes=shapes)
     warm_s = time.perf_counter() - start
-    ms = median_ms(lambda: compiled.run(feeds), repeat)
-    program = compiled.program
-    arena = program.arena_bytes / 2**20 if program is not None else float("nan")
-    return ms, _first_output(compiled, feeds), {"cold_s": cold_s, "warm_s": warm_s,
-                                                "arena_mib": arena,
-                                                "kernel_pct": _kernel_pct(compiled, feeds,
-                                                                          repeat, ms)}
+    return Opened(lambda: compiled.run(feeds), lambda: _first_output(compiled, feeds),
+                  {"cold_s": cold_s, "warm_s": warm_s}, compiled)
 
 
 def _kernel_pct(compiled: Any, feeds: Feeds, repeat: int, run_ms: float) -> float:
@@ -145,8 +166,7 @@ def _tune(path: Path, feeds: Feeds, threads: int, work: Path, trials: int) -> di
     return {"tune_s": time.perf_counter() - start}
 
 
-def _run_tuned(path: Path, feeds: Feeds, threads: int, repeat: int,
-               work: Path) -> tuple[float, np.ndarray, dict[str, float]]:
+def _open_tuned(path: Path, feeds: Feeds, threads: int, work: Path) -> Opened:
     from tunecache.cache.store import Store
     from tunecache.compiler.hardware import local_spec
     from tunecache.tuner.deploy import compile_model
@@ -156,8 +176,8 @@ def _run_tuned(path: Path, feeds: Feeds, threads: int, repeat: int,
     compiled = compile_model(path, store=store, policy="balanced", record_wanted=False, hw=hw,
                              input_shapes=_shapes(feeds))
     hits = sum(e.action == "cache" for e in compiled.plan) / max(1, len(compiled.plan))
-    ms = median_ms(lambda: compiled.run(feeds), repeat)
-    return ms, _first_output(compiled, feeds), {"hits": hits}
+    return Opened(lambda: compiled.run(feeds), lambda: _first_output(compiled, feeds),
+                  {"hits": hits})
 
 
 def _peak_rss_mib() -> float:
@@ -169,20 +189,17 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _run_onnxruntime(path: Path, feeds: Feeds, threads: int,
-                     repeat: int) -> tuple[float, np.ndarray, dict[str, float]]:
+def _open_onnxruntime(path: Path, feeds: Feeds, threads: int) -> Opened:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    ms = median_ms(lambda: session.run(None, feeds), repeat)
-    return ms, session.run(None, feeds)[0], {}
+    return Opened(lambda: session.run(None, feeds), lambda: session.run(None, feeds)[0], {})
 
 
-def _run_openvino(path: Path, feeds: Feeds, threads: int,
-                  repeat: int) -> tuple[float, np.ndarray, dict[str, float]]:
+def _open_openvino(path: Path, feeds: Feeds, threads: int) -> Opened:
     import openvino as ov  # type: ignore[import-untyped]
 
     core = ov.Core()
@@ -190,60 +207,116 @@ def _run_openvino(path: Path, feeds: Feeds, threads: int,
         "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
         "INFERENCE_PRECISION_HINT": "f32"})
     request = compiled.create_infer_request()
-    ms = median_ms(lambda: request.infer(feeds), repeat)
-    request.infer(feeds)
-    return ms, np.array(request.get_output_tensor(0).data), {}
+
+    def output() -> np.ndarray:
+        request.infer(feeds)
+        return np.array(request.get_output_tensor(0).data)
+
+    return Opened(lambda: request.infer(feeds), output, {})
+
+
+def _open(engine: str, path: Path, feeds: Feeds, threads: int, work: Path) -> Opened:
+    if engine == "tunecache":
+        return _open_tunecache(path, feeds, threads, work)
+    if engine == "tuned":
+        return _open_tuned(path, feeds, threads, work)
+    if engine == "onnxruntime":
+        return _open_onnxruntime(path, feeds, threads)
+    return _open_openvino(path, feeds, threads)
+
+
+def _closing_figures(opened: Opened, feeds: Feeds, repeat: int, ms: float, path: Path,
+                     engine: str, threads: int, work: Path) -> dict[str, float]:
+    """Save the engine's output beside the model; its peak RSS and in-kernels share."""
+    np.save(work / f"{path.stem}-{engine}-{threads}.npy", opened.output(), allow_pickle=False)
+    extra = dict(opened.extra)
+    if opened.compiled is not None:  # the program is built by the first run
+        program = opened.compiled.program
+        extra["arena_mib"] = program.arena_bytes / 2**20 if program else float("nan")
+        extra["kernel_pct"] = _kernel_pct(opened.compiled, feeds, repeat, ms)
+    return {"rss_mib": _peak_rss_mib(), **extra}
+
+
+def _error_line(exc: Exception) -> str:
+    return json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
+
+
+def _serve(opened: Opened) -> list[float]:
+    """Lockstep: one timed inference per ``run`` line on stdin, its milliseconds printed,
+    until ``finish``; returns the times."""
+    print(json.dumps({"ready": True}), flush=True)
+    times = []
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        start = time.perf_counter()
+        opened.run()
+        times.append((time.perf_counter() - start) * 1e3)
+        print(f"{times[-1]:.6f}", flush=True)
+    return times
 
 
 def child(engine: str, path: Path, threads: int, repeat: int, work: Path,
-          trials: int = 0) -> None:
+          trials: int = 0, serve: bool = False) -> None:
     """Measure ``engine`` on the model at ``path``; save its output beside the model and
-    print one JSON line of figures (or ``{"error": ...}``)."""
+    print one JSON line of figures (or ``{"error": ...}``). With ``serve``, the parent
+    times the inferences in lockstep with the other engines (``_serve``)."""
     with np.load(work / f"{path.stem}-feeds.npz", allow_pickle=False) as data:
         feeds = {name: data[name] for name in data.files}
     if engine == "tune":
         print(json.dumps(_tune(path, feeds, threads, work, trials)))
         return
     try:
-        if engine == "tunecache":
-            ms, out, extra = _run_tunecache(path, feeds, threads, repeat, work)
-        elif engine == "tuned":
-            ms, out, extra = _run_tuned(path, feeds, threads, repeat, work)
-        elif engine == "onnxruntime":
-            ms, out, extra = _run_onnxruntime(path, feeds, threads, repeat)
+        opened = _open(engine, path, feeds, threads, work)
+        if serve:
+            opened.run()  # the warm-up
+            ms = statistics.median(_serve(opened) or [float("nan")])
         else:
-            ms, out, extra = _run_openvino(path, feeds, threads, repeat)
+            ms = median_ms(opened.run, repeat)
+        figures = _closing_figures(opened, feeds, repeat, ms, path, engine, threads, work)
     except Exception as exc:  # reported as a value: the row says which engine failed, and why
-        print(json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}))
+        print(_error_line(exc), flush=True)
         return
-    np.save(work / f"{path.stem}-{engine}-{threads}.npy", out, allow_pickle=False)
-    print(json.dumps({"ms": ms, "rss_mib": _peak_rss_mib(), **extra}))
+    print(json.dumps({"ms": ms, **figures}), flush=True)
 
 
 # -- parent --------------------------------------------------------------------------------
 
 
-def _measure(engine: str, key: str, threads: int, args: argparse.Namespace,
-             work: Path) -> Measurement:
+def _child_env(engine: str, key: str, threads: int, work: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update({name: str(threads) for name in THREAD_ENV})
-    # untuned: cold on its first round; the tuning job and the tuned runs share another
+    # untuned: cold on its first open; the tuning job and the tuned runs share another
     group = "tuned-" if engine in ("tune", "tuned") else ""
     env["TUNECACHE_BUILD_CACHE"] = str(work / f"kernels-{group}{key}-{threads}")
     env.pop("TUNECACHE_HARDWARE", None)
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", engine, str(work / f"{key}.onnx"),
-         "--threads", str(threads), "--repeat", str(args.repeat), "--work", str(work),
-         "--tune", str(args.tune)],
-        env=env, capture_output=True, text=True)
+    return env
+
+
+def _child_argv(engine: str, key: str, threads: int, args: argparse.Namespace,
+                work: Path) -> list[str]:
+    return [sys.executable, __file__, "--child", engine, str(work / f"{key}.onnx"),
+            "--threads", str(threads), "--repeat", str(args.repeat), "--work", str(work),
+            "--tune", str(args.tune)]
+
+
+def _figures(line: str) -> Measurement:
+    data = json.loads(line)
+    if "error" in data:
+        return Measurement(error=str(data["error"]))
+    return Measurement(**data)
+
+
+def _measure(engine: str, key: str, threads: int, args: argparse.Namespace,
+             work: Path) -> Measurement:
+    proc = subprocess.run(_child_argv(engine, key, threads, args, work),
+                          env=_child_env(engine, key, threads, work), capture_output=True,
+                          text=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return Measurement(error=f"exit {proc.returncode}: {tail}")
-    data = json.loads(lines[-1])
-    if "error" in data:
-        return Measurement(error=str(data["error"]))
-    return Measurement(**data)
+    return _figures(lines[-1])
 
 
 def _rounds(engines: Sequence[str], key: str, threads: int, args: argparse.Namespace,
@@ -260,6 +333,100 @@ def _rounds(engines: Sequence[str], key: str, threads: int, args: argparse.Names
         good = [x.ms for x in ms if not x.error]
         out[engine] = replace(ms[0], ms=statistics.median(good) if good else float("nan"),
                               rounds=tuple(float("nan") if x.error else x.ms for x in ms))
+    return out
+
+
+@dataclass
+class _Server:
+    """A child process holding one opened engine, timing inferences on request."""
+
+    engine: str
+    proc: subprocess.Popen[str]
+    times: list[float] = field(default_factory=list)
+    error: str = ""
+
+    def request(self, command: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            return ""
+        return self.proc.stdout.readline().strip()
+
+    def fail(self, stderr: Path) -> None:
+        self.proc.wait()
+        tail = (stderr.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
+        self.error = self.error or f"exit {self.proc.returncode}: {tail}"
+
+
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds used so far by every thread of process ``pid`` (None off Linux)."""
+    try:
+        return sum(int((task / "schedstat").read_text().split()[0])
+                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def _wait_idle(pid: int) -> None:
+    """Return once process ``pid`` has stopped using CPU: an engine's workers may spin after
+    an inference (onnxruntime's did for about 45 ms at two threads), and spinning beside the
+    next engine's inference would slow it."""
+    deadline = time.perf_counter() + IDLE_WAIT_MAX_S
+    before = _cpu_s(pid)
+    while before is not None and time.perf_counter() < deadline:
+        time.sleep(IDLE_PROBE_S)
+        after = _cpu_s(pid)
+        if after is None or after - before < IDLE_PROBE_S / 10:
+            return
+        before = after
+    if before is None:
+        time.sleep(IDLE_WAIT_MAX_S)
+
+
+def _start(engine: str, key: str, threads: int, args: argparse.Namespace,
+           work: Path) -> _Server:
+    """Open ``engine`` in its own process and wait until it is ready to time inferences."""
+    stderr = (work / f"{key}-{engine}-{threads}.err").open("w")
+    proc = subprocess.Popen([*_child_argv(engine, key, threads, args, work), "--serve"],
+                            env=_child_env(engine, key, threads, work), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, text=True)
+    stderr.close()
+    server = _Server(engine, proc)
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    if not first.startswith('{"ready"'):
+        server.error = _figures(first).error if first else ""
+        server.fail(work / f"{key}-{engine}-{threads}.err")
+    return server
+
+
+def _lockstep(engines: Sequence[str], key: str, threads: int, args: argparse.Namespace,
+              work: Path) -> dict[str, Measurement]:
+    """Every engine open at once, each in its own process, timed one inference at a time
+    in turn (the order rotating each round; the next starts once the last engine's
+    process is idle, ``_wait_idle``): a slow phase of a shared machine lands on every engine's
+    same rounds, so the per-round ratios stay true where separate processes minutes apart
+    disagree."""
+    servers = [_start(engine, key, threads, args, work) for engine in engines]
+    for i in range(args.repeat):
+        for server in servers[i % len(servers):] + servers[:i % len(servers)]:
+            answer = "" if server.error else server.request("run")
+            if not answer and not server.error:
+                server.fail(work / f"{key}-{server.engine}-{threads}.err")
+            server.times.append(float(answer) if answer else float("nan"))
+            _wait_idle(server.proc.pid)
+    out = {}
+    for server in servers:
+        figures = Measurement(error=server.error)
+        if not server.error:
+            last = server.request("finish")
+            server.proc.wait()
+            if not last:
+                server.fail(work / f"{key}-{server.engine}-{threads}.err")
+            figures = _figures(last) if last else Measurement(error=server.error)
+        out[server.engine] = replace(figures, rounds=tuple(server.times))
     return out
 
 
@@ -349,15 +516,24 @@ def _models(args: argparse.Namespace) -> str:
             "symbolic batch and sequence axes; compiled for the timed input's shapes)")
 
 
+def _timing(args: argparse.Namespace) -> str:
+    if args.mode == "lockstep":
+        return (f"Engines in lockstep: each in its own process, all open at once, one timed "
+                f"inference of each in turn, {args.repeat} rounds (the order rotating); "
+                "latencies: each engine's median; ÷ best peer: the median over rounds of "
+                "ours ÷ the faster peer of the same round")
+    return (f"Each figure from its own process, medians of {args.repeat} runs, engines "
+            f"interleaved over {args.rounds} rounds (latencies: the median round; ÷ best "
+            "peer: the median over rounds of ours ÷ the faster peer of the same round)")
+
+
 def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str:
     from _report import git_revision, machine_summary
 
     return "\n".join([
         machine_summary(), "",
-        f"Revision `{git_revision()}`. {_models(args)}; {versions}. Each figure from its own "
-        f"process, medians of {args.repeat} runs, engines interleaved over {args.rounds} rounds "
-        "(latencies: the median round; ÷ best peer: the median over rounds of ours ÷ the "
-        "faster peer of the same round); tunecache untuned (analytic schedules, "
+        f"Revision `{git_revision()}`. {_models(args)}; {versions}. {_timing(args)}; "
+        "tunecache untuned (analytic schedules, "
         "empty store and build cache, so the shipped seed serves what it holds for this "
         "machine; spec cores = threads; warm compile = the same compile "
         "again in that process); error = max |x - onnxruntime| ÷ max |onnxruntime|; peak RSS "
@@ -401,7 +577,8 @@ def _measure_all(keys: Sequence[str], threads: Sequence[int], args: argparse.Nam
             # onnxruntime first: its output is the reference the others' errors are against
             engines = ENGINES + (("tuned",) if args.tune else ())
             tuning = _measure("tune", key, n, args, work) if args.tune else Measurement()
-            m = _rounds(engines, key, n, args, work)
+            measure = _lockstep if args.mode == "lockstep" else _rounds
+            m = measure(engines, key, n, args, work)
             if args.tune:
                 m["tuned"] = replace(m["tuned"], tune_s=tuning.tune_s,
                                      error=m["tuned"].error or tuning.error)
@@ -421,8 +598,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--mode", choices=("lockstep", "rounds"), default="lockstep",
+                        help="lockstep: every engine open at once, one inference of each in "
+                             "turn, --repeat times; rounds: one process per engine and "
+                             "round, --rounds times")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="interleaved measurements of every engine (median of rounds)")
+                        help="with --mode rounds: measurements of every engine, interleaved "
+                             "(median of rounds)")
     parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
                         help="also measure tunecache tuned with TRIALS per op")
     parser.add_argument("--no-write", action="store_true")
@@ -430,11 +612,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the BENCHMARKS.md section to write (default: model_zoo or "
                              "transformer_zoo, with _tuned when tuning)")
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "MODEL"))
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path)
     args = parser.parse_args(argv)
     if args.child:
         child(args.child[0], Path(args.child[1]), int(args.threads), args.repeat, args.work,
-              args.tune)
+              args.tune, args.serve)
         return 0
     keys = _selected(args.only, args.zoo)
     try:

@@ -134,3 +134,44 @@ def test_latency_script_rejects_unknown_model() -> None:
     assert proc.stderr.strip().splitlines() == [
         "error: --only 'lenet' names no single zoo model; choose from "
         + ", ".join(ZOO)]
+
+
+def _latency_args(repeat: int) -> Any:
+    import argparse
+
+    return argparse.Namespace(zoo="cnn", size=SIZE, repeat=repeat, tune=0, rounds=1)
+
+
+def test_lockstep_times_every_engine_in_the_same_rounds(tmp_path: Path) -> None:
+    """Two engines open at once in their own processes, one inference each per round: each
+    round has a time from both, the latency is the engine's median, the outputs agree."""
+    import model_zoo_latency as zoo
+
+    args = _latency_args(repeat=4)
+    np.savez(tmp_path / "squeezenet1_1-feeds.npz", **zoo._prepare(args, "squeezenet1_1",
+                                                                   tmp_path))
+    got = zoo._lockstep(("onnxruntime", "tunecache"), "squeezenet1_1", 1, args, tmp_path)
+    for engine, m in got.items():
+        assert not m.error, (engine, m.error)
+        assert len(m.rounds) == 4 and all(t > 0 for t in m.rounds)
+        assert m.ms == pytest.approx(float(np.median(m.rounds)), rel=1e-6)
+        assert m.rss_mib > 0
+    assert got["tunecache"].arena_mib > 0
+    assert got["tunecache"].kernel_pct > 0
+    assert zoo._rel_err(tmp_path, "squeezenet1_1", "tunecache", 1) <= 1e-4
+    ratio = zoo.paired_ratio(got["tunecache"], (got["onnxruntime"],))
+    per_round = [a / b for a, b in zip(got["tunecache"].rounds, got["onnxruntime"].rounds,
+                                               strict=True)]
+    assert ratio == pytest.approx(float(np.median(per_round)))
+
+
+def test_lockstep_reports_an_engine_that_fails_to_open_as_a_value(tmp_path: Path) -> None:
+    import model_zoo_latency as zoo
+
+    args = _latency_args(repeat=2)
+    np.savez(tmp_path / "broken-feeds.npz", image=np.zeros((1, 3, SIZE, SIZE), np.float32))
+    (tmp_path / "broken.onnx").write_bytes(b"not an onnx model")
+    got = zoo._lockstep(("onnxruntime",), "broken", 1, args, tmp_path)
+    assert got["onnxruntime"].error
+    assert len(got["onnxruntime"].rounds) == 2
+    assert all(np.isnan(t) for t in got["onnxruntime"].rounds)
