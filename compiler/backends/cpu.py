@@ -30,8 +30,14 @@ X86_CONSTANTS = ArchConstants(broadcast_loads=1.5)
 # layer at AVX-512, while 12-accumulator tiles win it at AVX2). The pipes stay at 2: the
 # bandwidth constants were fitted against that compute scale, and halving it moved the
 # tiler's top-1 on matmuls (1024^3: 0.72 of the best, Strassen's two levels first).
-# Server cores with two 512-bit FMA units (Skylake-SP Gold, Zen 5) would want 8.
 AVX512_CONSTANTS = replace(X86_CONSTANTS, fma_in_flight=4, broadcast_loads=0.5)
+# Xeon cores since Ice Lake-SP (and Skylake-SP Gold and Platinum) have two 512-bit FMA units:
+# the AVX-512 Xeon VM's peak probe read 167-169 GFLOP/s per core at AVX-512 and 79-83 at
+# AVX2. Eight FMAs in flight keep them busy, and a broadcast is a load of its own there: with
+# two FMAs and two vector loads a cycle, a tile needs at least one FMA per load, which tall
+# one-vector tiles (16 broadcasts and a vector load for 16 FMAs) do not reach
+# (ARCHITECTURE change 72).
+XEON_AVX512_CONSTANTS = replace(X86_CONSTANTS, fma_in_flight=8, broadcast_loads=1.0)
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,15 @@ class CpuBackend:
         return load_kernel(op, artifact)
 
     def constants(self, hw: HardwareSpec) -> ArchConstants:
-        return AVX512_CONSTANTS if hw.isa == "avx512" else X86_CONSTANTS
+        if hw.isa != "avx512":
+            return X86_CONSTANTS
+        return XEON_AVX512_CONSTANTS if two_fma512_units(hw) else AVX512_CONSTANTS
+
+
+def two_fma512_units(hw: HardwareSpec) -> bool:
+    """Whether ``hw``'s cores have two 512-bit FMA units (known from the CPU's name: the spec
+    carries no measured throughput)."""
+    return hw.isa == "avx512" and "xeon" in hw.cpu_model.lower()
 
 
 CPU = register_backend(CpuBackend())
