@@ -228,6 +228,40 @@ def test_model_workloads_are_counted_and_unreadable_models_reported(tmp_path: Pa
     assert {o["status"] for o in json.loads(out.stdout)["ops"]} == {"tuned"}
 
 
+BERT_EXPORT = Path(__file__).parent / "data" / "exporters" / "bert_torchscript17.onnx"
+
+
+def test_a_dynamic_model_is_tuned_at_the_shape_its_flags_give(tmp_path: Path) -> None:
+    """A transformer export's batch and sequence are dynamic: ``--input-shape`` fixes
+    them (``attention_mask`` follows ``input_ids`` by dimension name), and the job tunes
+    exactly the ops a compile at that shape runs. Without it, or with a flag that names no
+    input or does not fit, the message names the flag."""
+    from tunecache.compiler.frontend import kernel_ops
+
+    hw = local_spec()
+    want = {op for op, _, _ in kernel_ops(BERT_EXPORT, {"input_ids": [1, 16],
+                                                        "attention_mask": [1, 16]}, hw=hw)}
+    workloads, problems = collect_workloads(
+        models=[BERT_EXPORT], hw=hw,
+        model_shapes={str(BERT_EXPORT): {"input_ids": [1, 16], "attention_mask": [1, 16]}})
+    assert not problems and {w.op for w in workloads} == want
+    root = tmp_path / "store"
+    out = tunecache("tune", "--model", str(BERT_EXPORT), "--input-shape", "input_ids=1,16",
+                    "--trials", "1", "--no-refine", "--no-baseline", "--json", root=root)
+    assert out.returncode == 0, out.stderr
+    assert {OpSignature.parse(o["op"]) for o in json.loads(out.stdout)["ops"]} == want
+    for flags, fragment in [((), "give --input-shape input_ids=D1,D2,..."),
+                            (("--input-shape", "input_idz=1,16"),
+                             "--input-shape names 'input_idz', which is not an input of any"),
+                            (("--input-shape", "input_ids=1,2,3"),
+                             "--input-shape input_ids=1,2,3: the model declares input_ids")]:
+        bad = tunecache("tune", "--model", str(BERT_EXPORT), *flags, "--trials", "1",
+                        root=root)
+        lines = bad.stderr.strip().splitlines()
+        assert bad.returncode == 2 and lines[-1].startswith("error: "), bad.stderr
+        assert fragment in lines[-1] and "Traceback" not in bad.stderr
+
+
 def test_exploration_samples_the_grid_and_resumes_without_repeats(tmp_path: Path) -> None:
     from tunecache.tuner.search import roller
 

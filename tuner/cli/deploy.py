@@ -19,33 +19,17 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.native.profile import ProgramProfile
 from tunecache.tuner.cli.common import (
+    InputShapeError,
     emit_json,
     hardware_option,
+    input_shape_option,
     json_option,
     parse_duration,
+    parse_input_shapes,
     root_option,
     threads_option_with,
 )
 from tunecache.tuner.deploy import POLICIES, CompiledModel, compile_model
-
-
-class InputShapeError(TunecacheError):
-    """A malformed --input-shape, or --inputs that do not fit the model."""
-
-
-def _shapes(values: tuple[str, ...]) -> dict[str, list[int]] | None:
-    shapes: dict[str, list[int]] = {}
-    for value in values:
-        name, sep, dims = value.partition("=")
-        try:
-            shape = [int(d) for d in dims.split(",")] if sep and dims else []
-        except ValueError:
-            shape = []
-        if not name or not shape or any(d < 1 for d in shape):
-            raise InputShapeError(f"--input-shape {value!r}: expected NAME=D1,D2,... with "
-                                  "positive integers, e.g. input=1,3,224,224")
-        shapes[name] = shape
-    return shapes or None
 
 
 @dataclass(frozen=True)
@@ -56,7 +40,7 @@ class Inputs:
     arrays: dict[str, np.ndarray]
 
 
-def _resolve_shapes(info: frontend.ModelInfo, flags: dict[str, list[int]],
+def resolve_shapes(info: frontend.ModelInfo, flags: dict[str, list[int]],
                     inputs: Inputs | None) -> dict[str, list[int]] | None:
     """The input shapes to plan now: --input-shape, then the shapes of the --inputs arrays,
     then what dimension names imply; None when some dynamic dimension stays open. Errors
@@ -99,13 +83,13 @@ def _resolve_shapes(info: frontend.ModelInfo, flags: dict[str, list[int]],
     return None if complete is None else {k: list(v) for k, v in complete.items()}
 
 
-def _open_inputs(info: frontend.ModelInfo) -> str:
+def open_inputs(info: frontend.ModelInfo, how: str = "--inputs FILE.npz or --input-shape") -> str:
     """What to give for the dynamic inputs left open, naming the flags."""
     shown = [i.name for i in info.inputs if any(d < 0 for d in i.shape)]
     example = shown[0] if shown else "NAME"
     verb = "have" if len(shown) > 1 else "has"
     return (", ".join(f"{n!r} {info.describe(n)}" for n in shown) + f" {verb} dynamic "
-            f"dimensions; give --inputs FILE.npz or --input-shape {example}=D1,D2,...")
+            f"dimensions; give {how} {example}=D1,D2,...")
 
 
 def _common(func: Any) -> Any:
@@ -117,8 +101,7 @@ def _common(func: Any) -> Any:
                      show_default=True, help="Calls the deployment expects (weighs tuning)."),
         click.option("--deadline", default=None, metavar="DURATION",
                      help="Compile-time budget for measuring misses (e.g. 30s)."),
-        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D1,D2,...",
-                     help="Fix a dynamic input's shape. Repeatable."),
+        input_shape_option,
         root_option,
         hardware_option,
         json_option,
@@ -135,9 +118,9 @@ def _compile(model_path: Path, policy: str, expected_calls: int, deadline: str |
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            flags = _shapes(input_shapes) or {}  # a malformed flag before the model
+            flags = parse_input_shapes(input_shapes) or {}  # a malformed flag before the model
             source = frontend.read_model(model_path)
-            shapes = _resolve_shapes(frontend.inspect_model(source, check=False), flags,
+            shapes = resolve_shapes(frontend.inspect_model(source, check=False), flags,
                                      inputs)
             return compile_model(
                 source, store=Store(root), policy=policy, expected_calls=expected_calls,
@@ -164,7 +147,7 @@ def compile_command(model_path: Path, policy: str, expected_calls: int, deadline
                f"{len(compiled.plan)} kernel nodes, compiled in "
                f"{compiled.timings['total_s']:.2f} s (policy {policy})")
     if not _planned(compiled) and compiled.info is not None:
-        click.echo("  no input shape planned: " + _open_inputs(compiled.info).replace(
+        click.echo("  no input shape planned: " + open_inputs(compiled.info).replace(
             "give --inputs FILE.npz or", "each shape is planned on its first run;")
             + " plans one now")
     for entry in compiled.plan:
@@ -243,7 +226,7 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
                         hardware, given, threads)
     if given is None and not _planned(compiled):
         assert compiled.info is not None
-        raise InputShapeError(_open_inputs(compiled.info))
+        raise InputShapeError(open_inputs(compiled.info))
     inputs = given.arrays if given else _random_inputs(compiled, 0)
     outputs = compiled.run(inputs)
     ours = _time(lambda: compiled.run(inputs), repeat)

@@ -14,11 +14,14 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import local_spec
 from tunecache.datasets.suites import SUITES, Workload
 from tunecache.tuner.cli.common import (
+    InputShapeError,
     emit_json,
     hardware_option,
+    input_shape_option,
     json_option,
     no_baseline_option,
     parse_duration,
+    parse_input_shapes,
     root_option,
     threads_option,
 )
@@ -102,6 +105,7 @@ def _print_summary(summary: JobSummary) -> None:
 @click.option("--op", "ops", multiple=True, metavar="OP", help="An op text. Repeatable.")
 @click.option("--model", "models", multiple=True, type=click.Path(path_type=Path),
               help="An ONNX model: every kernel-worthy node, counted. Repeatable.")
+@input_shape_option
 @click.option("--wanted", is_flag=True, help="The ops deployments missed in the cache.")
 @click.option("--budget", default=None, metavar="DURATION",
               help="Wall time for the whole job, split by benefit: 600, 90s, 15m, 1h, 1.5h, "
@@ -125,7 +129,8 @@ def _print_summary(summary: JobSummary) -> None:
 @hardware_option
 @json_option
 def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Path, ...],
-                 wanted: bool, budget: str | None, trials: int, explore: int, retune: bool, no_refine: bool,
+                 input_shapes: tuple[str, ...], wanted: bool, budget: str | None, trials: int,
+                 explore: int, retune: bool, no_refine: bool,
                  threads: int | None, no_baseline: bool, publish: bool, train: bool,
                  root: str | None, job_id: str | None, ray_address: str | None, quiet: bool,
                  hardware: Path | None, as_json: bool) -> None:
@@ -138,10 +143,13 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
     budget_s = parse_duration(budget, "--budget") if budget is not None else None
     if not (suites or ops or models or wanted):
         raise click.UsageError("nothing to tune: give --suite, --op, --model or --wanted")
+    shapes, problems = _model_shapes(models, parse_input_shapes(input_shapes) or {})
     hw = local_spec(hardware)
     store = Store(root)
-    workloads, problems = collect_workloads(suites=suites, ops=ops, models=models,
-                                            wanted=wanted, store=store, hw=hw)
+    workloads, more = collect_workloads(suites=suites, ops=ops,
+                                        models=[m for m in models if str(m) in shapes],
+                                        wanted=wanted, store=store, hw=hw, model_shapes=shapes)
+    problems += more
     for problem in problems:
         click.echo(f"warning: {problem}", err=True)
     if not workloads:
@@ -179,6 +187,39 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
         raise SystemExit(EXIT_INTERRUPTED)
     if problems or any(o.status in ("unsupported", "no_result") for o in summary.ops):
         raise SystemExit(EXIT_PARTIAL)
+
+
+def _model_shapes(models: tuple[Path, ...], flags: dict[str, list[int]]
+                  ) -> tuple[dict[str, dict[str, list[int]] | None], list[str]]:
+    """Each ``--model``'s input shapes from the ``--input-shape`` flags naming its inputs
+    (completed by dimension names: ``attention_mask`` from ``input_ids``), and one problem
+    per model whose dynamic dimensions stay open (left out of the job). A flag that names
+    no model's input, or does not fit it, is an error naming the flag."""
+    from tunecache.compiler import frontend
+    from tunecache.tuner.cli.deploy import open_inputs, resolve_shapes
+
+    shapes: dict[str, dict[str, list[int]] | None] = {}
+    problems: list[str] = []
+    named: set[str] = set()
+    for path in models:
+        try:
+            info = frontend.inspect_model(path, check=False)
+        except TunecacheError:
+            shapes[str(path)] = None  # unreadable: collect_workloads reports it
+            continue
+        mine = {name: dims for name, dims in flags.items()
+                if name in {i.name for i in info.inputs}}
+        named |= mine.keys()
+        resolved = resolve_shapes(info, mine, None)
+        if resolved is None:
+            problems.append(f"model {path}: {open_inputs(info, '--input-shape')}")
+            continue
+        shapes[str(path)] = resolved if info.dynamic else None
+    unknown = [name for name in flags if name not in named]
+    if unknown:
+        raise InputShapeError(f"--input-shape names {unknown[0]!r}, which is not an input of "
+                              + ("any --model" if models else "a --model (none given)"))
+    return shapes, problems
 
 
 def _current_model(store: Store, hw: Any) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -179,11 +179,13 @@ def collect_workloads(
     wanted: bool = False,
     store: Store | None = None,
     hw: HardwareSpec | None = None,
+    model_shapes: Mapping[str, Mapping[str, Sequence[int]] | None] | None = None,
 ) -> tuple[list[Workload], list[str]]:
     """Workloads from every source, and one message per source that could not be used.
 
     A bad source (unknown suite, malformed op text, unreadable model) is reported and
-    skipped; the others are still used.
+    skipped; the others are still used. ``model_shapes`` fixes dynamic input shapes per
+    model (keyed by the model's path as given).
     """
     found: list[Workload] = []
     problems: list[str] = []
@@ -201,7 +203,7 @@ def collect_workloads(
             problems.append(str(exc))
     for path in models:
         try:
-            found += model_workloads(path, hw)
+            found += model_workloads(path, hw, (model_shapes or {}).get(str(path)))
         except TunecacheError as exc:
             problems.append(f"model {path}: {exc}")
     if wanted:
@@ -216,13 +218,15 @@ def collect_workloads(
     return merge_workloads(found), problems
 
 
-def model_workloads(path: str | Path, hw: HardwareSpec | None = None) -> list[Workload]:
+def model_workloads(path: str | Path, hw: HardwareSpec | None = None,
+                    input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[Workload]:
     """The kernel ops of an ONNX model, counted: with ``hw``, the ops (layouts and
-    reorders included) that the model compiled for ``hw`` runs."""
+    reorders included) that the model compiled for ``hw`` runs; ``input_shapes`` fixes
+    its dynamic inputs (a transformer export's batch and sequence)."""
     from tunecache.compiler import frontend
 
     return [Workload(op, count, f"{Path(path).name}: {label}")
-            for op, count, label in frontend.kernel_ops(path, hw=hw)]
+            for op, count, label in frontend.kernel_ops(path, input_shapes, hw=hw)]
 
 
 # -- the job -------------------------------------------------------------------------------
