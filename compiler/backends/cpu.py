@@ -31,12 +31,12 @@ X86_CONSTANTS = ArchConstants(broadcast_loads=1.5)
 # bandwidth constants were fitted against that compute scale, and halving it moved the
 # tiler's top-1 on matmuls (1024^3: 0.72 of the best, Strassen's two levels first).
 AVX512_CONSTANTS = replace(X86_CONSTANTS, fma_in_flight=4, broadcast_loads=0.5)
-# Xeon cores since Ice Lake-SP (and Skylake-SP Gold and Platinum) have two 512-bit FMA units:
-# the AVX-512 Xeon VM's peak probe read 167-169 GFLOP/s per core at AVX-512 and 79-83 at
-# AVX2. Eight FMAs in flight keep them busy, and a broadcast is a load of its own there: with
-# two FMAs and two vector loads a cycle, a tile needs at least one FMA per load, which tall
-# one-vector tiles (16 broadcasts and a vector load for 16 FMAs) do not reach
-# (ARCHITECTURE change 72).
+# Xeon Scalable cores (Skylake-SP Gold 6000 and Platinum, and every generation since) have two
+# 512-bit FMA units: the AVX-512 Xeon VM's peak probe read 167-169 GFLOP/s per core at
+# AVX-512 and 79-83 at AVX2. Eight FMAs in flight keep them busy, and a broadcast is a load
+# of its own there: with two FMAs and two vector loads a cycle, a tile needs at least one
+# FMA per load, which tall one-vector tiles (16 broadcasts and a vector load for 16 FMAs)
+# do not reach (ARCHITECTURE change 72).
 XEON_AVX512_CONSTANTS = replace(X86_CONSTANTS, fma_in_flight=8, broadcast_loads=1.0)
 
 
