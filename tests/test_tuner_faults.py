@@ -268,6 +268,24 @@ class _IncumbentRunner(SimulatedRunner):
         return out
 
 
+def test_the_rankings_leader_stays_a_finalist_when_its_one_timing_was_slow() -> None:
+    """The ranking's first schedule, what an untuned compile runs, is timed first; in a slow
+    phase it reads 1.5 ms, then runs 1.0 ms. It joins the finalists' rounds although only
+    the fastest one is confirmed, and beats the challenger timed fast once (1.1, then
+    1.25 ms). On the AVX-512 Xeon VM a seed job lost a tiler top-1 that way."""
+    from tunecache.tuner.search import TuneConfig
+    from tunecache.tuner.search.tune import ranked_candidates
+
+    config = TuneConfig(trials=5, refine=False, confirm=1)
+    leader = ranked_candidates(OP, HW, config, None, False)[0].schedule
+    runner = _IncumbentRunner()
+    result = tune_op(OP, HW, runner, config=config, clock=runner.clock)  # type: ignore[arg-type]
+    assert result.results[0].schedule == leader
+    assert result.best.schedule == leader and result.best.median_s == pytest.approx(1.0e-3)
+    assert runner.timed[leader.schedule_id] == 3
+    assert len(result.retimed) == 2 * 2  # the fastest one and the leader, twice each
+
+
 def test_the_incumbent_stays_a_finalist_when_its_one_timing_was_slow() -> None:
     """A job starts from the schedule the store offers; timed slow once, it is outside the
     fastest two, yet it joins the finalists' rounds and beats the challenger timed fast once."""

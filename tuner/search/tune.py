@@ -9,13 +9,14 @@ other parallel axis). An optional exploration then measures a fixed, stratified 
 the whole legal schedule grid (``roller.exhaustive_space``): schedules the tiler would not
 propose, so that the cost model also learns from the tiler's mistakes.
 
-Finalists: before exploring, the ``confirm`` fastest schedules measured in this run, and the
+Finalists: before exploring, the ``confirm`` fastest schedules measured in this run, the
 schedules it was offered first (the incumbent: the store's or the seed's entry, or the
-nearest hardware's) when they measured ``ok``, are timed again, unchecked, in
-``confirm_rounds`` interleaved rounds (each round in another order), and every measurement
-is recorded. The incumbent joins even when its one timing fell outside the fastest few: a
-schedule that several earlier jobs found best should lose only to a challenger that beats
-it over the same rounds, not to one lucky timing. A schedule's figure is then the median of its
+nearest hardware's) and the ranking's first schedule, when they measured ``ok``, are timed
+again, unchecked, in ``confirm_rounds`` interleaved rounds (each round in another order),
+and every measurement is recorded. The incumbent and the ranking's leader join even when
+their one timing fell outside the fastest few: a schedule that earlier jobs found best, or
+that a compile without this entry would run, should lose only to a challenger that beats it
+over the same rounds, not to one lucky timing. A schedule's figure is then the median of its
 measurements' medians, as the index publishes it: on a shared machine a slow phase can
 outlast one measurement's repeats, and a fastest schedule timed once 25% slow lost a
 BERT-base tuning job (docs/BENCHMARKS.md).
@@ -234,8 +235,10 @@ def tune_op(
                      if s.schedule_id not in done][: config.refine_trials]
             loop.run(extra, done)
     if loop.stopped is None:
-        loop.confirm(finalists(loop.results, [c.schedule for c in offered], config.confirm),
-                     op)
+        # the ranking's leader is what a compile without this op's entry runs: a challenger
+        # replaces it only by beating it over the same rounds
+        kept = [c.schedule for c in offered] + [c.schedule for c in ranked[:1]]
+        loop.confirm(finalists(loop.results, kept, config.confirm), op)
     if loop.stopped is None and config.explore > 0:
         loop.run(exploration(op, hw, config, done), done)
     return OpTuneResult(op, tuple(loop.results), clock() - start, len(set(measured)),
