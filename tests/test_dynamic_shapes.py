@@ -251,6 +251,14 @@ def test_cli_shape_errors_name_the_flags(tmp_path: Path) -> None:
         assert "input_shapes" not in out.stderr and "Traceback" not in out.stderr
 
 
+def test_cli_compile_of_a_dynamic_model_says_when_shapes_are_planned(tmp_path: Path) -> None:
+    out = tunecache("compile", str(DATA / "gpt2_dynamo18.onnx"), "--root", str(tmp_path / "s"),
+                    "--policy", "cache-only")
+    assert out.returncode == 0, out.stderr
+    assert ("have dynamic dimensions; each shape is planned on its first run; --input-shape "
+            "input_ids=D1,D2,... plans one now") in out.stdout
+
+
 def test_shapes_share_the_weights_and_their_packed_copies(tmp_path: Path) -> None:
     """Every shape planned from one compile reads the same weight arrays (read once from the
     file, whose proto then drops their bytes), and a weight packed in the same layout for

@@ -262,6 +262,20 @@ def test_a_dynamic_model_is_tuned_at_the_shape_its_flags_give(tmp_path: Path) ->
         assert fragment in lines[-1] and "Traceback" not in bad.stderr
 
 
+def test_a_model_left_dynamic_is_skipped_and_the_rest_tuned(tmp_path: Path) -> None:
+    """Without --input-shape the export is left out with a warning naming the flag, an
+    unreadable model with one naming it, and the --op is tuned: exit 1 (partial)."""
+    out = tunecache("tune", "--model", str(BERT_EXPORT), "--model", str(tmp_path / "no.onnx"),
+                    "--op", "matmul(M=8,N=16,K=8)", "--trials", "1", "--no-refine",
+                    "--no-baseline", "--json", root=tmp_path / "store")
+    assert out.returncode == 1, out.stderr
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2, out.stderr
+    assert "give --input-shape input_ids=D1,D2,..." in warnings[0]
+    assert "no.onnx" in warnings[1]
+    assert [o["status"] for o in json.loads(out.stdout)["ops"]] == ["tuned"]
+
+
 def test_exploration_samples_the_grid_and_resumes_without_repeats(tmp_path: Path) -> None:
     from tunecache.tuner.search import roller
 

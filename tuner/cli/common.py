@@ -35,32 +35,6 @@ _NEXT_UNIT = {None: "s", "h": "m", "m": "s"}
 _DURATION_PART = re.compile(r"\s*(\d{1,9}(?:\.\d{1,9})?)\s*([hms]?)", re.IGNORECASE)
 
 
-class InputShapeError(TunecacheError):
-    """A malformed --input-shape, or shapes that do not fit the model."""
-
-
-def parse_input_shapes(values: tuple[str, ...]) -> dict[str, list[int]] | None:
-    """``--input-shape NAME=D1,D2,...`` flags as a mapping (None when there are none)."""
-    shapes: dict[str, list[int]] = {}
-    for value in values:
-        name, sep, dims = value.partition("=")
-        try:
-            shape = [int(d) for d in dims.split(",")] if sep and dims else []
-        except ValueError:
-            shape = []
-        if not name or not shape or any(d < 1 for d in shape):
-            raise InputShapeError(f"--input-shape {value!r}: expected NAME=D1,D2,... with "
-                                  "positive integers, e.g. input=1,3,224,224")
-        shapes[name] = shape
-    return shapes or None
-
-
-def input_shape_option(func: F) -> F:
-    return click.option("--input-shape", "input_shapes", multiple=True,
-                        metavar="NAME=D1,D2,...",
-                        help="Fix a dynamic input's shape. Repeatable.")(func)
-
-
 def parse_duration(text: str, option: str | None = None) -> float:
     """Seconds from a duration: ``90``, ``90s``, ``10m``, ``1h``, ``1.5h``, ``1h30m``, and
     ``1h30`` (= 1 h 30 min). Units go from hours down to seconds, each at most once; a final

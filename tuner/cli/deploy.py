@@ -5,8 +5,6 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,77 +17,22 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.native.profile import ProgramProfile
 from tunecache.tuner.cli.common import (
-    InputShapeError,
     emit_json,
     hardware_option,
-    input_shape_option,
     json_option,
     parse_duration,
-    parse_input_shapes,
     root_option,
     threads_option_with,
 )
+from tunecache.tuner.cli.shapes import (
+    Inputs,
+    InputShapeError,
+    input_shape_option,
+    open_inputs,
+    parse_input_shapes,
+    resolve_shapes,
+)
 from tunecache.tuner.deploy import POLICIES, CompiledModel, compile_model
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """The arrays of ``--inputs FILE``."""
-
-    path: Path
-    arrays: dict[str, np.ndarray]
-
-
-def resolve_shapes(info: frontend.ModelInfo, flags: dict[str, list[int]],
-                    inputs: Inputs | None) -> dict[str, list[int]] | None:
-    """The input shapes to plan now: --input-shape, then the shapes of the --inputs arrays,
-    then what dimension names imply; None when some dynamic dimension stays open. Errors
-    name the flag at fault."""
-    declared = {i.name: i for i in info.inputs}
-    listing = ", ".join(f"{n} {info.describe(n)}" for n in declared) or "none"
-
-    def fits(name: str, shape: Sequence[int]) -> bool:
-        want = declared[name].shape
-        return len(want) == len(shape) and all(w < 0 or w == d for w, d in zip(want, shape,
-                                                                               strict=True))
-
-    for name, shape in flags.items():
-        if name not in declared:
-            raise InputShapeError(f"--input-shape names {name!r}, which is not an input of "
-                                  f"{info.name!r}; its inputs: {listing}")
-        if not fits(name, shape):
-            raise InputShapeError(f"--input-shape {name}={','.join(map(str, shape))}: the "
-                                  f"model declares {name} {info.describe(name)}")
-    shapes = dict(flags)
-    if inputs is not None:
-        where = f"--inputs {inputs.path}"
-        missing = [n for n in declared if n not in inputs.arrays]
-        extra = sorted(set(inputs.arrays) - set(declared))
-        if missing or extra:
-            parts = ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + (
-                [f"unknown {', '.join(map(repr, extra))}"] if extra else [])
-            raise InputShapeError(f"{where}: {'; '.join(parts)}; the model's inputs are "
-                                  f"{listing}")
-        for name, array in inputs.arrays.items():
-            if not fits(name, array.shape):
-                raise InputShapeError(f"{where}: {name!r} has shape {list(array.shape)}; the "
-                                      f"model declares {name} {info.describe(name)}")
-            if name in flags and tuple(flags[name]) != array.shape:
-                raise InputShapeError(f"--input-shape {name}={','.join(map(str, flags[name]))} "
-                                      f"contradicts {name!r} in {where}, of shape "
-                                      f"{list(array.shape)}")
-            shapes[name] = list(array.shape)
-    complete = info.complete(shapes)
-    return None if complete is None else {k: list(v) for k, v in complete.items()}
-
-
-def open_inputs(info: frontend.ModelInfo, how: str = "--inputs FILE.npz or --input-shape") -> str:
-    """What to give for the dynamic inputs left open, naming the flags."""
-    shown = [i.name for i in info.inputs if any(d < 0 for d in i.shape)]
-    example = shown[0] if shown else "NAME"
-    verb = "have" if len(shown) > 1 else "has"
-    return (", ".join(f"{n!r} {info.describe(n)}" for n in shown) + f" {verb} dynamic "
-            f"dimensions; give {how} {example}=D1,D2,...")
 
 
 def _common(func: Any) -> Any:
@@ -147,8 +90,8 @@ def compile_command(model_path: Path, policy: str, expected_calls: int, deadline
                f"{len(compiled.plan)} kernel nodes, compiled in "
                f"{compiled.timings['total_s']:.2f} s (policy {policy})")
     if not _planned(compiled) and compiled.info is not None:
-        click.echo("  no input shape planned: " + open_inputs(compiled.info).replace(
-            "give --inputs FILE.npz or", "each shape is planned on its first run;")
+        click.echo("  no input shape planned: " + open_inputs(
+            compiled.info, "each shape is planned on its first run; --input-shape")
             + " plans one now")
     for entry in compiled.plan:
         expected = f"{entry.expected_s * 1e3:.3f} ms" if entry.expected_s else "-"

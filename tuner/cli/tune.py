@@ -14,16 +14,20 @@ from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import local_spec
 from tunecache.datasets.suites import SUITES, Workload
 from tunecache.tuner.cli.common import (
-    InputShapeError,
     emit_json,
     hardware_option,
-    input_shape_option,
     json_option,
     no_baseline_option,
     parse_duration,
-    parse_input_shapes,
     root_option,
     threads_option,
+)
+from tunecache.tuner.cli.shapes import (
+    InputShapeError,
+    input_shape_option,
+    open_inputs,
+    parse_input_shapes,
+    resolve_shapes,
 )
 from tunecache.tuner.jobs import JobOptions, JobSummary, OpSummary, collect_workloads, run_job
 from tunecache.tuner.measure import MeasureResult
@@ -196,7 +200,6 @@ def _model_shapes(models: tuple[Path, ...], flags: dict[str, list[int]]
     per model whose dynamic dimensions stay open (left out of the job). A flag that names
     no model's input, or does not fit it, is an error naming the flag."""
     from tunecache.compiler import frontend
-    from tunecache.tuner.cli.deploy import open_inputs, resolve_shapes
 
     shapes: dict[str, dict[str, list[int]] | None] = {}
     problems: list[str] = []
@@ -207,12 +210,12 @@ def _model_shapes(models: tuple[Path, ...], flags: dict[str, list[int]]
         except TunecacheError:
             shapes[str(path)] = None  # unreadable: collect_workloads reports it
             continue
-        mine = {name: dims for name, dims in flags.items()
-                if name in {i.name for i in info.inputs}}
+        declared = {i.name for i in info.inputs}
+        mine = {name: dims for name, dims in flags.items() if name in declared}
         named |= mine.keys()
         resolved = resolve_shapes(info, mine, None)
         if resolved is None:
-            problems.append(f"model {path}: {open_inputs(info, '--input-shape')}")
+            problems.append(f"model {path}: {open_inputs(info, 'give --input-shape')}")
             continue
         shapes[str(path)] = resolved if info.dynamic else None
     unknown = [name for name in flags if name not in named]
