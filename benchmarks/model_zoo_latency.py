@@ -345,6 +345,7 @@ class _Server:
 
     engine: str
     proc: subprocess.Popen[str]
+    stderr: Path
     times: list[float] = field(default_factory=list)
     error: str = ""
 
@@ -357,9 +358,10 @@ class _Server:
             return ""
         return self.proc.stdout.readline().strip()
 
-    def fail(self, stderr: Path) -> None:
+    def fail(self) -> None:
         self.proc.wait()
-        tail = (stderr.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
+        tail = (self.stderr.read_text(errors="replace").strip().splitlines()
+                or ["no output"])[-1]
         self.error = self.error or f"exit {self.proc.returncode}: {tail}"
 
 
@@ -376,32 +378,34 @@ def _wait_idle(pid: int) -> None:
     """Return once process ``pid`` has stopped using CPU: an engine's workers may spin after
     an inference (onnxruntime's did for about 45 ms at two threads), and spinning beside the
     next engine's inference would slow it."""
-    deadline = time.perf_counter() + IDLE_WAIT_MAX_S
     before = _cpu_s(pid)
-    while before is not None and time.perf_counter() < deadline:
+    if before is None:  # no CPU times to read: wait as long as any spin lasts
+        time.sleep(IDLE_WAIT_MAX_S)
+        return
+    deadline = time.perf_counter() + IDLE_WAIT_MAX_S
+    while time.perf_counter() < deadline:
         time.sleep(IDLE_PROBE_S)
         after = _cpu_s(pid)
         if after is None or after - before < IDLE_PROBE_S / 10:
             return
         before = after
-    if before is None:
-        time.sleep(IDLE_WAIT_MAX_S)
 
 
 def _start(engine: str, key: str, threads: int, args: argparse.Namespace,
            work: Path) -> _Server:
     """Open ``engine`` in its own process and wait until it is ready to time inferences."""
-    stderr = (work / f"{key}-{engine}-{threads}.err").open("w")
-    proc = subprocess.Popen([*_child_argv(engine, key, threads, args, work), "--serve"],
-                            env=_child_env(engine, key, threads, work), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=stderr, text=True)
-    stderr.close()
-    server = _Server(engine, proc)
+    stderr = work / f"{key}-{engine}-{threads}.err"
+    with stderr.open("w") as sink:
+        proc = subprocess.Popen([*_child_argv(engine, key, threads, args, work), "--serve"],
+                                env=_child_env(engine, key, threads, work),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sink,
+                                text=True)
+    server = _Server(engine, proc, stderr)
     assert proc.stdout is not None
     first = proc.stdout.readline().strip()
     if not first.startswith('{"ready"'):
         server.error = _figures(first).error if first else ""
-        server.fail(work / f"{key}-{engine}-{threads}.err")
+        server.fail()
     return server
 
 
@@ -416,9 +420,12 @@ def _lockstep(engines: Sequence[str], key: str, threads: int, args: argparse.Nam
     for i in range(args.repeat):
         for server in servers[i % len(servers):] + servers[:i % len(servers)]:
             answer = "" if server.error else server.request("run")
-            if not answer and not server.error:
-                server.fail(work / f"{key}-{server.engine}-{threads}.err")
-            server.times.append(float(answer) if answer else float("nan"))
+            if not answer:
+                if not server.error:
+                    server.fail()
+                server.times.append(float("nan"))
+                continue
+            server.times.append(float(answer))
             _wait_idle(server.proc.pid)
     out = {}
     for server in servers:
@@ -427,7 +434,7 @@ def _lockstep(engines: Sequence[str], key: str, threads: int, args: argparse.Nam
             last = server.request("finish")
             server.proc.wait()
             if not last:
-                server.fail(work / f"{key}-{server.engine}-{threads}.err")
+                server.fail()
             figures = _figures(last) if last else Measurement(error=server.error)
         out[server.engine] = replace(figures, rounds=tuple(server.times))
     return out

@@ -61,9 +61,9 @@ class CpuBackend:
         return load_kernel(op, artifact)
 
     def constants(self, hw: HardwareSpec) -> ArchConstants:
-        if hw.isa != "avx512":
-            return X86_CONSTANTS
-        return XEON_AVX512_CONSTANTS if two_fma512_units(hw) else AVX512_CONSTANTS
+        if two_fma512_units(hw):
+            return XEON_AVX512_CONSTANTS
+        return AVX512_CONSTANTS if hw.isa == "avx512" else X86_CONSTANTS
 
 
 def two_fma512_units(hw: HardwareSpec) -> bool:
