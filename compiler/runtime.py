@@ -238,8 +238,10 @@ def rotating_timer(kernel: Kernel, inputs: tuple[np.ndarray, ...], out: np.ndarr
     address = ctypes.cast(entry, ctypes.c_void_p).value
     timer = time_rotating_function()
 
+    alive = (held, rest, out)  # every array ``table`` points into
+
     def run(iters: int) -> float:
-        # ``held`` keeps alive the copies ``table`` points into.
+        assert alive
         return float(timer(address, table, nargs, len(held), iters))
     return run, copies
 

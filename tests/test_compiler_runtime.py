@@ -150,3 +150,26 @@ def test_a_rotating_timer_runs_the_kernel_on_every_copy_of_its_weights(pack_b: i
         assert made == copies
         assert run(2 * copies + 1) > 0
         np.testing.assert_allclose(out, reference(op, inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_a_rotating_timer_keeps_alive_every_array_it_points_into() -> None:
+    """The timer's table holds raw pointers to the inputs and the output: a caller that
+    keeps only the timer must not leave it writing into freed memory."""
+    import gc
+    import weakref
+
+    from tunecache.compiler.runtime import rotating_timer
+
+    hw = local_spec()
+    op = OpSignature.parse("matmul(M=4,N=64,K=96,epilogue=bias)")
+    kernel = compile_kernel(op, default_schedule(op, hw), hw)
+    inputs = random_inputs(op)
+    out = np.full((4, 64), np.nan, dtype=np.float32)
+    run, _ = rotating_timer(kernel, inputs, out, 0)
+    refs = [weakref.ref(a) for a in (*inputs, out)]
+    del inputs, out
+    gc.collect()
+    assert all(r() is not None for r in refs)
+    assert run(3) > 0
+    np.testing.assert_allclose(refs[-1](), reference(op, tuple(r() for r in refs[:-1])),
+                               rtol=1e-4, atol=1e-4)
