@@ -67,6 +67,10 @@ class SimulatedRunner:
             out.append(result)
         return out
 
+    def race(self, batch: Sequence[Candidate], progress: Any = None) -> list[MeasureResult]:
+        """Finalists timed against each other: on the simulated clock, one after another."""
+        return self.measure(batch, progress)
+
     def close(self) -> None:
         return None
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
+from typing import Any
 
 import pytest
 
@@ -256,3 +258,56 @@ def test_a_failed_retiming_keeps_the_measurement_that_passed() -> None:
     first = MeasureResult(OP, default_schedule(OP, HW), "ok", runtimes_s=(1.0, 1.5, 1.6))
     assert runner._retime_if_noisy(first, {"kind": "kernel", "id": 1}) is first
     assert worker.requests == 1  # no further attempts after a failure
+
+
+def test_a_race_lands_a_slow_phase_on_every_kernels_same_rounds() -> None:
+    """Two timers of equal speed on a machine that halves its speed halfway through: timed
+    one after another, the second reads twice as slow; racing, their medians agree."""
+    calls = {"n": 0}
+
+    def machine(cost_s: float) -> Any:
+        def run(n: int) -> float:
+            calls["n"] += 1
+            return n * cost_s * (2.0 if calls["n"] > 7 else 1.0)
+        return run
+
+    timing = {"repeat_s": 0.01, "min_repeats": 5, "max_repeats": 5, "min_time_s": 0.0}
+    first = worker.time_calls(machine(1e-3), timing)
+    second = worker.time_calls(machine(1e-3), timing)
+    assert statistics.median(second) == pytest.approx(2 * statistics.median(first))
+    calls["n"] = 0
+    raced = worker.race_calls([machine(1e-3), machine(1e-3)], timing)
+    assert [len(s) for s in raced] == [5, 5]
+    assert statistics.median(raced[0]) == pytest.approx(statistics.median(raced[1]))
+
+
+def test_a_race_times_real_kernels_in_input_order_and_reports_what_cannot_run() -> None:
+    """Finalists raced in one worker: each ``ok`` with its own repeats and its origin kept;
+    a schedule that cannot be generated is ``invalid`` and the others still race."""
+    plain = default_schedule(OP, HW)
+    other = plain.replace(kc=16) if plain.kc != 16 else plain.replace(kc=8)
+    bad = plain.replace(mr=99)
+    with Runner(HW, FAST) as runner:
+        seen: list[MeasureResult] = []
+        results = runner.race([Candidate(OP, plain, "confirm"), Candidate(OP, bad, "confirm"),
+                               Candidate(OP, other, "confirm", predicted=2.0)],
+                              progress=seen.append)
+    assert [r.status for r in results] == ["ok", "invalid", "ok"]
+    assert [r.schedule for r in results] == [plain, bad, other]
+    assert seen == results
+    for r in (results[0], results[2]):
+        assert len(r.runtimes_s) >= FAST.min_repeats and r.source == "confirm"
+        assert r.compiler and r.source_hash
+    assert results[2].predicted == 2.0
+
+
+def test_a_kernel_that_crashes_in_a_race_fails_it_as_a_value() -> None:
+    """A race whose kernel crashes is a ``runtime_error`` for every racer, one that does
+    not compile a ``compile_error`` of its own; the runner goes on with a fresh worker."""
+    timing = dataclasses.replace(FAST, timeout_s=10.0)
+    with Runner(HW, timing) as runner:
+        raced = runner.race_kernels([good(), broken(), segfaults()])
+        assert [r.status for r in raced] == ["runtime_error", "compile_error", "runtime_error"]
+        assert "SIGSEGV" in (raced[0].error or "")
+        [again] = runner.measure([Candidate(OP, default_schedule(OP, HW))])
+        assert again.ok

@@ -419,6 +419,86 @@ class Runner:
                 progress(result)
         return [r for r in results if r is not None]
 
+    def race(self, candidates: Sequence[Candidate],
+             progress: Progress | None = None) -> list[MeasureResult]:
+        """Time already measured candidates of one op against each other, unchecked, taking
+        turns repeat by repeat in one worker (``worker.race_calls``): a slow phase of a
+        shared machine then lands on every candidate's same rounds, and their medians
+        compare like for like. Results in input order; a candidate that cannot be generated
+        or built is reported as such, and one that fails in the worker fails the race for
+        all (its error on each)."""
+        if len(candidates) < 2:
+            return self.measure(candidates, progress)
+        results: list[MeasureResult | None] = [None] * len(candidates)
+        kernels: list[tuple[int, KernelSource, Candidate]] = []
+        for i, cand in enumerate(candidates):
+            try:
+                kernels.append((i, generate(cand.op, cand.schedule, self.hw), cand))
+            except ScheduleError as exc:
+                results[i] = MeasureResult(cand.op, cand.schedule, "invalid", str(exc),
+                                           source=cand.source, predicted=cand.predicted)
+        raced = self.race_kernels([k for _, k, _ in kernels],
+                                  sources=[(c.source, c.predicted) for _, _, c in kernels])
+        for (i, _, _), result in zip(kernels, raced, strict=True):
+            results[i] = result
+        out = [r for r in results if r is not None]
+        if progress:
+            for result in out:
+                progress(result)
+        return out
+
+    def race_kernels(self, kernels: Sequence[KernelSource], *,
+                     sources: Sequence[tuple[str, float | None]] | None = None
+                     ) -> list[MeasureResult]:
+        """:meth:`race` of already generated kernels (the seam fault-injection tests use)."""
+        ensure_runnable(self.hw)
+        if self.timing.cold_weights:
+            build_runner()
+        origin = list(sources) if sources is not None else [("manual", None)] * len(kernels)
+        compiler = self.compiler
+        results: list[MeasureResult | None] = [None] * len(kernels)
+        racing: list[tuple[int, Artifact]] = []
+        for i, kernel in enumerate(kernels):
+            try:
+                racing.append((i, build(kernel, compiler=compiler)))
+            except BuildError as exc:
+                results[i] = MeasureResult(status="compile_error", error=str(exc),
+                                           **self._common(kernel, origin[i], compiler))
+        commons = [dict(self._common(kernels[i], origin[i], compiler),
+                        compile_s=a.compile_seconds, cached_build=a.cached) for i, a in racing]
+        for (i, _), result in zip(racing, self._race([(kernels[i], a) for i, a in racing],
+                                                     commons), strict=True):
+            results[i] = result
+        return [r for r in results if r is not None]
+
+    def _race(self, racing: Sequence[tuple[KernelSource, Artifact]],
+              commons: Sequence[dict[str, Any]]) -> list[MeasureResult]:
+        if not racing:
+            return []
+        self._next_id += 1
+        request = {
+            "kind": "race", "id": self._next_id, "timing": self.timing.request(),
+            "seed": self.timing.seed,
+            "entries": [{"op": k.op.text, "path": str(a.path),
+                         "prepacked": self.prepacked(k.op),
+                         "cold_bytes": self._cold_bytes(k.op)} for k, a in racing],
+        }
+        timeout_s = self.timing.timeout_s * len(racing)
+        try:
+            answer = self._worker_process().request(request, timeout_s)
+        except WorkerCrashed as exc:
+            self._forget("kernel")
+            return [MeasureResult(status="runtime_error", error=str(exc), **c) for c in commons]
+        if answer is None:
+            self._forget("kernel")
+            return [MeasureResult(status="timeout", error=f"no result within {timeout_s:g} s; "
+                                  "worker killed", **c) for c in commons]
+        if answer["status"] != "ok":
+            return [MeasureResult(status=answer["status"], error=answer.get("error"), **c)
+                    for c in commons]
+        return [MeasureResult(status="ok", runtimes_s=tuple(samples), **c)
+                for samples, c in zip(answer["runtimes_s"], commons, strict=True)]
+
     def _common(self, kernel: KernelSource, origin: tuple[str, float | None],
                 compiler: CompilerInfo) -> dict[str, Any]:
         return {

@@ -10,6 +10,9 @@ Requests:
 
 * ``{"kind": "kernel", "id": .., "op": text, "path": .so, "timing": {...}, "seed": n}``
 * ``{"kind": "numpy", "id": .., "op": text, "threads": n, "timing": {...}, "seed": n}``
+* ``{"kind": "race", "id": .., "entries": [{"op": text, "path": .so, ...}, ...],
+  "timing": {...}, "seed": n}``: the kernels timed taking turns repeat by repeat
+  (:func:`race_calls`), unchecked; ``runtimes_s`` holds one list per entry.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -79,7 +83,18 @@ def time_calls(run: Callable[[int], float], timing: dict[str, Any]) -> list[floa
     return samples
 
 
-def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Timed:
+    """A loaded kernel ready to time: ``timer(n)`` returns the seconds of ``n`` calls."""
+
+    timer: Callable[[int], float]
+    prepacked: bool
+    copies: int
+
+
+def _kernel_timer(req: dict[str, Any], inputs_cache: _Inputs) -> _Timed | dict[str, Any]:
+    """Load, run once (checked against the reference unless ``check`` is false) and wrap
+    the kernel of ``req`` in a timer; or the failure's answer."""
     op = OpSignature.parse(req["op"])
     kernel = load_kernel(op, req["path"])
     check = bool(req.get("check", True))
@@ -107,13 +122,65 @@ def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any
         # by the call before (packed once, or read in place, alike).
         packed = run if isinstance(run, WeightBoundKernel) else None
         timer, copies = rotating_timer(kernel, inputs, out, span, packed)
-    else:
-        copies = 0
-        def timer(n: int) -> float:
-            return run.time(*args, out=out, iters=n)
-    samples = time_calls(timer, req["timing"])
-    return {"status": "ok", "runtimes_s": samples, "prepacked": prepacked,
-            "weight_copies": copies}
+        return _Timed(timer, prepacked, copies)
+
+    def warm(n: int) -> float:
+        return run.time(*args, out=out, iters=n)
+    return _Timed(warm, prepacked, 0)
+
+
+def _measure_kernel(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any]:
+    timed = _kernel_timer(req, inputs_cache)
+    if not isinstance(timed, _Timed):
+        return timed
+    samples = time_calls(timed.timer, req["timing"])
+    return {"status": "ok", "runtimes_s": samples, "prepacked": timed.prepacked,
+            "weight_copies": timed.copies}
+
+
+def race_calls(timers: Sequence[Callable[[int], float]],
+               timing: dict[str, Any]) -> list[list[float]]:
+    """Per-call seconds of each timer's repeats, the timers taking turns repeat by repeat
+    (each round starting one timer later), so that every round meets the machine in the
+    same state for all of them: a slow phase of a shared machine lands on the same rounds
+    of every timer instead of on one timer's whole measurement.
+
+    Each timer gets one untimed warm-up and ``number`` calls per repeat sized to last about
+    ``repeat_s``; rounds go on until ``min_repeats`` rounds and ``min_time_s`` per timer on
+    average, or ``max_repeats`` rounds.
+    """
+    numbers = []
+    for run in timers:
+        run(1)
+        numbers.append(max(1, int(timing["repeat_s"] / max(run(1), 1e-9))))
+    samples: list[list[float]] = [[] for _ in timers]
+    total = 0.0
+    for round_ in range(int(timing["max_repeats"])):
+        for k in range(len(timers)):
+            i = (round_ + k) % len(timers)
+            seconds = timers[i](numbers[i])
+            samples[i].append(seconds / numbers[i])
+            total += seconds
+        if round_ + 1 >= timing["min_repeats"] and total >= timing["min_time_s"] * len(timers):
+            break
+    return samples
+
+
+def _race_kernels(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any]:
+    """Time the kernels of ``req["entries"]`` (kernel requests without id or timing)
+    against each other, repeat by repeat (:func:`race_calls`); a failure of any one of
+    them is the answer."""
+    timed = []
+    for entry in req["entries"]:
+        one = _kernel_timer({**entry, "seed": req.get("seed", 0), "check": False},
+                            inputs_cache)
+        if not isinstance(one, _Timed):
+            return one
+        timed.append(one)
+    samples = race_calls([t.timer for t in timed], req["timing"])
+    return {"status": "ok", "runtimes_s": samples,
+            "prepacked": [t.prepacked for t in timed],
+            "weight_copies": [t.copies for t in timed]}
 
 
 def _numpy_runner(op: OpSignature, inputs: tuple[np.ndarray, ...],
@@ -155,7 +222,7 @@ def _measure_numpy(req: dict[str, Any], inputs_cache: _Inputs) -> dict[str, Any]
 def serve(stdin: Any, proto: Any) -> None:
     """Answer requests until stdin closes."""
     inputs_cache = _Inputs()
-    handlers = {"kernel": _measure_kernel, "numpy": _measure_numpy}
+    handlers = {"kernel": _measure_kernel, "numpy": _measure_numpy, "race": _race_kernels}
     for line in stdin:
         if not line.strip():
             continue

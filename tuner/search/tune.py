@@ -12,8 +12,11 @@ propose, so that the cost model also learns from the tiler's mistakes.
 Finalists: before exploring, the ``confirm`` fastest schedules measured in this run, the
 schedules it was offered first (the incumbent: the store's or the seed's entry, or the
 nearest hardware's) and the ranking's first schedule, when they measured ``ok``, are timed
-again, unchecked, in ``confirm_rounds`` interleaved rounds (each round in another order),
-and every measurement is recorded. The incumbent and the ranking's leader join even when
+again, unchecked, in ``confirm_rounds`` races, and every measurement is recorded. In a race
+(``Runner.race``) the finalists take turns repeat by repeat in one worker, so a slow phase
+of a shared machine lands on all of them alike: timed one after another, a schedule 16%
+slower won BERT-base's 768x768 matmul on the AVX-512 Xeon VM, whose speed swings by 40%
+within seconds (ARCHITECTURE change 74). The incumbent and the ranking's leader join even when
 their one timing fell outside the fastest few: a schedule that earlier jobs found best, or
 that a compile without this entry would run, should lose only to a challenger that beats it
 over the same rounds, not to one lucky timing. A schedule's figure is then the median of its
@@ -70,7 +73,7 @@ class TuneConfig:
     pool: int = POOL_SIZE
     batch: int = 2
     explore: int = 0
-    confirm: int = 3
+    confirm: int = 6
     confirm_rounds: int = 2
 
 
@@ -292,15 +295,27 @@ class _Loop:
         return True
 
     def confirm(self, finalists: list[Schedule], op: OpSignature) -> None:
-        """Time ``finalists`` again, unchecked, in ``confirm_rounds`` rounds, each starting
-        one finalist later (see the module doc); nothing when fewer than two."""
+        """Time ``finalists`` again, unchecked, in ``confirm_rounds`` races, each starting
+        one finalist later (see the module doc); nothing when fewer than two. A race the
+        deadline leaves no room for does not start."""
         if len(finalists) < 2:
             return
         for round_ in range(self.config.confirm_rounds):
             shift = round_ % len(finalists)
             order = finalists[shift:] + finalists[:shift]
-            if not self.run([Candidate(op, s, "confirm") for s in order], set(), retime=True):
+            if not self._fits(len(order)) or not self._measure(
+                    [Candidate(op, s, "confirm") for s in order], set(), retime=True,
+                    race=True):
+                self.stopped = "budget"
                 return
+
+    def _fits(self, count: int) -> bool:
+        """Whether ``count`` measurements, at the cost per candidate seen so far, end
+        before the deadline."""
+        if self.deadline is None:
+            return True
+        remaining = self.deadline - self.clock()
+        return remaining >= max(MIN_MEASURE_S, count * (self.candidate_s or 0.0))
 
     def _batch_size(self) -> int:
         """How many candidates the next batch may hold: 0 when the deadline leaves no room."""
@@ -315,10 +330,12 @@ class _Loop:
             return 1
         return min(self.config.batch, int(remaining // self.candidate_s))
 
-    def _measure(self, batch: list[Candidate], done: set[str], retime: bool = False) -> bool:
+    def _measure(self, batch: list[Candidate], done: set[str], retime: bool = False,
+                 race: bool = False) -> bool:
         """One batch, each kernel's measurement bounded by the deadline; False if the
         deadline cut one short (that one is dropped: it says nothing about its schedule).
-        With ``retime`` the kernels are not checked again and the results are repeats."""
+        With ``retime`` the kernels are not checked again and the results are repeats; with
+        ``race`` they are timed against each other (``Runner.race``)."""
         original = self.runner.timing
         base = replace(original, check=False) if retime else original
         cut = False
@@ -342,7 +359,7 @@ class _Loop:
 
         bound()
         try:
-            self.runner.measure(batch, progress=record)
+            (self.runner.race if race else self.runner.measure)(batch, progress=record)
         finally:
             self.runner.timing = original
         if self.deadline is not None:
