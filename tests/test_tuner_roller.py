@@ -304,3 +304,28 @@ def test_a_conv_top_k_holds_both_algorithms() -> None:
     op = conv2d_op(1, 64, 56, 56, 64, 3, 3, pads=1, layout="nchw8c", out_layout="nchw8c")
     algorithms = {c.schedule.algorithm for c in candidates(op, AVX2, k=3, threads=1)}
     assert algorithms == {"direct", "winograd"}
+
+
+def test_a_tuning_job_measures_the_l1_model_k_block_right_after_the_top_1() -> None:
+    """The estimate ranks K blocks of 384-512 first; the BLIS kernel with the top-1's
+    micro-tile and the L1 model's K block (0.89x the top-1's time on BERT's FFN down on the
+    Xeon VM) is measured right after the best of each algorithm. A schedule already at
+    that K block has no challenger."""
+    from tunecache.compiler.kinds.matmul import matmul_op
+    from tunecache.tuner.kinds import tuner_kind
+    from tunecache.tuner.kinds.matmul import kc_candidates
+    from tunecache.tuner.search.tune import TuneConfig, ranked_candidates
+
+    config = TuneConfig(threads=1, pool=10)
+    op = matmul_op(128, 768, 3072)
+    ranked = ranked_candidates(op, AVX512, config)
+    top = ranked[0].schedule
+    leaders = len({tuner_kind("matmul").algorithm(c.schedule) for c in ranked[:4]})
+    second = ranked[leaders].schedule
+    model_kc = kc_candidates(op, AVX512, top.mr, top.nr)[0]
+    assert (top.kc, top.strassen) != (model_kc, 0)
+    assert (second.mr, second.nr, second.kc, second.strassen) == (top.mr, top.nr, model_kc, 0)
+    assert not problems(op, second, AVX512)
+    assert second not in {c.schedule for c in roller.candidates(op, AVX512, k=10, threads=1)}
+    settled = replace(second, kc=model_kc)
+    assert tuner_kind("matmul").challengers(op, settled, AVX512) == []

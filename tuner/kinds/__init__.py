@@ -46,6 +46,9 @@ class TunerKind:
       if weights were packed once, as a compiled model holds them; a tuning job that times
       them packed on every call (weights that are an activation) measures these variants of
       the tiler's first candidate too (kinds without weight packing leave the default).
+    * ``challengers(op, schedule, hw)`` — schedules like the tiler's first that its estimate
+      ranks lower for a cost it weighs poorly on some machines; a tuning job measures them
+      right after it (kinds with no such doubt leave the default).
     """
 
     name: str
@@ -55,6 +58,8 @@ class TunerKind:
     neighbours: Callable[[OpSignature, Any, HardwareSpec], list[Any]]
     algorithm: Callable[[Any], str] = lambda schedule: ""
     in_place_weights: Callable[[OpSignature, Any, HardwareSpec], list[Any]] = (
+        lambda op, schedule, hw: [])
+    challengers: Callable[[OpSignature, Any, HardwareSpec], list[Any]] = (
         lambda op, schedule, hw: [])
 
 

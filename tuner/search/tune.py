@@ -128,7 +128,9 @@ def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
     what an untuned compile runs, so a tuned op is never one the model steered away from a
     better default (a model trained on other layouts or hardware can rank it low), and the
     estimate and a model that has seen few measurements of an algorithm compare algorithms
-    too poorly to leave one unmeasured. When the timing packs weights on every call
+    too poorly to leave one unmeasured. The kind's challengers of the top-1 (schedules its
+    estimate may misjudge, ``TunerKind.challengers``) follow those leaders. When the timing packs
+    weights on every call
     (``weights_packed_once`` false), the kind's variants of the top-1 reading its weights in
     place follow it: the tiler and the model rank as if weights were packed once."""
     pool = roller.candidates(op, hw, k=config.pool, threads=config.threads)
@@ -137,6 +139,9 @@ def ranked_candidates(op: OpSignature, hw: HardwareSpec, config: TuneConfig,
     kind = tuner_kind(op.kind)
     leaders = roller.leaders_of(pool, lambda c: c.schedule, kind.algorithm)
     first = [Candidate(op, c.schedule, "tiler", c.estimate.seconds) for c in leaders]
+    doubts = [s for s in kind.challengers(op, first[0].schedule, hw)
+              if not problems(op, s, hw) and all(s != c.schedule for c in first)]
+    first += [Candidate(op, s, "tiler") for s in doubts]
     if not weights_packed_once:
         in_place = [s for s in kind.in_place_weights(op, first[0].schedule, hw)
                     if not problems(op, s, hw)]
