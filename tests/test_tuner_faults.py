@@ -310,3 +310,54 @@ def test_the_incumbent_stays_a_finalist_when_its_one_timing_was_slow() -> None:
                                                                    confirm=0),
                     first=[incumbent])
     assert plain.best.schedule != incumbent and plain.best.median_s == pytest.approx(1.1e-3)
+
+
+class _LuckyExploreRunner(SimulatedRunner):
+    """The first schedule it meets runs 1.0 ms, the other ranked ones 1.2 ms; the explored
+    ones (met after ``ranked``) read 0.9 ms their first time, then run 1.3 ms."""
+
+    def __init__(self, ranked: int) -> None:
+        super().__init__(cost_s=0.01)
+        self.ranked = ranked
+        self.seen: dict[str, int] = {}
+        self.timed: dict[str, int] = {}
+
+    def measure(self, batch: Sequence[Candidate], progress: Any = None) -> list[MeasureResult]:
+        out = []
+        for cand in batch:
+            sid = cand.schedule.schedule_id
+            order = self.seen.setdefault(sid, len(self.seen))
+            nth = self.timed[sid] = self.timed.get(sid, 0) + 1
+            if order >= self.ranked:
+                seconds = 0.9e-3 if nth == 1 else 1.3e-3
+            else:
+                seconds = 1.0e-3 if order == 0 else 1.2e-3
+            self.now += self.cost_s
+            result = MeasureResult(cand.op, cand.schedule, "ok", runtimes_s=(seconds,) * 3,
+                                   source=cand.source)
+            if progress is not None:
+                progress(result)
+            out.append(result)
+        return out
+
+
+def test_an_explored_schedule_timed_fast_once_races_before_it_can_win() -> None:
+    """Explored schedules are timed once, after the finalists' races; the two that read
+    0.9 ms race the best schedule so far (1.0 ms) and lose (1.3 ms). On the Xeon VM an
+    explored schedule timed once took GPT-2's LM head and ran 1.14x the incumbent's time."""
+    from tunecache.tuner.search import TuneConfig
+
+    config = TuneConfig(trials=3, refine=False, confirm=1, explore=2)
+    runner = _LuckyExploreRunner(ranked=3)
+    result = tune_op(OP, HW, runner, config=config, clock=runner.clock)  # type: ignore[arg-type]
+    first = result.results[0].schedule
+    explored = [r.schedule for r in result.results if r.source == "explore"]
+    assert len(explored) == 2
+    assert result.best.schedule == first and result.best.median_s == pytest.approx(1.0e-3)
+    assert all(runner.timed[s.schedule_id] == 3 for s in explored)
+    # Without races, one of them would have won on its one timing.
+    other = _LuckyExploreRunner(ranked=3)
+    plain = tune_op(OP, HW, other,  # type: ignore[arg-type]
+                    config=TuneConfig(trials=3, refine=False, confirm=0, explore=2),
+                    clock=other.clock)
+    assert plain.best.median_s == pytest.approx(0.9e-3)
