@@ -195,33 +195,45 @@ def test_a_quiet_baseline_gives_a_ratio(tmp_path: Path) -> None:
     assert summary.to_dict()["ops"][0]["baseline_noisy"] is False
 
 
-class _OutlierRunner(SimulatedRunner):
-    """The first schedule it measures runs 1.0 ms but is timed 1.3 ms the first time (a slow
-    phase outlasting one measurement); the second runs 1.1 ms, the others 1.2 ms. Records
-    whether each measurement was checked."""
+class _ScriptedRunner(SimulatedRunner):
+    """Times each schedule by the order it was first seen and how many times it has been
+    timed (:meth:`seconds`, 1 for its first timing); records whether each timing was
+    checked."""
 
     def __init__(self) -> None:
         super().__init__(cost_s=0.01)
         self.seen: dict[str, int] = {}
+        self.timed: dict[str, int] = {}
         self.checked: list[bool] = []
+
+    def seconds(self, order: int, nth: int) -> float:
+        raise NotImplementedError
 
     def measure(self, batch: Sequence[Candidate], progress: Any = None) -> list[MeasureResult]:
         out = []
         for cand in batch:
             sid = cand.schedule.schedule_id
-            first = sid not in self.seen
             order = self.seen.setdefault(sid, len(self.seen))
-            seconds = [1.0e-3, 1.1e-3][order] if order < 2 else 1.2e-3
-            if first and order == 0:
-                seconds = 1.3e-3
+            nth = self.timed[sid] = self.timed.get(sid, 0) + 1
             self.now += self.cost_s
             self.checked.append(self.timing.check)
-            result = MeasureResult(cand.op, cand.schedule, "ok", runtimes_s=(seconds,) * 3,
+            result = MeasureResult(cand.op, cand.schedule, "ok",
+                                   runtimes_s=(self.seconds(order, nth),) * 3,
                                    source=cand.source)
             if progress is not None:
                 progress(result)
             out.append(result)
         return out
+
+
+class _OutlierRunner(_ScriptedRunner):
+    """The first schedule it measures runs 1.0 ms but is timed 1.3 ms the first time (a slow
+    phase outlasting one measurement); the second runs 1.1 ms, the others 1.2 ms."""
+
+    def seconds(self, order: int, nth: int) -> float:
+        if order == 0 and nth == 1:
+            return 1.3e-3
+        return [1.0e-3, 1.1e-3][order] if order < 2 else 1.2e-3
 
 
 def test_finalists_timed_again_unmask_a_slow_first_measurement() -> None:
@@ -244,32 +256,15 @@ def test_finalists_timed_again_unmask_a_slow_first_measurement() -> None:
     assert runner.checked == [True] * 3 + [False] * 6
 
 
-class _IncumbentRunner(SimulatedRunner):
+class _IncumbentRunner(_ScriptedRunner):
     """Times by the order schedules are first seen: the first (the offered incumbent) runs
     1.0 ms but reads 1.5 ms its first time; the second runs 1.25 ms but reads 1.1 ms its
     first time (a lucky challenger); the others run 1.2 ms and up."""
 
-    def __init__(self) -> None:
-        super().__init__(cost_s=0.01)
-        self.seen: dict[str, int] = {}
-        self.timed: dict[str, int] = {}
-
-    def measure(self, batch: Sequence[Candidate], progress: Any = None) -> list[MeasureResult]:
-        out = []
-        for cand in batch:
-            sid = cand.schedule.schedule_id
-            order = self.seen.setdefault(sid, len(self.seen))
-            nth = self.timed[sid] = self.timed.get(sid, 0) + 1
-            scripted = {0: (1.5e-3, 1.0e-3), 1: (1.1e-3, 1.25e-3)}
-            first, later = scripted.get(order, (1.2e-3 + order * 1e-5,) * 2)
-            seconds = first if nth == 1 else later
-            self.now += self.cost_s
-            result = MeasureResult(cand.op, cand.schedule, "ok", runtimes_s=(seconds,) * 3,
-                                   source=cand.source)
-            if progress is not None:
-                progress(result)
-            out.append(result)
-        return out
+    def seconds(self, order: int, nth: int) -> float:
+        scripted = {0: (1.5e-3, 1.0e-3), 1: (1.1e-3, 1.25e-3)}
+        first, later = scripted.get(order, (1.2e-3 + order * 1e-5,) * 2)
+        return first if nth == 1 else later
 
 
 def test_the_rankings_leader_stays_a_finalist_when_its_one_timing_was_slow() -> None:
@@ -312,33 +307,18 @@ def test_the_incumbent_stays_a_finalist_when_its_one_timing_was_slow() -> None:
     assert plain.best.schedule != incumbent and plain.best.median_s == pytest.approx(1.1e-3)
 
 
-class _LuckyExploreRunner(SimulatedRunner):
+class _LuckyExploreRunner(_ScriptedRunner):
     """The first schedule it meets runs 1.0 ms, the other ranked ones 1.2 ms; the explored
     ones (met after ``ranked``) read 0.9 ms their first time, then run 1.3 ms."""
 
     def __init__(self, ranked: int) -> None:
-        super().__init__(cost_s=0.01)
+        super().__init__()
         self.ranked = ranked
-        self.seen: dict[str, int] = {}
-        self.timed: dict[str, int] = {}
 
-    def measure(self, batch: Sequence[Candidate], progress: Any = None) -> list[MeasureResult]:
-        out = []
-        for cand in batch:
-            sid = cand.schedule.schedule_id
-            order = self.seen.setdefault(sid, len(self.seen))
-            nth = self.timed[sid] = self.timed.get(sid, 0) + 1
-            if order >= self.ranked:
-                seconds = 0.9e-3 if nth == 1 else 1.3e-3
-            else:
-                seconds = 1.0e-3 if order == 0 else 1.2e-3
-            self.now += self.cost_s
-            result = MeasureResult(cand.op, cand.schedule, "ok", runtimes_s=(seconds,) * 3,
-                                   source=cand.source)
-            if progress is not None:
-                progress(result)
-            out.append(result)
-        return out
+    def seconds(self, order: int, nth: int) -> float:
+        if order >= self.ranked:
+            return 0.9e-3 if nth == 1 else 1.3e-3
+        return 1.0e-3 if order == 0 else 1.2e-3
 
 
 def test_an_explored_schedule_timed_fast_once_races_before_it_can_win() -> None:

@@ -311,3 +311,15 @@ def test_a_kernel_that_crashes_in_a_race_fails_it_as_a_value() -> None:
         assert "SIGSEGV" in (raced[0].error or "")
         [again] = runner.measure([Candidate(OP, default_schedule(OP, HW))])
         assert again.ok
+
+
+def test_a_race_that_hangs_times_out_as_a_value() -> None:
+    """A race whose kernel hangs is a ``timeout`` for every racer once the racers' timeouts
+    have passed; the worker is killed and the next measurement gets a fresh one."""
+    timing = dataclasses.replace(FAST, timeout_s=2.0)
+    with Runner(HW, timing) as runner:
+        raced = runner.race_kernels([good(), hangs()])
+        assert [r.status for r in raced] == ["timeout", "timeout"]
+        assert "4 s" in (raced[0].error or "")
+        [again] = runner.measure([Candidate(OP, default_schedule(OP, HW))])
+        assert again.ok

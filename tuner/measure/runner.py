@@ -360,6 +360,22 @@ class Runner:
     def measure(self, candidates: Sequence[Candidate],
                 progress: Progress | None = None) -> list[MeasureResult]:
         """Validate, generate, build and time every candidate; results in input order."""
+        results, kernels = self._generate(candidates)
+        if progress:
+            for result in results:
+                if result is not None:
+                    progress(result)
+        measured = self.measure_kernels(
+            [k for _, k, _ in kernels],
+            sources=[(c.source, c.predicted) for _, _, c in kernels],
+            progress=progress,
+        )
+        return _merged(results, [i for i, _, _ in kernels], measured)
+
+    def _generate(self, candidates: Sequence[Candidate]) -> tuple[
+            list[MeasureResult | None], list[tuple[int, KernelSource, Candidate]]]:
+        """Each candidate's kernel source (with its index), and an ``invalid`` result in
+        its place where its schedule is rejected."""
         results: list[MeasureResult | None] = [None] * len(candidates)
         kernels: list[tuple[int, KernelSource, Candidate]] = []
         for i, cand in enumerate(candidates):
@@ -368,32 +384,18 @@ class Runner:
             except ScheduleError as exc:
                 results[i] = MeasureResult(cand.op, cand.schedule, "invalid", str(exc),
                                            source=cand.source, predicted=cand.predicted)
-                if progress:
-                    progress(results[i])  # type: ignore[arg-type]
-        measured = self.measure_kernels(
-            [k for _, k, _ in kernels],
-            sources=[(c.source, c.predicted) for _, _, c in kernels],
-            progress=progress,
-        )
-        for (i, _, _), result in zip(kernels, measured, strict=True):
-            results[i] = result
-        return [r for r in results if r is not None]
+        return results, kernels
 
-    def measure_kernels(
-        self,
-        kernels: Sequence[KernelSource],
-        *,
-        sources: Sequence[tuple[str, float | None]] | None = None,
-        progress: Progress | None = None,
-    ) -> list[MeasureResult]:
-        """Build and time already generated kernels (the seam fault-injection tests use)."""
+    def _build(self, kernels: Sequence[KernelSource],
+               origin: Sequence[tuple[str, float | None]]) -> tuple[
+            list[MeasureResult | None], list[tuple[int, Artifact]]]:
+        """Build ``kernels`` in parallel: each built one's artifact (with its index), and a
+        ``compile_error`` result in the place of each that failed."""
         ensure_runnable(self.hw)
         if self.timing.cold_weights:
             # Built here, once, not inside a worker's first timed request (its timeout).
             build_runner()
-        origin = list(sources) if sources is not None else [("manual", None)] * len(kernels)
         compiler = self.compiler
-        results: list[MeasureResult | None] = [None] * len(kernels)
 
         def compile_one(k: KernelSource) -> Artifact | BuildError:
             try:
@@ -403,18 +405,34 @@ class Runner:
 
         with ThreadPoolExecutor(self.build_workers) as pool:
             built = list(pool.map(compile_one, kernels))
-        jobs: list[_Job] = []
+        results: list[MeasureResult | None] = [None] * len(kernels)
+        artifacts: list[tuple[int, Artifact]] = []
         for i, (kernel, art) in enumerate(zip(kernels, built, strict=True)):
-            common = self._common(kernel, origin[i], compiler)
             if isinstance(art, BuildError):
-                results[i] = MeasureResult(status="compile_error", error=str(art), **common)
-                if progress:
-                    progress(results[i])  # type: ignore[arg-type]
+                results[i] = MeasureResult(status="compile_error", error=str(art),
+                                           **self._common(kernel, origin[i], compiler))
             else:
-                jobs.append(_Job(i, kernel, art))
-        for job in jobs:
-            result = self._run(job, self._common(job.kernel, origin[job.index], compiler))
-            results[job.index] = result
+                artifacts.append((i, art))
+        return results, artifacts
+
+    def measure_kernels(
+        self,
+        kernels: Sequence[KernelSource],
+        *,
+        sources: Sequence[tuple[str, float | None]] | None = None,
+        progress: Progress | None = None,
+    ) -> list[MeasureResult]:
+        """Build and time already generated kernels (the seam fault-injection tests use)."""
+        origin = list(sources) if sources is not None else [("manual", None)] * len(kernels)
+        results, artifacts = self._build(kernels, origin)
+        if progress:
+            for failed in results:
+                if failed is not None:
+                    progress(failed)
+        for i, art in artifacts:
+            result = self._run(_Job(i, kernels[i], art),
+                               self._common(kernels[i], origin[i], self.compiler))
+            results[i] = result
             if progress:
                 progress(result)
         return [r for r in results if r is not None]
@@ -429,19 +447,10 @@ class Runner:
         all (its error on each)."""
         if len(candidates) < 2:
             return self.measure(candidates, progress)
-        results: list[MeasureResult | None] = [None] * len(candidates)
-        kernels: list[tuple[int, KernelSource, Candidate]] = []
-        for i, cand in enumerate(candidates):
-            try:
-                kernels.append((i, generate(cand.op, cand.schedule, self.hw), cand))
-            except ScheduleError as exc:
-                results[i] = MeasureResult(cand.op, cand.schedule, "invalid", str(exc),
-                                           source=cand.source, predicted=cand.predicted)
+        results, kernels = self._generate(candidates)
         raced = self.race_kernels([k for _, k, _ in kernels],
                                   sources=[(c.source, c.predicted) for _, _, c in kernels])
-        for (i, _, _), result in zip(kernels, raced, strict=True):
-            results[i] = result
-        out = [r for r in results if r is not None]
+        out = _merged(results, [i for i, _, _ in kernels], raced)
         if progress:
             for result in out:
                 progress(result)
@@ -451,25 +460,13 @@ class Runner:
                      sources: Sequence[tuple[str, float | None]] | None = None
                      ) -> list[MeasureResult]:
         """:meth:`race` of already generated kernels (the seam fault-injection tests use)."""
-        ensure_runnable(self.hw)
-        if self.timing.cold_weights:
-            build_runner()
         origin = list(sources) if sources is not None else [("manual", None)] * len(kernels)
-        compiler = self.compiler
-        results: list[MeasureResult | None] = [None] * len(kernels)
-        racing: list[tuple[int, Artifact]] = []
-        for i, kernel in enumerate(kernels):
-            try:
-                racing.append((i, build(kernel, compiler=compiler)))
-            except BuildError as exc:
-                results[i] = MeasureResult(status="compile_error", error=str(exc),
-                                           **self._common(kernel, origin[i], compiler))
-        commons = [dict(self._common(kernels[i], origin[i], compiler),
-                        compile_s=a.compile_seconds, cached_build=a.cached) for i, a in racing]
-        for (i, _), result in zip(racing, self._race([(kernels[i], a) for i, a in racing],
-                                                     commons), strict=True):
-            results[i] = result
-        return [r for r in results if r is not None]
+        results, artifacts = self._build(kernels, origin)
+        commons = [dict(self._common(kernels[i], origin[i], self.compiler),
+                        compile_s=a.compile_seconds, cached_build=a.cached)
+                   for i, a in artifacts]
+        raced = self._race([(kernels[i], a) for i, a in artifacts], commons)
+        return _merged(results, [i for i, _ in artifacts], raced)
 
     def _race(self, racing: Sequence[tuple[KernelSource, Artifact]],
               commons: Sequence[dict[str, Any]]) -> list[MeasureResult]:
@@ -479,9 +476,7 @@ class Runner:
         request = {
             "kind": "race", "id": self._next_id, "timing": self.timing.request(),
             "seed": self.timing.seed,
-            "entries": [{"op": k.op.text, "path": str(a.path),
-                         "prepacked": self.prepacked(k.op),
-                         "cold_bytes": self._cold_bytes(k.op)} for k, a in racing],
+            "entries": [self._kernel_entry(k, a) for k, a in racing],
         }
         timeout_s = self.timing.timeout_s * len(racing)
         try:
@@ -517,13 +512,10 @@ class Runner:
         request = {
             "kind": "kernel",
             "id": self._next_id,
-            "op": job.kernel.op.text,
-            "path": str(job.artifact.path),
             "timing": self.timing.request(),
             "check": self.timing.check,
             "seed": self.timing.seed,
-            "prepacked": self.prepacked(job.kernel.op),
-            "cold_bytes": self._cold_bytes(job.kernel.op),
+            **self._kernel_entry(job.kernel, job.artifact),
         }
         build_info: dict[str, Any] = {
             "compile_s": job.artifact.compile_seconds, "cached_build": job.artifact.cached,
@@ -550,6 +542,13 @@ class Runner:
             **common,
         )
         return self._retime_if_noisy(result, request)
+
+    def _kernel_entry(self, kernel: KernelSource, artifact: Artifact) -> dict[str, Any]:
+        """What a worker request says of one kernel: its op, its library and how its
+        weights are timed."""
+        return {"op": kernel.op.text, "path": str(artifact.path),
+                "prepacked": self.prepacked(kernel.op),
+                "cold_bytes": self._cold_bytes(kernel.op)}
 
     def _cold_bytes(self, op: OpSignature) -> int:
         """The bytes ``op``'s weights are rotated through when timed (0: kept warm): twice
@@ -606,6 +605,14 @@ class Runner:
             return MeasureResult(op, None, "timeout", "numpy baseline timed out", source="numpy")
         return MeasureResult(op, None, answer["status"], answer.get("error"),
                              tuple(answer.get("runtimes_s", ())), source="numpy")
+
+
+def _merged(results: list[MeasureResult | None], indices: Sequence[int],
+            timed: Sequence[MeasureResult]) -> list[MeasureResult]:
+    """``results`` with ``timed[k]`` in place ``indices[k]``; the places left empty dropped."""
+    for i, result in zip(indices, timed, strict=True):
+        results[i] = result
+    return [r for r in results if r is not None]
 
 
 def noisy(runtimes_s: Sequence[float], tolerance: float) -> bool:
