@@ -21,7 +21,7 @@ from tunecache.compiler.build import Artifact, build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import KernelArgumentError, OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
-from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.conv2d import conv2d_op, emit
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
@@ -112,6 +112,15 @@ CASES: list[tuple[str, OpSignature, list[Make]]] = [
      [direct(1, 1, 17, threads=T2), gemm(3, 1, 17)]),
     ("H != W, odd everything", conv(2, 5, 13, 4, 7, 2, 3, pads=(1, 0, 0, 2), epilogue="bias+relu"),
      [direct(1, 3, 2, oh=2, loop_order="pf"), gemm(5, 1, 3, threads=T2)]),
+    ("reduction in chunks: 3x3 over 512 channels, row and column tails, residual",
+     conv(1, 512, 6, 7, 24, 3, 3, pads=1, epilogue="bias+add+relu"),
+     [direct(1, 4, 16, oh=2), direct(2, 3, 16, loop_order="pf", threads=T2, parallel="pixel")]),
+    ("reduction in chunks: 1x1 over 2200 channels, a partial last block and chunk",
+     conv(1, 2200, 5, 5, 20, 1, 1, epilogue="bias+relu"),
+     [direct(2, 4, 16, threads=T2), direct(1, 6, 16, loop_order="pf")]),
+    ("reduction in chunks: two groups of 512 channels",
+     conv(1, 1024, 4, 5, 32, 3, 3, pads=1, groups=2, epilogue="bias"),
+     [direct(1, 3, 16, threads=T2)]),
 ]
 
 # Full-size layers (host ISA only): ResNet-50 layer4 3x3 and a MobileNet-v2 depthwise 3x3/2.
@@ -364,6 +373,24 @@ def test_a_1x1_tile_prefetches_the_next_blocks_weights_only_over_few_pixel_tiles
     fetch = "__builtin_prefetch(wc + NCB * R * S * ICB * OCB + l, 0, 1)"
     assert fetch in generate(small, s, HW).code
     assert fetch not in generate(big, s, HW).code
+
+
+def test_a_tile_over_many_weights_reduces_them_in_chunks_that_fit_l1() -> None:
+    """A dense tile whose weights span several chunks of CHUNK_WEIGHT_BYTES reduces chunk by
+    chunk over all its span's tiles, adding into their partial sums; one whose weights fit
+    a few chunks, or a layer of two pixel tiles (which prefetches instead), reduces in one
+    pass (ARCHITECTURE change 77)."""
+    lanes = HW.lanes
+    s = Conv2dSchedule(oc_block=lanes, ow_block=7, ic_block=16)
+    chunked = "for (long c0 = 0; c0 < NCB; c0 += KCB)"
+    many = generate(conv(1, 512, 14, 14, 64, 3, 3, pads=1), s, HW).code
+    assert chunked in many and "int first)" in many
+    blocks = emit.CHUNK_WEIGHT_BYTES // (9 * 16 * lanes * 4)
+    assert f"#define KCB {blocks}" in many
+    few = conv(1, 16 * emit.CHUNK_MIN_CHUNKS * blocks - 16, 14, 14, 64, 3, 3, pads=1)
+    assert chunked not in generate(few, s, HW).code
+    two_tiles = conv(1, 4096, 3, 3, 64, 1, 1)
+    assert chunked not in generate(two_tiles, s, HW).code
 
 
 def test_depthwise_plane_tile_loads_each_input_vector_once(tmp_path: Path) -> None:

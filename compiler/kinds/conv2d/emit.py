@@ -26,6 +26,7 @@ directly. Partial tiles go through a local tile merged by scalar code, as in mat
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, replace
 
 from tunecache.compiler.codegen.abi import (
@@ -400,9 +401,54 @@ def _prefetch_next_weights(op: OpSignature, tiles: int) -> bool:
             and tiles <= PREFETCH_MAX_TILES and not is_depthwise(op))
 
 
+CHUNK_WEIGHT_BYTES = 16 * 1024
+"""A dense direct tile whose weights (all its input channels, every tap) exceed this reduces
+them in chunks of at most this many bytes, each chunk over every tile of its span before the
+next: the chunk stays in L1 while the tiles reuse it, instead of streaming from L2 once per
+tile. 0 turns chunking off (the switch an A/B flips)."""
+CHUNK_MIN_CHUNKS = 4
+"""Weights of fewer chunks than this reduce in one pass."""
+CHUNK_PART_BYTES = 256 * 1024
+"""Most bytes of partial sums one thread keeps for a chunked span (its tiles' scratch)."""
+
+
+def chunk_blocks(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan, span_tiles: int) -> int:
+    """Channel blocks per reduction chunk of a dense direct kernel whose chunk loop spans
+    ``span_tiles`` tiles (:data:`CHUNK_WEIGHT_BYTES`); 0 where it reduces in one pass: a
+    depthwise or flat-tap tile, weights that fit the budget, a span of one tile or partial
+    sums beyond :data:`CHUNK_PART_BYTES`."""
+    dims = op.dims_dict
+    block_bytes = dims["R"] * dims["S"] * plan.icb * s.oc_block * 4
+    part_bytes = span_tiles * plan.th * plan.tw * s.oc_block * 4
+    if (not CHUNK_WEIGHT_BYTES or plan.depthwise or flat_taps(op, s, plan.depthwise)
+            or plan.ncb * block_bytes < CHUNK_MIN_CHUNKS * CHUNK_WEIGHT_BYTES or span_tiles < 2
+            or part_bytes > CHUNK_PART_BYTES):
+        return 0
+    return max(1, CHUNK_WEIGHT_BYTES // block_bytes)
+
+
+def _reduction_chunk(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan) -> int:
+    """:func:`chunk_blocks` for the direct kernel of ``op`` under ``s``; 0 where a 1x1 tile
+    prefetches the next block's weights instead (:func:`_prefetch_next_weights`)."""
+    npb, nqt = _cdiv(op.out_h, plan.th), _cdiv(op.out_w, plan.tw)
+    if _prefetch_next_weights(op, npb * nqt):
+        return 0
+    return chunk_blocks(op, s, plan, npb * nqt if s.loop_order == "fp" else nqt)
+
+
+def reduces_in_chunks(op: OpSignature, s: Conv2dSchedule) -> bool:
+    """Whether the direct kernel of ``op`` under ``s`` reduces its weights in L1-sized
+    chunks (:func:`chunk_blocks`), for the cost model's view of its weight stream."""
+    if s.algorithm != "direct" or not s.pack_w:
+        return False
+    if flat_pixels(op):
+        op, s = _flattened(op, s)
+    return bool(_reduction_chunk(op, s, _direct_plan(op, s)))
+
+
 def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
                 depthwise: bool, xi: int = 0, flat: bool = False,
-                prefetch_next: bool = False) -> str:
+                prefetch_next: bool = False, chunked: bool = False) -> str:
     """A register tile of ``th`` x ``tw`` pixels (rows) x OCB channels (vectors) over the whole
     reduction, stored to the aligned scratch ``tile`` for :func:`store_tile`'s epilogue.
 
@@ -411,7 +457,9 @@ def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
     ``Xb``'s OCB-channel pixels, or with ``xi`` from a blocked input's ``xi``-channel pixels).
     ``flat``: one loop over the taps of ``TAP_X`` (:func:`flat_taps`) instead of rows and
     columns. ``prefetch_next``: each input-channel step prefetches the next channel block's
-    weights (:func:`_prefetch_next_weights`).
+    weights (:func:`_prefetch_next_weights`). ``chunked`` (dense): the tile reduces ``ncb``
+    channel blocks and adds its sums to the scratch tile unless ``first``
+    (:func:`chunk_blocks`).
     """
     pixels = [(i, j) for i in range(th) for j in range(tw)]
     tile = Tile(tuple(f"{i}_{j}" for i, j in pixels), s.oc_block // d.lanes, d.lanes)
@@ -430,14 +478,16 @@ def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
         if prefetch_next:
             setup += ("for (long l = 0; l < R * S * ICB * OCB; l += 16) "
                       "__builtin_prefetch(wc + NCB * R * S * ICB * OCB + l, 0, 1);",)
-        loops = [Loop("for (long cb = 0; cb < NCB; cb++)", setup),
+        blocks = "ncb" if chunked else "NCB"
+        loops = [Loop(f"for (long cb = 0; cb < {blocks}; cb++)", setup),
                  *_tap_loops(flat, unroll),
                  Loop("for (long c = 0; c < ICB; c++)")]
         columns = "VLOAD(wr + c * OCB + {o})"
         rows = [f"xr[({i} * SH * WP + {j} * SW) * ICB + c]" for i, j in pixels]
     signature = (f"static inline void {name}(const float *restrict xb, const float *restrict wb, "
-                 "float *restrict tile)")
-    spec = Store(tuple(f"tile + ({i} * TW + {j}) * OCB" for i, j in pixels), aligned=True)
+                 "float *restrict tile" + (", long ncb, int first)" if chunked else ")"))
+    spec = Store(tuple(f"tile + ({i} * TW + {j}) * OCB" for i, j in pixels), aligned=True,
+                 accumulate="!first" if chunked else "")
     return micro_kernel(signature, tile, loops, columns, rows, spec)
 
 
@@ -732,15 +782,67 @@ _BAND_REFRESH = """
       }"""
 
 
+def _tile_nest(s: Conv2dSchedule, x_at: str, w_at: str, dispatch: str, after: str, band: str,
+               kcb: int) -> str:
+    """The loops over this thread's tiles (``fp``: channel blocks outside pixel rows, ``pf``
+    inside), each tile's micro-kernel then its store. Chunked (``kcb`` channel blocks a
+    chunk): per chunk, every tile of the span (``fp``: the channel block's pixels, ``pf``: a
+    pixel row's) adds its partial sums into its own scratch tile of ``part``; then the span's
+    tiles are stored."""
+    row_loop = ("for (long pb = pb_lo; pb < pb_hi; pb++) {",
+                "const long p0 = pb * TH, th = MIN(TH, P - p0);")
+    column_loop = ("for (long qt = qt_lo; qt < qt_hi; qt++) {",
+                   "const long q0 = qt * TW, tw = MIN(TW, Q - q0);")
+    gf_loop: tuple[str, ...] = ("for (long gf = gf_lo; gf < gf_hi; gf++) {",)
+    outer: tuple[str, ...]
+    span: list[tuple[str, ...]]
+    # The band (depthwise, never chunked) is refreshed once both gf and the row are known.
+    if s.loop_order == "fp":
+        outer, span = gf_loop, [(*row_loop, band)]
+    else:
+        outer, span = (*row_loop, *gf_loop, band), []
+    if not kcb:
+        body = ("const float *xb = " + x_at + ";", "const float *wb = " + w_at + ";",
+                dispatch, after)
+        return _nest(("for (long n = 0; n < NB; n++) {", *outer), [*span, column_loop], body)
+    slot = ("float *tile = part + ((pb - pb_lo) * NQT + qt - qt_lo) * TILE_FLOATS;"
+            if s.loop_order == "fp" else "float *tile = part + (qt - qt_lo) * TILE_FLOATS;")
+    chunk = ("for (long c0 = 0; c0 < NCB; c0 += KCB) {", "const long ncb = MIN(KCB, NCB - c0);")
+    reduce_body = (slot, f"const float *xb = {x_at} + c0 * (HP * WP * ICB);",
+                   f"const float *wb = {w_at} + c0 * (R * S * ICB * OCB);", dispatch)
+    stores = _nest((), [*span, column_loop], (slot, after))
+    reduce = _nest((), [chunk, *span, column_loop], reduce_body)
+    return _nest(("for (long n = 0; n < NB; n++) {", *outer), [], (reduce, stores))
+
+
+def _nest(head: tuple[str, ...], loops: list[tuple[str, ...]], body: tuple[str, ...]) -> str:
+    """C text of ``head`` (a loop header and its statements, or nothing) around ``loops``
+    (each a header and its statements) around ``body``, braces closed."""
+    levels = ([head] if head else []) + loops
+    lines: list[str] = []
+    depth = 1
+    for level in levels:
+        for line in filter(None, level):
+            lines += ["  " * depth + part for part in textwrap.dedent(line).strip("\n").split("\n")]
+            depth += line.endswith("{")
+    for text in filter(None, body):
+        lines += ["  " * depth + line for line in textwrap.dedent(text).strip("\n").split("\n")]
+    while depth > 1:
+        depth -= 1
+        lines.append("  " * depth + "}")
+    return "\n".join(lines)
+
+
 def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectPlan,
-               variants: dict[tuple[int, int], str]) -> str:
+               variants: dict[tuple[int, int], str], kcb: int = 0) -> str:
     """``conv_body``: pack (input and, unless pre-packed, weights), a barrier, then every
-    tile of this thread's share: its micro-kernel, then its store."""
+    tile of this thread's share (:func:`_tile_nest`): its micro-kernel, then its store."""
     x_at, w_at, f0, fvalid = _tile_addresses(plan)
     vector = plan.sink == "vector"
-    calls = [f"if (th == {vh} && tw == {vw}) {name}(xb, wb, tile);"
+    args = "xb, wb, tile, ncb, c0 == 0" if kcb else "xb, wb, tile"
+    calls = [f"if (th == {vh} && tw == {vw}) {name}({args});"
              for (vh, vw), name in variants.items()]
-    dispatch = "\n          else ".join(calls)
+    dispatch = "\nelse ".join(calls)
     split_oc = s.parallel == "oc"
     oc_range = ("long gf_lo, gf_hi; split_range(NGF, tid, nth, &gf_lo, &gf_hi);" if split_oc
                 else "const long gf_lo = 0, gf_hi = NGF;")
@@ -750,12 +852,6 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectP
                 else "long pb_lo, pb_hi; split_range(NPB, tid, nth, &pb_lo, &pb_hi);")
     qt_range = ("long qt_lo, qt_hi; split_range(NQT, tid, nth, &qt_lo, &qt_hi);" if split_q
                 else "const long qt_lo = 0, qt_hi = NQT;")
-    if s.loop_order == "fp":
-        loops = ("for (long gf = gf_lo; gf < gf_hi; gf++)\n"
-                 "      for (long pb = pb_lo; pb < pb_hi; pb++) {")
-    else:
-        loops = ("for (long pb = pb_lo; pb < pb_hi; pb++)\n"
-                 "      for (long gf = gf_lo; gf < gf_hi; gf++) {")
     band = ""
     if plan.source == "view":
         head = "  const float *Xb = X; float *Wb_ws = ws + OFF_WB;\n"
@@ -770,7 +866,10 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectP
         pack = ("  { long lo, hi; split_range(PACK_ITEMS, tid, nth, &lo, &hi); "
                 "pack_input(X, Xb, lo, hi); }\n")
     head += "  const float *Wb = packed ? Wt : Wb_ws;\n"
-    head += f"  float tile[{plan.th * plan.tw * s.oc_block}] __attribute__((aligned(64)));\n"
+    if kcb:
+        head += "  float *part = ws + OFF_PART + tid * PART_STRIDE;\n"
+    else:
+        head += f"  float tile[{plan.th * plan.tw * s.oc_block}] __attribute__((aligned(64)));\n"
     if vector:
         if plan.bias_floats:
             # Each thread its own copy: a shared one would need a barrier before any tile.
@@ -805,16 +904,7 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
   {oc_range}
   {pb_range}
   {qt_range}
-  for (long n = 0; n < NB; n++)
-    {loops}
-      const long p0 = pb * TH, th = MIN(TH, P - p0);{band}
-      for (long qt = qt_lo; qt < qt_hi; qt++) {{
-        const long q0 = qt * TW, tw = MIN(TW, Q - q0);
-        const float *xb = {x_at};
-        const float *wb = {w_at};
-        {dispatch}{after}
-      }}
-    }}
+{_tile_nest(s, x_at, w_at, dispatch, after, band, kcb)}
 {tail}}}
 """
 
@@ -845,6 +935,14 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         stride = round_up(plan.bias_floats, ALIGN_FLOATS)
         constants.update(OFF_BP=ws_floats, BP_FLOATS=plan.bias_floats, BP_STRIDE=stride)
         ws_floats += s.threads * stride
+    span_tiles = npb * nqt if s.loop_order == "fp" else nqt
+    kcb = _reduction_chunk(op, s, plan)
+    if kcb:
+        tile_floats = th * tw * s.oc_block
+        stride = round_up(span_tiles * tile_floats, ALIGN_FLOATS)
+        constants.update(KCB=kcb, TILE_FLOATS=tile_floats, OFF_PART=ws_floats,
+                         PART_STRIDE=stride)
+        ws_floats += s.threads * stride
     out = [preamble(d, constants, s.threads), _pack_code(plan)]
     flat = flat_taps(op, s, plan.depthwise)
     if flat:
@@ -855,9 +953,10 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     variants.setdefault((th_tail, tw), "ukr_ptail")
     variants.setdefault((th_tail, tw_tail), "ukr_corner")
     for (vh, vw), name in variants.items():
-        out.append(direct_ukr(name, vh, vw, s, d, plan.depthwise, plan.xi, flat, prefetch_next))
+        out.append(direct_ukr(name, vh, vw, s, d, plan.depthwise, plan.xi, flat, prefetch_next,
+                              chunked=bool(kcb)))
     out.append(_store_tile_code(op, s, d.lanes, plan))
-    out.append(_conv_body(op, s, d, plan, variants))
+    out.append(_conv_body(op, s, d, plan, variants, kcb))
     out.append(conv2d_entries(op, s.threads, f"{ws_floats}L", prepack=True))
     return "\n".join(out)
 
