@@ -9,7 +9,10 @@ onnxruntime node that ends its fused chain (Conv, BatchNormalization, Relu, Add)
 table lists per layer the medians and ours ÷ onnxruntime, the largest losses first.
 
     python benchmarks/layers_vs_onnxruntime.py [--model resnet50] [--threads 1] [--runs 40]
-        [--policy analytic] [--no-write]
+        [--policy analytic] [--store PATH] [--no-write]
+
+``--store`` compiles against a tuned store (``tunecache tune --model``) instead of an empty
+one, so the table shows where a tuned model still loses.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ def _shape(conv: onnx.NodeProto, weights: Mapping[str, list[int]],
     return f"{c * group}x{h}x{w} -> {f}, {r}x{s}/{stride}" + (f" g{group}" if group > 1 else "")
 
 
-def measure(key: str, threads: int, runs: int, policy: str) -> list[Layer]:
+def measure(key: str, threads: int, runs: int, policy: str,
+            store: Path | None = None) -> list[Layer]:
     """Both engines' per-layer medians over ``runs`` alternating inferences."""
     import onnxruntime as ort
 
@@ -84,7 +88,7 @@ def measure(key: str, threads: int, runs: int, policy: str) -> list[Layer]:
     path = work / f"{key}.onnx"
     onnx.save(model, path)
     hw = replace(local_spec(), cores=threads)
-    ours = compile_model(path, store=Store(work / "store"), policy=policy,
+    ours = compile_model(path, store=Store(store or work / "store"), policy=policy,
                          record_wanted=False, hw=hw)
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
@@ -129,7 +133,8 @@ def _layers(model: onnx.ModelProto, steps: Mapping[str, list[float]],
     return sorted(layers, key=lambda layer: layer.ort_ms - layer.ours_ms)
 
 
-def report(key: str, threads: int, runs: int, policy: str, layers: list[Layer]) -> str:
+def report(key: str, threads: int, runs: int, policy: str, layers: list[Layer],
+           store: Path | None = None) -> str:
     ours, peer = sum(x.ours_ms for x in layers), sum(x.ort_ms for x in layers)
     rows = [f"| {x.node} | {x.shape} | {x.ours_ms:.3f} | {x.ort_ms:.3f} | "
             f"**{x.ours_ms / x.ort_ms:.2f}** |" for x in layers]
@@ -137,8 +142,9 @@ def report(key: str, threads: int, runs: int, policy: str, layers: list[Layer]) 
         machine_summary(),
         f"Revision `{git_revision()}`.",
         "",
-        f"{key}, batch 1, 224x224, {threads} thread(s), policy {policy} (empty store: the "
-        f"seed and the tiler). {runs} inferences of each engine alternating in one process; "
+        f"{key}, batch 1, 224x224, {threads} thread(s), policy {policy} ("
+        + (f"the tuned store `{store}`" if store else "empty store: the seed and the tiler")
+        + f"). {runs} inferences of each engine alternating in one process; "
         "per layer the median of ours (the compiled program's step, timed in the runner) "
         "and of onnxruntime's fused node (its profiler's kernel time), largest losses first.",
         "",
@@ -156,11 +162,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--policy", default="analytic", choices=("analytic", "balanced"))
+    parser.add_argument("--store", type=Path, help="a tuned store to compile against")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    layers = measure(args.model, args.threads, args.runs, args.policy)
-    text = report(args.model, args.threads, args.runs, args.policy, layers)
+    layers = measure(args.model, args.threads, args.runs, args.policy, args.store)
+    text = report(args.model, args.threads, args.runs, args.policy, layers, args.store)
     print(text)
     if not args.no_write:
         write_section(f"layers_vs_onnxruntime_{args.model}", text)

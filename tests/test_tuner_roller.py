@@ -331,7 +331,7 @@ def test_a_tuning_job_measures_the_l1_model_k_block_right_after_the_top_1() -> N
     assert tuner_kind("matmul").challengers(op, settled, AVX512) == []
 
 
-def test_a_wide_1x1_tile_challenges_the_top_1_where_its_kernel_reduces_in_chunks() -> None:
+def test_a_wide_tile_challenges_the_top_1_where_its_kernel_reduces_in_chunks() -> None:
     """A 1024-channel 1x1 layer on a blocked input: the tile of four channel vectors and six
     pixels (its weights reduced in L1-sized chunks; 0.77-0.97x the top-1's time on the Xeon
     VM's 512- and 1024-channel layers) is measured right after the leaders. None where the
@@ -360,3 +360,10 @@ def test_a_wide_1x1_tile_challenges_the_top_1_where_its_kernel_reduces_in_chunks
     small = op(64, "nchw16c")
     assert conv.challengers(small, roller.candidates(small, AVX512, k=1)[0].schedule,
                             AVX512) == []
+    # A 3x3 stride-2 layer into 7x7: six pixels of an output row, weights once per image.
+    strided = conv2d_op(1, 512, 14, 14, 512, 3, 3, stride=2, pads=1, layout="nchw16c",
+                        out_layout="nchw16c")
+    top = roller.candidates(strided, AVX512, k=1)[0].schedule
+    (row,) = conv.challengers(strided, top, AVX512)
+    assert (row.oc_block, row.ow_block, row.oh_block, row.loop_order) == (64, 6, 1, "fp")
+    assert reduces_in_chunks(strided, row) and not problems(strided, row, AVX512)

@@ -228,9 +228,10 @@ WIDE_VECTORS = 4
 
 
 def _challengers(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[Conv2dSchedule]:
-    """For a dense 1x1 layer on a blocked input, the tile of four channel vectors and as
-    many pixels as the registers hold (6 at AVX-512), where its kernel reduces in L1-sized
-    chunks (``emit.reduces_in_chunks``) and ``s`` is another tile.
+    """For a dense layer on a blocked input, the tile of four channel vectors and as many
+    pixels as the registers hold (6 at AVX-512; in a row of the image unless the layer is a
+    flat 1x1), where its kernel reduces in L1-sized chunks (``emit.reduces_in_chunks``) and
+    ``s`` is another tile.
 
     Four weight vectors and six broadcasts feed its 24 FMAs a step, against 29 loads for 28
     FMAs in a one-vector tile of 28 pixels. The estimate charges such wide tiles for
@@ -238,15 +239,20 @@ def _challengers(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[C
     AVX-512 Xeon VM (weights cold, one process) ResNet-50's 512-channel 1x1 layers at
     28x28 ran it in 0.77-0.84x the time of a 16-channel x 30-pixel tile, the 1024-to-512
     layer at 14x14 in 0.91-0.97x, the 1024-to-256 one 0.98x and the 256-to-1024 one 1.04x
-    (ARCHITECTURE change 77). At 16 registers a four-vector tile holds two pixels and waits
+    (ARCHITECTURE change 77). Its 3x3 layers ran it in 0.87-0.93x the time of the seed's
+    schedules at stride 2, 1.02x at 14x14 stride 1. At 16 registers a four-vector tile holds two pixels and waits
     on FMA latency, so there is none."""
     lanes = hw.lanes
-    if (s.algorithm != "direct" or is_depthwise(op) or not flat_pixels(op)
-            or not conv2d_blocks(op)[0] or hw.vector_registers < 32
-            or op.dim("F") < WIDE_VECTORS * lanes):
+    if (s.algorithm != "direct" or is_depthwise(op) or not conv2d_blocks(op)[0]
+            or hw.vector_registers < 32 or op.dim("F") < WIDE_VECTORS * lanes):
         return []
     rows = (hw.vector_registers - WIDE_VECTORS - 1) // WIDE_VECTORS
     wide = s.replace(oc_block=WIDE_VECTORS * lanes, ow_block=rows, oh_block=1)
+    if not flat_pixels(op):
+        # A row of the window's image; the channel blocks' weights once per image (fp), and
+        # the kernel-width loop unrolled, as measured.
+        wide = wide.replace(ow_block=min(rows, op.out_w), loop_order="fp",
+                            unroll_kw=int(op.dim("S") > 1))
     if wide == s or not reduces_in_chunks(op, wide):
         return []
     return [wide]
