@@ -240,8 +240,8 @@ def _challengers(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[C
     28x28 ran it in 0.77-0.84x the time of a 16-channel x 30-pixel tile, the 1024-to-512
     layer at 14x14 in 0.91-0.97x, the 1024-to-256 one 0.98x and the 256-to-1024 one 1.04x
     (ARCHITECTURE change 77). Its 3x3 layers ran it in 0.87-0.93x the time of the seed's
-    schedules at stride 2, 1.02x at 14x14 stride 1. At 16 registers a four-vector tile holds two pixels and waits
-    on FMA latency, so there is none."""
+    schedules at stride 2, 1.02x at 14x14 stride 1. At 16 registers a four-vector tile
+    holds two pixels and waits on FMA latency, so there is none."""
     lanes = hw.lanes
     if (s.algorithm != "direct" or is_depthwise(op) or not conv2d_blocks(op)[0]
             or hw.vector_registers < 32 or op.dim("F") < WIDE_VECTORS * lanes):
