@@ -188,10 +188,16 @@ def test_merge_workloads_sums_counts() -> None:
 
 
 def test_cli_summary_and_publish(tmp_path: Path) -> None:
+    quiet = tunecache("tune", "--op", C.text, "--trials", "2", "--no-refine", root=tmp_path)
+    assert quiet.returncode == 0, quiet.stderr
+    # Recorded, not served: the summary says so and how to publish.
+    assert "not published" in quiet.stdout and "tunecache cache publish --root" in quiet.stdout
+    assert not (tmp_path / "published").exists() or not os.listdir(tmp_path / "published")
     out = tunecache("tune", "--op", C.text, "--trials", "2", "--no-refine", "--publish",
                     root=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "tuned" in out.stdout and "published" in out.stdout
+    assert "not published" not in out.stdout
     assert os.listdir(tmp_path / "published")
 
 

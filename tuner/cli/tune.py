@@ -100,6 +100,10 @@ def _print_summary(summary: JobSummary) -> None:
         click.echo(f"problem: {problem}")
     if summary.published:
         click.echo(f"published: {', '.join(summary.published)}")
+    elif not summary.interrupted and any(o.status == "tuned" for o in summary.ops):
+        # A compile serves published entries only: without this, a tuned store looks ignored.
+        click.echo("not published: compiles serve published entries only; publish with "
+                   f"`tunecache cache publish --root {summary.store}` (or tune with --publish)")
     click.echo(f"store: {summary.store}  (next: tunecache cache stats --root {summary.store})")
 
 
