@@ -253,7 +253,7 @@ def _challengers(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[C
         # the kernel-width loop unrolled, as measured.
         wide = wide.replace(ow_block=min(rows, op.out_w), loop_order="fp",
                             unroll_kw=int(op.dim("S") > 1))
-    if wide == s or not reduces_in_chunks(op, wide):
+    if wide == s or not reduces_in_chunks(op, wide, hw.isa):
         return []
     return [wide]
 

@@ -44,6 +44,7 @@ from tunecache.compiler.codegen.microkernel import (
     micro_kernel,
     store,
 )
+from tunecache.compiler.hardware import ISA_VECTOR_REGISTERS
 from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
@@ -410,6 +411,10 @@ CHUNK_MIN_CHUNKS = 4
 """Weights of fewer chunks than this reduce in one pass."""
 CHUNK_PART_BYTES = 256 * 1024
 """Most bytes of partial sums one thread keeps for a chunked span (its tiles' scratch)."""
+CHUNK_MIN_REGISTERS = 32
+"""Only ISAs with this many vector registers chunk (AVX-512, where it was measured). With
+AVX2 kernels on the same Xeon (8-channel blocks, 16 registers) ResNet-50's stride-2 3x3
+layers ran 1.32-1.52x as long chunked, its 1x1 layers 0.97-1.00x, the model 1.06x."""
 
 
 def chunk_blocks(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan, span_tiles: int) -> int:
@@ -427,23 +432,25 @@ def chunk_blocks(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan, span_til
     return max(1, CHUNK_WEIGHT_BYTES // block_bytes)
 
 
-def _reduction_chunk(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan) -> int:
-    """:func:`chunk_blocks` for the direct kernel of ``op`` under ``s``; 0 where a 1x1 tile
-    prefetches the next block's weights instead (:func:`_prefetch_next_weights`)."""
+def _reduction_chunk(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan, isa: str) -> int:
+    """:func:`chunk_blocks` for the direct kernel of ``op`` under ``s`` at ``isa``; 0 where a
+    1x1 tile prefetches the next block's weights instead (:func:`_prefetch_next_weights`)
+    and below :data:`CHUNK_MIN_REGISTERS`."""
     npb, nqt = _cdiv(op.out_h, plan.th), _cdiv(op.out_w, plan.tw)
-    if _prefetch_next_weights(op, npb * nqt):
+    if (_prefetch_next_weights(op, npb * nqt)
+            or ISA_VECTOR_REGISTERS.get(isa, 0) < CHUNK_MIN_REGISTERS):
         return 0
     return chunk_blocks(op, s, plan, npb * nqt if s.loop_order == "fp" else nqt)
 
 
-def reduces_in_chunks(op: OpSignature, s: Conv2dSchedule) -> bool:
-    """Whether the direct kernel of ``op`` under ``s`` reduces its weights in L1-sized
-    chunks (:func:`chunk_blocks`), for the cost model's view of its weight stream."""
+def reduces_in_chunks(op: OpSignature, s: Conv2dSchedule, isa: str) -> bool:
+    """Whether the direct kernel of ``op`` under ``s`` at ``isa`` reduces its weights in
+    L1-sized chunks (:func:`chunk_blocks`)."""
     if s.algorithm != "direct" or not s.pack_w:
         return False
     if flat_pixels(op):
         op, s = _flattened(op, s)
-    return bool(_reduction_chunk(op, s, _direct_plan(op, s)))
+    return bool(_reduction_chunk(op, s, _direct_plan(op, s), isa))
 
 
 def direct_ukr(name: str, th: int, tw: int, s: Conv2dSchedule, d: IsaDialect,
@@ -936,7 +943,7 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         constants.update(OFF_BP=ws_floats, BP_FLOATS=plan.bias_floats, BP_STRIDE=stride)
         ws_floats += s.threads * stride
     span_tiles = npb * nqt if s.loop_order == "fp" else nqt
-    kcb = _reduction_chunk(op, s, plan)
+    kcb = _reduction_chunk(op, s, plan, d.name)
     if kcb:
         tile_floats = th * tw * s.oc_block
         stride = round_up(span_tiles * tile_floats, ALIGN_FLOATS)
