@@ -224,7 +224,7 @@ def _neighbours(op: OpSignature, best: Conv2dSchedule, hw: HardwareSpec) -> list
 
 
 WIDE_VECTORS = 4
-"""Channel vectors of the wide 1x1 challenger (:func:`_challengers`)."""
+"""Channel vectors of the wide-tile challenger (:func:`_challengers`)."""
 
 
 def _challengers(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[Conv2dSchedule]:
@@ -243,8 +243,9 @@ def _challengers(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[C
     schedules at stride 2, 1.02x at 14x14 stride 1. At 16 registers a four-vector tile
     holds two pixels and waits on FMA latency, so there is none."""
     lanes = hw.lanes
+    # Below 32 registers no kernel chunks (emit.CHUNK_MIN_REGISTERS): reduces_in_chunks says no.
     if (s.algorithm != "direct" or is_depthwise(op) or not conv2d_blocks(op)[0]
-            or hw.vector_registers < 32 or op.dim("F") < WIDE_VECTORS * lanes):
+            or op.dim("F") < WIDE_VECTORS * lanes):
         return []
     rows = (hw.vector_registers - WIDE_VECTORS - 1) // WIDE_VECTORS
     wide = s.replace(oc_block=WIDE_VECTORS * lanes, ow_block=rows, oh_block=1)

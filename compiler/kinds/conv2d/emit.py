@@ -432,15 +432,22 @@ def chunk_blocks(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan, span_til
     return max(1, CHUNK_WEIGHT_BYTES // block_bytes)
 
 
+def _span_tiles(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan) -> int:
+    """Tiles one chunk loop spans (:func:`_tile_nest`): with ``fp`` the image's, with ``pf``
+    one pixel row's."""
+    nqt = _cdiv(op.out_w, plan.tw)
+    return _cdiv(op.out_h, plan.th) * nqt if s.loop_order == "fp" else nqt
+
+
 def _reduction_chunk(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan, isa: str) -> int:
     """:func:`chunk_blocks` for the direct kernel of ``op`` under ``s`` at ``isa``; 0 where a
     1x1 tile prefetches the next block's weights instead (:func:`_prefetch_next_weights`)
     and below :data:`CHUNK_MIN_REGISTERS`."""
-    npb, nqt = _cdiv(op.out_h, plan.th), _cdiv(op.out_w, plan.tw)
-    if (_prefetch_next_weights(op, npb * nqt)
+    tiles = _cdiv(op.out_h, plan.th) * _cdiv(op.out_w, plan.tw)
+    if (_prefetch_next_weights(op, tiles)
             or ISA_VECTOR_REGISTERS.get(isa, 0) < CHUNK_MIN_REGISTERS):
         return 0
-    return chunk_blocks(op, s, plan, npb * nqt if s.loop_order == "fp" else nqt)
+    return chunk_blocks(op, s, plan, _span_tiles(op, s, plan))
 
 
 def reduces_in_chunks(op: OpSignature, s: Conv2dSchedule, isa: str) -> bool:
@@ -942,11 +949,10 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         stride = round_up(plan.bias_floats, ALIGN_FLOATS)
         constants.update(OFF_BP=ws_floats, BP_FLOATS=plan.bias_floats, BP_STRIDE=stride)
         ws_floats += s.threads * stride
-    span_tiles = npb * nqt if s.loop_order == "fp" else nqt
     kcb = _reduction_chunk(op, s, plan, d.name)
     if kcb:
         tile_floats = th * tw * s.oc_block
-        stride = round_up(span_tiles * tile_floats, ALIGN_FLOATS)
+        stride = round_up(_span_tiles(op, s, plan) * tile_floats, ALIGN_FLOATS)
         constants.update(KCB=kcb, TILE_FLOATS=tile_floats, OFF_PART=ws_floats,
                          PART_STRIDE=stride)
         ws_floats += s.threads * stride
