@@ -400,6 +400,25 @@ def test_a_tile_over_many_weights_reduces_them_in_chunks_that_fit_l1() -> None:
                                    avx2).code
 
 
+def test_a_chunked_span_prefetches_the_next_chunk_spread_over_its_tiles() -> None:
+    """While a chunk is reduced, each tile of the span asks for its own share of the next
+    chunk's cache lines (its index in the span times the share), so the next chunk arrives
+    in L2 once, spread over the chunk's work; a one-pass kernel does not prefetch so."""
+    avx512 = HW.with_isa("avx512")
+    spread = "__builtin_prefetch(next + l * 16, 0, 2)"
+    layer = conv(1, 512, 14, 14, 64, 3, 3, pads=1)
+    for order, index in (("fp", "(pb - pb_lo) * (qt_hi - qt_lo) + qt - qt_lo"),
+                         ("pf", "qt - qt_lo")):
+        code = generate(layer, Conv2dSchedule(oc_block=avx512.lanes, ow_block=7, ic_block=16,
+                                              loop_order=order), avx512).code
+        assert code.count(spread) == 1
+        assert f"const long l0 = ({index}) * per" in code
+        assert "const float *next = wb + ncb * (R * S * ICB * OCB);" in code
+    one_pass = conv(1, 64, 14, 14, 64, 3, 3, pads=1)
+    assert spread not in generate(one_pass, Conv2dSchedule(oc_block=avx512.lanes, ow_block=7,
+                                                           ic_block=16), avx512).code
+
+
 def test_depthwise_plane_tile_loads_each_input_vector_once(tmp_path: Path) -> None:
     """A 3x3 plane tile of 4 rows sweeps 6 input rows per kernel column, each loaded once
     and FMA'd into every output row it feeds, in registers (no memory-operand FMAs)."""

@@ -823,10 +823,33 @@ def _tile_nest(s: Conv2dSchedule, x_at: str, w_at: str, dispatch: str, after: st
             if s.loop_order == "fp" else "float *tile = part + (qt - qt_lo) * TILE_FLOATS;")
     chunk = ("for (long c0 = 0; c0 < NCB; c0 += KCB) {", "const long ncb = MIN(KCB, NCB - c0);")
     reduce_body = (slot, f"const float *xb = {x_at} + c0 * (HP * WP * ICB);",
-                   f"const float *wb = {w_at} + c0 * (R * S * ICB * OCB);", dispatch)
+                   f"const float *wb = {w_at} + c0 * (R * S * ICB * OCB);",
+                   _next_chunk_prefetch(s), dispatch)
     stores = _nest((), [*span, column_loop], (slot, after))
     reduce = _nest((), [chunk, *span, column_loop], reduce_body)
     return _nest(("for (long n = 0; n < NB; n++) {", *outer), [], (reduce, stores))
+
+
+PREFETCH_NEXT_CHUNK = True
+"""Off, chunked tiles do not prefetch the next chunk's weights (the switch an A/B flips)."""
+
+
+def _next_chunk_prefetch(s: Conv2dSchedule) -> str:
+    """C that prefetches this tile's share of the next chunk's weights into L2: the span's
+    tiles split the chunk's cache lines between them, so each line is asked for once, while
+    the current chunk is being reduced. The next chunk in memory is the same channel block's
+    next chunk or, after the last, the next block's first: both are read next."""
+    if not PREFETCH_NEXT_CHUNK:
+        return ""
+    index, count = (("(pb - pb_lo) * (qt_hi - qt_lo) + qt - qt_lo",
+                     "(pb_hi - pb_lo) * (qt_hi - qt_lo)") if s.loop_order == "fp"
+                    else ("qt - qt_lo", "qt_hi - qt_lo"))
+    return f"""{{
+  const long lines = KCB * R * S * ICB * OCB / 16, per = (lines + {count} - 1) / ({count});
+  const long l0 = ({index}) * per, l1 = MIN(l0 + per, lines);
+  const float *next = wb + ncb * (R * S * ICB * OCB);
+  for (long l = l0; l < l1; l++) __builtin_prefetch(next + l * 16, 0, 2);
+}}"""
 
 
 def _nest(head: tuple[str, ...], loops: list[tuple[str, ...]], body: tuple[str, ...]) -> str:
