@@ -163,6 +163,13 @@ def validate(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Schedule:
 
 
 
+def in_model(op: OpSignature, schedule: Schedule) -> Schedule:
+    """``schedule`` as it runs inside a compiled model (its kind's ``in_model``; itself when
+    the kind has none)."""
+    kind = op_kind(op.kind)
+    return kind.in_model(op, schedule) if kind.in_model is not None else schedule
+
+
 def default_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> Schedule:
     """A reasonable hand-picked schedule for ``op`` (its kind's default), for quick
     benchmarks and untuned builds; the analytical tiler proposes better ones."""

@@ -186,6 +186,47 @@ def test_the_compiled_chain_equals_onnxruntime_in_both_layouts(tmp_path: Path) -
         assert any(blocked_layout(LOCAL) in t for t in ops[True])
 
 
+def test_a_model_at_two_threads_splits_each_direct_conv_as_its_data_lies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiled for two threads, every dense direct conv on a blocked activation runs the
+    thread split ``local_axis`` names, whatever split the served or guessed schedule had
+    (here the policy's decisions come with the other split, as a cached entry tuned before
+    the rule could), and the model still equals onnxruntime."""
+    from tunecache.compiler.kinds.conv2d.space import local_axis
+    from tunecache.tuner.deploy import compile as compile_module
+
+    decide = compile_module.Policy.decide
+
+    def other_split(self, op, *args, **kwargs):  # type: ignore[no-untyped-def]
+        decision = decide(self, op, *args, **kwargs)
+        s = decision.schedule
+        if local_axis(op, 2) and s is not None and s.algorithm == "direct":
+            s = s.replace(parallel="oc" if s.parallel == "pixel" else "pixel")
+        return replace(decision, schedule=s)
+
+    monkeypatch.setattr(compile_module.Policy, "decide", other_split)
+
+    b = Builder(13, seed=4)
+    x = b.input("x", [1, 3, 56, 56])
+    y = b.node("Relu", [b.conv(x, 3, 4 * C, 3, name="stem")], name="stem_relu")
+    y = b.node("Relu", [b.conv(y, 4 * C, 4 * C, 1, pad=0, name="wide")], name="wide_relu")
+    model = b.model([b.conv(y, 4 * C, 4 * C, 3, name="out")], "wide")
+    path = tmp_path / "wide.onnx"
+    onnx.save(model, path)
+    feeds = random_feeds(model)
+    compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic",
+                             record_wanted=False, hw=replace(LOCAL, cores=2))
+    assert_close(compiled.run(feeds), ort_run(model, feeds), [model.graph.output[0].name])
+    placed = [(e.op, e.schedule) for e in compiled.plan
+              if e.op.kind == "conv2d" and e.schedule is not None
+              and e.schedule.algorithm == "direct" and e.schedule.threads == 2]
+    for op, s in placed:
+        assert local_axis(op, 2) in (None, s.parallel)
+    if blocked_layout(LOCAL) is not None:
+        assert any(local_axis(op, 2) for op, _ in placed)
+        assert any("as it runs in a model" in e.reason for e in compiled.plan)
+
+
 def test_tuning_a_model_tunes_the_ops_it_runs(tmp_path: Path) -> None:
     path = tmp_path / "chain.onnx"
     onnx.save(_chain(), path)

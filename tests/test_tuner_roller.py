@@ -368,3 +368,30 @@ def test_a_wide_tile_challenges_the_top_1_where_its_kernel_reduces_in_chunks() -
     (row,) = conv.challengers(strided, top, AVX512)
     assert (row.oc_block, row.ow_block, row.oh_block, row.loop_order) == (64, 6, 1, "fp")
     assert reduces_in_chunks(strided, row, "avx512") and not problems(strided, row, AVX512)
+
+
+def test_direct_tiles_on_a_blocked_input_are_tuned_with_the_split_a_model_runs() -> None:
+    """At two threads a dense direct tile on a blocked input splits pixels where its input
+    outweighs a quarter of its weights and output channels elsewhere (``local_axis``): the
+    job measures only that split, since alone both measured alike and in a model they did
+    not (ARCHITECTURE change 78). One thread, NCHW input and depthwise layers keep the
+    usual choice."""
+    from tunecache.compiler.kinds.conv2d.space import local_axis, local_split
+
+    wide_input = OpSignature.conv2d(1, 256, 56, 56, 64, 1, 1, layout="nchw16c",
+                                    out_layout="nchw16c", epilogue="bias+relu")
+    heavy_weights = OpSignature.conv2d(1, 512, 7, 7, 2048, 1, 1, layout="nchw16c",
+                                       out_layout="nchw16c", epilogue="bias")
+    assert local_axis(wide_input, 2) == "pixel" and local_axis(heavy_weights, 2) == "oc"
+    assert local_axis(wide_input, 1) is None
+    assert local_axis(OpSignature.conv2d(1, 256, 56, 56, 64, 1, 1), 2) is None
+    assert local_axis(OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, pads=1, groups=64,
+                                         layout="nchw16c", out_layout="nchw16c"), 2) is None
+    for op, axis in ((wide_input, "pixel"), (heavy_weights, "oc")):
+        direct = [c.schedule for c in candidates(op, AVX512, k=50, threads=2)
+                  if c.schedule.algorithm == "direct"]
+        assert direct and {s.parallel for s in direct} == {axis}
+        space = [s for s in exhaustive_space(op, AVX512) if s.algorithm == "direct"]
+        assert {s.parallel for s in space if s.threads == 2} == {axis}
+        other = direct[0].replace(parallel="oc" if axis == "pixel" else "pixel")
+        assert local_split(op, other) == direct[0]

@@ -78,6 +78,10 @@ class OpKind:
       ``reader`` (whose first input is the producer's output) in one kernel, or None when it
       cannot. The fused op's inputs are the producer's, then the reader's other inputs
       (:func:`tunecache.compiler.fusion.fuse_pairs` asks every kind after layout planning).
+    * ``in_model(op, schedule)`` — optional: the schedule as it runs inside a compiled model,
+      where a kernel's input was just written by the kernels before it (the thread split
+      that keeps each thread's share of that input in its own core's caches, say). Tuning
+      measures, and compiles serve, these schedules (:func:`tunecache.compiler.schedule.in_model`).
     """
 
     name: str
@@ -100,6 +104,7 @@ class OpKind:
     relayout: Callable[[OpSignature, str, str], OpSignature | None] | None = None
     packed_weights_layout: Callable[[OpSignature, Any], Hashable] | None = None
     fuses: Callable[[OpSignature, OpSignature], OpSignature | None] | None = None
+    in_model: Callable[[OpSignature, Any], Any] | None = None
 
 
 _KINDS: dict[str, OpKind] = {}

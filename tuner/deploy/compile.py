@@ -46,7 +46,7 @@ from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.native.profile import ProgramProfile
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel
-from tunecache.compiler.schedule import Schedule, default_schedule, problems
+from tunecache.compiler.schedule import Schedule, default_schedule, in_model, problems
 from tunecache.costmodel.analytic import estimate
 from tunecache.tuner.deploy.policy import Decision, Policy, PolicyConfig
 from tunecache.tuner.measure import Runner, TimingConfig
@@ -481,7 +481,7 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                 sibling = (siblings or {}).get(node.name)
                 if sibling is not None and decision.action == "guess":
                     decision = _sharing_packed(op, decision, sibling, hw)
-                decisions[op] = _within_threads(op, decision, hw, threads)
+                decisions[op] = _as_in_model(op, _within_threads(op, decision, hw, threads), hw)
                 decision = decisions[op]
             if decision.action != "cache":
                 misses[op] = misses.get(op, 0) + 1
@@ -539,6 +539,19 @@ def _within_threads(op: OpSignature, decision: Decision, hw: HardwareSpec,
         bounded = default_schedule(op, hw, threads)
     return replace(decision, schedule=bounded,
                    reason=f"{decision.reason}; threads {schedule.threads} -> {threads}")
+
+
+def _as_in_model(op: OpSignature, decision: Decision, hw: HardwareSpec) -> Decision:
+    """The decision with its schedule as the kind runs it inside a model
+    (:func:`~tunecache.compiler.schedule.in_model`), where that is legal."""
+    schedule = decision.schedule
+    if schedule is None:
+        return decision
+    placed = in_model(op, schedule)
+    if placed == schedule or problems(op, placed, hw):
+        return decision
+    return replace(decision, schedule=placed,
+                   reason=f"{decision.reason}; as it runs in a model: {placed}")
 
 
 def _current_model(store: Store, hw: HardwareSpec) -> Ranker | None:

@@ -15,13 +15,14 @@ from tunecache.compiler.kinds.conv2d.space import (
     conv2d_blocks,
     flat_pixels,
     is_depthwise,
+    local_axis,
     pixel_grid,
     winograd_shape,
 )
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MAX_MR, problems
 from tunecache.costmodel.analytic import round_up
-from tunecache.tuner.kinds import Strata, TunerKind, balanced, register
+from tunecache.tuner.kinds import Strata, TunerKind, balanced, register, threads_axes
 
 
 def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv2dSchedule]:
@@ -42,7 +43,7 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
     rs = d["R"] * d["S"]
     depthwise = is_depthwise(op)
     width = d["C"] if depthwise else fg
-    pars = ["oc", "pixel"] if threads > 1 else ["oc"]
+    pars = _direct_axes(op, threads)
     for nv in (1, 2, 3, 4):
         if nv > 1 and width <= (nv - 1) * lanes:
             break
@@ -84,10 +85,17 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
             for depth in (256, 512):
                 ic = max(1, min(cg, depth // rs))
                 for pack_w in (1, 0):
-                    for par in pars:
+                    for par in threads_axes(threads, ("oc", "pixel")):
                         yield Conv2dSchedule(
                             oc_block=mr, ow_block=nv * lanes, ic_block=ic, algorithm="gemm",
                             pack_w=pack_w, threads=threads, parallel=par)
+
+
+def _direct_axes(op: OpSignature, threads: int) -> list[str]:
+    """The thread splits direct tiles of ``op`` are tuned with: the one a model runs
+    (``space.local_axis``) where that rule applies, else every one worth trying."""
+    axis = local_axis(op, threads)
+    return [axis] if axis else threads_axes(threads, ("oc", "pixel"))
 
 
 def _channel_blocks(cg: int, lanes: int) -> list[int]:
@@ -150,7 +158,7 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
     cg = d["C"] // d["groups"]
     rs = d["R"] * d["S"]
     xi, _ = conv2d_blocks(op)
-    pars = ["oc", "pixel"] if threads > 1 else ["oc"]
+    pars = threads_axes(threads, ("oc", "pixel"))
     strata: Strata = {}
 
     def add(s: Conv2dSchedule) -> None:
@@ -170,7 +178,7 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
                 for ic in ics:
                     for order in ("fp", "pf"):
                         for unroll in (0, 1):
-                            for par in pars:
+                            for par in _direct_axes(op, threads):
                                 add(Conv2dSchedule(oc_block=nv * lanes, ow_block=ow, oh_block=oh,
                                                    ic_block=ic, algorithm="direct",
                                                    loop_order=order, unroll_kw=unroll,
@@ -218,7 +226,7 @@ def _neighbours(op: OpSignature, best: Conv2dSchedule, hw: HardwareSpec) -> list
     if best.algorithm == "winograd" or (best.algorithm == "direct" and flat_pixels(op)):
         out += [best.replace(ow_block=best.ow_block + 1),
                 best.replace(ow_block=max(1, best.ow_block - 1))]
-    if best.threads > 1:
+    if best.threads > 1 and not (best.algorithm == "direct" and local_axis(op, best.threads)):
         out.append(best.replace(parallel="pixel" if best.parallel == "oc" else "oc"))
     return out
 

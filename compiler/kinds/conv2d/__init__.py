@@ -28,6 +28,7 @@ from tunecache.compiler.kinds.conv2d.space import (
     conv2d_problems,
     default_conv2d_schedule,
     is_depthwise,
+    local_split,
     plane_buffer_floats,
 )
 from tunecache.compiler.kinds.layouts import (
@@ -230,6 +231,7 @@ KIND = register(OpKind(
     schedule=Conv2dSchedule,
     problems=conv2d_problems,
     default_schedule=default_conv2d_schedule,
+    in_model=local_split,
     emit=generate_conv2d,
     reference=_reference,
     reduction_length=lambda op: op.dim("C") // op.dim("groups") * op.dim("R") * op.dim("S"),
