@@ -139,6 +139,7 @@ class CompiledModel:
     _runs: dict[ShapeKey, int] = field(default_factory=dict, init=False, repr=False)
     # Planning a new shape happens under the lock: concurrent first runs plan it once.
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _key: ShapeKey | None = field(default=None, init=False, repr=False)
 
     @property
     def executor(self) -> Executor:
@@ -269,7 +270,9 @@ class CompiledModel:
         return out
 
     def _own_key(self) -> ShapeKey:
-        return tuple(tuple(i.shape) for i in self.graph.inputs)
+        if self._key is None:
+            self._key = tuple(tuple(i.shape) for i in self.graph.inputs)
+        return self._key
 
     def _for_key(self, key: ShapeKey, count: bool) -> CompiledModel:
         assert self.specialise is not None and self.info is not None
