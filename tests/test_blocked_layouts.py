@@ -262,6 +262,46 @@ def test_depthwise_bands_packed_as_the_tiles_need_them() -> None:
     _check(cases)
 
 
+def test_dense_pf_bands_copy_each_row_tiles_rows_of_every_block() -> None:
+    """A dense pf kernel on a padded blocked input copies the padded rows one row tile
+    reads, of every channel block, into its thread's band just before that row's tiles
+    (instead of the whole padded input per call) where a tile's rows overlap the next
+    tile's little: stride-2 one-row tiles and stride-1 tiles of four rows; reductions in
+    one pass and in chunks, asymmetric pads, two images, threads split by channels and by
+    pixels, on every ISA. ``fp`` kernels and stride-1 one-row tiles (three rows read to
+    advance one) copy the whole input."""
+    cases: list[Case] = []
+    for isa in runnable_isas(HW):
+        hw = HW.with_isa(isa)
+        x = hw.lanes
+        if x not in (8, 16):
+            continue  # the portable kernels' 4 lanes make no blocked layout
+        layout = f"nchw{x}c"
+        for op, oh in ((conv2d_op(2, 3 * x, 13, 11, 2 * x, 3, 3, stride=2, pads=1,
+                                  layout=layout, out_layout=layout, epilogue="bias+relu"), 1),
+                       (conv2d_op(1, 2 * x, 11, 9, 3 * x, 3, 3, pads=(1, 2, 0, 1),
+                                  layout=layout, out_layout=layout, epilogue="bias+add"), 4),
+                       (conv2d_op(1, 48 * x, 7, 7, 2 * x, 3, 3, pads=1, layout=layout,
+                                  out_layout=layout, epilogue="bias"), 4)):
+            for threads, parallel in ((1, "oc"), (T2, "oc"), (T2, "pixel")):
+                s = Conv2dSchedule(oc_block=x, ow_block=3, oh_block=oh, ic_block=x,
+                                   loop_order="pf", unroll_kw=1, threads=threads,
+                                   parallel=parallel)
+                assert not problems(op, s, hw), (isa, op.text, str(s))
+                code = generate(op, s, hw).code
+                assert "pack_band(X, band, n, p0 * SH" in code, (isa, op.text, str(s))
+                assert "pack_input(" not in code
+                cases.append((op, s, hw))
+                whole = generate(op, s.replace(loop_order="fp"), hw).code
+                assert "pack_input(" in whole and "pack_band(" not in whole
+        one_row = conv2d_op(1, 2 * x, 9, 9, 2 * x, 3, 3, pads=1, layout=layout,
+                            out_layout=layout)
+        assert "pack_band(" not in generate(one_row, Conv2dSchedule(
+            oc_block=x, ow_block=4, ic_block=x, loop_order="pf"), hw).code
+    assert any("c0 += KCB" in generate(op, s, hw).code for op, s, hw in cases)
+    _check(cases)
+
+
 def _define(code: str, name: str) -> str:
     return code.split(f"#define {name} ", 1)[1].split(None, 1)[0]
 
