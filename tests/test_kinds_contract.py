@@ -5,6 +5,8 @@ the kind without kind-specific code."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.kinds import all_kinds, kind_names, op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, compile_kernel, random_inputs, reference
-from tunecache.compiler.schedule import default_schedule, problems, schedule_from_json
+from tunecache.compiler.schedule import default_schedule, in_model, problems, schedule_from_json
 from tunecache.costmodel import features as F
 from tunecache.costmodel.kinds import cost_kind
 from tunecache.datasets.records import Record, records_from_table, records_to_table
@@ -53,6 +55,9 @@ def test_tiler_and_refinement_stay_legal(name: str, text: str) -> None:
             assert not problems(op, s, HW) and s != c.schedule
     grid = exhaustive_space(op, HW, limit=12, seed=1)
     assert grid and all(not problems(op, s, HW) for s in grid)
+    two = replace(HW, cores=2)  # where a kind's in_model re-fits a thread split
+    for s in [c.schedule for c in candidates(op, two, k=6)] + exhaustive_space(op, two, limit=12):
+        assert not problems(op, in_model(op, s), two), (text, str(s))
 
 
 @pytest.mark.parametrize(("name", "text"), EXAMPLES)

@@ -80,8 +80,9 @@ class OpKind:
       (:func:`tunecache.compiler.fusion.fuse_pairs` asks every kind after layout planning).
     * ``in_model(op, schedule)`` — optional: the schedule as it runs inside a compiled model,
       where a kernel's input was just written by the kernels before it (the thread split
-      that keeps each thread's share of that input in its own core's caches, say). Tuning
-      measures, and compiles serve, these schedules (:func:`tunecache.compiler.schedule.in_model`).
+      that keeps each thread's share of that input in its own core's caches, say), legal
+      wherever the given one is (the contract tests check it). Tuning measures, and
+      compiles serve, these schedules (:func:`tunecache.compiler.schedule.in_model`).
     """
 
     name: str

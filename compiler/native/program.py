@@ -487,10 +487,7 @@ class NativeProgram:
         # cache, so each costs tens of microseconds here (change 79).
         fresh = []
         for out in outputs:
-            raw = np.empty(out.slot_bytes + ALIGN, np.uint8)
-            address = _address(raw)
-            start = -address % ALIGN
-            self._base_array[out.region] = address + start
+            raw, start = self._new_slot(out.region, out.slot_bytes)
             fresh.append(np.ndarray(out.shape, out.dtype, raw, start + out.offset))
         failed = self._run_plan(*segment.args)
         if failed:
@@ -500,8 +497,17 @@ class NativeProgram:
     def _fresh_outputs(self) -> None:
         """A new buffer for every graph output's slot: a run's outputs are its own."""
         for region, size in self._outputs.items():
-            self._buffers[region] = buffer = aligned_empty(size, np.uint8)
-            self._base_array[region] = buffer.ctypes.data
+            raw, start = self._new_slot(region, size)
+            self._buffers[region] = raw[start:start + size]
+
+    def _new_slot(self, region: int, size: int) -> tuple[np.ndarray, int]:
+        """A fresh buffer for output slot ``region`` of ``size`` bytes, which native calls
+        now write: the raw array and the offset in it of the slot's aligned start."""
+        raw = np.empty(size + ALIGN, np.uint8)
+        address = _address(raw)
+        start = -address % ALIGN
+        self._base_array[region] = address + start
+        return raw, start
 
     def profile(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
                 runs: int = 10) -> ProgramProfile:

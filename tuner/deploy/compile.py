@@ -484,7 +484,7 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                 sibling = (siblings or {}).get(node.name)
                 if sibling is not None and decision.action == "guess":
                     decision = _sharing_packed(op, decision, sibling, hw)
-                decisions[op] = _as_in_model(op, _within_threads(op, decision, hw, threads), hw)
+                decisions[op] = _as_in_model(op, _within_threads(op, decision, hw, threads))
                 decision = decisions[op]
             if decision.action != "cache":
                 misses[op] = misses.get(op, 0) + 1
@@ -544,14 +544,14 @@ def _within_threads(op: OpSignature, decision: Decision, hw: HardwareSpec,
                    reason=f"{decision.reason}; threads {schedule.threads} -> {threads}")
 
 
-def _as_in_model(op: OpSignature, decision: Decision, hw: HardwareSpec) -> Decision:
+def _as_in_model(op: OpSignature, decision: Decision) -> Decision:
     """The decision with its schedule as the kind runs it inside a model
-    (:func:`~tunecache.compiler.schedule.in_model`), where that is legal."""
+    (:func:`~tunecache.compiler.schedule.in_model`)."""
     schedule = decision.schedule
     if schedule is None:
         return decision
     placed = in_model(op, schedule)
-    if placed == schedule or problems(op, placed, hw):
+    if placed == schedule:
         return decision
     return replace(decision, schedule=placed,
                    reason=f"{decision.reason}; as it runs in a model: {placed}")

@@ -639,31 +639,11 @@ static void pack_weights(const float *restrict Wt, float *restrict Wb, long lo, 
 
 # A blocked input whose blocks are the kernel's channel blocks, with a zero border: one
 # memcpy per row instead of NCHW's per-element transposition.
-_ROWS_PACK_INPUT = """\
-/* Xb[n][b][hp][wp][XI]: the blocked input with its zero border. Items: (n, b, hp). */
-static void pack_input(const float *restrict X, float *restrict Xb, long lo, long hi) {
-  for (long t = lo; t < hi; t++) {
-    const long hp = t % HP, nb = t / HP;
-    float *restrict dst = Xb + t * (WP * XI);
-    const long ih = hp - PT;
-    if (ih < 0 || ih >= H) { memset(dst, 0, sizeof(float) * WP * XI); continue; }
-    memset(dst, 0, sizeof(float) * PL * XI);
-    memcpy(dst + PL * XI, X + (nb * H + ih) * (W * XI), sizeof(float) * W * XI);
-    memset(dst + (PL + W) * XI, 0, sizeof(float) * (WP - PL - W) * XI);
-  }
-}
-"""
-
-# A depthwise layer reads each input row only for the few output rows next to it: packing
-# the whole padded input first wrote a copy as large as the input (5 MB for MobileNet-v2's
-# 112x112 stride-2 layer) that left the caches before the tiles read it back, and in a
-# model, where that buffer is cold, its writes cost as much as the convolution.
-_BAND_PACK_INPUT = """\
-/* band[r][wp][XI] = padded rows hp0 + r (r < rows) of input block nb (image and block). */
-static void pack_band(const float *restrict X, float *restrict band, long nb, long hp0,
-                      long rows) {
-  for (long r = 0; r < rows; r++) {
-    float *restrict dst = band + r * (WP * XI);
+_PADDED_ROWS = """\
+/* dst[r][wp][XI] = padded rows hp0 + r (r < rows) of input block nb (image and block). */
+static inline void padded_rows(float *restrict dst, const float *restrict X, long nb, long hp0,
+                               long rows) {
+  for (long r = 0; r < rows; r++, dst += WP * XI) {
     const long ih = hp0 + r - PT;
     if (ih < 0 || ih >= H) { memset(dst, 0, sizeof(float) * WP * XI); continue; }
     memset(dst, 0, sizeof(float) * PL * XI);
@@ -673,24 +653,37 @@ static void pack_band(const float *restrict X, float *restrict band, long nb, lo
 }
 """
 
+_ROWS_PACK_INPUT = _PADDED_ROWS + """\
+/* Xb[n][b][hp][wp][XI]: the blocked input with its zero border. Items: (n, b, hp). */
+static void pack_input(const float *restrict X, float *restrict Xb, long lo, long hi) {
+  for (long t = lo; t < hi; t++)
+    padded_rows(Xb + t * (WP * XI), X, t / HP, t % HP, 1);
+}
+"""
+
+# A depthwise layer reads each input row only for the few output rows next to it: packing
+# the whole padded input first wrote a copy as large as the input (5 MB for MobileNet-v2's
+# 112x112 stride-2 layer) that left the caches before the tiles read it back, and in a
+# model, where that buffer is cold, its writes cost as much as the convolution.
+_BAND_PACK_INPUT = _PADDED_ROWS + """\
+/* band[r][wp][XI] = padded rows hp0 + r (r < rows) of input block nb (image and block). */
+static void pack_band(const float *restrict X, float *restrict band, long nb, long hp0,
+                      long rows) {
+  padded_rows(band, X, nb, hp0, rows);
+}
+"""
+
 # A dense pf kernel reads a row tile's input rows for every output-channel block before it
 # moves on: copying them (every channel block) into a small band just before, instead of the
 # whole padded input once per call, keeps the copy's writes and the tiles' reads in cache. The
 # whole copy (1.7 MB for ResNet-50's 128-channel stride-2 layer) cost 12-14% of that layer's
 # time alone, its writes leaving L2 before the tiles read them back (change 80).
-_DENSE_BAND_PACK_INPUT = """\
+_DENSE_BAND_PACK_INPUT = _PADDED_ROWS + """\
 /* band[cb][r][wp][XI] = padded rows hp0 + r (r < rows) of every input block of image n. */
 static void pack_band(const float *restrict X, float *restrict band, long n, long hp0,
                       long rows) {
   for (long cb = 0; cb < CBX; cb++)
-    for (long r = 0; r < rows; r++) {
-      float *restrict dst = band + (cb * BAND_ROWS + r) * (WP * XI);
-      const long ih = hp0 + r - PT;
-      if (ih < 0 || ih >= H) { memset(dst, 0, sizeof(float) * WP * XI); continue; }
-      memset(dst, 0, sizeof(float) * PL * XI);
-      memcpy(dst + PL * XI, X + ((n * CBX + cb) * H + ih) * (W * XI), sizeof(float) * W * XI);
-      memset(dst + (PL + W) * XI, 0, sizeof(float) * (WP - PL - W) * XI);
-    }
+    padded_rows(band + cb * (BAND_ROWS * WP * XI), X, n * CBX + cb, hp0, rows);
 }
 """
 
