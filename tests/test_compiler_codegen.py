@@ -203,3 +203,29 @@ def test_avx512_micro_kernel_is_fma_dense_without_spills(tmp_path) -> None:
     spills = [line for b in dense for line in b.splitlines()
               if "%zmm" in line and ("(%rsp)" in line or "(%rbp)" in line)]
     assert not spills, f"vector registers spilled in the k loop: {spills[:3]}"
+
+
+@pytest.mark.parametrize(("order", "threads", "parallel"),
+                         [("jpi", 1, "m"), ("jpi", 2, "n"), ("jpi", 2, "m"), ("ipj", 2, "n")])
+def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(order: str, threads: int,
+                                                                  parallel: str) -> None:
+    """Each row tile of a packed-B block prefetches its share of the next B micro-panel
+    (the next block's, across block edges with pre-packed weights; ARCHITECTURE change 81).
+    Over several column and K blocks, edge panels and both thread splits, the kernel run on
+    weights packed once matches the reference."""
+    from tunecache.compiler.runtime import compile_kernel
+
+    op = M(45, 3 * HW.lanes * 4 + 5, 70, epilogue="bias")
+    s = sched(HW, 4, 2, 16, mcm=3, ncm=2, loop_order=order, threads=threads,
+              parallel=parallel)
+    assert not problems(op, s, HW)
+    code = generate(op, s, HW).code
+    assert code.count("__builtin_prefetch(next + l * 16, 0, 2)") == 1
+    assert "b_after" in code
+    in_place = generate(op, MatmulSchedule(mr=4, nr=2 * HW.lanes, kc=16, mc=12,
+                                           nc=4 * HW.lanes, pack_b=0), HW).code
+    assert "__builtin_prefetch(next" not in in_place
+    kernel = compile_kernel(op, s, HW)
+    a, b, bias = random_inputs(op)
+    np.testing.assert_allclose(kernel.bind_weights(b)(a, bias), reference(op, (a, b, bias)),
+                               rtol=1e-4, atol=1e-4)
