@@ -220,11 +220,11 @@ def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(order: str, thre
               parallel=parallel)
     assert not problems(op, s, HW)
     code = generate(op, s, HW).code
-    assert code.count("__builtin_prefetch(next + l * 16, 0, 2)") == 1
-    assert "b_after" in code
+    assert code.count("PREFETCH_SHARE(next, lines, ir, mp)") == 1
+    assert "__builtin_prefetch((next) + l_ * 16, 0, 2)" in code and "b_after" in code
     in_place = generate(op, MatmulSchedule(mr=4, nr=2 * HW.lanes, kc=16, mc=12,
                                            nc=4 * HW.lanes, pack_b=0), HW).code
-    assert "__builtin_prefetch(next" not in in_place
+    assert "PREFETCH_SHARE(next, lines, ir, mp)" not in in_place
     kernel = compile_kernel(op, s, HW)
     a, b, bias = random_inputs(op)
     np.testing.assert_allclose(kernel.bind_weights(b)(a, bias), reference(op, (a, b, bias)),

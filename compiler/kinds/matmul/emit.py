@@ -38,24 +38,30 @@ lines from memory: BERT's FFN up-projection (128x3072x768) ran 0.93-0.94x as lon
 on the Xeon VM (ARCHITECTURE change 81)."""
 
 
+def panel_prefetch_macro() -> str:
+    """``PREFETCH_SHARE(next, lines, i, n)``: row tile ``i`` of ``n`` prefetches its share of
+    the ``lines`` cache lines at ``next`` (NULL: none) into L2; nothing when
+    :data:`PREFETCH_NEXT_PANEL` is off."""
+    if not PREFETCH_NEXT_PANEL:
+        return "#define PREFETCH_SHARE(next, lines, i, n) ((void)0)\n"
+    return ("#define PREFETCH_SHARE(next, lines, i, n) do { if (next) \\\n"
+            "  for (long l_ = (i) * (lines) / (n); l_ < ((i) + 1) * (lines) / (n); l_++) \\\n"
+            "    __builtin_prefetch((next) + l_ * 16, 0, 2); } while (0)\n")
+
+
 def _panel_prefetch(s: MatmulSchedule) -> tuple[str, str]:
     """C for compute_block: per micro-panel, the next one (``next``, ``lines`` cache lines);
     in the row-tile loop, prefetching row tile ``ir``'s share of it."""
-    if not (s.pack_b and PREFETCH_NEXT_PANEL):
+    if not s.pack_b:
         return "", ""
     # The last panel's successor is b_after, whose depth may be shorter: over-reaching
     # prefetches fall on the next panel's lines and cannot fault.
     per_panel = """\
     const float *next = jr + 1 < jr_hi ? Bp + (jr + 1) * NR * k_cur : b_after;
     const long lines = NR * (jr + 1 < jr_hi ? k_cur : MIN(KC, K)) / 16;
+    (void)next; (void)lines;
 """
-    per_tile = """\
-      if (next) {
-        const long l1 = (ir + 1) * lines / mp;
-        for (long l = ir * lines / mp; l < l1; l++) __builtin_prefetch(next + l * 16, 0, 2);
-      }
-"""
-    return per_panel, per_tile
+    return per_panel, "      PREFETCH_SHARE(next, lines, ir, mp);\n"
 
 
 def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps: str,
@@ -154,6 +160,7 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     }
     out = [preamble(d, constants, body_threads)]
     out += filter(None, [scalar_helpers(op.epilogue)])
+    out.append(panel_prefetch_macro())
     # Packing: panels of MR rows of op(A) / NR columns of op(B), zero-padded, k-major.
     out.append(
         """\
