@@ -205,23 +205,30 @@ def test_avx512_micro_kernel_is_fma_dense_without_spills(tmp_path) -> None:
     assert not spills, f"vector registers spilled in the k loop: {spills[:3]}"
 
 
-@pytest.mark.parametrize(("order", "threads", "parallel"),
-                         [("jpi", 1, "m"), ("jpi", 2, "n"), ("jpi", 2, "m"), ("ipj", 2, "n")])
+@pytest.mark.parametrize(("order", "threads", "parallel", "pack_a"),
+                         [("jpi", 1, "m", 1), ("jpi", 2, "n", 1), ("jpi", 2, "n", 0),
+                          ("jpi", 2, "m", 1), ("ipj", 2, "n", 1)])
 def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(order: str, threads: int,
-                                                                  parallel: str) -> None:
+                                                                  parallel: str,
+                                                                  pack_a: int) -> None:
     """Each row tile of a packed-B block prefetches its share of the next B micro-panel
-    (the next block's, across block edges with pre-packed weights; ARCHITECTURE change 81).
-    Over several column and K blocks, edge panels and both thread splits, the kernel run on
-    weights packed once matches the reference."""
+    (the next block's, across block edges with pre-packed weights; ARCHITECTURE change 81);
+    a team splitting the columns of pre-packed weights takes them in dynamic units (change
+    82). Over several column and K blocks, edge panels and every thread split, the kernel
+    run on weights packed once matches the reference."""
+    from tunecache.compiler.kinds.matmul.emit import dynamic_split
     from tunecache.compiler.runtime import compile_kernel
 
     op = M(45, 3 * HW.lanes * 4 + 5, 70, epilogue="bias")
     s = sched(HW, 4, 2, 16, mcm=3, ncm=2, loop_order=order, threads=threads,
-              parallel=parallel)
+              parallel=parallel, pack_a=pack_a)
     assert not problems(op, s, HW)
     code = generate(op, s, HW).code
     assert code.count("PREFETCH_SHARE(next, lines, ir, mp)") == 1
     assert "__builtin_prefetch((next) + l_ * 16, 0, 2)" in code and "b_after" in code
+    dynamic = order == "jpi" and threads == 2 and parallel == "n"
+    assert dynamic_split(op, s) == dynamic
+    assert ("schedule(dynamic, 1)" in code) == dynamic
     in_place = generate(op, MatmulSchedule(mr=4, nr=2 * HW.lanes, kc=16, mc=12,
                                            nc=4 * HW.lanes, pack_b=0), HW).code
     assert "PREFETCH_SHARE(next, lines, ir, mp)" not in in_place
@@ -229,3 +236,16 @@ def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(order: str, thre
     a, b, bias = random_inputs(op)
     np.testing.assert_allclose(kernel.bind_weights(b)(a, bias), reference(op, (a, b, bias)),
                                rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(kernel(a, b, bias), reference(op, (a, b, bias)), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_a_dynamic_split_packs_a_whole_only_when_it_is_small() -> None:
+    """Past ``DYNAMIC_A_MAX_BYTES`` of packed op(A) per thread, the split stays static."""
+    from tunecache.compiler.kinds.matmul.emit import DYNAMIC_A_MAX_BYTES, dynamic_split
+
+    s = MatmulSchedule(mr=8, nr=48, kc=128, mc=128, nc=768, threads=2, parallel="n")
+    k = DYNAMIC_A_MAX_BYTES // (4 * 128)
+    assert dynamic_split(M(128, 768, k), s)
+    assert not dynamic_split(M(136, 768, k), s)
+    assert dynamic_split(M(136, 768, k), s.replace(pack_a=0))

@@ -34,8 +34,28 @@ from tunecache.compiler.ops import OpSignature
 PREFETCH_NEXT_PANEL = True
 """Whether each micro-kernel call of a packed-B block prefetches its share of the next B
 micro-panel into L2. Without it the first row tile of every panel waited on the panel's
-lines from memory: BERT's FFN up-projection (128x3072x768) ran 0.93-0.94x as long with it
+lines from memory: BERT's and GPT-2's projections ran 0.90-0.92x as long with it
 on the Xeon VM (ARCHITECTURE change 81)."""
+
+
+DYNAMIC_UNIT_PANELS = 2
+"""B micro-panels per work unit of a dynamic split (:func:`dynamic_split`)."""
+
+DYNAMIC_A_MAX_BYTES = 2 << 20
+"""The largest op(A) a dynamic split packs whole into each thread's workspace."""
+
+
+def dynamic_split(op: OpSignature, s: MatmulSchedule) -> bool:
+    """Whether the pre-packed entry hands out column units dynamically (OpenMP
+    ``schedule(dynamic)``) instead of a static half to each thread: a team that splits the
+    columns of pre-packed weights, with op(A) small enough to pack whole per thread. A
+    static split waits for its slowest thread; on a shared VM a vCPU the host takes away
+    for a while slowed a two-thread BERT-base to its one-thread time, while the peers'
+    work-stealing pools lost a third (ARCHITECTURE change 82)."""
+    M, K = op.dim("M"), op.dim("K")
+    return (s.threads > 1 and s.parallel == "n" and s.loop_order == "jpi"
+            and bool(s.pack_b)
+            and (not s.pack_a or round_up(M, s.mr) * K * 4 <= DYNAMIC_A_MAX_BYTES))
 
 
 def panel_prefetch_macro() -> str:
@@ -140,14 +160,18 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         else:
             layout["OFF_B_PRIV"] = offset_private
             offset_private += region(b_block)
+    # Constant-B pre-packing: the whole op(B) laid out block by block, (jc, pc) in loop
+    # order, exactly as the kernel would pack it; only when every batch item shares B.
+    prepack = bool(s.pack_b) and (batch == 1 or op.shared == "b")
+    dynamic = prepack and dynamic_split(op, s)
+    if dynamic and s.pack_a:
+        layout["OFF_A_WHOLE"] = offset_private
+        offset_private += region(round_up(M, mr) * K)
     for name, size in (("EDGE_A", edge_a), ("EDGE_B", edge_b), ("CTILE", ctile)):
         layout[f"OFF_{name}"] = offset_private
         offset_private += region(size)
     shared_floats, private_floats = offset_shared, offset_private
 
-    # Constant-B pre-packing: the whole op(B) laid out block by block, (jc, pc) in loop
-    # order, exactly as the kernel would pack it; only when every batch item shares B.
-    prepack = bool(s.pack_b) and (batch == 1 or op.shared == "b")
     nc_padded = round_up(nc, nr)
     packed_floats = sum(round_up(min(nc, N - j), nr) * K for j in range(0, N, nc))
 
@@ -156,7 +180,7 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         "NC": nc, "ARS": a_rs, "APS": a_ps, "BPS": b_ps, "BCS": b_cs, "A_BATCH": a_batch,
         "B_BATCH": b_batch, "C_BATCH": c_batch, "SHARED_FLOATS": shared_floats,
         "PRIVATE_FLOATS": private_floats, "NC_PADDED": nc_padded,
-        "B_PACKED_FLOATS": packed_floats, **layout,
+        "B_PACKED_FLOATS": packed_floats, "DYN_PANELS": DYNAMIC_UNIT_PANELS, **layout,
     }
     out = [preamble(d, constants, body_threads)]
     out += filter(None, [scalar_helpers(op.epilogue)])
@@ -295,7 +319,9 @@ static void compute_block(float *restrict C, const float *restrict A, const floa
 """
     )
     out.append(_gemm_body(s, par, body_threads))
-    out.append(_entries(op, s, threads, par, prepack))
+    if dynamic:
+        out.append(_dynamic_body(s))
+    out.append(_entries(op, s, threads, par, prepack, dynamic))
     return "\n".join(out)
 
 
@@ -429,7 +455,46 @@ def _next_block(ind: str) -> str:
             f"{ind}(void)next_b; (void)next_k; (void)next_np;\n")
 
 
-def _entries(op: OpSignature, s: MatmulSchedule, threads: int, par: str, prepack: bool) -> str:
+def _dynamic_body(s: MatmulSchedule) -> str:
+    """The pre-packed entry's body under :func:`dynamic_split`: each thread packs all of
+    op(A) into its workspace (unless A is read in place), then takes units of
+    ``DYNAMIC_UNIT_PANELS`` micro-panels of one column block, as OpenMP hands them out, and
+    runs every K block of a unit in order (so no two threads touch one C tile)."""
+    pack = ("  float *Aw = priv + OFF_A_WHOLE;\n"
+            "  for (long pc = 0; pc < K; pc += KC)\n"
+            "    pack_a_block(Aw + pc * MP, A, 0, M, pc, MIN(KC, K - pc), 0, MP / MR);\n"
+            if s.pack_a else "  const float *Aw = NULL;\n")
+    a_block = "Aw + pc * MP + ic * k_cur" if s.pack_a else "NULL"
+    return """\
+#define UNITS_PER_JC (((NC + NR - 1) / NR + DYN_PANELS - 1) / DYN_PANELS)
+#define MP ((M + MR - 1) / MR * MR)
+static void gemm_body_dynamic(const float *restrict A, const float *restrict bias,
+                              float *restrict C, float *priv, const float *Bpre) {
+""" + pack + """\
+  (void)Aw;
+  const long units = (N + NC - 1) / NC * UNITS_PER_JC;
+  #pragma omp for schedule(dynamic, 1) nowait
+  for (long u = 0; u < units; u++) {
+    const long jc = u / UNITS_PER_JC * NC, n_cur = MIN(NC, N - jc);
+    const long np = (n_cur + NR - 1) / NR, lo = u % UNITS_PER_JC * DYN_PANELS;
+    const long hi = MIN(np, lo + DYN_PANELS);
+    if (lo >= hi) continue;
+    const float *blocks = Bpre + (jc / NC) * NC_PADDED * K;
+    for (long pc = 0; pc < K; pc += KC) {
+      const long k_cur = MIN(KC, K - pc), pn = pc + KC;
+      const float *after = pn < K ? blocks + np * NR * pn + lo * NR * MIN(KC, K - pn) : NULL;
+      for (long ic = 0; ic < M; ic += MC)
+        compute_block(C, A, NULL, bias, """ + a_block + """, blocks + np * NR * pc,
+                      priv, ic, MIN(MC, M - ic), jc, n_cur, pc, k_cur, pc == 0, pn >= K,
+                      lo, hi, ic + MC >= M ? after : NULL);
+    }
+  }
+}
+"""
+
+
+def _entries(op: OpSignature, s: MatmulSchedule, threads: int, par: str, prepack: bool,
+             dynamic: bool) -> str:
     """``tc_kernel`` and ``tc_time``; with ``prepack``, also the pre-packed-B ABI.
 
     ``tc_pack_weights(weights, packed)`` writes op(B) block by block in the kernel's panel layout
@@ -440,6 +505,9 @@ def _entries(op: OpSignature, s: MatmulSchedule, threads: int, par: str, prepack
         # Packed: args[1] is the pre-packed op(B), which gemm_body reads instead of B.
         b_at, pre = ("NULL", "B") if packed else ("B + b * B_BATCH", "NULL")
         priv = "ws + SHARED_FLOATS + TID * PRIVATE_FLOATS"
+        if packed and dynamic:
+            return (f"for (long b = 0; b < BATCH; b++)\n      gemm_body_dynamic(A + b * A_BATCH, "
+                    f"bias, C + b * C_BATCH, {priv}, B);")
         call = f"gemm_body(A + b * A_BATCH, {b_at}, bias, C + b * C_BATCH, ws, {priv}, "
         if par == "batch":
             # A threaded kernel whose parallel axis is batch runs a serial body per item.
