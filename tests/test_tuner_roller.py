@@ -14,6 +14,7 @@ from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import problems
 from tunecache.costmodel.analytic import estimate
+from tunecache.tuner.kinds.matmul import l1_model_kc, l1_ways_a
 from tunecache.tuner.search import SMALL_OP_FLOPS, candidates, exhaustive_space, roller
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=32 << 10,
@@ -313,7 +314,7 @@ def test_a_tuning_job_measures_the_l1_model_k_block_right_after_the_top_1() -> N
     that K block has no challenger."""
     from tunecache.compiler.kinds.matmul import matmul_op
     from tunecache.tuner.kinds import tuner_kind
-    from tunecache.tuner.kinds.matmul import kc_candidates
+    from tunecache.tuner.kinds.matmul import kc_candidates, kept_micro_tiles
     from tunecache.tuner.search.tune import TuneConfig, ranked_candidates
 
     config = TuneConfig(threads=1, pool=10)
@@ -327,8 +328,28 @@ def test_a_tuning_job_measures_the_l1_model_k_block_right_after_the_top_1() -> N
     assert (second.mr, second.nr, second.kc, second.strassen) == (top.mr, top.nr, model_kc, 0)
     assert not problems(op, second, AVX512)
     assert second not in {c.schedule for c in roller.candidates(op, AVX512, k=10, threads=1)}
+    # The top-1's 4x96 tile is too wide for the L1 model (B's panel leaves A no way of
+    # L1): the best tile that fits it challenges too, once the top-1's own K block is in.
+    assert l1_ways_a(AVX512, top.mr, top.nr) == 0
     settled = replace(second, kc=model_kc)
-    assert tuner_kind("matmul").challengers(op, settled, AVX512) == []
+    (fitting,) = tuner_kind("matmul").challengers(op, settled, AVX512)
+    best = next(t for t in kept_micro_tiles(op, AVX512) if l1_ways_a(AVX512, *t) >= 1)
+    assert (fitting.mr, fitting.nr) == best
+    assert fitting.kc == kc_candidates(op, AVX512, *best)[0] and not fitting.strassen
+    assert not problems(op, fitting, AVX512)
+    assert tuner_kind("matmul").challengers(op, fitting, AVX512) == []
+
+
+def test_the_l1_model_bounds_k_by_the_b_panel_where_a_gets_no_way() -> None:
+    """The BLIS L1 model gives A's micro-panel ``floor((ways - 1) / (1 + nr / mr))`` ways;
+    for a tile so wide that this is 0, B's ``kc x nr`` panel alone bounds ``kc``: it fits the
+    L1's ways but one."""
+    way = AVX512.l1d_bytes // AVX512.l1d_ways
+    assert l1_ways_a(AVX512, 4, 96) == 0
+    assert l1_model_kc(AVX512, 4, 96) == (AVX512.l1d_ways - 1) * way // (96 * 4)
+    assert l1_model_kc(AVX512, 4, 96) * 96 * 4 <= AVX512.l1d_bytes
+    ways_a = l1_ways_a(AVX512, 8, 48)
+    assert ways_a >= 1 and l1_model_kc(AVX512, 8, 48) == ways_a * way // (8 * 4)
 
 
 def test_a_wide_tile_challenges_the_top_1_where_its_kernel_reduces_in_chunks() -> None:

@@ -62,12 +62,27 @@ def kept_micro_tiles(op: OpSignature, hw: HardwareSpec) -> list[tuple[int, int]]
 # -- cache levels --------------------------------------------------------------------------
 
 
+def l1_ways_a(hw: HardwareSpec, mr: int, nr: int) -> int:
+    """The L1 ways the BLIS L1 model gives A's micro-panel, beside B's (0: the tile is too
+    wide for the model: B's panel leaves A less than a way)."""
+    return math.floor((hw.l1d_ways - 1) / (1 + nr / mr))
+
+
+def l1_model_kc(hw: HardwareSpec, mr: int, nr: int) -> int:
+    """The BLIS L1 model's K block: A's micro-panel fills its ways, and B's ``kc x nr``
+    panel fits the other ways but one. Below one way for A, the B panel alone bounds it:
+    a 4x96 tile read 256 here, a B panel of 96 KiB in a 48 KiB L1, and its kc=256 ran no
+    faster than kc=384 (ARCHITECTURE change 83)."""
+    way = hw.l1d_bytes // hw.l1d_ways
+    ways_a = l1_ways_a(hw, mr, nr)
+    by_b = (hw.l1d_ways - 1 - ways_a) * way // (nr * 4)
+    return min(by_b, ways_a * way // (mr * 4)) if ways_a else by_b
+
+
 def kc_candidates(op: OpSignature, hw: HardwareSpec, mr: int, nr: int) -> list[int]:
     """K blocks: the BLIS L1 model (B micro-panel resident in L1) and 256/384/512."""
     K = op.dim("K")
-    line_sets = hw.l1d_bytes // (hw.l1d_ways * hw.cache_line)
-    ways_a = max(1, math.floor((hw.l1d_ways - 1) / (1 + nr / mr)))
-    model = ways_a * line_sets * hw.cache_line // (mr * 4)
+    model = l1_model_kc(hw, mr, nr)
     out = []
     for kc in (model, 256, 384, 512):
         kc = balanced(K, max(8, kc), 8) if K > 8 else K
@@ -338,13 +353,22 @@ def _challengers(op: OpSignature, s: MatmulSchedule,
         # threads, BERT's 128x3072 FFN output with kc=128 timed 0.87x alone and ran 1.06x
         # in the model).
         return []
-    threads = s.threads
-    kc = kc_candidates(op, hw, s.mr, s.nr)[0]
-    if kc == s.kc and not s.strassen:
-        return []
-    mc = mc_candidates(op, hw, s.mr, kc, threads)[0]
-    nc = nc_candidates(op, hw, s.nr, kc)[0]
-    return [s.replace(strassen=0, kc=kc, mc=mc, nc=nc, pack_a=1, pack_b=1, loop_order="jpi")]
+    tiles = [(s.mr, s.nr)]
+    if l1_ways_a(hw, s.mr, s.nr) < 1:
+        # A tile too wide for the L1 model: also the best tile that fits it (at two
+        # threads BERT's 4x96 tops ran 1.15-1.25x the time of 8x48 at kc=128).
+        fits = [t for t in kept_micro_tiles(op, hw) if l1_ways_a(hw, *t) >= 1]
+        tiles += fits[:1]
+    out = []
+    for mr, nr in tiles:
+        kc = kc_candidates(op, hw, mr, nr)[0]
+        if (mr, nr, kc, s.strassen) == (s.mr, s.nr, s.kc, 0):
+            continue
+        mc = mc_candidates(op, hw, mr, kc, s.threads)[0]
+        nc = nc_candidates(op, hw, nr, kc)[0]
+        out.append(s.replace(mr=mr, nr=nr, strassen=0, kc=kc, mc=mc, nc=nc, pack_a=1,
+                             pack_b=1, loop_order="jpi"))
+    return out
 
 
 def _algorithm(s: MatmulSchedule) -> str:
