@@ -208,16 +208,19 @@ def test_avx512_micro_kernel_is_fma_dense_without_spills(tmp_path) -> None:
 @pytest.mark.parametrize(("order", "threads", "parallel", "pack_a"),
                          [("jpi", 1, "m", 1), ("jpi", 2, "n", 1), ("jpi", 2, "n", 0),
                           ("jpi", 2, "m", 1), ("ipj", 2, "n", 1)])
-def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(order: str, threads: int,
-                                                                  parallel: str,
-                                                                  pack_a: int) -> None:
+def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(
+        order: str, threads: int, parallel: str, pack_a: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Each row tile of a packed-B block prefetches its share of the next B micro-panel
     (the next block's, across block edges with pre-packed weights; ARCHITECTURE change 81);
     a team splitting the columns of pre-packed weights takes them in dynamic units (change
     82). Over several column and K blocks, edge panels and every thread split, the kernel
     run on weights packed once matches the reference."""
+    from tunecache.compiler.kinds.matmul import emit
     from tunecache.compiler.kinds.matmul.emit import dynamic_split
     from tunecache.compiler.runtime import compile_kernel
+
+    monkeypatch.setattr(emit, "DYNAMIC_SPLIT", True)  # off by default; its code is tested
 
     op = M(45, 3 * HW.lanes * 4 + 5, 70, epilogue="bias")
     s = sched(HW, 4, 2, 16, mcm=3, ncm=2, loop_order=order, threads=threads,
@@ -240,12 +243,18 @@ def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(order: str, thre
                                atol=1e-4)
 
 
-def test_a_dynamic_split_packs_a_whole_only_when_it_is_small() -> None:
-    """Past ``DYNAMIC_A_MAX_BYTES`` of packed op(A) per thread, the split stays static."""
+def test_a_dynamic_split_packs_a_whole_only_when_it_is_small(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``DYNAMIC_A_MAX_BYTES`` of packed op(A) per thread, the split stays static; with
+    ``DYNAMIC_SPLIT`` off (the default), every split does."""
+    from tunecache.compiler.kinds.matmul import emit
     from tunecache.compiler.kinds.matmul.emit import DYNAMIC_A_MAX_BYTES, dynamic_split
 
     s = MatmulSchedule(mr=8, nr=48, kc=128, mc=128, nc=768, threads=2, parallel="n")
     k = DYNAMIC_A_MAX_BYTES // (4 * 128)
+    assert not dynamic_split(M(128, 768, k), s)
+    assert "schedule(dynamic" not in generate(M(128, 768, k), s, HW).code
+    monkeypatch.setattr(emit, "DYNAMIC_SPLIT", True)
     assert dynamic_split(M(128, 768, k), s)
     assert not dynamic_split(M(136, 768, k), s)
     assert dynamic_split(M(136, 768, k), s.replace(pack_a=0))

@@ -40,6 +40,12 @@ lines from memory: BERT's and GPT-2's projections ran 0.90-0.92x as long with it
 on the Xeon VM (ARCHITECTURE change 81)."""
 
 
+DYNAMIC_SPLIT = False
+"""Whether :func:`dynamic_split` may hand out column units (off: every split is static).
+Off by default: beside a duty-cycle spinner on one vCPU it took 0.87-0.91x the static
+split's time, but beside two CPU-burning processes (``benchmarks/busy_machine.py``) the
+BERT layer's busy latency read 34-42 ms against 31-32 ms static (ARCHITECTURE change 82)."""
+
 DYNAMIC_UNIT_PANELS = 2
 """B micro-panels per work unit of a dynamic split (:func:`dynamic_split`)."""
 
@@ -55,7 +61,7 @@ def dynamic_split(op: OpSignature, s: MatmulSchedule) -> bool:
     for a while slowed a two-thread BERT-base to its one-thread time, while the peers'
     work-stealing pools lost a third (ARCHITECTURE change 82)."""
     M, K = op.dim("M"), op.dim("K")
-    return (s.threads > 1 and s.parallel == "n" and s.loop_order == "jpi"
+    return (DYNAMIC_SPLIT and s.threads > 1 and s.parallel == "n" and s.loop_order == "jpi"
             and bool(s.pack_b)
             and (not s.pack_a or round_up(M, s.mr) * K * 4 <= DYNAMIC_A_MAX_BYTES))
 
