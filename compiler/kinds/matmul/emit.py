@@ -13,8 +13,8 @@ packs), and an ``MR x NR`` micro-kernel that keeps its accumulators in named vec
 for the whole ``kc`` loop. Partial tiles are computed into a local tile and merged with
 scalar code, so every shape is handled without masking. Threads split row blocks
 (``parallel=m``), column micro-panels (``parallel=n``) or batch items, with manual static
-partitions and explicit barriers; over pre-packed weights, a column split hands out units
-of micro-panels dynamically instead (:func:`dynamic_split`). Each row tile of a packed-B
+partitions and explicit barriers; over pre-packed weights, a column split can hand out
+units of micro-panels dynamically instead (:func:`dynamic_split`, off by default). Each row tile of a packed-B
 block prefetches its share of the next B micro-panel into L2 (``PREFETCH_SHARE``).
 """
 
