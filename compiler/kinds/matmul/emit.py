@@ -14,8 +14,9 @@ for the whole ``kc`` loop. Partial tiles are computed into a local tile and merg
 scalar code, so every shape is handled without masking. Threads split row blocks
 (``parallel=m``), column micro-panels (``parallel=n``) or batch items, with manual static
 partitions and explicit barriers; over pre-packed weights, a column split can hand out
-units of micro-panels dynamically instead (:func:`dynamic_split`, off by default). Each row tile of a packed-B
-block prefetches its share of the next B micro-panel into L2 (``PREFETCH_SHARE``).
+units of micro-panels dynamically instead (:func:`dynamic_split`, off by default). Each
+row tile of a packed-B block prefetches its share of the next B micro-panel into L2
+(``PREFETCH_SHARE``).
 """
 
 from __future__ import annotations
