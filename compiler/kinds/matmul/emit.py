@@ -194,6 +194,9 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     out = [preamble(d, constants, body_threads)]
     out += filter(None, [scalar_helpers(op.epilogue)])
     out.append(panel_prefetch_macro())
+    # Pre-packed op(B): block (jc, pc) of the buffer at `base`, its panels KC-deep.
+    out.append("#define PACKED_BLOCK(base, jc, pc) ((base) + ((jc) / NC) * NC_PADDED * K"
+               " + (MIN(NC, N - (jc)) + NR - 1) / NR * NR * (pc))\n")
     # Packing: panels of MR rows of op(A) / NR columns of op(B), zero-padded, k-major.
     out.append(
         """\
@@ -399,8 +402,7 @@ static void gemm_body(const float *restrict A, const float *restrict B, const fl
         else:
             pack = "pack_b_block(Bp, B, pc, k_cur, jc, n_cur, 0, (n_cur + NR - 1) / NR);"
         # Every thread takes the same branch (Bpre is the same for all), so the barrier holds.
-        return (f"{ind}if (Bpre) Bu = Bpre + (jc / NC) * NC_PADDED * K"
-                f" + (n_cur + NR - 1) / NR * NR * pc;\n"
+        return (f"{ind}if (Bpre) Bu = PACKED_BLOCK(Bpre, jc, pc);\n"
                 f"{ind}else {{ {pack} Bu = Bp; }}\n")
 
     def compute(ind: str) -> str:
@@ -459,8 +461,8 @@ def _next_block(ind: str) -> str:
             f"{ind}const long next_jc = pc + KC < K ? jc : jc + NC;\n"
             f"{ind}const long next_k = MIN(KC, K - next_pc);\n"
             f"{ind}const long next_np = next_jc < N ? (MIN(NC, N - next_jc) + NR - 1) / NR : 0;\n"
-            f"{ind}const float *next_b = Bpre && next_jc < N ? Bpre + (next_jc / NC) * NC_PADDED"
-            f" * K + next_np * NR * next_pc : NULL;\n"
+            f"{ind}const float *next_b = Bpre && next_jc < N"
+            f" ? PACKED_BLOCK(Bpre, next_jc, next_pc) : NULL;\n"
             f"{ind}(void)next_b; (void)next_k; (void)next_np;\n")
 
 
@@ -488,12 +490,12 @@ static void gemm_body_dynamic(const float *restrict A, const float *restrict bia
     const long np = (n_cur + NR - 1) / NR, lo = u % UNITS_PER_JC * DYN_PANELS;
     const long hi = MIN(np, lo + DYN_PANELS);
     if (lo >= hi) continue;
-    const float *blocks = Bpre + (jc / NC) * NC_PADDED * K;
     for (long pc = 0; pc < K; pc += KC) {
       const long k_cur = MIN(KC, K - pc), pn = pc + KC;
-      const float *after = pn < K ? blocks + np * NR * pn + lo * NR * MIN(KC, K - pn) : NULL;
+      const float *after = pn < K ? PACKED_BLOCK(Bpre, jc, pn) + lo * NR * MIN(KC, K - pn)
+                                  : NULL;
       for (long ic = 0; ic < M; ic += MC)
-        compute_block(C, A, NULL, bias, """ + a_block + """, blocks + np * NR * pc,
+        compute_block(C, A, NULL, bias, """ + a_block + """, PACKED_BLOCK(Bpre, jc, pc),
                       priv, ic, MIN(MC, M - ic), jc, n_cur, pc, k_cur, pc == 0, pn >= K,
                       lo, hi, ic + MC >= M ? after : NULL);
     }
@@ -527,7 +529,7 @@ def _entries(op: OpSignature, s: MatmulSchedule, threads: int, par: str, prepack
   for (long jc = 0; jc < N; jc += NC) {
     const long n_cur = MIN(NC, N - jc);
     for (long pc = 0; pc < K; pc += KC)
-      pack_b_block(packed + (jc / NC) * NC_PADDED * K + (n_cur + NR - 1) / NR * NR * pc,
+      pack_b_block(PACKED_BLOCK(packed, jc, pc),
                    weights, pc, MIN(KC, K - pc), jc, n_cur, 0, (n_cur + NR - 1) / NR);
   }"""
     return kernel_entries(
