@@ -416,3 +416,31 @@ def test_direct_tiles_on_a_blocked_input_are_tuned_with_the_split_a_model_runs()
         assert {s.parallel for s in space if s.threads == 2} == {axis}
         other = direct[0].replace(parallel="oc" if axis == "pixel" else "pixel")
         assert local_split(op, other) == direct[0]
+
+
+def test_a_xeon_pays_for_streaming_weights_so_strassen_and_row_splits_lose_there() -> None:
+    """On the second Xeon VM (two 512-bit FMA units, a third of Zen 4's bandwidth per core)
+    one level of Strassen ran BERT's FFN up-projection 1.04-1.10x and GPT-2's LM head 1.07-
+    1.12x the plain kernel's time, and splitting rows at two threads 1.24x splitting columns,
+    where the estimate had ranked both first. Its weight stream is now charged in the open:
+    the Xeon's top-1 is a plain kernel with columns split, every thread streaming only its
+    share of the weights, while Zen 4 keeps its Strassen pick (0.85-0.93x there)."""
+    from tunecache.costmodel.analytic import constants
+
+    xeon = replace(AVX512, cpu_model="Intel(R) Xeon(R) Processor", l1d_bytes=48 << 10,
+                   l2_bytes=2 << 20)
+    zen4 = replace(xeon, cpu_model="AMD EPYC 9B14")
+    assert constants(xeon).weight_stream_exposed > constants(zen4).weight_stream_exposed == 0
+    ffn_up = OpSignature.matmul(128, 3072, 768)
+    for threads in (1, 2):
+        xeon_top = candidates(ffn_up, xeon, k=4, threads=threads)[0].schedule
+        assert not xeon_top.strassen
+        assert threads == 1 or xeon_top.parallel == "n"
+    assert candidates(ffn_up, zen4, k=4, threads=1)[0].schedule.strassen
+    # The charge is the busiest thread's share of the weights: all of them split by rows.
+    split_n = candidates(ffn_up, xeon, k=4, threads=2)[0].schedule
+    split_m = split_n.replace(parallel="m")
+    gap = (estimate(ffn_up, split_m, xeon).seconds - estimate(ffn_up, split_n, xeon).seconds)
+    zen_gap = (estimate(ffn_up, split_m, zen4).seconds - estimate(ffn_up, split_n, zen4).seconds)
+    weights_s = 4 * 3072 * 768 / (constants(xeon).dram_gbps_per_core * 1e9)
+    assert gap - zen_gap == pytest.approx(weights_s / 2, rel=0.05)

@@ -39,7 +39,10 @@ class ArchConstants:
     register of its own (AVX2). ``window_uops`` is how many micro-ops the core's out-of-order
     window holds beyond the one executing (Zen 3's reorder buffer has 256 entries, Zen 4's
     320): a micro-kernel whose whole reduction is shorter than that overlaps the next tile's
-    independent accumulator chains with its own."""
+    independent accumulator chains with its own. ``weight_stream_exposed`` is the share of
+    the time a matmul takes to stream its constant weights from memory that its compute
+    does not hide: none where bandwidth is ample for the FMA rate, all where it is not (the
+    two-FMA-unit Xeon, :mod:`tunecache.compiler.backends.cpu`)."""
 
     ghz: float = 3.0
     fma_pipes: int = 2
@@ -56,6 +59,7 @@ class ArchConstants:
     barrier_s: float = 1.5e-6
     block_overhead_s: float = 1e-7
     merge_s_per_element: float = 1e-9
+    weight_stream_exposed: float = 0.0
 
 
 class Backend(Protocol):

@@ -36,8 +36,15 @@ AVX512_CONSTANTS = replace(X86_CONSTANTS, fma_in_flight=4, broadcast_loads=0.5)
 # AVX-512 and 79-83 at AVX2. Eight FMAs in flight keep them busy, and a broadcast is a load
 # of its own there: with two FMAs and two vector loads a cycle, a tile needs at least one
 # FMA per load, which tall one-vector tiles (16 broadcasts and a vector load for 16 FMAs)
-# do not reach (ARCHITECTURE change 72).
-XEON_AVX512_CONSTANTS = replace(X86_CONSTANTS, fma_in_flight=8, broadcast_loads=1.0)
+# do not reach (ARCHITECTURE change 72). Those cores also compute about three times as fast
+# per byte of memory bandwidth as Zen 4 (a one-thread copy moved 11 GB/s against 33), and a
+# matmul's weight stream is not hidden behind its compute (ARCHITECTURE change 84): on the
+# second Xeon VM, Strassen's B sums (1.75x the weights' bytes) ran BERT's FFN up-projection
+# 1.04-1.10x and GPT-2's LM head 1.07-1.12x the plain kernel's time where the estimate had
+# ranked them 10% faster, and splitting its rows at two threads (each thread streams all the
+# weights) 1.24x splitting its columns, where the two had tied.
+XEON_AVX512_CONSTANTS = replace(X86_CONSTANTS, fma_in_flight=8, broadcast_loads=1.0,
+                                weight_stream_exposed=1.0)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from tunecache.compiler.backends import ArchConstants
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.kinds.matmul import strassen_block
@@ -75,7 +76,9 @@ def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> E
     kernel with the same micro-tile and K block over the whole block (the kernel forms each
     A sum once and adds each tile into the C block buffer, as that kernel packs A and stores
     C), plus writing the buffer's blocks to C. A C block buffer (``4 ** levels`` blocks of
-    ``mc`` x ``nc``) and A block that overflow L2 slow every product."""
+    ``mc`` x ``nc``) and A block that overflow L2 slow every product. Each product streams
+    its B sum as the plain kernel streams its weights (``7 ** levels`` blocks of a
+    ``4 ** levels``-th of them)."""
     arch = constants(hw)
     count, grid = 7 ** s.strassen, 2 ** s.strassen
     block = strassen_block(op, s.strassen)
@@ -94,6 +97,18 @@ def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> E
     seconds = count * (product.seconds - product.overhead_s) * spill + write_s + overhead_s
     seconds *= 1.0 + SECOND_LEVEL_COST * (s.strassen - 1)
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+def _exposed_weights_s(op: OpSignature, s: MatmulSchedule, arch: ArchConstants,
+                       col_share: float) -> float:
+    """The backend's ``weight_stream_exposed`` share of the time the busiest thread takes to
+    stream its constant weights from memory: all of them when threads split rows, its
+    columns' share when they split columns."""
+    if not arch.weight_stream_exposed or not op_kind(op.kind).prepacked_timing:
+        return 0.0
+    share = col_share if (s.threads > 1 and s.parallel == "n") else 1.0
+    b_bytes = op.dtype_bytes * op.dim("K") * op.dim("N") * (op.batch if op.shared != "b" else 1)
+    return arch.weight_stream_exposed * b_bytes * share / (arch.dram_gbps_per_core * 1e9)
 
 
 def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
@@ -191,7 +206,7 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
         # panels packed once at compile time (AVX2 Zen 3 VM); a model streams its weights
         # from DRAM on every inference.
         floor_s /= 0.6
-    memory_s = pack_s + c_bytes / c_bw
+    memory_s = pack_s + c_bytes / c_bw + _exposed_weights_s(op, s, arch, cols / Np)
 
     edge_elements = (Mp * Np - M * N) if (Mp != M or Np != N) else 0
     merge_s = arch.merge_s_per_element * (edge_elements + (Mp - M) * 0) * n_pc * B / T
