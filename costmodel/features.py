@@ -88,7 +88,11 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 22: a direct tile of a 1x1 stride-1 unpadded conv runs along the image's flat run of
 #     pixels (compiler.kinds.conv2d.space.flat_pixels), which moves its edge-efficiency,
 #     split and analytic columns (ARCHITECTURE change 65).
-FEATURE_VERSION = 22
+# 23: where the backend says a matmul's weight stream is not hidden (the two-FMA-unit Xeon:
+#     ArchConstants.weight_stream_exposed), the busiest thread's share of the weights is
+#     charged on top of compute, which moves the matmul's analytic columns on that hardware
+#     (ARCHITECTURE change 84).
+FEATURE_VERSION = 23
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
