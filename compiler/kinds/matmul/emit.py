@@ -196,7 +196,7 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     }
     out = [preamble(d, constants, body_threads)]
     out += filter(None, [scalar_helpers(op.epilogue)])
-    out.append(panel_prefetch_macro(one_row_tile=M <= mr))
+    out.append(panel_prefetch_macro(one_row_tile=mr >= M))
     # Pre-packed op(B): block (jc, pc) of the buffer at `base`, its panels KC-deep.
     out.append("#define PACKED_BLOCK(base, jc, pc) ((base) + ((jc) / NC) * NC_PADDED * K"
                " + (MIN(NC, N - (jc)) + NR - 1) / NR * NR * (pc))\n")
