@@ -66,11 +66,14 @@ def write_section(name: str, markdown: str, doc: Path = DOC) -> None:
     doc.write_text(text)
 
 
-def median_ms(fn: Callable[[], object], repeat: int) -> float:
-    """Median wall time of ``fn`` in milliseconds over ``repeat`` calls after one warm-up."""
+def median_ms(fn: Callable[[], object], repeat: int, gap_s: float = 0.0) -> float:
+    """Median wall time of ``fn`` in milliseconds over ``repeat`` calls after one warm-up,
+    each call after ``gap_s`` idle seconds (none by default)."""
     fn()
     samples = []
     for _ in range(repeat):
+        if gap_s:
+            time.sleep(gap_s)
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)

@@ -30,8 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -59,18 +57,6 @@ def _model(key: str) -> object:
     if key == "bert":
         return bert_layer_model(17, True, batch=1, seq=128, hidden=768, heads=12)
     return mobilenet_v2_model(224)
-
-
-def _median_ms_after_gaps(fn: Callable[[], object], repeat: int, gap_s: float) -> float:
-    """Median wall time of ``fn`` in milliseconds, each call after ``gap_s`` idle seconds."""
-    fn()
-    samples = []
-    for _ in range(repeat):
-        time.sleep(gap_s)
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
 
 
 def child(key: str, engine: str, threads: int, repeat: int, work: Path, gap_ms: float) -> None:
@@ -105,7 +91,7 @@ def child(key: str, engine: str, threads: int, repeat: int, work: Path, gap_ms: 
                                  record_wanted=False)
         def run() -> object:
             return compiled.run(feeds)
-    ms = _median_ms_after_gaps(run, repeat, gap_ms / 1e3) if gap_ms else median_ms(run, repeat)
+    ms = median_ms(run, repeat, gap_ms / 1e3)
     print(json.dumps({"ms": ms}))
 
 
