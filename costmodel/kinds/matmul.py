@@ -99,16 +99,10 @@ def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> E
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
 
 
-def _exposed_weights_s(op: OpSignature, s: MatmulSchedule, arch: ArchConstants,
-                       col_share: float) -> float:
+def _exposed_weights_s(arch: ArchConstants, weight_bytes: float) -> float:
     """The backend's ``weight_stream_exposed`` share of the time the busiest thread takes to
-    stream its constant weights from memory: all of them when threads split rows, its
-    columns' share when they split columns."""
-    if not arch.weight_stream_exposed or not op_kind(op.kind).prepacked_timing:
-        return 0.0
-    share = col_share if (s.threads > 1 and s.parallel == "n") else 1.0
-    b_bytes = op.dtype_bytes * op.dim("K") * op.dim("N") * (op.batch if op.shared != "b" else 1)
-    return arch.weight_stream_exposed * b_bytes * share / (arch.dram_gbps_per_core * 1e9)
+    stream ``weight_bytes`` of constant weights from memory."""
+    return arch.weight_stream_exposed * weight_bytes / (arch.dram_gbps_per_core * 1e9)
 
 
 def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
@@ -184,10 +178,10 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
     busiest = items * rows * cols / (B * Mp * Np)
     total_bytes = op.min_bytes
     thread_bytes = total_bytes * busiest
+    b_bytes = float(op.dtype_bytes * K * N * (B if op.shared != "b" else 1))
     if T > 1 and s.parallel == "m":
         # Splitting rows shares out A and C, not B: every thread streams all of it (GPT-2's
         # LM head at M=8 on two threads: 11.0 ms split by rows, 6.3 ms split by columns).
-        b_bytes = float(op.dtype_bytes * K * N * (B if op.shared != "b" else 1))
         thread_bytes = (total_bytes - b_bytes) * busiest + b_bytes
     if total_bytes > l3_share * T:
         floor_s = thread_bytes / (arch.dram_gbps_per_core * 1e9)
@@ -206,7 +200,11 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
         # panels packed once at compile time (AVX2 Zen 3 VM); a model streams its weights
         # from DRAM on every inference.
         floor_s /= 0.6
-    memory_s = pack_s + c_bytes / c_bw + _exposed_weights_s(op, s, arch, cols / Np)
+    memory_s = pack_s + c_bytes / c_bw
+    if prepacked:
+        # Split by columns, the busiest thread streams its columns' share; else all of B.
+        memory_s += _exposed_weights_s(arch, b_bytes * (cols / Np if T > 1 and s.parallel == "n"
+                                                         else 1.0))
 
     edge_elements = (Mp * Np - M * N) if (Mp != M or Np != N) else 0
     merge_s = arch.merge_s_per_element * (edge_elements + (Mp - M) * 0) * n_pc * B / T

@@ -45,7 +45,9 @@ DYNAMIC_SPLIT = False
 """Whether :func:`dynamic_split` may hand out column units (off: every split is static).
 Off by default: beside a duty-cycle spinner on one vCPU it took 0.87-0.91x the static
 split's time, but beside two CPU-burning processes (``benchmarks/busy_machine.py``) the
-BERT layer's busy latency read 34-42 ms against 31-32 ms static (ARCHITECTURE change 82)."""
+BERT layer's busy latency read 34-42 ms against 31-32 ms static, and five rounds of that
+benchmark with a duty-cycle and an idle-gap condition found it faster in none (ARCHITECTURE
+change 82)."""
 
 DYNAMIC_UNIT_PANELS = 2
 """B micro-panels per work unit of a dynamic split (:func:`dynamic_split`)."""
