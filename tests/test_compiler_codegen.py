@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -190,6 +191,62 @@ def test_micro_kernel_loop_starts_on_a_cache_line(tmp_path) -> None:
         assert re.search(r"\.p2align 6\s*(\.p2align \d+\s*)?$", before), before[-80:]
 
 
+_PLAN_HARNESS = """\
+#include <string.h>
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+static const float *base_;
+static long *hits_, *early_, step_;
+static void mark(const void *p) {
+  long l = ((const float *)p - base_) / 16;
+  if (l >= 0 && l < 8192) { hits_[l]++; if (step_ < 0) early_[l]++; }
+}
+#define __builtin_prefetch(addr, rw, locality) mark(addr)
+%s
+/* What a row tile's micro-kernel does with its plan: n tiles, k steps each. */
+void cover(long lines, long n, long k, long *hits, long *early) {
+  static float panel[8192 * 16];
+  base_ = panel; hits_ = hits; early_ = early;
+  for (long ir = 0; ir < n; ir++) {
+    long npf, pfs;
+    step_ = -1;
+    const float *pf = prefetch_plan(panel, lines, ir, n, k, &npf, &pfs);
+    for (long p = 0; p < npf; p++) { step_ = p; %s }
+  }
+}
+"""
+
+
+def test_the_prefetch_plan_covers_the_next_panel_spread_over_the_k_steps(tmp_path) -> None:
+    """The row tiles of a block, together, prefetch every line of the next B micro-panel
+    and nothing past it; each spreads its share over its k steps, and only a share of more
+    lines than steps is partly prefetched up front (ARCHITECTURE change 86)."""
+    import ctypes
+
+    from tunecache.compiler.build import find_compiler
+    from tunecache.compiler.kinds.matmul import emit
+
+    source = tmp_path / "plan.c"
+    source.write_text(_PLAN_HARNESS % (emit.PREFETCH_PLAN, emit.SPREAD_STEP))
+    lib = tmp_path / "plan.so"
+    subprocess.run([str(find_compiler().path), "-O1", "-shared", "-fPIC", "-o", str(lib),
+                    str(source)], check=True, capture_output=True)
+    cover = ctypes.CDLL(str(lib)).cover
+    for nr_lines, k, tiles in [(2, 256, 8), (3, 128, 8), (2, 384, 16), (6, 384, 32),
+                               (6, 256, 2), (4, 7, 3), (1, 1, 1), (2, 5, 9)]:
+        lines = nr_lines * k  # an NR-wide panel k deep: NR/16 lines a step
+        hits, early = np.zeros(8192, np.int64), np.zeros(8192, np.int64)
+        cover(ctypes.c_long(lines), ctypes.c_long(tiles), ctypes.c_long(k),
+              hits.ctypes.data_as(ctypes.c_void_p), early.ctypes.data_as(ctypes.c_void_p))
+        case = (nr_lines, k, tiles)
+        assert (hits[:lines] > 0).all(), case
+        assert not hits[lines + 1:].any(), case  # the last step may reach one line on
+        share = -(-lines // tiles)
+        if share <= k:
+            assert not early.any(), case
+        else:
+            assert early.sum() <= tiles * (share - k), case
+
+
 @pytest.mark.skipif("avx512" not in ISAS, reason="needs an AVX-512 machine")
 def test_avx512_micro_kernel_is_fma_dense_without_spills(tmp_path) -> None:
     """The 14x32 micro-kernel's k loop: 28 zmm FMAs and no vector register spills."""
@@ -212,7 +269,8 @@ def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(
         order: str, threads: int, parallel: str, pack_a: int,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each row tile of a packed-B block prefetches its share of the next B micro-panel
-    (the next block's, across block edges with pre-packed weights; ARCHITECTURE change 81);
+    (the next block's, across block edges with pre-packed weights; ARCHITECTURE change 81),
+    spread over its k steps by every micro-kernel variant it calls (change 86);
     a team splitting the columns of pre-packed weights takes them in dynamic units (change
     82). Over several column and K blocks, edge panels and every thread split, the kernel
     run on weights packed once matches the reference."""
@@ -227,20 +285,19 @@ def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(
               parallel=parallel, pack_a=pack_a)
     assert not problems(op, s, HW)
     code = generate(op, s, HW).code
-    assert code.count("PREFETCH_SHARE(next, lines, ir, mp)") == 1
-    assert "__builtin_prefetch((next) + l_ * 16, 0, 2)" in code and "b_after" in code
+    assert code.count("prefetch_plan(next, lines, ir, mp, k_cur, &npf, &pfs)") == 1
+    assert code.count(emit.SPREAD_STEP) == (1 if pack_a else 2) and "b_after" in code
     dynamic = order == "jpi" and threads == 2 and parallel == "n"
     assert dynamic_split(op, s) == dynamic
     assert ("schedule(dynamic, 1)" in code) == dynamic
     in_place = generate(op, MatmulSchedule(mr=4, nr=2 * HW.lanes, kc=16, mc=12,
                                            nc=4 * HW.lanes, pack_b=0), HW).code
-    assert "PREFETCH_SHARE(next, lines, ir, mp)" not in in_place
+    assert "prefetch_plan" not in in_place and emit.SPREAD_STEP not in in_place
     # One row tile per block (a decode step's M=1): the weights stream through it alone, and
-    # the macro prefetches nothing (M=1 matmuls ran 1.06-1.14x as long with it).
+    # nothing prefetches them (M=1 matmuls ran 1.06-1.14x as long with it).
     row = generate(M(1, op.dim("N"), op.dim("K"), epilogue="bias"), s.replace(mr=1, mc=1),
                    HW).code
-    assert "__builtin_prefetch((next)" not in row
-    assert "#define PREFETCH_SHARE(next, lines, i, n) ((void)0)" in row
+    assert "prefetch_plan" not in row and emit.SPREAD_STEP not in row
     kernel = compile_kernel(op, s, HW)
     a, b, bias = random_inputs(op)
     np.testing.assert_allclose(kernel.bind_weights(b)(a, bias), reference(op, (a, b, bias)),

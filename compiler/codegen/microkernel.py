@@ -121,18 +121,31 @@ def _fmas(tile: Tile, columns: str, rows: Sequence[str], indent: str) -> list[st
     return lines
 
 
-def accumulate(tile: Tile, loops: Sequence[Loop], columns: str, rows: Sequence[str]) -> list[str]:
+def accumulate(tile: Tile, loops: Sequence[Loop], columns: str, rows: Sequence[str],
+               lead: Sequence[Loop] = ()) -> list[str]:
     """C lines zeroing the accumulators and running the reduction loop nest.
 
     ``columns``: the column operand, a vector expression template (``{o}`` lane offset; one
     without ``{o}`` is the same vector for every column, e.g. a broadcast weight).
     ``rows``: per row of ``tile``, a float expression broadcast to all columns, or a vector
     expression template with ``{o}`` loaded per column. Expressions use the loops' variables.
+    ``lead``: a nest with the same body run before ``loops`` (their headers split the
+    reduction between them), so that work only its first steps do (``setup``) is a loop of
+    its own, not a branch in every step: GCC would split such a loop itself, but leaves the
+    split-off part unaligned (ARCHITECTURE change 64).
     """
     if len(rows) != len(tile.rows):
         raise ValueError(f"{len(rows)} row operands for a tile of {len(tile.rows)} rows")
     lines = ["  vec " + ", ".join(f"{tile.acc(r, v)} = VZERO()" for v in range(tile.vectors)) + ";"
              for r in range(len(tile.rows))]
+    for nest in (lead, loops) if lead else (loops,):
+        lines += _nest(tile, nest, columns, rows)
+    return lines
+
+
+def _nest(tile: Tile, loops: Sequence[Loop], columns: str, rows: Sequence[str]) -> list[str]:
+    """C lines of one reduction loop nest around the FMAs of one step."""
+    lines: list[str] = []
     indent = "  "
     for loop in loops:
         if loop.unroll > 1:
@@ -193,8 +206,8 @@ def store(tile: Tile, spec: Store) -> list[str]:
 
 
 def micro_kernel(signature: str, tile: Tile, loops: Sequence[Loop], columns: str,
-                 rows: Sequence[str], spec: Store) -> str:
+                 rows: Sequence[str], spec: Store, lead: Sequence[Loop] = ()) -> str:
     """A whole ``static inline`` micro-kernel: ``signature`` (everything before the body's
     brace), the reduction of :func:`accumulate`, then the :func:`store` of ``spec``."""
     return "\n".join([f"{signature} {{", *_prefetches(tile, spec),
-                      *accumulate(tile, loops, columns, rows), *store(tile, spec), "}"])
+                      *accumulate(tile, loops, columns, rows, lead), *store(tile, spec), "}"])

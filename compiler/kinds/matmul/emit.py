@@ -15,8 +15,8 @@ scalar code, so every shape is handled without masking. Threads split row blocks
 (``parallel=m``), column micro-panels (``parallel=n``) or batch items, with manual static
 partitions and explicit barriers; over pre-packed weights, a column split can hand out
 units of micro-panels dynamically instead (:func:`dynamic_split`, off by default). Each
-row tile of a packed-B block prefetches its share of the next B micro-panel into L2
-(``PREFETCH_SHARE``).
+row tile of a packed-B block prefetches its share of the next B micro-panel into L2, one
+address per step of its k loop (``prefetch_plan``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ PREFETCH_NEXT_PANEL = True
 """Whether each micro-kernel call of a packed-B block prefetches its share of the next B
 micro-panel into L2. Without it the first row tile of every panel waited on the panel's
 lines from memory: BERT's and GPT-2's projections ran 0.90-0.92x as long with it
-on the Xeon VM (ARCHITECTURE change 81)."""
+on the Xeon VM (ARCHITECTURE change 81). The share is spread over the micro-kernel's k
+steps, not issued in a burst before it: a burst fills the core's miss buffers and stalls
+it, and spread the projections ran 0.89-0.95x as long again (change 86)."""
 
 
 DYNAMIC_SPLIT = False
@@ -69,52 +71,76 @@ def dynamic_split(op: OpSignature, s: MatmulSchedule) -> bool:
             and (not s.pack_a or round_up(M, s.mr) * K * 4 <= DYNAMIC_A_MAX_BYTES))
 
 
-def panel_prefetch_macro(one_row_tile: bool = False) -> str:
-    """``PREFETCH_SHARE(next, lines, i, n)``: row tile ``i`` of ``n`` prefetches its share of
-    the ``lines`` cache lines at ``next`` (NULL: none) into L2; nothing when
-    :data:`PREFETCH_NEXT_PANEL` is off or every block is ``one_row_tile`` high: there the
-    weights stream through a single tile, and M=1 decode-step matmuls ran 1.06-1.14x as
-    long with the prefetch on the second Xeon VM (the hardware prefetchers follow a
-    single stream)."""
-    if not PREFETCH_NEXT_PANEL or one_row_tile:
-        return "#define PREFETCH_SHARE(next, lines, i, n) ((void)0)\n"
-    return ("#define PREFETCH_SHARE(next, lines, i, n) do { if (next) \\\n"
-            "  for (long l_ = (i) * (lines) / (n); l_ < ((i) + 1) * (lines) / (n); l_++) \\\n"
-            "    __builtin_prefetch((next) + l_ * 16, 0, 2); } while (0)\n")
+def spreads_prefetch(op: OpSignature, s: MatmulSchedule) -> bool:
+    """Whether the micro-kernels of ``op`` under ``s`` prefetch the next B micro-panel (see
+    :data:`PREFETCH_NEXT_PANEL`): packed B, and more than one row tile. Where every block is
+    one row tile high the weights stream through that tile alone, and M=1 decode-step
+    matmuls ran 1.06-1.14x as long with the prefetch on the second Xeon VM (the hardware
+    prefetchers follow a single stream; change 85)."""
+    return PREFETCH_NEXT_PANEL and bool(s.pack_b) and s.mr < op.dim("M")
 
 
-def _panel_prefetch(s: MatmulSchedule) -> tuple[str, str]:
+PREFETCH_PLAN = """\
+/* Row tile i of n takes its share of the `lines` cache lines at `next` (NULL: none): one
+   address every *pfs floats over its first *npf k steps (*npf = 0: none), *pfs at most a
+   line; lines a k step each cannot reach are prefetched now. Returns the first address. */
+static inline const float *prefetch_plan(const float *next, long lines, long i, long n,
+                                         long k, long *npf, long *pfs) {
+  const long lo = i * lines / n, hi = (i + 1) * lines / n, span = (hi - lo) * 16;
+  *pfs = span >= 16 * k ? 16 : (span + k - 1) / k;
+  *npf = next && span ? MIN(k, (span + *pfs - 1) / *pfs) : 0;
+  if (next)
+    for (long l = lo + *npf * *pfs / 16; l < hi; l++) __builtin_prefetch(next + l * 16, 0, 2);
+  return next ? next + lo * 16 : NULL;
+}
+"""
+
+
+SPREAD_STEP = "__builtin_prefetch(pf + p * pfs, 0, 2);"
+"""What a spreading micro-kernel does at the top of k step ``p < npf`` (see
+``prefetch_plan``)."""
+
+
+def _panel_prefetch(spread: bool) -> tuple[str, str]:
     """C for compute_block: per micro-panel, the next one (``next``, ``lines`` cache lines);
-    in the row-tile loop, prefetching row tile ``ir``'s share of it."""
-    if not s.pack_b:
+    in the row-tile loop, row tile ``ir``'s share of it for the micro-kernel to spread."""
+    if not spread:
         return "", ""
     # The last panel's successor is b_after, whose depth may be shorter: over-reaching
     # prefetches fall on the next panel's lines and cannot fault.
     per_panel = """\
     const float *next = jr + 1 < jr_hi ? Bp + (jr + 1) * NR * k_cur : b_after;
     const long lines = NR * (jr + 1 < jr_hi ? k_cur : MIN(KC, K)) / 16;
-    (void)next; (void)lines;
 """
-    return per_panel, "      PREFETCH_SHARE(next, lines, ir, mp);\n"
+    per_tile = ("      long npf, pfs;\n"
+                "      const float *pf = prefetch_plan(next, lines, ir, mp, k_cur, &npf, &pfs);\n")
+    return per_panel, per_tile
 
 
 def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps: str,
-         b_aligned: bool, epilogue: tuple[str, ...]) -> str:
+         b_aligned: bool, epilogue: tuple[str, ...], spread: bool = False) -> str:
     """One micro-kernel: element (r, p) of the A panel is ``a[p*a_ps + r*a_rs]``, row p of
     the B panel starts at ``b + p*b_ps``; C rows are ``ldc`` apart. The tile adds to C unless
-    ``first`` and applies the epilogue (bias along columns) when ``last``."""
+    ``first`` and applies the epilogue (bias along columns) when ``last``. ``spread``: its
+    first ``npf`` k steps each prefetch ``pf + p*pfs`` into L2 (see ``prefetch_plan``), in a
+    loop of their own."""
     tile = Tile(tuple(str(r) for r in range(s.mr)), s.nr // d.lanes, d.lanes)
     load = "VLOAD" if b_aligned else "VLOADU"
+    extra = ", const float *pf, long npf, long pfs" if spread else ""
     signature = (f"static inline void {name}(long kc, const float *restrict a, "
                  "const float *restrict b, float *restrict c, long ldc, int first, int last, "
-                 "const float *restrict bias)")
+                 f"const float *restrict bias{extra})")
+    # npf <= kc (prefetch_plan): the steps that prefetch are a loop of their own.
+    lead = [Loop("for (long p = 0; p < npf; p++)", setup=(SPREAD_STEP,), unroll=s.unroll)]
+    start = "npf" if spread else "0"
     return micro_kernel(
-        signature, tile, [Loop("for (long p = 0; p < kc; p++)", unroll=s.unroll)],
+        signature, tile, [Loop(f"for (long p = {start}; p < kc; p++)", unroll=s.unroll)],
         columns=f"{load}(b + p * ({b_ps}) + {{o}})",
         rows=[f"a[p * ({a_ps}) + {r} * ({a_rs})]" for r in range(s.mr)],
         spec=Store(tuple(f"c + {r} * ldc" for r in range(s.mr)), accumulate="!first",
                    epilogue=epilogue, operands={"bias": "VLOADU(bias + {o})"},
                    epilogue_if="last", prefetch=True),
+        lead=lead if spread else (),
     )
 
 
@@ -198,7 +224,9 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     }
     out = [preamble(d, constants, body_threads)]
     out += filter(None, [scalar_helpers(op.epilogue)])
-    out.append(panel_prefetch_macro(one_row_tile=mr >= M))
+    spread = spreads_prefetch(op, s)
+    if spread:
+        out.append(PREFETCH_PLAN)
     # Pre-packed op(B): block (jc, pc) of the buffer at `base`, its panels KC-deep.
     out.append("#define PACKED_BLOCK(base, jc, pc) ((base) + ((jc) / NC) * NC_PADDED * K"
                " + (MIN(NC, N - (jc)) + NR - 1) / NR * NR * (pc))\n")
@@ -269,7 +297,7 @@ static void pack_b_block(float *restrict dst, const float *restrict B, long p0, 
     if s.pack_a == 0 and s.pack_b == 0:
         variants.append(("ukr_dd", "APS", "ARS", "BPS", False))
     for name, aps, ars, bps, aligned in variants:
-        out.append(_ukr(name, s, d, aps, ars, bps, aligned, op.epilogue))
+        out.append(_ukr(name, s, d, aps, ars, bps, aligned, op.epilogue, spread))
 
     epilogue = render(op.epilogue, "v", {"bias": "bias[j + q]"}, vector=False)
     out.append(
@@ -298,7 +326,7 @@ static void merge_tile(float *restrict c, const float *restrict t, long m_cur, l
     edge_b_pack = "" if s.pack_b else (
         "if (n_full < np && jr_hi == np) pack_b_panel(eb, B + p0 * BPS + (j0 + n_full * NR) * BCS, "
         "n_cur - n_full * NR, k_cur);")
-    per_panel, per_tile = _panel_prefetch(s)
+    per_panel, per_tile = _panel_prefetch(spread)
     out.append(
         f"""\
 static void compute_block(float *restrict C, const float *restrict A, const float *restrict B,
@@ -323,11 +351,11 @@ static void compute_block(float *restrict C, const float *restrict A, const floa
       const long m_here = MIN(MR, m_cur - ir * MR);
       float *c = C + i * N + j;
       if (ir < m_full && jr < n_full) {{
-        {_call_full(s)}
+        {_call_full(s, spread)}
       }} else {{
         const float *a = ir < m_full ? {a_full} : {a_edge_src};
         const float *b = jr < n_full ? {b_full} : {b_edge_src};
-        {_call_edge(s)}
+        {_call_edge(s, spread)}
         merge_tile(c, ct, m_here, n_here, first, last, bias, j);
       }}
     }}
@@ -342,19 +370,23 @@ static void compute_block(float *restrict C, const float *restrict A, const floa
     return "\n".join(out)
 
 
-def _call_full(s: MatmulSchedule) -> str:
+def _call_full(s: MatmulSchedule, spread: bool) -> str:
     a = "Ap + ir * MR * k_cur" if s.pack_a else "A + i * ARS + p0 * APS"
     b = "Bp + jr * NR * k_cur" if s.pack_b else "B + p0 * BPS + j * BCS"
     name = "ukr_" + ("p" if s.pack_a else "d") + ("p" if s.pack_b else "d")
-    return f"{name}(k_cur, {a}, {b}, c, N, first, last, bias_j);"
+    return f"{name}(k_cur, {a}, {b}, c, N, first, last, bias_j{_PF_ARGS if spread else ''});"
 
 
-def _call_edge(s: MatmulSchedule) -> str:
+_PF_ARGS = ", pf, npf, pfs"
+
+
+def _call_edge(s: MatmulSchedule, spread: bool) -> str:
     # Edge tiles: at least one operand comes from a packed edge panel. When an operand is
     # read in place for a full panel and the other is an edge, the matching mixed variant is
     # used; the tile goes to the local buffer `ct` and is merged by scalar code.
+    pf = _PF_ARGS if spread else ""
     if s.pack_a and s.pack_b:
-        return "ukr_pp(k_cur, a, b, ct, NR, 1, 0, bias_j);"
+        return f"ukr_pp(k_cur, a, b, ct, NR, 1, 0, bias_j{pf});"
     lines = []
     a_direct = "ir < m_full" if not s.pack_a else "0"
     b_direct = "jr < n_full" if not s.pack_b else "0"
@@ -369,7 +401,8 @@ def _call_edge(s: MatmulSchedule) -> str:
             continue
         cond_a = a_direct if ad == "1" else f"!({a_direct})"
         cond_b = b_direct if bd == "1" else f"!({b_direct})"
-        lines.append(f"if (({cond_a}) && ({cond_b})) {name}(k_cur, a, b, ct, NR, 1, 0, bias_j);")
+        lines.append(f"if (({cond_a}) && ({cond_b})) {name}(k_cur, a, b, ct, NR, 1, 0, "
+                     f"bias_j{pf});")
     return "\n        ".join(lines)
 
 
