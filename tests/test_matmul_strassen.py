@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from kernel_support import bound_weights_problem, build_all, cached_kernel, poisoned_run_problem, sampled
 
+from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
 from tunecache.compiler.kinds.matmul import MatmulSchedule, matmul_op
@@ -105,6 +106,8 @@ def test_every_variant_matches_the_reference_and_prepacked_weights() -> None:
     cases = sampled(_cases())
     assert len(cases) >= 20
     assert {s.strassen for _, s, _ in cases} == {1, 2}
+    # Blocks of several row tiles spread the next B panel's prefetch over k steps (change 86).
+    assert any("prefetch_plan(next, lines" in generate(op, s, hw).code for op, s, hw in cases)
     build_all(cases)
     for i, (op, s, hw) in enumerate(cases):
         kernel = cached_kernel(op, s, hw)

@@ -145,10 +145,11 @@ def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps
 
 
 def plain_micro_kernel(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str,
-                       a_rs: str) -> str:
+                       a_rs: str, spread: bool = False) -> str:
     """A micro-kernel ``name`` over A panel elements ``a[p*a_ps + r*a_rs]`` and a packed B
-    panel, without an epilogue (for kernels that add its tiles up themselves)."""
-    return _ukr(name, s, d, a_ps, a_rs, "NR", True, ())
+    panel, without an epilogue (for kernels that add its tiles up themselves); ``spread``:
+    it takes a ``prefetch_plan`` (see :func:`_ukr`)."""
+    return _ukr(name, s, d, a_ps, a_rs, "NR", True, (), spread)
 
 
 def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:

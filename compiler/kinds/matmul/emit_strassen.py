@@ -13,7 +13,8 @@ element, took 5-6% of the kernel: 3-7% slower on BERT's projections). Then each 
 its column micro-panels and, block by block (``mc`` x ``nc`` of a C block), runs the products'
 micro-kernel tiles into a per-thread buffer holding that block of every C block of the grid
 as contiguous ``MR x NR`` tiles: each tile is added with its sign into the blocks its
-product reaches (the first contribution assigns). The finished block goes to C once,
+product reaches (the first contribution assigns). Each row tile prefetches its share of the
+next B panel spread over its k steps, as ``emit.py``'s kernels do. The finished block goes to C once,
 clipped, with the epilogue. The buffer matters: adding tiles straight into C rows
 ``N`` floats apart ran 3-5% slower on BERT's FFN (cache-set conflicts, 4K aliasing).
 
@@ -40,7 +41,8 @@ from tunecache.compiler.codegen.abi import (
 )
 from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.kinds.matmul.emit import plain_micro_kernel
+from tunecache.compiler.kinds.matmul import emit
+from tunecache.compiler.kinds.matmul.emit import PREFETCH_PLAN, plain_micro_kernel
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule, strassen_blocks
 from tunecache.compiler.ops import OpSignature
 
@@ -287,17 +289,18 @@ static void strassen_body(const float *restrict A, const float *restrict Bp,
           const float *ab = Ap + n * AS_STRIDE + pc;
           const float *bb = Bp + n * BP_STRIDE + pc * NPAN * NR;
           const target_t *t = &TARGETS[n];
-          for (long jp = jc; jp < je; jp++)
-            for (long ip = ic; ip < ie; ip++) {
+          for (long jp = jc; jp < je; jp++) {
+/*NEXT*/            for (long ip = ic; ip < ie; ip++) {
               const long tile = ((jp - jc) * (ie - ic) + (ip - ic)) * MR * NR;
               const float *a = ab + ip * MR * KHP, *b = bb + jp * k_cur * NR;
-              if (t->direct >= 0) {
-                ukr_sp(k_cur, a, b, cb + t->direct * QUAD + tile, NR, 0, 0, NULL);
+/*PLAN*/              if (t->direct >= 0) {
+                ukr_sp(k_cur, a, b, cb + t->direct * QUAD + tile, NR, 0, 0, NULL/*PF*/);
               } else {
-                ukr_sp(k_cur, a, b, ct, NR, 1, 0, NULL);
+                ukr_sp(k_cur, a, b, ct, NR, 1, 0, NULL/*PF*/);
                 scatter(ct, cb, tile, kf, t);
               }
             }
+          }
         }
       }
       write_out(cb, C, bias, ic, ie, jc, je);
@@ -305,6 +308,28 @@ static void strassen_body(const float *restrict A, const float *restrict Bp,
   }
 }
 """
+
+# The panel after (n, jp): the product's next one in this column block, else the next
+# product's first one there (same K block); its share spread over the row tiles as in
+# emit.py (ARCHITECTURE change 86).
+NEXT_PANEL = """\
+            const float *next = jp + 1 < je ? bb + (jp + 1) * k_cur * NR
+                : n + 1 < NPROD ? Bp + (n + 1) * BP_STRIDE + pc * NPAN * NR + jc * k_cur * NR
+                : NULL;
+            const long lines = NR * k_cur / 16;
+"""
+TILE_PLAN = """\
+              long npf, pfs;
+              const float *pf = prefetch_plan(next, lines, ip - ic, ie - ic, k_cur, &npf, &pfs);
+"""
+
+
+def _body(spread: bool) -> str:
+    """:data:`BODY`, its micro-kernel calls spreading the next B panel's prefetch or not."""
+    return (BODY.replace("/*NEXT*/", NEXT_PANEL if spread else "")
+            .replace("/*PLAN*/", TILE_PLAN if spread else "")
+            .replace("/*PF*/", ", pf, npf, pfs" if spread else ""))
+
 
 def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     """The C translation unit for ``op`` under a ``strassen=1`` or ``2`` schedule (validated)."""
@@ -341,7 +366,10 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     out.append("static inline float b_at(const float *B, long k, long j) {\n"
                "  return (k < K && j < N) ? B[k * BPS + j * BCS] : 0.0f;\n}\n")
     # The A sums are row-major, rows KHP floats apart.
-    out.append(plain_micro_kernel("ukr_sp", s, d, "1", "KHP"))
+    spread = emit.PREFETCH_NEXT_PANEL and mpan > 1
+    if spread:
+        out.append(PREFETCH_PLAN)
+    out.append(plain_micro_kernel("ukr_sp", s, d, "1", "KHP", spread))
     width = int(constants["SUM_TERMS"])
     out += ["typedef struct { signed char n, r[SUM_TERMS], c[SUM_TERMS], sign[SUM_TERMS]; "
             "} sum_t;\n",
@@ -349,7 +377,7 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
             _sums("B_SUMS", [p.b for p in table], width),
             _targets(table, grid), _form_a(width), PACK_B, SCATTER]
     out.append(_write_out(op, s.nr // d.lanes, d.lanes))
-    out.append(BODY)
+    out.append(_body(spread))
     priv = "ws + A_REGION + TID * PRIV_REGION"
 
     def body(packed: bool) -> str:
