@@ -14,8 +14,8 @@ its column micro-panels and, block by block (``mc`` x ``nc`` of a C block), runs
 micro-kernel tiles into a per-thread buffer holding that block of every C block of the grid
 as contiguous ``MR x NR`` tiles: each tile is added with its sign into the blocks its
 product reaches (the first contribution assigns). Each row tile prefetches its share of the
-next B panel spread over its k steps, as ``emit.py``'s kernels do. The finished block goes to C once,
-clipped, with the epilogue. The buffer matters: adding tiles straight into C rows
+next B panel spread over its k steps, as ``emit.py``'s kernels do. The finished block goes
+to C once, clipped, with the epilogue. The buffer matters: adding tiles straight into C rows
 ``N`` floats apart ran 3-5% slower on BERT's FFN (cache-set conflicts, 4K aliasing).
 
 The products are data, not code: tables of each product's A and B sums (``A_SUMS``,
@@ -42,7 +42,7 @@ from tunecache.compiler.codegen.abi import (
 from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.matmul import emit
-from tunecache.compiler.kinds.matmul.emit import PREFETCH_PLAN, plain_micro_kernel
+from tunecache.compiler.kinds.matmul.emit import plain_micro_kernel
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule, strassen_blocks
 from tunecache.compiler.ops import OpSignature
 
@@ -368,7 +368,7 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     # The A sums are row-major, rows KHP floats apart.
     spread = emit.PREFETCH_NEXT_PANEL and mpan > 1
     if spread:
-        out.append(PREFETCH_PLAN)
+        out.append(emit.PREFETCH_PLAN)
     out.append(plain_micro_kernel("ukr_sp", s, d, "1", "KHP", spread))
     width = int(constants["SUM_TERMS"])
     out += ["typedef struct { signed char n, r[SUM_TERMS], c[SUM_TERMS], sign[SUM_TERMS]; "
