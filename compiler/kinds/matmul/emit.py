@@ -71,13 +71,13 @@ def dynamic_split(op: OpSignature, s: MatmulSchedule) -> bool:
             and (not s.pack_a or round_up(M, s.mr) * K * 4 <= DYNAMIC_A_MAX_BYTES))
 
 
-def spreads_prefetch(op: OpSignature, s: MatmulSchedule) -> bool:
-    """Whether the micro-kernels of ``op`` under ``s`` prefetch the next B micro-panel (see
-    :data:`PREFETCH_NEXT_PANEL`): packed B, and more than one row tile. Where every block is
-    one row tile high the weights stream through that tile alone, and M=1 decode-step
-    matmuls ran 1.06-1.14x as long with the prefetch on the second Xeon VM (the hardware
-    prefetchers follow a single stream; change 85)."""
-    return PREFETCH_NEXT_PANEL and bool(s.pack_b) and s.mr < op.dim("M")
+def spreads_prefetch(rows: int, mr: int) -> bool:
+    """Whether micro-kernels of ``mr`` rows over packed B panels, ``rows`` rows in all,
+    prefetch the next B micro-panel (see :data:`PREFETCH_NEXT_PANEL`): only with more than
+    one row tile. Where every block is one row tile high the weights stream through that
+    tile alone, and M=1 decode-step matmuls ran 1.06-1.14x as long with the prefetch on the
+    second Xeon VM (the hardware prefetchers follow a single stream; change 85)."""
+    return PREFETCH_NEXT_PANEL and mr < rows
 
 
 PREFETCH_PLAN = """\
@@ -100,6 +100,17 @@ SPREAD_STEP = "__builtin_prefetch(pf + p * pfs, 0, 2);"
 """What a spreading micro-kernel does at the top of k step ``p < npf`` (see
 ``prefetch_plan``)."""
 
+PF_ARGS = ", pf, npf, pfs"
+"""The arguments a spreading micro-kernel takes after the plain ones."""
+
+
+def tile_plan(tile: str, tiles: str, indent: str) -> str:
+    """C declaring ``pf``, ``npf`` and ``pfs`` for row tile ``tile`` of ``tiles``, from the
+    enclosing ``next`` and ``lines`` and the depth ``k_cur``."""
+    return (f"{indent}long npf, pfs;\n"
+            f"{indent}const float *pf = prefetch_plan(next, lines, {tile}, {tiles}, k_cur, "
+            "&npf, &pfs);\n")
+
 
 def _panel_prefetch(spread: bool) -> tuple[str, str]:
     """C for compute_block: per micro-panel, the next one (``next``, ``lines`` cache lines);
@@ -112,9 +123,7 @@ def _panel_prefetch(spread: bool) -> tuple[str, str]:
     const float *next = jr + 1 < jr_hi ? Bp + (jr + 1) * NR * k_cur : b_after;
     const long lines = NR * (jr + 1 < jr_hi ? k_cur : MIN(KC, K)) / 16;
 """
-    per_tile = ("      long npf, pfs;\n"
-                "      const float *pf = prefetch_plan(next, lines, ir, mp, k_cur, &npf, &pfs);\n")
-    return per_panel, per_tile
+    return per_panel, tile_plan("ir", "mp", "      ")
 
 
 def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps: str,
@@ -131,7 +140,8 @@ def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps
                  "const float *restrict b, float *restrict c, long ldc, int first, int last, "
                  f"const float *restrict bias{extra})")
     # npf <= kc (prefetch_plan): the steps that prefetch are a loop of their own.
-    lead = [Loop("for (long p = 0; p < npf; p++)", setup=(SPREAD_STEP,), unroll=s.unroll)]
+    lead = ([Loop("for (long p = 0; p < npf; p++)", setup=(SPREAD_STEP,), unroll=s.unroll)]
+            if spread else [])
     start = "npf" if spread else "0"
     return micro_kernel(
         signature, tile, [Loop(f"for (long p = {start}; p < kc; p++)", unroll=s.unroll)],
@@ -140,7 +150,7 @@ def _ukr(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str, a_rs: str, b_ps
         spec=Store(tuple(f"c + {r} * ldc" for r in range(s.mr)), accumulate="!first",
                    epilogue=epilogue, operands={"bias": "VLOADU(bias + {o})"},
                    epilogue_if="last", prefetch=True),
-        lead=lead if spread else (),
+        lead=lead,
     )
 
 
@@ -225,7 +235,7 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     }
     out = [preamble(d, constants, body_threads)]
     out += filter(None, [scalar_helpers(op.epilogue)])
-    spread = spreads_prefetch(op, s)
+    spread = bool(s.pack_b) and spreads_prefetch(M, mr)
     if spread:
         out.append(PREFETCH_PLAN)
     # Pre-packed op(B): block (jc, pc) of the buffer at `base`, its panels KC-deep.
@@ -375,17 +385,14 @@ def _call_full(s: MatmulSchedule, spread: bool) -> str:
     a = "Ap + ir * MR * k_cur" if s.pack_a else "A + i * ARS + p0 * APS"
     b = "Bp + jr * NR * k_cur" if s.pack_b else "B + p0 * BPS + j * BCS"
     name = "ukr_" + ("p" if s.pack_a else "d") + ("p" if s.pack_b else "d")
-    return f"{name}(k_cur, {a}, {b}, c, N, first, last, bias_j{_PF_ARGS if spread else ''});"
-
-
-_PF_ARGS = ", pf, npf, pfs"
+    return f"{name}(k_cur, {a}, {b}, c, N, first, last, bias_j{PF_ARGS if spread else ''});"
 
 
 def _call_edge(s: MatmulSchedule, spread: bool) -> str:
     # Edge tiles: at least one operand comes from a packed edge panel. When an operand is
     # read in place for a full panel and the other is an edge, the matching mixed variant is
     # used; the tile goes to the local buffer `ct` and is merged by scalar code.
-    pf = _PF_ARGS if spread else ""
+    pf = PF_ARGS if spread else ""
     if s.pack_a and s.pack_b:
         return f"ukr_pp(k_cur, a, b, ct, NR, 1, 0, bias_j{pf});"
     lines = []

@@ -318,17 +318,14 @@ NEXT_PANEL = """\
                 : NULL;
             const long lines = NR * k_cur / 16;
 """
-TILE_PLAN = """\
-              long npf, pfs;
-              const float *pf = prefetch_plan(next, lines, ip - ic, ie - ic, k_cur, &npf, &pfs);
-"""
+TILE_PLAN = emit.tile_plan("ip - ic", "ie - ic", " " * 14)
 
 
 def _body(spread: bool) -> str:
     """:data:`BODY`, its micro-kernel calls spreading the next B panel's prefetch or not."""
     return (BODY.replace("/*NEXT*/", NEXT_PANEL if spread else "")
             .replace("/*PLAN*/", TILE_PLAN if spread else "")
-            .replace("/*PF*/", ", pf, npf, pfs" if spread else ""))
+            .replace("/*PF*/", emit.PF_ARGS if spread else ""))
 
 
 def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
@@ -366,7 +363,7 @@ def generate_strassen(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     out.append("static inline float b_at(const float *B, long k, long j) {\n"
                "  return (k < K && j < N) ? B[k * BPS + j * BCS] : 0.0f;\n}\n")
     # The A sums are row-major, rows KHP floats apart.
-    spread = emit.PREFETCH_NEXT_PANEL and mpan > 1
+    spread = emit.spreads_prefetch(mh, mr)
     if spread:
         out.append(emit.PREFETCH_PLAN)
     out.append(plain_micro_kernel("ukr_sp", s, d, "1", "KHP", spread))
