@@ -6,6 +6,7 @@ import random
 import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -271,14 +272,12 @@ def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(
     """Each row tile of a packed-B block prefetches its share of the next B micro-panel
     (the next block's, across block edges with pre-packed weights; ARCHITECTURE change 81),
     spread over its k steps by every micro-kernel variant it calls (change 86);
-    a team splitting the columns of pre-packed weights takes them in dynamic units (change
-    82). Over several column and K blocks, edge panels and every thread split, the kernel
-    run on weights packed once matches the reference."""
+    over several column blocks a split stays static (a balanced one has its own test).
+    Over several column and K blocks, edge panels and every thread split, the kernel run on
+    weights packed once matches the reference."""
     from tunecache.compiler.kinds.matmul import emit
     from tunecache.compiler.kinds.matmul.emit import dynamic_split
     from tunecache.compiler.runtime import compile_kernel
-
-    monkeypatch.setattr(emit, "DYNAMIC_SPLIT", True)  # off by default; its code is tested
 
     op = M(45, 3 * HW.lanes * 4 + 5, 70, epilogue="bias")
     s = sched(HW, 4, 2, 16, mcm=3, ncm=2, loop_order=order, threads=threads,
@@ -287,9 +286,8 @@ def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(
     code = generate(op, s, HW).code
     assert code.count("prefetch_plan(next, lines, ir, mp, k_cur, &npf, &pfs)") == 1
     assert code.count(emit.SPREAD_STEP) == (1 if pack_a else 2) and "b_after" in code
-    dynamic = order == "jpi" and threads == 2 and parallel == "n"
-    assert dynamic_split(op, s) == dynamic
-    assert ("schedule(dynamic, 1)" in code) == dynamic
+    assert not dynamic_split(op, s)  # several column blocks: the split stays static
+    assert "claim_other(" not in code
     in_place = generate(op, MatmulSchedule(mr=4, nr=2 * HW.lanes, kc=16, mc=12,
                                            nc=4 * HW.lanes, pack_b=0), HW).code
     assert "prefetch_plan" not in in_place and emit.SPREAD_STEP not in in_place
@@ -306,18 +304,119 @@ def test_packed_b_blocks_prefetch_the_next_panel_and_stay_right(
                                atol=1e-4)
 
 
-def test_a_dynamic_split_packs_a_whole_only_when_it_is_small(
+def test_a_dynamic_split_needs_one_column_block_and_a_small_a_block(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past ``DYNAMIC_A_MAX_BYTES`` of packed op(A) per thread, the split stays static; with
-    ``DYNAMIC_SPLIT`` off (the default), every split does."""
+    """A column split over pre-packed weights is balanced at run time when the weights are
+    one column block and a K block of op(A) fits ``DYNAMIC_A_MAX_BYTES`` (or A is read in
+    place); otherwise, and with ``DYNAMIC_SPLIT`` off, it stays static."""
     from tunecache.compiler.kinds.matmul import emit
     from tunecache.compiler.kinds.matmul.emit import DYNAMIC_A_MAX_BYTES, dynamic_split
 
     s = MatmulSchedule(mr=8, nr=48, kc=128, mc=128, nc=768, threads=2, parallel="n")
-    k = DYNAMIC_A_MAX_BYTES // (4 * 128)
-    assert not dynamic_split(M(128, 768, k), s)
-    assert "schedule(dynamic" not in generate(M(128, 768, k), s, HW).code
-    monkeypatch.setattr(emit, "DYNAMIC_SPLIT", True)
-    assert dynamic_split(M(128, 768, k), s)
-    assert not dynamic_split(M(136, 768, k), s)
-    assert dynamic_split(M(136, 768, k), s.replace(pack_a=0))
+    rows = DYNAMIC_A_MAX_BYTES // (4 * 128)
+    assert dynamic_split(M(rows, 768, 512), s)
+    assert "claim_other(" in generate(M(rows, 768, 512), s, HW).code
+    assert not dynamic_split(M(rows + 8, 768, 512), s)
+    assert dynamic_split(M(rows + 8, 768, 512), s.replace(pack_a=0))
+    assert not dynamic_split(M(128, 816, 512), s)  # two column blocks
+    assert "claim_other(" not in generate(M(128, 816, 512), s, HW).code
+    assert not dynamic_split(M(128, 768, 512), s.replace(threads=1, parallel="m"))
+    monkeypatch.setattr(emit, "DYNAMIC_SPLIT", False)
+    assert not dynamic_split(M(128, 768, 512), s)
+
+
+@pytest.mark.parametrize("pack_a", [1, 0])
+def test_a_balanced_split_stays_right_over_many_calls(pack_a: int) -> None:
+    """Over pre-packed weights in one column block, two threads run their static shares
+    through the first K blocks and hand out the last K block's units (ARCHITECTURE change
+    87); with edge panels, partial tiles and an epilogue, every one of many calls (each a
+    different interleaving of the claims) matches the reference."""
+    from tunecache.compiler.kinds.matmul.emit import dynamic_split
+    from tunecache.compiler.runtime import compile_kernel
+
+    op = M(45, 5 * HW.lanes + 3, 70, epilogue="bias+relu")
+    s = sched(HW, 4, 1, 16, mcm=3, ncm=8, threads=2, parallel="n", pack_a=pack_a)
+    assert not problems(op, s, HW) and dynamic_split(op, s)
+    kernel = compile_kernel(op, s, HW)
+    a, b, bias = random_inputs(op)
+    expected = reference(op, (a, b, bias))
+    bound = kernel.bind_weights(b)
+    for _ in range(40):
+        np.testing.assert_allclose(bound(a, bias), expected, rtol=1e-4, atol=1e-4)
+
+
+_CLAIM_HARNESS = """\
+#include <omp.h>
+%s
+/* Claim as a thread of the team does: its own units from the front, then others'. */
+long drain(long *slots, const long *progress, long ready, int tid, int nth, long *units) {
+  long n = 0, u;
+  for (;;) {
+    if (!claim_own(&slots[tid], &u) && !claim_other(slots, progress, ready, tid, nth, &u))
+      return n;
+    units[n++] = u;
+  }
+}
+/* Two threads, the second slower before it reports progress: returns the rounds in which
+   a unit was claimed other than once, or taken before its owner was ready. */
+long race(long units, long rounds) {
+  long slots[2], progress[2], count[256], bad = 0;
+  for (long r = 0; r < rounds; r++) {
+    for (long u = 0; u < units; u++) count[u] = 0;
+    long early = 0;
+    #pragma omp parallel num_threads(2)
+    {
+      int tid = omp_get_thread_num();
+      long lo = tid ? units / 2 : 0, hi = tid ? units : units / 2, u;
+      __atomic_store_n(&slots[tid], RANGE(lo, hi), __ATOMIC_RELEASE);
+      __atomic_store_n(&progress[tid], 0L, __ATOMIC_RELEASE);
+      #pragma omp barrier
+      for (volatile long i = 0; i < (tid ? 20000 * (r %% 4) : 0); i++) {}
+      __atomic_store_n(&progress[tid], 1L, __ATOMIC_RELEASE);
+      for (;;) {
+        int own = claim_own(&slots[tid], &u);
+        if (!own && !claim_other(slots, progress, 1, tid, 2, &u)) break;
+        if (!own && __atomic_load_n(&progress[1 - tid], __ATOMIC_ACQUIRE) < 1)
+          __atomic_fetch_add(&early, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&count[u], 1, __ATOMIC_RELAXED);
+      }
+    }
+    for (long u = 0; u < units; u++) early += count[u] != 1;
+    bad += early != 0;
+  }
+  return bad;
+}
+"""
+
+
+def test_the_balanced_split_claims_own_units_first_then_the_back_of_the_fullest(
+        tmp_path: Path) -> None:
+    """The claims behind change 87: a thread takes its own units front first, then others'
+    from the back, the fullest range first, and none from an owner not yet done with the
+    earlier K blocks; raced by two OpenMP threads, every unit goes exactly once."""
+    import ctypes
+
+    from tunecache.compiler.build import find_compiler
+    from tunecache.compiler.kinds.matmul import emit
+
+    source = tmp_path / "claim.c"
+    source.write_text(_CLAIM_HARNESS % emit.STEAL_CLAIM)
+    lib = tmp_path / "claim.so"
+    subprocess.run([str(find_compiler().path), "-O2", "-fopenmp", "-shared", "-fPIC", "-o",
+                    str(lib), str(source)], check=True, capture_output=True)
+    dll = ctypes.CDLL(str(lib))
+    ranges = [(0, 4), (4, 6), (6, 12)]
+    slots = np.array([lo << 32 | hi for lo, hi in ranges], np.int64)
+    progress = np.array([1, 1, 1], np.int64)
+    units = np.zeros(16, np.int64)
+    ptr = ctypes.c_void_p
+    dll.drain.restype = dll.race.restype = ctypes.c_long
+    n = dll.drain(slots.ctypes.data_as(ptr), progress.ctypes.data_as(ptr), ctypes.c_long(1),
+                  0, 3, units.ctypes.data_as(ptr))
+    taken = [int(u) for u in units[:n]]
+    assert sorted(taken) == list(range(12))
+    assert taken[:5] == [0, 1, 2, 3, 11]  # own front first, then the fullest range's back
+    for lo, hi in ranges[1:]:
+        theirs = [u for u in taken if lo <= u < hi]
+        assert theirs == sorted(theirs, reverse=True)
+    assert dll.race(ctypes.c_long(64), ctypes.c_long(400)) == 0

@@ -13,8 +13,8 @@ packs), and an ``MR x NR`` micro-kernel that keeps its accumulators in named vec
 for the whole ``kc`` loop. Partial tiles are computed into a local tile and merged with
 scalar code, so every shape is handled without masking. Threads split row blocks
 (``parallel=m``), column micro-panels (``parallel=n``) or batch items, with manual static
-partitions and explicit barriers; over pre-packed weights, a column split can hand out
-units of micro-panels dynamically instead (:func:`dynamic_split`, off by default). Each
+partitions and explicit barriers; over pre-packed weights, a column split hands the last K
+block's units of micro-panels to whichever thread is free (:func:`dynamic_split`). Each
 row tile of a packed-B block prefetches its share of the next B micro-panel into L2, one
 address per step of its k loop (``prefetch_plan``).
 """
@@ -43,32 +43,31 @@ steps, not issued in a burst before it: a burst fills the core's miss buffers an
 it, and spread the projections ran 0.89-0.95x as long again (change 86)."""
 
 
-DYNAMIC_SPLIT = False
-"""Whether :func:`dynamic_split` may hand out column units (off: every split is static).
-Off by default: beside a duty-cycle spinner on one vCPU it took 0.87-0.91x the static
-split's time, but beside two CPU-burning processes (``benchmarks/busy_machine.py``) the
-BERT layer's busy latency read 34-42 ms against 31-32 ms static, and five rounds of that
-benchmark with a duty-cycle and an idle-gap condition found it faster in none (ARCHITECTURE
-change 82)."""
+DYNAMIC_SPLIT = True
+"""Whether :func:`dynamic_split` may balance a column split (off: every split is static).
+A static split waits at the join for its slower thread, and on the shared Xeon VM one
+vCPU ran the same half 5-20% slower than the other from call to call (a kernel timed per
+thread). Taking the last K block's units from a slower thread, BERT-base and GPT-2 prefill
+at two threads ran 0.92-0.97x as long (ARCHITECTURE change 87). Change 82's version, units
+dynamic in every K block with op(A) packed whole per thread, had measured no gain."""
 
-DYNAMIC_UNIT_PANELS = 2
+DYNAMIC_UNIT_PANELS = 1
 """B micro-panels per work unit of a dynamic split (:func:`dynamic_split`)."""
 
 DYNAMIC_A_MAX_BYTES = 2 << 20
-"""The largest op(A) a dynamic split packs whole into each thread's workspace."""
+"""The largest op(A) K block (all rows, ``kc`` deep) a dynamic split packs per thread."""
 
 
 def dynamic_split(op: OpSignature, s: MatmulSchedule) -> bool:
-    """Whether the pre-packed entry hands out column units dynamically (OpenMP
-    ``schedule(dynamic)``) instead of a static half to each thread: a team that splits the
-    columns of pre-packed weights, with op(A) small enough to pack whole per thread. A
-    static split waits for its slowest thread; on a shared VM a vCPU the host takes away
-    for a while slowed a two-thread BERT-base to its one-thread time, while the peers'
-    work-stealing pools lost a third (ARCHITECTURE change 82)."""
+    """Whether the pre-packed entry balances its column split at run time: a team that
+    splits the columns of pre-packed weights in one column block (``nc >= N``), with each
+    K block of op(A) small enough to pack whole per thread. Each thread runs its static
+    share through every K block but the last; in the last, a thread that is done takes the
+    units another has not started (``_dynamic_body``)."""
     M, K = op.dim("M"), op.dim("K")
     return (DYNAMIC_SPLIT and s.threads > 1 and s.parallel == "n" and s.loop_order == "jpi"
-            and bool(s.pack_b)
-            and (not s.pack_a or round_up(M, s.mr) * K * 4 <= DYNAMIC_A_MAX_BYTES))
+            and bool(s.pack_b) and s.nc >= op.dim("N")
+            and (not s.pack_a or round_up(M, s.mr) * min(s.kc, K) * 4 <= DYNAMIC_A_MAX_BYTES))
 
 
 def spreads_prefetch(rows: int, mr: int) -> bool:
@@ -215,9 +214,12 @@ def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     # order, exactly as the kernel would pack it; only when every batch item shares B.
     prepack = bool(s.pack_b) and (batch == 1 or op.shared == "b")
     dynamic = prepack and dynamic_split(op, s)
-    if dynamic and s.pack_a:
-        layout["OFF_A_WHOLE"] = offset_private
-        offset_private += region(round_up(M, mr) * K)
+    if dynamic:
+        layout["OFF_STEAL"] = offset_shared
+        offset_shared += region(4 * threads)  # a range and a progress count per thread
+        if s.pack_a:
+            layout["OFF_A_SLAB"] = offset_private
+            offset_private += region(round_up(M, mr) * kc)
     for name, size in (("EDGE_A", edge_a), ("EDGE_B", edge_b), ("CTILE", ctile)):
         layout[f"OFF_{name}"] = offset_private
         offset_private += region(size)
@@ -512,38 +514,97 @@ def _next_block(ind: str) -> str:
             f"{ind}(void)next_b; (void)next_k; (void)next_np;\n")
 
 
+STEAL_CLAIM = """\
+#include <sched.h>
+/* Each thread's work units as a range [front, back) packed in one word, so that a claim
+   from either end is one compare-and-swap. */
+#define RANGE(lo, hi) (((long)(lo) << 32) | (long)(hi))
+static int claim_own(long *slot, long *unit) {
+  long w = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+  while ((w >> 32) < (w & 0xffffffffL))
+    if (__atomic_compare_exchange_n(slot, &w, w + (1L << 32), 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+      *unit = w >> 32;
+      return 1;
+    }
+  return 0;
+}
+/* The last unit of the fullest other range whose owner has finished the steps before
+   (progress[t] >= ready); waits while one with units left has not (0: every range is
+   empty). */
+static int claim_other(long *slots, const long *progress, long ready, int tid, int nth,
+                       long *unit) {
+  for (;;) {
+    int victim = -1, waiting = 0; long most = 0, w = 0;
+    for (int t = 0; t < nth; t++) {
+      long x = __atomic_load_n(&slots[t], __ATOMIC_ACQUIRE);
+      long left = (x & 0xffffffffL) - (x >> 32);
+      if (t == tid || left <= 0) continue;
+      if (__atomic_load_n(&progress[t], __ATOMIC_ACQUIRE) < ready) { waiting = 1; continue; }
+      if (left > most) { most = left; victim = t; w = x; }
+    }
+    if (victim < 0 && !waiting) return 0;
+    if (victim < 0) { sched_yield(); continue; }
+    if (__atomic_compare_exchange_n(&slots[victim], &w, w - 1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+      *unit = (w & 0xffffffffL) - 1;
+      return 1;
+    }
+  }
+}
+"""
+
+
 def _dynamic_body(s: MatmulSchedule) -> str:
-    """The pre-packed entry's body under :func:`dynamic_split`: each thread packs all of
-    op(A) into its workspace (unless A is read in place), then takes units of
-    ``DYNAMIC_UNIT_PANELS`` micro-panels of one column block, as OpenMP hands them out, and
-    runs every K block of a unit in order (so no two threads touch one C tile)."""
-    pack = ("  float *Aw = priv + OFF_A_WHOLE;\n"
-            "  for (long pc = 0; pc < K; pc += KC)\n"
-            "    pack_a_block(Aw + pc * MP, A, 0, M, pc, MIN(KC, K - pc), 0, MP / MR);\n"
-            if s.pack_a else "  const float *Aw = NULL;\n")
-    a_block = "Aw + pc * MP + ic * k_cur" if s.pack_a else "NULL"
-    return """\
-#define UNITS_PER_JC (((NC + NR - 1) / NR + DYN_PANELS - 1) / DYN_PANELS)
-#define MP ((M + MR - 1) / MR * MR)
+    """The pre-packed entry's body under :func:`dynamic_split` (one column block). Each
+    thread runs its static share of units (``DYN_PANELS`` micro-panels each) through every
+    K block but the last, as the static split does; in the last K block it claims its units
+    from the front of its share and, when that is empty, takes units from the back of the
+    fullest other share whose owner is done with the earlier K blocks. A thread the host
+    slows hands its last units to the others instead of holding the team at the join, and
+    no barrier sits between K blocks."""
+    a_slab = "priv + OFF_A_SLAB" if s.pack_a else "NULL"
+    pack = ("    for (long ic = 0; ic < M; ic += MC)\n"
+            "      pack_a_block(As + ic * k_cur, A, ic, MIN(MC, M - ic), pc, k_cur, 0,"
+            " (MIN(MC, M - ic) + MR - 1) / MR);\n" if s.pack_a else "")
+    a_block = "As + ic * k_cur" if s.pack_a else "NULL"
+    compute = ("      for (long ic = 0; ic < M; ic += MC)\n"
+               "        compute_block(C, A, NULL, bias, " + a_block + ", blk, priv, ic,"
+               " MIN(MC, M - ic), 0, N, pc, k_cur, pc == 0, last, plo, phi,"
+               " ic + MC >= M ? after : NULL);\n")
+    return STEAL_CLAIM + """\
+#define NP ((N + NR - 1) / NR)
+#define UNITS ((NP + DYN_PANELS - 1) / DYN_PANELS)
+#define STEPS ((K + KC - 1) / KC)
 static void gemm_body_dynamic(const float *restrict A, const float *restrict bias,
-                              float *restrict C, float *priv, const float *Bpre) {
+                              float *restrict C, float *shared, float *priv, int tid, int nth,
+                              const float *Bpre) {
+  float *As = """ + a_slab + """; (void)As;
+  long *slots = (long *)(shared + OFF_STEAL), *progress = slots + nth, lo, hi, u;
+  split_range(UNITS, tid, nth, &lo, &hi);
+  __atomic_store_n(&slots[tid], RANGE(lo, hi), __ATOMIC_RELEASE);
+  __atomic_store_n(&progress[tid], 0L, __ATOMIC_RELEASE);
+  BARRIER();
+  for (long pc = 0, step = 0; pc < K; pc += KC, step++) {
+    const long k_cur = MIN(KC, K - pc), last = step == STEPS - 1;
+    const float *blk = PACKED_BLOCK(Bpre, 0, pc);
 """ + pack + """\
-  (void)Aw;
-  const long units = (N + NC - 1) / NC * UNITS_PER_JC;
-  #pragma omp for schedule(dynamic, 1) nowait
-  for (long u = 0; u < units; u++) {
-    const long jc = u / UNITS_PER_JC * NC, n_cur = MIN(NC, N - jc);
-    const long np = (n_cur + NR - 1) / NR, lo = u % UNITS_PER_JC * DYN_PANELS;
-    const long hi = MIN(np, lo + DYN_PANELS);
-    if (lo >= hi) continue;
-    for (long pc = 0; pc < K; pc += KC) {
-      const long k_cur = MIN(KC, K - pc), pn = pc + KC;
-      const float *after = pn < K ? PACKED_BLOCK(Bpre, jc, pn) + lo * NR * MIN(KC, K - pn)
-                                  : NULL;
-      for (long ic = 0; ic < M; ic += MC)
-        compute_block(C, A, NULL, bias, """ + a_block + """, PACKED_BLOCK(Bpre, jc, pc),
-                      priv, ic, MIN(MC, M - ic), jc, n_cur, pc, k_cur, pc == 0, pn >= K,
-                      lo, hi, ic + MC >= M ? after : NULL);
+    if (!last) {
+      const long plo = MIN(NP, lo * DYN_PANELS), phi = MIN(NP, hi * DYN_PANELS);
+      const float *after = plo < phi ? PACKED_BLOCK(Bpre, 0, pc + KC)
+                                       + plo * NR * MIN(KC, K - pc - KC) : NULL;
+""" + compute + """\
+      __atomic_store_n(&progress[tid], step + 1, __ATOMIC_RELEASE);
+      continue;
+    }
+    for (;;) {
+      const int own = claim_own(&slots[tid], &u);
+      if (!own && !claim_other(slots, progress, STEPS - 1, tid, nth, &u)) break;
+      const long plo = u * DYN_PANELS, phi = MIN(NP, plo + DYN_PANELS);
+      /* what this thread likely reads next: the unit after (its own) or before (taken) */
+      const float *after = own && phi < NP ? blk + phi * NR * k_cur
+                           : !own && plo > 0 ? blk + (plo - DYN_PANELS) * NR * k_cur : NULL;
+""" + compute + """\
     }
   }
 }
@@ -564,7 +625,7 @@ def _entries(op: OpSignature, s: MatmulSchedule, threads: int, par: str, prepack
         priv = "ws + SHARED_FLOATS + TID * PRIVATE_FLOATS"
         if packed and dynamic:
             return (f"for (long b = 0; b < BATCH; b++)\n      gemm_body_dynamic(A + b * A_BATCH, "
-                    f"bias, C + b * C_BATCH, {priv}, B);")
+                    f"bias, C + b * C_BATCH, ws, {priv}, TID, NTH, B);")
         call = f"gemm_body(A + b * A_BATCH, {b_at}, bias, C + b * C_BATCH, ws, {priv}, "
         if par == "batch":
             # A threaded kernel whose parallel axis is batch runs a serial body per item.
