@@ -325,17 +325,23 @@ def test_a_dynamic_split_needs_one_column_block_and_a_small_a_block(
     assert not dynamic_split(M(128, 768, 512), s)
 
 
-@pytest.mark.parametrize("pack_a", [1, 0])
-def test_a_balanced_split_stays_right_over_many_calls(pack_a: int) -> None:
+@pytest.mark.timeout(300, method="thread")  # a claim waiting in C for a thread that never comes
+@pytest.mark.parametrize(("pack_a", "batch", "kc"), [(1, 1, 16), (0, 1, 16), (1, 3, 16),
+                                                    (1, 3, 128)])
+def test_a_balanced_split_stays_right_over_many_calls(pack_a: int, batch: int,
+                                                      kc: int) -> None:
     """Over pre-packed weights in one column block, two threads run their static shares
     through the first K blocks and hand out the last K block's units (ARCHITECTURE change
-    87); with edge panels, partial tiles and an epilogue, every one of many calls (each a
-    different interleaving of the claims) matches the reference."""
+    87); with edge panels, partial tiles and an epilogue, one K block or several, one batch
+    item or several sharing the weights, every one of many calls (each a different
+    interleaving of the claims) matches the reference."""
     from tunecache.compiler.kinds.matmul.emit import dynamic_split
     from tunecache.compiler.runtime import compile_kernel
 
-    op = M(45, 5 * HW.lanes + 3, 70, epilogue="bias+relu")
-    s = sched(HW, 4, 1, 16, mcm=3, ncm=8, threads=2, parallel="n", pack_a=pack_a)
+    n = 5 * HW.lanes + 3
+    op = (M(45, n, 70, epilogue="bias+relu") if batch == 1
+          else BM(batch, 45, n, 70, shared="b", epilogue="bias+relu"))
+    s = sched(HW, 4, 1, kc, mcm=3, ncm=8, threads=2, parallel="n", pack_a=pack_a)
     assert not problems(op, s, HW) and dynamic_split(op, s)
     kernel = compile_kernel(op, s, HW)
     a, b, bias = random_inputs(op)
@@ -389,6 +395,7 @@ long race(long units, long rounds) {
 """
 
 
+@pytest.mark.timeout(300, method="thread")
 def test_the_balanced_split_claims_own_units_first_then_the_back_of_the_fullest(
         tmp_path: Path) -> None:
     """The claims behind change 87: a thread takes its own units front first, then others'

@@ -607,6 +607,8 @@ static void gemm_body_dynamic(const float *restrict A, const float *restrict bia
 """ + compute + """\
     }
   }
+  /* the next batch item's ranges must not be published while a thread still claims here */
+  if (BATCH > 1) { BARRIER(); }
 }
 """
 
