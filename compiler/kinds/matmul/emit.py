@@ -585,14 +585,13 @@ static void gemm_body_dynamic(const float *restrict A, const float *restrict bia
   __atomic_store_n(&slots[tid], RANGE(lo, hi), __ATOMIC_RELEASE);
   __atomic_store_n(&progress[tid], 0L, __ATOMIC_RELEASE);
   BARRIER();
-  for (long pc = 0, step = 0; pc < K; pc += KC, step++) {
+  for (long pc = 0, step = 0, jc = 0; pc < K; pc += KC, step++) {
     const long k_cur = MIN(KC, K - pc), last = step == STEPS - 1;
-    const float *blk = PACKED_BLOCK(Bpre, 0, pc);
-""" + pack + """\
+    const float *blk = PACKED_BLOCK(Bpre, jc, pc);
+""" + _next_block("    ") + pack + """\
     if (!last) {
       const long plo = MIN(NP, lo * DYN_PANELS), phi = MIN(NP, hi * DYN_PANELS);
-      const float *after = plo < phi ? PACKED_BLOCK(Bpre, 0, pc + KC)
-                                       + plo * NR * MIN(KC, K - pc - KC) : NULL;
+      const float *after = plo < next_np ? next_b + plo * NR * next_k : NULL;
 """ + compute + """\
       __atomic_store_n(&progress[tid], step + 1, __ATOMIC_RELEASE);
       continue;
