@@ -92,7 +92,10 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 #     ArchConstants.weight_stream_exposed), the busiest thread's share of the weights is
 #     charged on top of compute, which moves the matmul's analytic columns on that hardware
 #     (ARCHITECTURE change 84).
-FEATURE_VERSION = 23
+# 24: where memory is exposed, a Strassen schedule also pays for writing a C larger than L2
+#     out of its block buffer and for a row block's A sums that overflow L2, which moves
+#     its analytic columns on that hardware at large M (ARCHITECTURE change 88).
+FEATURE_VERSION = 24
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import problems
 from tunecache.costmodel.analytic import estimate
@@ -416,6 +417,37 @@ def test_direct_tiles_on_a_blocked_input_are_tuned_with_the_split_a_model_runs()
         assert {s.parallel for s in space if s.threads == 2} == {axis}
         other = direct[0].replace(parallel="oc" if axis == "pixel" else "pixel")
         assert local_split(op, other) == direct[0]
+
+
+def test_a_xeon_pays_for_strassens_own_memory_passes_at_large_m() -> None:
+    """At M=1024 (BERT-base at batch 8) the Xeon's weight charge is spread over many rows, but
+    Strassen's own passes are not: writing a C larger than L2 out of the block buffer, and
+    re-reading A sums of all seven products that overflow L2, ran its projections 1.2-1.5x
+    the plain kernel's time (ARCHITECTURE change 88). The Xeon's top-1 is then plain at one
+    and two threads; Zen 4, where memory keeps up, is charged nothing new."""
+    from tunecache.costmodel.analytic import constants
+
+    xeon = replace(AVX512, cpu_model="Intel(R) Xeon(R) Processor", l1d_bytes=48 << 10,
+                   l2_bytes=2 << 20)
+    zen4 = replace(xeon, cpu_model="AMD EPYC 9B14")
+    for op in (OpSignature.matmul(1024, 768, 768, epilogue="bias"),
+               OpSignature.matmul(1024, 768, 3072, epilogue="bias"),
+               OpSignature.matmul(1024, 2304, 768, epilogue="bias")):
+        for threads in (1, 2):
+            assert not candidates(op, xeon, k=4, threads=threads)[0].schedule.strassen
+    op = OpSignature.matmul(1024, 768, 768, epilogue="bias")
+    assert candidates(op, zen4, k=4, threads=1)[0].schedule.strassen
+    # A row block's A sums past L2 (mc=256: 7 x 256 x 384 floats; mc=64 fits) slow the
+    # products on the Xeon only.
+    small_mc = MatmulSchedule(mr=8, nr=48, kc=384, mc=64, nc=96, threads=2, parallel="n",
+                              strassen=1)
+    big_mc = small_mc.replace(mc=256)
+
+    def ratio(hw: HardwareSpec) -> float:
+        return estimate(op, big_mc, hw).seconds / estimate(op, small_mc, hw).seconds
+
+    assert ratio(xeon) > 1.05 * ratio(zen4)
+    assert constants(xeon).weight_stream_exposed > constants(zen4).weight_stream_exposed
 
 
 def test_a_xeon_pays_for_streaming_weights_so_strassen_and_row_splits_lose_there() -> None:

@@ -89,8 +89,20 @@ def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> E
     block_bytes = 4 * (grid * grid * min(s.mc, mh) * min(s.nc, nh)
                        + min(s.mc, mh) * min(s.kc, block.dim("K")))
     spill = 1.0 if block_bytes <= 0.75 * hw.l2_bytes else 1.1
+    if 4.0 * count * min(s.mc, mh) * block.dim("K") > 0.75 * hw.l2_bytes:
+        # Every column block re-reads the row block's A sums of all the products: past L2
+        # they stream from L3, which slows the products where memory lags the FMAs (BERT's
+        # M=1024 FFN down-projection at two threads: 1.12-1.17x the plain kernel's time).
+        spill *= 1.0 + 0.1 * arch.weight_stream_exposed
     write_s = 8.0 * grid * grid * mh * nh / (
         arch.bytes_per_cycle["l2"] * arch.ghz * 1e9 * s.threads)
+    c_bytes = 4.0 * op.dim("M") * op.dim("N")
+    if c_bytes > 0.75 * hw.l2_bytes:
+        # Writing the buffer out is a pass of its own, after the products' compute: where
+        # memory does not keep up with the FMAs, a C larger than L2 pays its memory traffic
+        # (read for ownership, write back) on top (BERT's M=1024 projection: 8.6% of the
+        # kernel's samples in the write-out, ARCHITECTURE change 88).
+        write_s += _exposed_weights_s(arch, 2.0 * c_bytes / s.threads)
     compute_s = count * product.compute_s * spill
     memory_s = count * product.memory_s + write_s
     overhead_s = count * (product.overhead_s - once) + once
@@ -101,7 +113,8 @@ def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> E
 
 def _exposed_weights_s(arch: ArchConstants, weight_bytes: float) -> float:
     """The backend's ``weight_stream_exposed`` share of the time the busiest thread takes to
-    stream ``weight_bytes`` of constant weights from memory."""
+    stream ``weight_bytes`` of constant weights (or another stream compute does not hide)
+    from memory."""
     return arch.weight_stream_exposed * weight_bytes / (arch.dram_gbps_per_core * 1e9)
 
 
