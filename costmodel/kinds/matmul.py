@@ -86,10 +86,10 @@ def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> E
     whole = s.replace(strassen=0, mc=round_up(mh, s.mr), nc=round_up(nh, s.nr))
     product = estimate_matmul(block, whole, hw)
     once = arch.call_overhead_s + (arch.fork_join_s if s.threads > 1 else 0.0)
-    block_bytes = 4 * (grid * grid * min(s.mc, mh) * min(s.nc, nh)
-                       + min(s.mc, mh) * min(s.kc, block.dim("K")))
+    rows = min(s.mc, mh)
+    block_bytes = 4 * (grid * grid * rows * min(s.nc, nh) + rows * min(s.kc, block.dim("K")))
     spill = 1.0 if block_bytes <= 0.75 * hw.l2_bytes else 1.1
-    if 4.0 * count * min(s.mc, mh) * block.dim("K") > 0.75 * hw.l2_bytes:
+    if 4.0 * count * rows * block.dim("K") > 0.75 * hw.l2_bytes:
         # Every column block re-reads the row block's A sums of all the products: past L2
         # they stream from L3, which slows the products where memory lags the FMAs (BERT's
         # M=1024 FFN down-projection at two threads: 1.12-1.17x the plain kernel's time).
@@ -102,7 +102,7 @@ def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> E
         # memory does not keep up with the FMAs, a C larger than L2 pays its memory traffic
         # (read for ownership, write back) on top (BERT's M=1024 projection: 8.6% of the
         # kernel's samples in the write-out, ARCHITECTURE change 88).
-        write_s += _exposed_weights_s(arch, 2.0 * c_bytes / s.threads)
+        write_s += _exposed_stream_s(arch, 2.0 * c_bytes / s.threads)
     compute_s = count * product.compute_s * spill
     memory_s = count * product.memory_s + write_s
     overhead_s = count * (product.overhead_s - once) + once
@@ -111,11 +111,11 @@ def estimate_strassen(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> E
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
 
 
-def _exposed_weights_s(arch: ArchConstants, weight_bytes: float) -> float:
+def _exposed_stream_s(arch: ArchConstants, stream_bytes: float) -> float:
     """The backend's ``weight_stream_exposed`` share of the time the busiest thread takes to
-    stream ``weight_bytes`` of constant weights (or another stream compute does not hide)
-    from memory."""
-    return arch.weight_stream_exposed * weight_bytes / (arch.dram_gbps_per_core * 1e9)
+    stream ``stream_bytes`` from memory that compute does not hide (constant weights, or
+    Strassen's write-out)."""
+    return arch.weight_stream_exposed * stream_bytes / (arch.dram_gbps_per_core * 1e9)
 
 
 def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
@@ -216,7 +216,7 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
     memory_s = pack_s + c_bytes / c_bw
     if prepacked:
         # Split by columns, the busiest thread streams its columns' share; else all of B.
-        memory_s += _exposed_weights_s(arch, b_bytes * (cols / Np if T > 1 and s.parallel == "n"
+        memory_s += _exposed_stream_s(arch, b_bytes * (cols / Np if T > 1 and s.parallel == "n"
                                                          else 1.0))
 
     edge_elements = (Mp * Np - M * N) if (Mp != M or Np != N) else 0

@@ -585,7 +585,8 @@ static void gemm_body_dynamic(const float *restrict A, const float *restrict bia
   __atomic_store_n(&slots[tid], RANGE(lo, hi), __ATOMIC_RELEASE);
   __atomic_store_n(&progress[tid], 0L, __ATOMIC_RELEASE);
   BARRIER();
-  for (long pc = 0, step = 0, jc = 0; pc < K; pc += KC, step++) {
+  const long jc = 0; /* one column block */
+  for (long pc = 0, step = 0; pc < K; pc += KC, step++) {
     const long k_cur = MIN(KC, K - pc), last = step == STEPS - 1;
     const float *blk = PACKED_BLOCK(Bpre, jc, pc);
 """ + _next_block("    ") + pack + """\
