@@ -53,16 +53,43 @@ def git_revision() -> str:
         return "unknown"
 
 
-def write_section(name: str, markdown: str, doc: Path = DOC) -> None:
-    """Replace the text between ``<!-- name:begin -->`` and ``<!-- name:end -->``."""
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+def script_name() -> str:
+    """The running benchmark script's file name without ``.py``: its section's key."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None) or sys.argv[0]
+    return Path(main).stem
+
+
+def write_section(markdown: str, variant: str | None = None, doc: Path = DOC,
+                  script: str | None = None) -> None:
+    """Rewrite the running script's block in its own section of docs/BENCHMARKS.md.
+
+    The section is ``## <script>`` (:func:`script_name` unless ``script`` is given). The text
+    goes between ``<!-- KEY:begin -->`` and ``<!-- KEY:end -->``, where KEY is the script name,
+    or ``<script>/<variant>`` for one of several blocks of that section (one per machine or
+    ISA level, say). A variant that starts with the script's name loses that prefix
+    (``matmul_vs_blas_avx2`` is the ``avx2`` block of ``matmul_vs_blas``); one equal to it is
+    the script's plain block. A rerun replaces its block; a new block goes at the end of the
+    script's section, and a new section at the end of the file.
+    """
+    script = script or script_name()
+    if variant is not None:
+        variant = variant.removeprefix(script).lstrip("_")
+    key = f"{script}/{variant}" if variant else script
+    begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     block = f"{begin}\n{markdown.strip()}\n{end}"
     if begin in text and end in text:
         text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text,
                       flags=re.DOTALL)
     else:
-        text = text.rstrip() + f"\n\n## {name}\n\n{block}\n"
+        heading = re.search(rf"^## {re.escape(script)}[ \t]*$", text, flags=re.MULTILINE)
+        if heading is None:
+            text = text.rstrip() + f"\n\n## {script}\n\n{block}\n"
+        else:
+            following = re.search(r"^## ", text[heading.end():], flags=re.MULTILINE)
+            stop = heading.end() + following.start() if following else len(text)
+            text = text[:stop].rstrip() + f"\n\n{block}\n" + (
+                "\n" + text[stop:] if following else "")
     doc.write_text(text)
 
 

@@ -206,7 +206,7 @@ def main() -> None:
     text = _table(rows, conditions, args)
     print(text)
     if not args.no_write:
-        write_section("busy_machine", text)
+        write_section(text)
 
 
 def _table(rows: list[tuple[str, str, dict[str, float]]], conditions: list[str],

@@ -262,7 +262,7 @@ def main() -> None:
              "kernel": r.kernel.summary() if r.kernel else None,
              "bound": r.bound.summary() if r.bound else None} for r in rows], indent=2))
     if not args.no_write:
-        write_section("conv2d_vs_onnxruntime", text)
+        write_section(text)
 
 
 if __name__ == "__main__":

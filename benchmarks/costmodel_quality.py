@@ -283,7 +283,7 @@ def main() -> None:
         args.json.write_text(json.dumps({"evaluation": ev.to_dict(), "objectives": objectives,
                                          "training": timing}, indent=2, default=float))
     if not args.no_write:
-        write_section("costmodel_quality", text)
+        write_section(text)
 
 
 if __name__ == "__main__":

@@ -170,7 +170,7 @@ def main() -> None:
         text = (f"{machine_summary()}\n\nRevision `{git_revision()}`. Model `{args.model}` "
                 f"(transformer_zoo.py), {args.threads} thread(s), policy analytic, an empty "
                 f"store.\n\n{table(cold, warm)}\n\n{summary}")
-        write_section("dynamic_shapes", text)
+        write_section(text)
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        write_section("index_lookup", text)
+        write_section(text)
 
 
 if __name__ == "__main__":

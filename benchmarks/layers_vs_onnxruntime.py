@@ -170,7 +170,7 @@ def main() -> None:
     text = report(args.model, args.threads, args.runs, args.policy, layers, args.store)
     print(text)
     if not args.no_write:
-        write_section(f"layers_vs_onnxruntime_{args.model}", text)
+        write_section(text, args.model)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ and after the candidates; its better figure is used). Fractions of the measured 
 reported too. Results are printed and written to docs/BENCHMARKS.md.
 
     python benchmarks/matmul_vs_blas.py [--threads 1 2] [--min-time 0.3] [--no-write]
-        [--section matmul_vs_blas_avx2]   # one section per ISA level
+        [--section avx2]   # a block of the script's section, one per ISA level
 """
 
 from __future__ import annotations
@@ -184,7 +184,8 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
     parser.add_argument("--json", type=Path, help="also write raw rows as JSON here")
     parser.add_argument("--section", default="matmul_vs_blas",
-                        help="the docs/BENCHMARKS.md section to write (one per ISA level)")
+                        help="the block of this script's BENCHMARKS.md section to write (one per "
+                             "ISA level)")
     args = parser.parse_args()
     hw = local_spec()
     threads = [t for t in args.threads if t <= hw.cores]
@@ -198,7 +199,7 @@ def main() -> None:
              "numpy_gflops": r.numpy_gflops,
              "kernel": r.kernel.summary() if r.kernel else None} for r in rows], indent=2))
     if not args.no_write:
-        write_section(args.section, text)
+        write_section(text, args.section)
 
 
 if __name__ == "__main__":

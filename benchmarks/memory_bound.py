@@ -175,7 +175,7 @@ def main() -> None:
     text = render(rows, bandwidth, timing, args.top)
     print(text)
     if not args.no_write:
-        write_section("memory_bound", text)
+        write_section(text)
     if args.json:
         args.json.write_text(json.dumps([{
             "kind": r.kind, "label": r.label, "op": r.op.text, "threads": r.threads,

@@ -142,7 +142,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        write_section("model_latency", text)
+        write_section(text)
 
 
 if __name__ == "__main__":

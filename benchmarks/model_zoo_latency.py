@@ -619,8 +619,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also measure tunecache tuned with TRIALS per op")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--section", default=None,
-                        help="the BENCHMARKS.md section to write (default: model_zoo or "
-                             "transformer_zoo, with _tuned when tuning)")
+                        help="the block of this script's BENCHMARKS.md section to write "
+                             "(default: model_zoo or transformer_zoo, with _tuned when tuning)")
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "MODEL"))
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path)
@@ -663,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from _report import write_section
 
         prefix = "model_zoo" if args.zoo == "cnn" else "transformer_zoo"
-        write_section(args.section or (f"{prefix}_tuned" if args.tune else prefix), text)
+        write_section(text, args.section or (f"{prefix}_tuned" if args.tune else prefix))
     return 0
 
 

@@ -151,7 +151,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        write_section("nearest_hardware", text)
+        write_section(text)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        write_section("seed_model", text)
+        write_section(text)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def main() -> int:
                 print(f"{label:28} t{threads}  BLIS {times[0] * 1e3:8.3f} ms  {levels}  "
                       f"numpy {numpy * 1e3:8.3f} ms  {sched}", flush=True)
     if not args.no_write and rows:
-        write_section("strassen", render(rows, args))
+        write_section(render(rows, args))
     return 0
 
 

@@ -340,7 +340,8 @@ def main() -> None:
                         help="print only: leave docs/BENCHMARKS.md and the plot alone")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--section", default="tiler_quality",
-                        help="docs/BENCHMARKS.md section (and plot name) to write, e.g. one per ISA")
+                        help="block of this script's BENCHMARKS.md section (and plot name), e.g. "
+                             "one per ISA")
     parser.add_argument("--no-retest", action="store_true",
                         help="time every schedule once (no noise ceiling)")
     args = parser.parse_args()
@@ -386,7 +387,7 @@ def main() -> None:
         args.json.write_text(json.dumps([o.__dict__ | {"op": o.op.text} for o in outcomes],
                                         indent=2))
     if not args.no_write:
-        write_section(args.section, text)
+        write_section(text, args.section)
 
 
 if __name__ == "__main__":

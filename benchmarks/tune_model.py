@@ -213,7 +213,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        write_section("tune_model", text)
+        write_section(text)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ kernels re-timed back to back in its own run, and a file from another machine is
 own JSON IR format, with the trial counts and wall times of the run that found them) and
 reuses them when the operator, budgets, target, TVM version and machine match, so that a
 change on our side is measured against the same TVM kernels without tuning TVM again.
-``--section NAME`` writes another docs/BENCHMARKS.md section (and docs/NAME.png), one per
-machine: ``tvm_metaschedule`` holds the AVX-512 VM's run, ``tvm_metaschedule_avx2`` the
-AVX2 VM's.
+``--section NAME`` writes another block of this script's docs/BENCHMARKS.md section (and
+docs/NAME.png), one per machine: ``tvm_metaschedule`` holds the AVX-512 VM's run,
+``tvm_metaschedule_avx2`` the AVX2 VM's.
 """
 
 from __future__ import annotations
@@ -528,8 +528,8 @@ def main() -> None:
                         help="a --json file of an earlier run on this machine: its ops are "
                              "reported beside this run's (repeatable; ops run now win)")
     parser.add_argument("--section", default="tvm_metaschedule",
-                        help="docs/BENCHMARKS.md section to write (one per machine); the plot "
-                             "is docs/SECTION.png")
+                        help="block of this script's BENCHMARKS.md section to write (one per "
+                             "machine); the plot is docs/SECTION.png")
     parser.add_argument("--no-write", action="store_true",
                         help="print only: no docs/BENCHMARKS.md section, no PNG")
     args = parser.parse_args()
@@ -564,7 +564,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(dump_rows(results, hw), indent=2))
     if not args.no_write:
-        write_section(args.section, text)
+        write_section(text, args.section)
 
 
 if __name__ == "__main__":

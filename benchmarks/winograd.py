@@ -135,7 +135,7 @@ def main() -> int:
               f"onnxruntime {got['onnxruntime'] * 1e3:7.3f} ms  pick {pick.algorithm}  "
               f"{wino}  {bad or 'ok'}", flush=True)
     if not args.no_write and rows:
-        write_section("winograd", render(rows, args))
+        write_section(render(rows, args))
     return 0
 
 
