@@ -21,6 +21,9 @@ address per step of its k loop (``prefetch_plan``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from tunecache.compiler.codegen.abi import (
     ALIGN_FLOATS,
     PackedWeights,
@@ -161,91 +164,114 @@ def plain_micro_kernel(name: str, s: MatmulSchedule, d: IsaDialect, a_ps: str,
     return _ukr(name, s, d, a_ps, a_rs, "NR", True, (), spread)
 
 
-def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
-    """The C translation unit for ``op`` under schedule ``s`` (validated by the caller)."""
+@dataclass(frozen=True, slots=True)
+class _MatmulPlan:
+    """What one matmul kernel is made of, decided before any C is written.
+
+    ``constants`` are its compile-time constants in ``preamble`` order: shapes, strides,
+    blocks and the workspace layout (:func:`_workspace`). ``body_threads`` threads run each
+    batch item's body (1 when the threads split the batch). The code paths: the bias
+    (``has_bias``), the prefetch its micro-kernels spread over their k steps (``spread``),
+    the pre-packed-B entry (``prepack``) and that entry's dynamic column split
+    (``dynamic``).
+    """
+
+    constants: Mapping[str, int | str]
+    body_threads: int
+    has_bias: bool
+    spread: bool
+    prepack: bool
+    dynamic: bool
+
+
+def _matmul_plan(op: OpSignature, s: MatmulSchedule) -> _MatmulPlan:
+    """The plan :func:`generate_matmul` renders ``op`` under ``s`` from."""
     dims = op.dims_dict
     M, N, K = dims["M"], dims["N"], dims["K"]
-    batch = op.batch
     mr, nr = s.mr, s.nr
-    kc = min(s.kc, K)
-    mc = min(s.mc, round_up(M, mr))
-    nc = min(s.nc, round_up(N, nr))
-    threads = s.threads
-    par = s.parallel
+    kc, mc, nc = min(s.kc, K), min(s.mc, round_up(M, mr)), min(s.nc, round_up(N, nr))
     # A threaded kernel whose parallel axis is batch runs a serial body per batch item.
-    body_threads = 1 if par == "batch" else threads
-    has_bias = "bias" in op.epilogue
+    body_threads = 1 if s.parallel == "batch" else s.threads
+    # Constant-B pre-packing: the whole op(B) laid out block by block, (jc, pc) in loop
+    # order, exactly as the kernel would pack it; only when every batch item shares B.
+    prepack = bool(s.pack_b) and (op.batch == 1 or op.shared == "b")
+    dynamic = prepack and dynamic_split(op, s)
+    layout, shared_floats, private_floats = _workspace(op, s, kc, mc, nc, body_threads,
+                                                       dynamic)
     # op(A)[i, p] = A[i*ARS + p*APS]; op(B)[p, j] = B[p*BPS + j*BCS]
     a_rs, a_ps = (1, M) if op.trans_a else (K, 1)
     b_ps, b_cs = (1, K) if op.trans_b else (N, 1)
-    a_batch = 0 if op.shared == "a" else M * K
-    b_batch = 0 if op.shared == "b" else K * N
-    c_batch = M * N
+    constants: dict[str, int | str] = {
+        "M": M, "N": N, "K": K, "BATCH": op.batch, "MR": mr, "NR": nr, "KC": kc, "MC": mc,
+        "NC": nc, "ARS": a_rs, "APS": a_ps, "BPS": b_ps, "BCS": b_cs,
+        "A_BATCH": 0 if op.shared == "a" else M * K,
+        "B_BATCH": 0 if op.shared == "b" else K * N, "C_BATCH": M * N,
+        "SHARED_FLOATS": shared_floats, "PRIVATE_FLOATS": private_floats,
+        "NC_PADDED": round_up(nc, nr),
+        "B_PACKED_FLOATS": sum(round_up(min(nc, N - j), nr) * K for j in range(0, N, nc)),
+        "DYN_PANELS": DYNAMIC_UNIT_PANELS, **layout,
+    }
+    return _MatmulPlan(constants, body_threads, "bias" in op.epilogue,
+                       bool(s.pack_b) and spreads_prefetch(M, mr), prepack, dynamic)
 
-    a_block = round_up(mc, mr) * kc
-    b_block = round_up(nc, nr) * kc
-    edge_a, edge_b, ctile = mr * kc, kc * nr, mr * nr
+
+def _workspace(op: OpSignature, s: MatmulSchedule, kc: int, mc: int, nc: int,
+               body_threads: int, dynamic: bool) -> tuple[dict[str, int | str], int, int]:
+    """The workspace's regions: each one's offset (``OFF_*``, floats, 64-byte aligned) in
+    the team's shared part or in each thread's private part, then the floats of the shared
+    part and of one private part."""
+    mr, nr = s.mr, s.nr
     # Every thread packs the A block it reads itself, also when threads split the columns:
     # a shared A block cost two barriers per block, and a barrier waits for the other vCPU,
     # which a busy host may not be running.
-    shared_b = s.pack_b == 1 and (par == "n" or (par == "m" and s.loop_order == "jpi"))
-    if body_threads == 1:
-        shared_b = False
-
-    def region(n: int) -> int:
-        return round_up(n, ALIGN_FLOATS)
-
-    shared_floats = 0
-    private_floats = 0
+    shared_b = (body_threads > 1 and s.pack_b == 1
+                and (s.parallel == "n" or (s.parallel == "m" and s.loop_order == "jpi")))
     layout: dict[str, int | str] = {}
-    offset_shared = 0
-    offset_private = 0
+    ends = {"shared": 0, "private": 0}
+
+    def place(name: str, part: str, floats: int) -> None:
+        layout[name] = ends[part]
+        ends[part] += round_up(floats, ALIGN_FLOATS)
+
     if s.pack_a:
-        layout["OFF_A_PRIV"] = offset_private
-        offset_private += region(a_block)
+        place("OFF_A_PRIV", "private", round_up(mc, mr) * kc)
     if s.pack_b:
-        if shared_b:
-            layout["OFF_B_SHARED"] = offset_shared
-            offset_shared += region(b_block)
-        else:
-            layout["OFF_B_PRIV"] = offset_private
-            offset_private += region(b_block)
-    # Constant-B pre-packing: the whole op(B) laid out block by block, (jc, pc) in loop
-    # order, exactly as the kernel would pack it; only when every batch item shares B.
-    prepack = bool(s.pack_b) and (batch == 1 or op.shared == "b")
-    dynamic = prepack and dynamic_split(op, s)
+        place(*(("OFF_B_SHARED", "shared") if shared_b else ("OFF_B_PRIV", "private")),
+              round_up(nc, nr) * kc)
     if dynamic:
-        layout["OFF_STEAL"] = offset_shared
-        offset_shared += region(4 * threads)  # a range and a progress count per thread
+        place("OFF_STEAL", "shared", 4 * s.threads)  # a range and a progress count per thread
         if s.pack_a:
-            layout["OFF_A_SLAB"] = offset_private
-            offset_private += region(round_up(M, mr) * kc)
-    for name, size in (("EDGE_A", edge_a), ("EDGE_B", edge_b), ("CTILE", ctile)):
-        layout[f"OFF_{name}"] = offset_private
-        offset_private += region(size)
-    shared_floats, private_floats = offset_shared, offset_private
+            place("OFF_A_SLAB", "private", round_up(op.dim("M"), mr) * kc)
+    for name, size in (("EDGE_A", mr * kc), ("EDGE_B", kc * nr), ("CTILE", mr * nr)):
+        place(f"OFF_{name}", "private", size)
+    return layout, ends["shared"], ends["private"]
 
-    nc_padded = round_up(nc, nr)
-    packed_floats = sum(round_up(min(nc, N - j), nr) * K for j in range(0, N, nc))
 
-    constants: dict[str, int | str] = {
-        "M": M, "N": N, "K": K, "BATCH": batch, "MR": mr, "NR": nr, "KC": kc, "MC": mc,
-        "NC": nc, "ARS": a_rs, "APS": a_ps, "BPS": b_ps, "BCS": b_cs, "A_BATCH": a_batch,
-        "B_BATCH": b_batch, "C_BATCH": c_batch, "SHARED_FLOATS": shared_floats,
-        "PRIVATE_FLOATS": private_floats, "NC_PADDED": nc_padded,
-        "B_PACKED_FLOATS": packed_floats, "DYN_PANELS": DYNAMIC_UNIT_PANELS, **layout,
-    }
-    out = [preamble(d, constants, body_threads)]
+def generate_matmul(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
+    """The C translation unit for ``op`` under schedule ``s`` (validated by the caller):
+    its plan (:func:`_matmul_plan`), then the C rendered from it."""
+    plan = _matmul_plan(op, s)
+    out = [preamble(d, plan.constants, plan.body_threads)]
     out += filter(None, [scalar_helpers(op.epilogue)])
-    spread = bool(s.pack_b) and spreads_prefetch(M, mr)
-    if spread:
+    if plan.spread:
         out.append(PREFETCH_PLAN)
-    # Pre-packed op(B): block (jc, pc) of the buffer at `base`, its panels KC-deep.
-    out.append("#define PACKED_BLOCK(base, jc, pc) ((base) + ((jc) / NC) * NC_PADDED * K"
-               " + (MIN(NC, N - (jc)) + NR - 1) / NR * NR * (pc))\n")
-    # Packing: panels of MR rows of op(A) / NR columns of op(B), zero-padded, k-major.
-    out.append(
-        """\
+    out.append(PACKED_BLOCK)
+    out.append(PACKING)
+    out += _micro_kernels(op, s, d, plan.spread)
+    out.append(_merge_tile(op))
+    out.append(_compute_block(s, plan))
+    out.append(_gemm_body(s, s.parallel, plan.body_threads))
+    if plan.dynamic:
+        out.append(_dynamic_body(s))
+    out.append(_entries(op, s, s.threads, s.parallel, plan.prepack, plan.dynamic))
+    return "\n".join(out)
+
+
+PACKED_BLOCK = ("#define PACKED_BLOCK(base, jc, pc) ((base) + ((jc) / NC) * NC_PADDED * K"
+                " + (MIN(NC, N - (jc)) + NR - 1) / NR * NR * (pc))\n")
+"""Pre-packed op(B): block (jc, pc) of the buffer at ``base``, its panels KC-deep."""
+
+PACKING = """\
 static void pack_a_panel(float *restrict dst, const float *restrict a, long m_cur, long k_cur) {
   /* a points at op(A)[i0, p0] */
   if (APS == 1 && m_cur == MR) {
@@ -300,8 +326,11 @@ static void pack_b_block(float *restrict dst, const float *restrict B, long p0, 
   }
 }
 """
-    )
-    # Micro-kernel variants: packed A/B, or read in place (full panels only).
+"""Packing: panels of MR rows of op(A) / NR columns of op(B), zero-padded, k-major."""
+
+
+def _micro_kernels(op: OpSignature, s: MatmulSchedule, d: IsaDialect, spread: bool) -> list[str]:
+    """The micro-kernel variants: packed A/B, or read in place (full panels only)."""
     variants = [("ukr_pp", "MR", "1", "NR", True)]
     if s.pack_a == 0:
         variants.append(("ukr_dp", "APS", "ARS", "NR", True))
@@ -309,12 +338,14 @@ static void pack_b_block(float *restrict dst, const float *restrict B, long p0, 
         variants.append(("ukr_pd", "MR", "1", "BPS", False))
     if s.pack_a == 0 and s.pack_b == 0:
         variants.append(("ukr_dd", "APS", "ARS", "BPS", False))
-    for name, aps, ars, bps, aligned in variants:
-        out.append(_ukr(name, s, d, aps, ars, bps, aligned, op.epilogue, spread))
+    return [_ukr(name, s, d, aps, ars, bps, aligned, op.epilogue, spread)
+            for name, aps, ars, bps, aligned in variants]
 
+
+def _merge_tile(op: OpSignature) -> str:
+    """C merging an edge tile, computed into a local tile, into C (with the epilogue)."""
     epilogue = render(op.epilogue, "v", {"bias": "bias[j + q]"}, vector=False)
-    out.append(
-        f"""\
+    return f"""\
 static void merge_tile(float *restrict c, const float *restrict t, long m_cur, long n_cur,
                        int first, int last, const float *restrict bias, long j) {{
   (void)bias; (void)j;
@@ -327,8 +358,10 @@ static void merge_tile(float *restrict c, const float *restrict t, long m_cur, l
     }}
 }}
 """
-    )
-    # Block compute: micro-panels [jr_lo, jr_hi) of the block at (i0, j0, p0).
+
+
+def _compute_block(s: MatmulSchedule, plan: _MatmulPlan) -> str:
+    """C computing micro-panels [jr_lo, jr_hi) of the block at (i0, j0, p0)."""
     a_full = "Ap + ir * MR * k_cur" if s.pack_a else "A + (i0 + ir * MR) * ARS + p0 * APS"
     b_full = "Bp + jr * NR * k_cur" if s.pack_b else "B + p0 * BPS + (j0 + jr * NR) * BCS"
     a_edge_src = "Ap + ir * MR * k_cur" if s.pack_a else "ea"
@@ -339,9 +372,9 @@ static void merge_tile(float *restrict c, const float *restrict t, long m_cur, l
     edge_b_pack = "" if s.pack_b else (
         "if (n_full < np && jr_hi == np) pack_b_panel(eb, B + p0 * BPS + (j0 + n_full * NR) * BCS, "
         "n_cur - n_full * NR, k_cur);")
+    spread = plan.spread
     per_panel, per_tile = _panel_prefetch(spread)
-    out.append(
-        f"""\
+    return f"""\
 static void compute_block(float *restrict C, const float *restrict A, const float *restrict B,
                           const float *restrict bias, const float *restrict Ap,
                           const float *restrict Bp, float *restrict priv, long i0, long m_cur,
@@ -358,7 +391,7 @@ static void compute_block(float *restrict C, const float *restrict A, const floa
   for (long jr = jr_lo; jr < jr_hi; jr++) {{
     const long j = j0 + jr * NR;
     const long n_here = MIN(NR, n_cur - jr * NR);
-    const float *bias_j = {"bias + j" if has_bias else "bias"};
+    const float *bias_j = {"bias + j" if plan.has_bias else "bias"};
 {per_panel}    for (long ir = 0; ir < mp; ir++) {{
 {per_tile}      const long i = i0 + ir * MR;
       const long m_here = MIN(MR, m_cur - ir * MR);
@@ -375,12 +408,6 @@ static void compute_block(float *restrict C, const float *restrict A, const floa
   }}
 }}
 """
-    )
-    out.append(_gemm_body(s, par, body_threads))
-    if dynamic:
-        out.append(_dynamic_body(s))
-    out.append(_entries(op, s, threads, par, prepack, dynamic))
-    return "\n".join(out)
 
 
 def _call_full(s: MatmulSchedule, spread: bool) -> str:
@@ -423,8 +450,6 @@ def _gemm_body(s: MatmulSchedule, par: str, threads: int) -> str:
         b_buf = "shared + OFF_B_SHARED"
     else:
         b_buf = "priv + OFF_B_PRIV" if s.pack_b else "NULL"
-    split_m = par == "m" and threads > 1
-    split_n = par == "n" and threads > 1
     head = """\
 static void gemm_body(const float *restrict A, const float *restrict B, const float *restrict bias,
                       float *restrict C, float *shared, float *priv, int tid, int nth,
@@ -435,71 +460,86 @@ static void gemm_body(const float *restrict A, const float *restrict B, const fl
     lines = [head, f"  float *Ap = {a_buf}; float *Bp = {b_buf}; (void)Ap; (void)Bp;",
              "  const float *Bu = Bp; (void)Bu;"]
     lines.append("  const long nblk_m = (M + MC - 1) / MC;\n  (void)nblk_m;")
+    loops = _jpi_loops if s.loop_order == "jpi" else _ipj_loops
+    lines.append(loops(s, par == "m" and threads > 1, par == "n" and threads > 1))
+    lines.append("}\n")
+    return "\n".join(lines)
 
-    def pack_a(ind: str) -> str:
-        if not s.pack_a:
-            return ""
-        return f"{ind}pack_a_block(Ap, A, ic, m_cur, pc, k_cur, 0, (m_cur + MR - 1) / MR);\n"
 
-    def pack_b(ind: str, split: bool) -> str:
-        if not s.pack_b:
-            return ""
-        if split:
-            pack = ("{ long lo, hi; split_range((n_cur + NR - 1) / NR, tid, nth, &lo, &hi);"
-                    " pack_b_block(Bp, B, pc, k_cur, jc, n_cur, lo, hi); } BARRIER();")
-        else:
-            pack = "pack_b_block(Bp, B, pc, k_cur, jc, n_cur, 0, (n_cur + NR - 1) / NR);"
-        # Every thread takes the same branch (Bpre is the same for all), so the barrier holds.
-        return (f"{ind}if (Bpre) Bu = PACKED_BLOCK(Bpre, jc, pc);\n"
-                f"{ind}else {{ {pack} Bu = Bp; }}\n")
+def _jpi_loops(s: MatmulSchedule, split_m: bool, split_n: bool) -> str:
+    """gemm_body's loops in jpi order: column blocks, K blocks, row blocks; ``split_m``,
+    ``split_n``: the team splits the row blocks or the columns."""
+    body = "  for (long jc = 0; jc < N; jc += NC) {\n    const long n_cur = MIN(NC, N - jc);\n"
+    body += "    for (long pc = 0; pc < K; pc += KC) {\n      const long k_cur = MIN(KC, K - pc);\n"
+    body += _pack_b_step(s, "      ", split_m or split_n)
+    body += _next_block("      ")
+    if split_m:
+        body += ("      for (long bi = tid; bi < nblk_m; bi += nth) {\n"
+                 "        const long ic = bi * MC, m_cur = MIN(MC, M - ic);\n")
+    else:
+        body += ("      for (long ic = 0; ic < M; ic += MC) {\n"
+                 "        const long m_cur = MIN(MC, M - ic);\n")
+    body += _pack_a_step(s, "        ")
+    body += _compute_step(s, "        ", split_n)
+    body += "      }\n"
+    if split_m or split_n:
+        # Only the shared B block couples the threads: pre-packed weights (every compiled
+        # model's) leave each thread its own rows of C and nothing to wait for.
+        body += "      if (!Bpre) { BARRIER(); }\n"
+    return body + "    }\n  }\n"
 
-    def compute(ind: str) -> str:
-        rng = ("{ long lo, hi; split_range((n_cur + NR - 1) / NR, tid, nth, &lo, &hi);"
-               if split_n else "{ long lo = 0, hi = (n_cur + NR - 1) / NR;")
-        return (f"{ind}{rng}\n{ind}  compute_block(C, A, B, bias, Ap, Bu, priv, ic, m_cur, jc, "
-                f"n_cur, pc, k_cur, pc == 0, pc + KC >= K, lo, hi, {after}); }}\n")
 
+def _ipj_loops(s: MatmulSchedule, split_m: bool, split_n: bool) -> str:
+    """gemm_body's loops in ipj order: row blocks, K blocks, column blocks (see
+    :func:`_jpi_loops`)."""
+    if split_m:
+        body = ("  for (long bi = tid; bi < nblk_m; bi += nth) {\n"
+                "    const long ic = bi * MC, m_cur = MIN(MC, M - ic);\n")
+    else:
+        body = "  for (long ic = 0; ic < M; ic += MC) {\n    const long m_cur = MIN(MC, M - ic);\n"
+    body += "    for (long pc = 0; pc < K; pc += KC) {\n      const long k_cur = MIN(KC, K - pc);\n"
+    body += _pack_a_step(s, "      ")
+    body += "      for (long jc = 0; jc < N; jc += NC) {\n        const long n_cur = MIN(NC, N - jc);\n"
+    body += _pack_b_step(s, "        ", split_n)
+    body += _compute_step(s, "        ", split_n)
+    if split_n:
+        body += "        if (!Bpre) { BARRIER(); }\n"
+    return body + "      }\n    }\n  }\n"
+
+
+def _pack_a_step(s: MatmulSchedule, ind: str) -> str:
+    """C packing the row block's A block (nothing when A is read in place)."""
+    if not s.pack_a:
+        return ""
+    return f"{ind}pack_a_block(Ap, A, ic, m_cur, pc, k_cur, 0, (m_cur + MR - 1) / MR);\n"
+
+
+def _pack_b_step(s: MatmulSchedule, ind: str, split: bool) -> str:
+    """C pointing ``Bu`` at the (jc, pc) B block: pre-packed, else packed here (by the whole
+    team when ``split``); nothing when B is read in place."""
+    if not s.pack_b:
+        return ""
+    if split:
+        pack = ("{ long lo, hi; split_range((n_cur + NR - 1) / NR, tid, nth, &lo, &hi);"
+                " pack_b_block(Bp, B, pc, k_cur, jc, n_cur, lo, hi); } BARRIER();")
+    else:
+        pack = "pack_b_block(Bp, B, pc, k_cur, jc, n_cur, 0, (n_cur + NR - 1) / NR);"
+    # Every thread takes the same branch (Bpre is the same for all), so the barrier holds.
+    return (f"{ind}if (Bpre) Bu = PACKED_BLOCK(Bpre, jc, pc);\n"
+            f"{ind}else {{ {pack} Bu = Bp; }}\n")
+
+
+def _compute_step(s: MatmulSchedule, ind: str, split_n: bool) -> str:
+    """C computing the (ic, jc, pc) block's micro-panels: this thread's share when
+    ``split_n``, else all of them."""
+    rng = ("{ long lo, hi; split_range((n_cur + NR - 1) / NR, tid, nth, &lo, &hi);"
+           if split_n else "{ long lo = 0, hi = (n_cur + NR - 1) / NR;")
     # The panel after a block's last: the next block's at the same position (pre-packed B
     # only, jpi order, after the last row block), else none.
     after = ("(Bpre && ic + MC >= M && lo < next_np ? next_b + lo * NR * next_k : NULL)"
              if s.loop_order == "jpi" and s.pack_b else "NULL")
-
-    if s.loop_order == "jpi":
-        body = "  for (long jc = 0; jc < N; jc += NC) {\n    const long n_cur = MIN(NC, N - jc);\n"
-        body += "    for (long pc = 0; pc < K; pc += KC) {\n      const long k_cur = MIN(KC, K - pc);\n"
-        body += pack_b("      ", threads > 1 and par in ("m", "n"))
-        body += _next_block("      ")
-        if split_m:
-            body += ("      for (long bi = tid; bi < nblk_m; bi += nth) {\n"
-                     "        const long ic = bi * MC, m_cur = MIN(MC, M - ic);\n")
-        else:
-            body += ("      for (long ic = 0; ic < M; ic += MC) {\n"
-                     "        const long m_cur = MIN(MC, M - ic);\n")
-        body += pack_a("        ")
-        body += compute("        ")
-        body += "      }\n"
-        if split_m or split_n:
-            # Only the shared B block couples the threads: pre-packed weights (every compiled
-            # model's) leave each thread its own rows of C and nothing to wait for.
-            body += "      if (!Bpre) { BARRIER(); }\n"
-        body += "    }\n  }\n"
-    else:  # ipj
-        if split_m:
-            body = ("  for (long bi = tid; bi < nblk_m; bi += nth) {\n"
-                    "    const long ic = bi * MC, m_cur = MIN(MC, M - ic);\n")
-        else:
-            body = "  for (long ic = 0; ic < M; ic += MC) {\n    const long m_cur = MIN(MC, M - ic);\n"
-        body += "    for (long pc = 0; pc < K; pc += KC) {\n      const long k_cur = MIN(KC, K - pc);\n"
-        body += pack_a("      ")
-        body += "      for (long jc = 0; jc < N; jc += NC) {\n        const long n_cur = MIN(NC, N - jc);\n"
-        body += pack_b("        ", split_n)
-        body += compute("        ")
-        if split_n:
-            body += "        if (!Bpre) { BARRIER(); }\n"
-        body += "      }\n    }\n  }\n"
-    lines.append(body)
-    lines.append("}\n")
-    return "\n".join(lines)
+    return (f"{ind}{rng}\n{ind}  compute_block(C, A, B, bias, Ap, Bu, priv, ic, m_cur, jc, "
+            f"n_cur, pc, k_cur, pc == 0, pc + KC >= K, lo, hi, {after}); }}\n")
 
 
 def _next_block(ind: str) -> str:
