@@ -27,6 +27,7 @@ directly. Partial tiles go through a local tile merged by scalar code, as in mat
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from tunecache.compiler.codegen.abi import (
@@ -1118,7 +1119,20 @@ _IN_PLACE_PANEL_BYTES = 24 * 1024
 _IN_PLACE_MAX_CHANNELS = 32
 
 
-def _generate_gemm(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
+@dataclass(frozen=True, slots=True)
+class _GemmPlan:
+    """Sizes and code paths of one implicit-GEMM kernel: its compile-time constants (in
+    ``preamble`` order), whether its im2col panels are plain copies of X's rows (``plain``:
+    1x1, stride 1, no padding) and whether full panels read those rows in place instead
+    (``in_place``)."""
+
+    constants: Mapping[str, int | str]
+    plain: bool
+    in_place: bool
+
+
+def _gemm_plan(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> _GemmPlan:
+    """The plan :func:`_generate_gemm` renders ``op`` under ``s`` from."""
     dims = op.dims_dict
     cg = dims["C"] // dims["groups"]
     fg = dims["F"] // dims["groups"]
@@ -1128,23 +1142,42 @@ def _generate_gemm(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     mr, nr = s.oc_block, s.ow_block
     nfp = _cdiv(fg, mr)
     pq = op.out_h * op.out_w
-    npp = _cdiv(pq, nr)
     tail = fg % mr != 0
     ap_floats = dims["groups"] * (nfp if s.pack_w else int(tail)) * k_total * mr
-    bp_floats = round_up(kc * nr, ALIGN_FLOATS)
-    off_bp = round_up(ap_floats, ALIGN_FLOATS)
-    has_bias, has_add = "bias" in op.epilogue, "add" in op.epilogue
     plain = (R == 1 and S == 1 and dims["stride_h"] == 1 and dims["stride_w"] == 1
              and dims["pad_t"] == 0 and dims["pad_l"] == 0 and dims["pad_b"] == 0
              and dims["pad_r"] == 0)
     in_place = (plain and fg <= _IN_PLACE_MAX_CHANNELS and nr <= 2 * d.lanes
                 and kc * nr * 4 <= _IN_PLACE_PANEL_BYTES)
     constants = {**shape_constants(op), "MR": mr, "NR": nr, "KTOT": k_total, "KC": kc, "NFP": nfp,
-                 "PQ": pq, "NPP": npp, "OFF_BP": off_bp, "BP_FLOATS": bp_floats,
+                 "PQ": pq, "NPP": _cdiv(pq, nr), "OFF_BP": round_up(ap_floats, ALIGN_FLOATS),
+                 "BP_FLOATS": round_up(kc * nr, ALIGN_FLOATS),
                  "PACK_W": str(s.pack_w), "WB_FLOATS": ap_floats,
                  "WPACK_ITEMS": dims["groups"] * (nfp if s.pack_w else int(tail))}
-    out = [preamble(d, constants, s.threads)]
-    out.append("""\
+    return _GemmPlan(constants, plain, in_place)
+
+
+def _generate_gemm(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
+    """The implicit-GEMM kernel: its plan (:func:`_gemm_plan`), then the C rendered from it."""
+    plan = _gemm_plan(op, s, d)
+    out = [preamble(d, plan.constants, s.threads)]
+    out.append(_GEMM_PACK_WEIGHTS)
+    out.append(_GEMM_PLAIN_PANEL if plan.plain else _GEMM_IM2COL_PANEL)
+    out.append(_gemm_ukr("ukr", s, d, op.epilogue))
+    if not s.pack_w:
+        out.append(_gemm_ukr("ukr_d", s, d, op.epilogue, "1", "KTOT"))
+    if plan.in_place:
+        out.append(_gemm_ukr("ukr_x", s, d, op.epilogue, b_row="PQ"))
+        if not s.pack_w:
+            out.append(_gemm_ukr("ukr_dx", s, d, op.epilogue, "1", "KTOT", b_row="PQ"))
+    out.append(_gemm_merge_tile(op))
+    out.append(_gemm_conv_body(op, s, plan.in_place))
+    ws = f"OFF_BP + {s.threads}L * BP_FLOATS"
+    out.append(conv2d_entries(op, s.threads, ws, prepack=bool(s.pack_w)))
+    return "\n".join(out)
+
+
+_GEMM_PACK_WEIGHTS = """\
 /* Ap[g][fp][k][MR], k = (c, r, s) as in W's memory order, zero-padded rows. Items: (g, fp);
  * with pack_w=0 only the last (partial) panel of each group is packed, at Ap[g]. */
 static void pack_weights(const float *restrict Wt, float *restrict Ap, long lo, long hi) {
@@ -1160,9 +1193,9 @@ static void pack_weights(const float *restrict Wt, float *restrict Ap, long lo, 
     }
   }
 }
-""")
-    if plain:
-        pack_b = """\
+"""
+
+_GEMM_PLAIN_PANEL = """\
 /* One im2col panel: rows k0..k0+kcur of pixels j0..j0+NR of image n, group g. 1x1 stride 1
  * without padding: the panel is a plain copy of NCHW rows. */
 static void pack_panel(float *restrict dst, const float *restrict X, long n, long g, long k0,
@@ -1176,8 +1209,8 @@ static void pack_panel(float *restrict dst, const float *restrict X, long n, lon
   }
 }
 """
-    else:
-        pack_b = """\
+
+_GEMM_IM2COL_PANEL = """\
 /* One im2col panel: rows k0..k0+kcur (k = (c, r, s)) of pixels j0..j0+NR of image n, group g,
  * zero outside the input (padding) and beyond the last pixel. */
 static void pack_panel(float *restrict dst, const float *restrict X, long n, long g, long k0,
@@ -1198,16 +1231,12 @@ static void pack_panel(float *restrict dst, const float *restrict X, long n, lon
   }
 }
 """
-    out.append(pack_b)
-    out.append(_gemm_ukr("ukr", s, d, op.epilogue))
-    if not s.pack_w:
-        out.append(_gemm_ukr("ukr_d", s, d, op.epilogue, "1", "KTOT"))
-    if in_place:
-        out.append(_gemm_ukr("ukr_x", s, d, op.epilogue, b_row="PQ"))
-        if not s.pack_w:
-            out.append(_gemm_ukr("ukr_dx", s, d, op.epilogue, "1", "KTOT", b_row="PQ"))
+
+
+def _gemm_merge_tile(op: OpSignature) -> str:
+    """C merging a partial tile, computed into a local tile, into Y (with the epilogue)."""
     epi = _epilogue_scalar(op, "v", "f", "off")
-    out.append(f"""\
+    return f"""\
 static void merge_tile(float *restrict Y, const float *restrict ct, const float *restrict bias,
                        const float *restrict add, long n, long f0, long m_cur, long j0,
                        long n_cur, int first, int last) {{
@@ -1223,7 +1252,13 @@ static void merge_tile(float *restrict Y, const float *restrict ct, const float 
     }}
   }}
 }}
-""")
+"""
+
+
+def _gemm_conv_body(op: OpSignature, s: Conv2dSchedule, in_place: bool) -> str:
+    """``conv_body``: the weights packed by the team, then each thread's share of the (pixel
+    panel, channel panel) steps."""
+    has_bias, has_add = "bias" in op.epilogue, "add" in op.epilogue
     if s.parallel == "pixel":
         ranges = ("long pp_lo, pp_hi; split_range(NB * G * NPP, tid, nth, &pp_lo, &pp_hi);\n"
                   "  const long fp_lo = 0, fp_hi = NFP;")
@@ -1241,7 +1276,7 @@ static void merge_tile(float *restrict Y, const float *restrict ct, const float 
                  "      if (!in_place) pack_panel(Bp, X, n, g, pc, k_cur, j0);")
     else:
         panel = "pack_panel(Bp, X, n, g, pc, k_cur, j0);"
-    out.append(f"""\
+    return f"""\
 static void conv_body(const float *restrict X, const float *restrict Wt,
                       const float *restrict bias, const float *restrict add, float *restrict Y,
                       float *ws, int tid, int nth, int packed) {{
@@ -1269,7 +1304,4 @@ static void conv_body(const float *restrict X, const float *restrict Wt,
     }}
   }}
 }}
-""")
-    ws = f"OFF_BP + {s.threads}L * BP_FLOATS"
-    out.append(conv2d_entries(op, s.threads, ws, prepack=bool(s.pack_w)))
-    return "\n".join(out)
+"""
