@@ -21,7 +21,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
 
 def machine_summary() -> str:
     """One paragraph: CPU, spec, compiler, numpy/BLAS, and the command that ran."""
-    from tunecache.compiler.build import find_compiler
+    from tunecache.compiler.backends import backend_for
     from tunecache.compiler.hardware import local_spec
 
     hw = local_spec()
@@ -39,7 +39,7 @@ def machine_summary() -> str:
         f"Machine: {hw.cpu_model}, {hw.cores} cores, {hw.isa} "
         f"(L1d {hw.l1d_bytes >> 10} KiB, L2 {hw.l2_bytes >> 10} KiB, L3 {hw.l3_bytes >> 20} MiB), "
         f"`{hw.hw_id}`; {platform.system()} {platform.release()}; compiler "
-        f"{find_compiler().short}; numpy {np.__version__} with {blas}; Python "
+        f"{backend_for(hw).toolchain().split(';')[0]}; numpy {np.__version__} with {blas}; Python "
         f"{platform.python_version()}.\n"
         f"Command: `{command}`, run {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC."
     )

@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import git_revision, machine_summary, write_section
 
+from tunecache.compiler.backends import backend_for
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.probe import measure_peak_gflops
 from tunecache.compiler.schedule import problems
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig, best
 
@@ -112,7 +112,7 @@ def run(threads_list: list[int], timing: TimingConfig, quick: bool) -> tuple[lis
     shapes += [(label, op, "square") for label, op in SQUARES]
     if quick:
         shapes = [s for s in shapes if s[1].flops < 2 * 2048**3]
-    peaks = {t: measure_peak_gflops(hw, t) for t in threads_list}
+    peaks = {t: backend_for(hw).peak_gflops(hw, t) for t in threads_list}
     rows: list[Row] = []
     with Runner(hw, timing) as runner:
         for threads in threads_list:

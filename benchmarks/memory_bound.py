@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import git_revision, machine_summary, write_section
 
+from tunecache.compiler.backends import backend_for
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.probe import measure_bandwidth_gbs
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig, best
 from tunecache.tuner.search.roller import candidates
 
@@ -90,7 +90,7 @@ def run(threads_list: list[int], timing: TimingConfig, top: int,
         kinds: set[str] | None) -> tuple[list[Row], dict[int, float]]:
     hw = local_spec()
     shapes = [s for s in SHAPES if kinds is None or s[0] in kinds]
-    bandwidth = {t: measure_bandwidth_gbs(hw, t) for t in threads_list}
+    bandwidth = {t: backend_for(hw).bandwidth_gbs(hw, t) for t in threads_list}
     print("memory bandwidth (copy, GB/s): " + ", ".join(
         f"{t}T {b:.1f}" for t, b in bandwidth.items()), flush=True)
     rows: list[Row] = []

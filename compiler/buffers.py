@@ -16,6 +16,12 @@ ALIGN = 64
 """Bytes: a cache line, and the width of an AVX-512 vector."""
 
 
+def address_of(array: np.ndarray) -> int:
+    """The address of ``array``'s first element, from its array interface."""
+    address: int = array.__array_interface__["data"][0]
+    return address
+
+
 def aligned_empty(shape: int | tuple[int, ...], dtype: npt.DTypeLike = np.float32, *,
                   zero: bool = False) -> np.ndarray:
     """An array of ``shape`` whose data starts on an :data:`ALIGN`-byte boundary,
@@ -24,7 +30,7 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: npt.DTypeLike = np.float3
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
     size = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
     raw = (np.zeros if zero else np.empty)(size + ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGN
+    start = -address_of(raw) % ALIGN
     return raw[start:start + size].view(dt).reshape(dims)
 
 
@@ -38,6 +44,6 @@ def aligned_copy(x: np.ndarray) -> np.ndarray:
 def as_aligned(x: np.ndarray) -> np.ndarray:
     """``x`` itself when it is C-contiguous and starts on an :data:`ALIGN`-byte boundary,
     else :func:`aligned_copy` of it."""
-    if x.flags.c_contiguous and x.ctypes.data % ALIGN == 0:
+    if x.flags.c_contiguous and address_of(x) % ALIGN == 0:
         return x
     return aligned_copy(x)

@@ -1,205 +1,33 @@
-"""Load a built kernel and call it on numpy arrays, checking every argument first.
+"""Kernels as generic code sees them: compiled and loaded through the backend protocol, fed
+deterministic inputs, and checked against a float64 numpy reference.
 
-A wrong dtype, shape or memory layout raises :class:`KernelArgumentError` naming the argument,
-what was given and what the kernel needs; nothing reaches the C code unchecked.
+The kernel handles themselves (argument checks, calling, timing) are the backend's
+(:class:`~tunecache.compiler.backends.KernelHandle`); ``Kernel`` and ``WeightBoundKernel``
+here name those protocol types.
 """
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from tunecache.compiler.backends import backend_for
-from tunecache.compiler.buffers import aligned_copy, aligned_empty, as_aligned
-from tunecache.compiler.build import Artifact, open_verified
+from tunecache.compiler.backends import (
+    Artifact,
+    BoundKernel,
+    KernelHandle,
+    backend_for,
+    host_backend,
+)
+from tunecache.compiler.buffers import aligned_empty, as_aligned
 from tunecache.compiler.codegen import KernelSource, generate
-from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
 from tunecache.compiler.kinds import op_kind
-from tunecache.compiler.native.runner import time_rotating_function
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
-from tunecache.compiler.threads import configure_openmp
 
-_NP_DTYPES = {"float32": np.dtype(np.float32)}
-
-
-@dataclass
-class Kernel:
-    """A loaded kernel for one op signature. Call it as ``kernel(A, B, ..., out=None)``."""
-
-    op: OpSignature
-    path: Path
-    _lib: ctypes.CDLL = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        configure_openmp()  # before the first kernel brings libgomp in
-        # Only bytes that match the artifact's build record are loaded (their constructors
-        # run at load time): see tunecache.compiler.build.open_verified.
-        with open_verified(self.path) as loadable:
-            self._lib = ctypes.CDLL(loadable)
-        self._entry = self._lib.tc_kernel
-        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        self._entry.restype = ctypes.c_int
-        self._timer = self._lib.tc_time
-        self._timer.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long]
-        self._timer.restype = ctypes.c_double
-        self._args = self.op.arguments()
-        self._inputs = [a for a in self._args if a.role == "input"]
-        self._output = next(a for a in self._args if a.role == "output")
-        self._dtype = _NP_DTYPES[self.op.dtype]
-
-    def _check(self, name: str, array: object, shape: tuple[int, ...], writable: bool) -> None:
-        if not isinstance(array, np.ndarray):
-            raise KernelArgumentError(
-                f"{self.op.kind} argument {name} must be a numpy array, got {type(array).__name__}"
-            )
-        if array.dtype != self._dtype:
-            raise KernelArgumentError(
-                f"{self.op.kind} argument {name} has dtype {array.dtype}; the kernel needs "
-                f"{self._dtype} (convert with .astype(np.{self._dtype}))"
-            )
-        if array.shape != shape:
-            raise KernelArgumentError(
-                f"{self.op.kind} argument {name} has shape {array.shape}; {self.op.text} needs "
-                f"{shape}"
-            )
-        if not array.flags.c_contiguous:
-            raise KernelArgumentError(
-                f"{self.op.kind} argument {name} is not C-contiguous (strides {array.strides}); "
-                "pass np.ascontiguousarray(...)"
-            )
-        if not array.flags.aligned:
-            raise KernelArgumentError(f"{self.op.kind} argument {name} is not aligned to its dtype")
-        if writable and not array.flags.writeable:
-            raise KernelArgumentError(f"{self.op.kind} output {name} is read-only")
-
-    def _pointers(self, inputs: tuple[np.ndarray, ...], out: np.ndarray | None,
-                  weights: int | None = None) -> tuple[ctypes.Array[ctypes.c_void_p], np.ndarray]:
-        """Check the arguments and lay out their pointers; with ``weights`` (the address of
-        pre-packed weights), ``inputs`` omit the weights and that address takes their place."""
-        specs = self._inputs if weights is None else [self._inputs[0], *self._inputs[2:]]
-        if len(inputs) != len(specs):
-            names = ", ".join(a.name for a in specs)
-            bound = " with bound weights" if weights is not None else ""
-            raise KernelArgumentError(
-                f"{self.op.text}{bound} takes {len(specs)} input(s) ({names}), got {len(inputs)}"
-            )
-        for spec, array in zip(specs, inputs, strict=True):
-            self._check(spec.name, array, spec.shape, writable=False)
-        if out is None:
-            out = np.empty(self._output.shape, dtype=self._dtype)
-        else:
-            self._check(self._output.name, out, self._output.shape, writable=True)
-            for spec, array in zip(specs, inputs, strict=True):
-                if np.may_share_memory(out, array):
-                    raise KernelArgumentError(
-                        f"output {self._output.name} overlaps input {spec.name}; the kernel "
-                        "needs a separate output buffer"
-                    )
-        addresses = [a.ctypes.data for a in inputs]
-        if weights is not None:
-            addresses.insert(1, weights)
-        pointers = (ctypes.c_void_p * len(self._args))(*addresses, out.ctypes.data)
-        return pointers, out
-
-    def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Run the kernel; returns ``out`` (allocated if not given)."""
-        pointers, result = self._pointers(inputs, out)
-        if self._entry(pointers) != 0:
-            raise MemoryError(f"kernel for {self.op.text} could not allocate its workspace")
-        return result
-
-    def time(self, *inputs: np.ndarray, out: np.ndarray, iters: int) -> float:
-        """Seconds for ``iters`` back-to-back calls, timed inside the shared object."""
-        pointers, _ = self._pointers(inputs, out)
-        return float(self._timer(pointers, iters))
-
-    @property
-    def prepacks_weights(self) -> bool:
-        """Whether the kernel can take its weights (second input) packed once: conv2d
-        ``direct`` or ``gemm`` with ``pack_w=1``; matmuls with ``pack_b=1`` whose B every
-        batch item shares. See :meth:`bind_weights`."""
-        return hasattr(self._lib, "tc_pack_weights")
-
-    def bind_weights(self, weights: np.ndarray) -> WeightBoundKernel:
-        """Pack constant weights (conv2d W, matmul B) once into the kernel's layout.
-
-        Returns a callable taking the other inputs (``X[, bias][, add]`` or ``A[, bias]``)
-        that runs the kernel on the packed copy, skipping the repacking every ``tc_kernel``
-        call does.
-        """
-        if not self.prepacks_weights:
-            raise KernelArgumentError(
-                f"the kernel for {self.op.text} reads its weights in place and has no "
-                "pre-packed entry (conv2d direct or gemm with pack_w=1, and matmuls with "
-                "pack_b=1 and a shared B, have one)")
-        spec = self._inputs[1]
-        self._check(spec.name, weights, spec.shape, writable=False)
-        packed = aligned_empty(self._packed_floats(), self._dtype)
-        pack = self._lib.tc_pack_weights
-        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        pack.restype = None
-        pack(weights.ctypes.data, packed.ctypes.data)
-        return self._bound(packed)
-
-    def bind_packed(self, packed: np.ndarray) -> WeightBoundKernel:
-        """Run on weights another kernel of the same packed layout already packed
-        (``WeightBoundKernel.packed``; see ``OpKind.packed_weights_layout``): nothing is
-        packed again."""
-        if not self.prepacks_weights or packed.dtype != self._dtype or \
-                packed.size != self._packed_floats() or not packed.flags.c_contiguous:
-            raise KernelArgumentError(
-                f"the kernel for {self.op.text} cannot run on {packed.size} packed floats "
-                f"({packed.dtype}); it packs its weights into {self._packed_floats()}")
-        return self._bound(packed)
-
-    def _packed_floats(self) -> int:
-        size_fn = self._lib.tc_packed_weights_floats
-        size_fn.restype = ctypes.c_long
-        return int(size_fn())
-
-    def _bound(self, packed: np.ndarray) -> WeightBoundKernel:
-        entry = self._lib.tc_kernel_packed
-        entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        entry.restype = ctypes.c_int
-        timer = self._lib.tc_time_packed
-        timer.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long]
-        timer.restype = ctypes.c_double
-        return WeightBoundKernel(self, packed, entry, timer)
-
-
-@dataclass(frozen=True)
-class WeightBoundKernel:
-    """A kernel with its weights packed once; call it without them (``k(X[, bias][, add])``
-    for conv2d, ``k(A[, bias])`` for matmuls)."""
-
-    kernel: Kernel
-    packed: np.ndarray = field(repr=False)
-    entry: Any = field(repr=False)
-    timer: Any = field(repr=False)
-
-    @property
-    def op(self) -> OpSignature:
-        return self.kernel.op
-
-    def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Run on ``inputs`` without the weights (they were bound); returns ``out``."""
-        pointers, result = self.kernel._pointers(inputs, out, weights=self.packed.ctypes.data)
-        if self.entry(pointers) != 0:
-            raise MemoryError(f"kernel for {self.op.text} could not allocate its workspace")
-        return result
-
-    def time(self, *inputs: np.ndarray, out: np.ndarray, iters: int) -> float:
-        """Seconds for ``iters`` back-to-back calls (weights not repacked), timed in C."""
-        pointers, _ = self.kernel._pointers(inputs, out, weights=self.packed.ctypes.data)
-        return float(self.timer(pointers, iters))
-
+Kernel = KernelHandle
+WeightBoundKernel = BoundKernel
 
 MAX_WEIGHT_COPIES = 64
 """Most copies of one kernel's weights :func:`rotating_timer` rotates through."""
@@ -211,54 +39,22 @@ def weight_copies(span_bytes: int, unit_bytes: int) -> int:
     return max(1, min(MAX_WEIGHT_COPIES, -(-span_bytes // max(1, unit_bytes))))
 
 
-def rotating_timer(kernel: Kernel, inputs: tuple[np.ndarray, ...], out: np.ndarray,
-                   span_bytes: int, bound: WeightBoundKernel | None = None
-                   ) -> tuple[Callable[[int], float], int]:
-    """A timer ``run(n) -> seconds for n calls`` of ``kernel`` on ``inputs`` (all of them,
-    the weights second) with the weights in as many copies as it takes to exceed
-    ``span_bytes`` (at most :data:`MAX_WEIGHT_COPIES`), call i reading copy i mod copies;
-    and that number of copies. With ``bound`` (the weights packed once, the first copy)
-    the copies are packed, else the kernel reads copies of the weights in place. With
-    ``span_bytes`` beyond the caches every call meets its weights in memory, as a model
-    whose weights outgrow the caches calls it."""
-    weights, rest = inputs[1], (inputs[0], *inputs[2:])
-    first = bound
-    unit = first.packed.nbytes if first is not None else weights.nbytes
-    copies = weight_copies(span_bytes, unit)
-    if first is not None:
-        held: list[Any] = [first, *(kernel.bind_weights(weights) for _ in range(copies - 1))]
-        vectors = [kernel._pointers(rest, out, weights=b.packed.ctypes.data)[0] for b in held]
-        entry = first.entry
-    else:
-        held = [weights, *(aligned_copy(weights) for _ in range(copies - 1))]
-        vectors = [kernel._pointers((rest[0], w, *rest[1:]), out)[0] for w in held]
-        entry = kernel._entry
-    nargs = len(vectors[0])
-    table = (ctypes.c_void_p * (nargs * copies))(*(p for v in vectors for p in v))
-    address = ctypes.cast(entry, ctypes.c_void_p).value
-    timer = time_rotating_function()
-
-    alive = (held, rest, out)  # every array ``table`` points into
-
-    def run(iters: int) -> float:
-        assert alive
-        return float(timer(address, table, nargs, len(held), iters))
-    return run, copies
-
-
-def load_kernel(op: OpSignature, artifact: Artifact | Path) -> Kernel:
-    """Load a built shared object as a callable kernel for ``op``; BuildError, before any of
-    its code runs, if its bytes do not match the digest recorded when it was built."""
+def load_kernel(op: OpSignature, artifact: Artifact | Path,
+                hw: HardwareSpec | None = None) -> KernelHandle:
+    """Load a built artifact as a callable kernel for ``op`` through the backend of ``hw``
+    (default: this machine's); BuildError, before any of its code runs, if its bytes do
+    not match the digest recorded when it was built."""
     path = artifact.path if isinstance(artifact, Artifact) else Path(artifact)
-    return Kernel(op, path)
+    backend = host_backend() if hw is None else backend_for(hw)
+    return backend.load(op, path)
 
 
-def compile_kernel(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> Kernel:
+def compile_kernel(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> KernelHandle:
     """Validate, generate, build (through the artifact cache) and load in one step."""
     ensure_runnable(hw)
     source: KernelSource = generate(op, schedule, hw)
     backend = backend_for(hw)
-    return backend.load(op, backend.build(source))
+    return backend.load(op, backend.build(source).path)
 
 
 def random_inputs(op: OpSignature, seed: int = 0) -> tuple[np.ndarray, ...]:

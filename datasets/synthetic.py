@@ -115,7 +115,7 @@ def synthetic_records(
         **{name: pa.array([s.knobs()[name] for s in schedules], SCHEMA.field(name).type)
            .take(sc_idx) for name in schedules[0].knobs()},
         "compiler": pa.array(["gcc-12.2.0"] * n, pa.string()),
-        "flags": pa.array(["-O3 -march=native"] * n, pa.string()),
+        "flags": pa.array(["-O3 -std=gnu11"] * n, pa.string()),
         "codegen_version": pa.array([CODEGEN_VERSION] * n, pa.string()),
         "source_hash": null_text,
         "status": pa.array(status.tolist(), pa.string()),

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tunecache.compiler.build import build, find_compiler
+from tunecache.compiler.backends.cpu.build import build, find_compiler
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.hardware import HardwareSpec, cpu_isa
 from tunecache.compiler.ops import OpSignature

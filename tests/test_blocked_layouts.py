@@ -21,7 +21,7 @@ from kernel_support import (
     poisoned_run_problem,
 )
 
-from tunecache.compiler.build import build
+from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from tunecache.compiler import artifacts
-from tunecache.compiler.build import build
+from tunecache.compiler.backends.cpu import artifacts
+from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.ops import OpSignature

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tunecache.compiler.build import Artifact, build, find_compiler
+from tunecache.compiler.backends.cpu.build import Artifact, build, find_compiler
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import BuildError
 from tunecache.compiler.hardware import local_spec

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from tunecache.compiler.build import build_source
+from tunecache.compiler.backends.cpu.build import build_source
+from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, dialect
 from tunecache.compiler.codegen.epilogue import (
     STEPS,
     operand_tensors,
@@ -17,7 +18,6 @@ from tunecache.compiler.codegen.epilogue import (
     render,
     scalar_helpers,
 )
-from tunecache.compiler.codegen.isa import BASE_FLAGS, dialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel, store
 from tunecache.compiler.hardware import local_spec, runnable_isas
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tunecache.compiler.build import build, build_source, find_compiler
+from tunecache.compiler.backends.cpu.build import build, build_source, find_compiler
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError
 from tunecache.compiler.hardware import local_spec

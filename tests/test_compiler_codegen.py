@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from kernel_support import assembly, bound_weights_problem, sampled
 
-from tunecache.compiler.build import build
+from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
@@ -223,7 +223,7 @@ def test_the_prefetch_plan_covers_the_next_panel_spread_over_the_k_steps(tmp_pat
     lines than steps is partly prefetched up front (ARCHITECTURE change 86)."""
     import ctypes
 
-    from tunecache.compiler.build import find_compiler
+    from tunecache.compiler.backends.cpu.build import find_compiler
     from tunecache.compiler.kinds.matmul import emit
 
     source = tmp_path / "plan.c"
@@ -403,7 +403,7 @@ def test_the_balanced_split_claims_own_units_first_then_the_back_of_the_fullest(
     earlier K blocks; raced by two OpenMP threads, every unit goes exactly once."""
     import ctypes
 
-    from tunecache.compiler.build import find_compiler
+    from tunecache.compiler.backends.cpu.build import find_compiler
     from tunecache.compiler.kinds.matmul import emit
 
     source = tmp_path / "claim.c"

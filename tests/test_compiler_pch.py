@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from test_compiler_build import calls, counting_compiler
 
-from tunecache.compiler import pch
-from tunecache.compiler.build import build, build_source, find_compiler
+from tunecache.compiler.backends.cpu import pch
+from tunecache.compiler.backends.cpu.build import build, build_source, find_compiler
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.files import matching_digest
 from tunecache.compiler.hardware import local_spec

@@ -7,13 +7,13 @@ import re
 
 import pytest
 
-from tunecache.compiler.hardware import ISA_VECTOR_REGISTERS, local_spec
-from tunecache.compiler.probe import (
+from tunecache.compiler.backends.cpu.probe import (
     _source,
     chains,
     measure_bandwidth_gbs,
     measure_peak_gflops,
 )
+from tunecache.compiler.hardware import ISA_VECTOR_REGISTERS, local_spec
 
 
 @pytest.mark.parametrize("isa", sorted(ISA_VECTOR_REGISTERS))

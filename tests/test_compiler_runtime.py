@@ -135,7 +135,7 @@ def test_a_rotating_timer_runs_the_kernel_on_every_copy_of_its_weights(pack_b: i
     it takes to span the bytes asked for, each call on the next copy, each call right."""
     from dataclasses import replace
 
-    from tunecache.compiler.runtime import MAX_WEIGHT_COPIES, rotating_timer
+    from tunecache.compiler.runtime import MAX_WEIGHT_COPIES
 
     hw = local_spec()
     op = OpSignature.parse("matmul(M=4,N=64,K=96,epilogue=bias)")
@@ -146,7 +146,7 @@ def test_a_rotating_timer_runs_the_kernel_on_every_copy_of_its_weights(pack_b: i
     for span, copies in ((unit * 5 - 1, 5), (unit, 1), (unit * 1000, MAX_WEIGHT_COPIES)):
         out = np.full((4, 64), np.nan, dtype=np.float32)
         bound = kernel.bind_weights(inputs[1]) if pack_b else None
-        run, made = rotating_timer(kernel, inputs, out, span, bound)
+        run, made = kernel.rotating_timer(inputs, out, span, bound)
         assert made == copies
         assert run(2 * copies + 1) > 0
         np.testing.assert_allclose(out, reference(op, inputs), rtol=1e-4, atol=1e-4)
@@ -158,14 +158,12 @@ def test_a_rotating_timer_keeps_alive_every_array_it_points_into() -> None:
     import gc
     import weakref
 
-    from tunecache.compiler.runtime import rotating_timer
-
     hw = local_spec()
     op = OpSignature.parse("matmul(M=4,N=64,K=96,epilogue=bias)")
     kernel = compile_kernel(op, default_schedule(op, hw), hw)
     inputs = random_inputs(op)
     out = np.full((4, 64), np.nan, dtype=np.float32)
-    run, _ = rotating_timer(kernel, inputs, out, 0)
+    run, _ = kernel.rotating_timer(inputs, out, 0)
     refs = [weakref.ref(a) for a in (*inputs, out)]
     del inputs, out
     gc.collect()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from kernel_support import assembly, bound_weights_problem, sampled
 
-from tunecache.compiler.build import Artifact, build
+from tunecache.compiler.backends.cpu.build import Artifact, build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import KernelArgumentError, OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from kernel_support import bound_weights_problem, sampled
 
-from tunecache.compiler.build import build
+from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.kinds.conv2d.space import WINOGRAD_TILES, Conv2dSchedule

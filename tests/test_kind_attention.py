@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_support import build_all, cached_kernel, examples, poisoned_run_problem, sampled
 
-from tunecache.compiler.build import build
+from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError, ScheduleError
 from tunecache.compiler.hardware import ISA_VECTOR_BITS, HardwareSpec, local_spec, runnable_isas

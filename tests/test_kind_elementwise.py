@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kernel_support import examples, poisoned_run_problem, sampled
 
 import tunecache.compiler.kinds.elementwise as ew
-from tunecache.compiler.build import Artifact, build
+from tunecache.compiler.backends.cpu.build import Artifact, build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError, ScheduleError
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from kernel_support import build_all, cached_kernel, poisoned_run_problem, sampled
 
-from tunecache.compiler.build import build
+from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError, ScheduleError
 from tunecache.compiler.hardware import ISA_VECTOR_BITS, HardwareSpec, local_spec, runnable_isas

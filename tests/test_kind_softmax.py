@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from kernel_support import build_all, cached_kernel, examples, poisoned_run_problem, sampled
 
 import tunecache.compiler.kinds.softmax  # noqa: F401  (registers the kind)
-from tunecache.compiler.build import build, build_source
+from tunecache.compiler.backends.cpu.build import build, build_source
+from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, dialect
 from tunecache.compiler.codegen import generate
-from tunecache.compiler.codegen.isa import BASE_FLAGS, dialect
 from tunecache.compiler.errors import OpSignatureError, ScheduleError
 from tunecache.compiler.hardware import ISA_VECTOR_BITS, HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.kinds import op_kind

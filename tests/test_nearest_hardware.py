@@ -22,7 +22,7 @@ from tunecache.cache import paths
 from tunecache.cache.nearest import CacheView, published_specs
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import load_wanted
-from tunecache.compiler.build import find_compiler
+from tunecache.compiler.backends.cpu.build import find_compiler
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature

@@ -29,7 +29,7 @@ from tunecache.cache.index import Index, SnapshotWarning, compiler_key
 from tunecache.cache.publish import snapshot_bytes, snapshot_digest
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import WANTED_DIR, add_wanted
-from tunecache.compiler.build import find_compiler
+from tunecache.compiler.backends.cpu.build import find_compiler
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature

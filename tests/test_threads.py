@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tunecache.compiler.threads import DEFAULT_SPINCOUNT, configure_openmp
+from tunecache.compiler.backends.cpu.threads import DEFAULT_SPINCOUNT, configure_openmp
 
 _LOAD_A_KERNEL = (
     "import os; from tunecache.compiler.hardware import local_spec;"

@@ -16,7 +16,7 @@ from onnx_support import Builder, assert_close, bert_layer_model, ort_run, rando
 
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import load_wanted
-from tunecache.compiler.build import find_compiler
+from tunecache.compiler.backends.cpu.build import find_compiler
 from tunecache.compiler.hardware import local_spec
 from tunecache.datasets.suites import Workload
 from tunecache.tuner.deploy import compile_model
@@ -79,7 +79,7 @@ def test_tuned_ops_hit_and_warm_compile_runs_no_compiler(resnet: Path, tmp_path:
     wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {find_compiler().path} "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("CC", str(wrapper))
-    from tunecache.compiler import build
+    from tunecache.compiler.backends.cpu import build
 
     build._probe_compiler.cache_clear()
     warm = compile_model(resnet, store=store, policy="balanced")

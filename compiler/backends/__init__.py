@@ -1,27 +1,32 @@
-"""The backend protocol: what a target (the CPU today; NEON or CUDA later) implements.
+"""The backend protocol: the one road from generated source to code running on a device.
 
 A backend owns everything between "a validated (op, schedule) on a device" and "a callable,
-timed kernel": the device spec it detects, the vocabulary its emitters write in, the
-toolchain that turns source into a cached artifact, the loader, and the architecture
-constants the analytic estimates use. Generic code (codegen, runtime, the tiler's estimates)
-asks :func:`backend_for` instead of assuming gcc, ``.so`` files, ctypes or x86 numbers.
-docs/ARCHITECTURE.md ("Adding a backend") shows how a new one plugs in.
+timed kernel": the vocabulary its emitters write in and the flags that build it, the
+toolchain that turns source into a cached artifact, the loader and its kernel handles
+(calling, in-artifact timing, weights packed once, timing on rotated weight copies), the
+native runner a compiled model's plan runs on, the per-process setup its kernels need
+(thread wait policy, and later permissions such as AMX's), the machine probes, and the
+architecture constants the analytic estimates use. Generic code (codegen, runtime, the
+measurement runner and worker, deploy, the native program) asks :func:`backend_for` /
+:func:`backend_named` and holds only the protocol types below: no ctypes, compiler flags
+or ISA names. docs/ARCHITECTURE.md ("Adding a backend") shows how a new one plugs in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    import numpy as np
 
     from tunecache.compiler.codegen import KernelSource
     from tunecache.compiler.codegen.isa import IsaDialect
     from tunecache.compiler.hardware import HardwareSpec
     from tunecache.compiler.ops import OpSignature
-    from tunecache.compiler.runtime import Kernel
+    from tunecache.compiler.schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,93 @@ class ArchConstants:
     weight_stream_exposed: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A built kernel on disk (a backend's own format) and how it was obtained."""
+
+    path: Path
+    key: str
+    cached: bool
+    compile_seconds: float
+    sha256: str = ""
+
+
+Timer = Callable[[int], float]
+"""``run(n)`` -> seconds for ``n`` back-to-back calls."""
+
+
+class BoundKernel(Protocol):
+    """A kernel with its constant weights packed once; called without them."""
+
+    @property
+    def op(self) -> OpSignature: ...
+
+    @property
+    def packed(self) -> np.ndarray: ...
+
+    @property
+    def entry_address(self) -> int | None:
+        """The in-process entry taking the kernel ABI's ``void **args`` (the packed weights
+        in the weights' place), or None where the kernel does not run in this process."""
+
+    def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
+
+    def time(self, *inputs: np.ndarray, out: np.ndarray, iters: int) -> float: ...
+
+
+class KernelHandle(Protocol):
+    """A loaded kernel for one op signature: call it as ``kernel(A, B, ..., out=None)``.
+    Every argument is checked (dtype, shape, layout) before the device sees it."""
+
+    @property
+    def op(self) -> OpSignature: ...
+
+    @property
+    def entry_address(self) -> int | None:
+        """The in-process entry (``int tc_kernel(void **args)``) a native plan calls, or None
+        where the kernel does not run in this process (an emulated or remote device)."""
+
+    @property
+    def prepacks_weights(self) -> bool:
+        """Whether the kernel can take its weights (second input) packed once."""
+
+    def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
+
+    def time(self, *inputs: np.ndarray, out: np.ndarray, iters: int) -> float:
+        """Seconds for ``iters`` back-to-back calls, timed inside the artifact."""
+
+    def bind_weights(self, weights: np.ndarray) -> BoundKernel: ...
+
+    def bind_packed(self, packed: np.ndarray) -> BoundKernel: ...
+
+    def rotating_timer(self, inputs: tuple[np.ndarray, ...], out: np.ndarray, span_bytes: int,
+                       bound: BoundKernel | None = None) -> tuple[Timer, int]:
+        """A timer whose call ``i`` reads weight copy ``i mod copies``, the copies spanning
+        ``span_bytes`` (weights met in memory, as a model whose weights outgrow the caches
+        meets them); and the number of copies."""
+
+
+class PlanRunner(Protocol):
+    """Runs a compiled model's plan of native steps with no Python between them. Steps,
+    references and tables are numpy arrays passed by address (see
+    :mod:`tunecache.compiler.native.program`)."""
+
+    max_args: int
+    step_dtype: Any
+    ref_dtype: Any
+
+    @property
+    def copy_entry(self) -> int:
+        """The entry of a strided copy step (its parameters: ``native.copies``)."""
+
+    def run(self, n: int, steps: int, refs: int, entries: int, bases: int) -> int:
+        """Run ``n`` steps; 0, or 1 + the index of the step whose kernel failed."""
+
+    def run_timed(self, n: int, steps: int, refs: int, entries: int, bases: int,
+                  seconds: int) -> int:
+        """:meth:`run`, adding each step's wall seconds to the doubles at ``seconds``."""
+
+
 class Backend(Protocol):
     """A code-generation target. Implementations are stateless values."""
 
@@ -75,14 +167,39 @@ class Backend(Protocol):
     def dialect(self, hw: HardwareSpec) -> IsaDialect:
         """The vocabulary (vector type, intrinsics, flags) kind emitters write in for ``hw``."""
 
-    def build(self, source: KernelSource) -> Path:
+    def build_flags(self, hw: HardwareSpec, schedule: Schedule) -> tuple[str, ...]:
+        """The flags a kernel with ``schedule`` is built with on ``hw``."""
+
+    def toolchain(self) -> str:
+        """The identity of the toolchain kernels are built with (it is part of every
+        measurement record); BuildError where there is none."""
+
+    def build(self, source: KernelSource) -> Artifact:
         """Source -> artifact on disk, through a content-addressed cache."""
 
-    def load(self, op: OpSignature, artifact: Path) -> Kernel:
-        """A callable, timed kernel for ``op`` from a built artifact."""
+    def load(self, op: OpSignature, artifact: Path) -> KernelHandle:
+        """A callable, timed kernel for ``op`` from a built artifact, verified first."""
+
+    def prepare_process(self) -> None:
+        """Per-process setup before the first kernel loads (idempotent)."""
+
+    def worker_environment(self) -> dict[str, str]:
+        """Environment a process that times this backend's kernels starts with."""
+
+    def prepare_measurement(self) -> None:
+        """Whatever measurement workers load besides kernels, built before they start."""
+
+    def plan_runner(self) -> PlanRunner:
+        """The native runner a compiled model's plan runs on."""
 
     def constants(self, hw: HardwareSpec) -> ArchConstants:
         """The architecture constants the analytic estimates use on ``hw``."""
+
+    def peak_gflops(self, hw: HardwareSpec, threads: int = 1) -> float:
+        """Measured float32 FMA throughput of ``threads`` threads."""
+
+    def bandwidth_gbs(self, hw: HardwareSpec, threads: int = 1) -> float:
+        """Measured memory bandwidth (a STREAM copy, bytes read + written)."""
 
 
 _BACKENDS: list[Backend] = []
@@ -94,12 +211,32 @@ def register_backend(backend: Backend) -> Backend:
     return backend
 
 
-def backend_for(hw: HardwareSpec) -> Backend:
-    """The backend that serves ``hw`` (ValueError naming the known backends if none)."""
+def _registered() -> list[Backend]:
     if not _BACKENDS:
         from tunecache.compiler.backends import cpu  # noqa: F401  (registers itself)
-    for backend in _BACKENDS:
+    return _BACKENDS
+
+
+def backend_for(hw: HardwareSpec) -> Backend:
+    """The backend that serves ``hw`` (ValueError naming the known backends if none)."""
+    for backend in _registered():
         if backend.supports(hw):
             return backend
     names = ", ".join(b.name for b in _BACKENDS)
     raise ValueError(f"no backend generates code for {hw.arch}/{hw.isa}; backends: {names}")
+
+
+def backend_named(name: str) -> Backend:
+    """The registered backend called ``name`` (ValueError naming the known ones if none)."""
+    for backend in _registered():
+        if backend.name == name:
+            return backend
+    names = ", ".join(b.name for b in _BACKENDS)
+    raise ValueError(f"no backend named {name!r}; backends: {names}")
+
+
+def host_backend() -> Backend:
+    """The backend of the machine this process runs on (its detected or pinned spec)."""
+    from tunecache.compiler.hardware import local_spec
+
+    return backend_for(local_spec())

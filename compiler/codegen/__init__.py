@@ -10,7 +10,6 @@ import hashlib
 from dataclasses import dataclass
 
 from tunecache.compiler.backends import backend_for
-from tunecache.compiler.codegen.isa import BASE_FLAGS, DIALECTS
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
@@ -22,7 +21,7 @@ from tunecache.compiler.schedule import Schedule, validate
 #    timed with their weights packed once, as compiled models run them.
 CODEGEN_VERSION = "2"
 
-__all__ = ["CODEGEN_VERSION", "DIALECTS", "KernelSource", "generate"]
+__all__ = ["CODEGEN_VERSION", "KernelSource", "generate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +43,11 @@ class KernelSource:
 def generate(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> KernelSource:
     """Validate ``schedule`` for ``op`` on ``hw`` and emit the kernel's C source."""
     validate(op, schedule, hw)
-    d = backend_for(hw).dialect(hw)
+    backend = backend_for(hw)
+    d = backend.dialect(hw)
     header = (
         f"/* tunecache kernel, codegen v{CODEGEN_VERSION}\n"
         f" * op: {op.text}\n * schedule: {schedule.to_json()}\n * isa: {hw.isa} */\n"
     )
     body = op_kind(op.kind).emit(op, schedule, d)
-    flags = BASE_FLAGS + d.flags + (("-fopenmp",) if schedule.threads > 1 else ())
-    return KernelSource(op, schedule, hw.isa, header + body, flags)
+    return KernelSource(op, schedule, hw.isa, header + body, backend.build_flags(hw, schedule))

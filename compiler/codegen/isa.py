@@ -1,7 +1,10 @@
-"""Per-ISA vocabulary for generated C: vector type, intrinsics and compiler flags.
+"""The vocabulary kind emitters write generated C in, and its portable spelling.
 
-AVX-512 and AVX2 kernels use Intel intrinsics; the portable fallback uses GCC/Clang vector
-extensions (16-byte vectors), which compile on any target those compilers support.
+A backend defines one :class:`IsaDialect` per ISA level it generates code for (the x86 ones
+are in :mod:`tunecache.compiler.backends.cpu.isa`); this module holds the contract, the
+C shared by every dialect (the exp/log/tanh/erf polynomials), and :func:`portable_dialect`,
+spelled with GCC/Clang vector extensions (16-byte vectors), which compile on any target those
+compilers support.
 
 Every dialect's prelude defines the same vocabulary over the type ``vec``:
 
@@ -37,16 +40,7 @@ integer arithmetic on the bits, the Cephes ``logf`` polynomial for ``ln m``.
 
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass
-
-# Never -ffast-math: a shared object built with it switches FTZ/DAZ on for the whole process.
-# ISO dialects (-std=c11) disable FMA contraction, so use the GNU dialect and ask for it.
-# Loops start on a cache line: where GCC's default 16-byte alignment leaves a micro-kernel's
-# loop straddling one more 64-byte line, the same kernel runs 5-8% slower on Zen 3 (ARCHITECTURE
-# change 64), so without it a kernel's speed depends on the code placed before it.
-BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-ffp-contract=fast", "-fno-math-errno",
-              "-falign-loops=64")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,34 +55,6 @@ class IsaDialect:
     """C defining ``VLOG`` (module docstring), for the few kernels that need it: kept out of
     the prelude, which every kernel's source and so its build-cache key holds."""
 
-
-_AVX512_PRELUDE = """\
-#include <immintrin.h>
-typedef __m512 vec;
-#define VZERO() _mm512_setzero_ps()
-#define VLOAD(p) _mm512_load_ps(p)
-#define VLOADU(p) _mm512_loadu_ps(p)
-#define VSTORE(p, v) _mm512_store_ps((p), (v))
-#define VSTOREU(p, v) _mm512_storeu_ps((p), (v))
-#define VSET1(x) _mm512_set1_ps(x)
-#define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
-#define VADD(a, b) _mm512_add_ps((a), (b))
-#define VRELU(a) _mm512_max_ps((a), _mm512_setzero_ps())
-"""
-
-_AVX2_PRELUDE = """\
-#include <immintrin.h>
-typedef __m256 vec;
-#define VZERO() _mm256_setzero_ps()
-#define VLOAD(p) _mm256_load_ps(p)
-#define VLOADU(p) _mm256_loadu_ps(p)
-#define VSTORE(p, v) _mm256_store_ps((p), (v))
-#define VSTOREU(p, v) _mm256_storeu_ps((p), (v))
-#define VSET1(x) _mm256_set1_ps(x)
-#define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
-#define VADD(a, b) _mm256_add_ps((a), (b))
-#define VRELU(a) _mm256_max_ps((a), _mm256_setzero_ps())
-"""
 
 _GENERIC_PRELUDE = """\
 typedef float vec __attribute__((vector_size(16)));
@@ -109,7 +75,7 @@ static inline vec VRELU(vec a) { return (vec)((vec_i)a & (a > VZERO())); }
 # Shared by every dialect's VEXP: the range where e**x is a normal float32, the Cody-Waite
 # split of ln 2 (its high part has few bits, so n*ln2_hi is exact) and the Cephes expf
 # minimax polynomial for e**r on [-ln2/2, ln2/2].
-_EXP_CONSTANTS = """\
+EXP_CONSTANTS = """\
 #define TC_EXP_LO (-87.33654475f)
 #define TC_EXP_HI 88.0f
 #define TC_LOG2E 1.44269504088896341f
@@ -123,87 +89,8 @@ _EXP_CONSTANTS = """\
 #define TC_EXP_P5 5.0000001201e-1f
 """
 
-_AVX512_MATH = _EXP_CONSTANTS + """\
-#define VMAX(a, b) _mm512_max_ps((a), (b))
-#define VMIN(a, b) _mm512_min_ps((a), (b))
-#define VMUL(a, b) _mm512_mul_ps((a), (b))
-#define VSUB(a, b) _mm512_sub_ps((a), (b))
-#define VDIV(a, b) _mm512_div_ps((a), (b))
-#define VHSUM(v) _mm512_reduce_add_ps(v)
-#define VHMAX(v) _mm512_reduce_max_ps(v)
-#define VLOADU_PART(p, n) _mm512_maskz_loadu_ps(tc_part_mask(n), (p))
-#define VSTOREU_PART(p, v, n) _mm512_mask_storeu_ps((p), tc_part_mask(n), (v))
-#define VFILL_PART(v, n, x) _mm512_mask_blend_ps(tc_part_mask(n), _mm512_set1_ps(x), (v))
-#define VEXP(x) tc_exp(x)
-static inline __mmask16 tc_part_mask(int n) { return (__mmask16)((1u << n) - 1u); }
-static inline __m512 tc_exp(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(TC_EXP_LO);
-  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_set1_ps(TC_EXP_HI), _mm512_max_ps(lo, x));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(TC_LOG2E)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(TC_LN2_HI), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(TC_LN2_LO), r);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(TC_EXP_P0), r, _mm512_set1_ps(TC_EXP_P1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TC_EXP_P2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TC_EXP_P3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TC_EXP_P4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TC_EXP_P5));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i e = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps((__mmask16)~under, p, _mm512_castsi512_ps(e));
-}
-"""
-
-_AVX2_MATH = _EXP_CONSTANTS + """\
-#define VMAX(a, b) _mm256_max_ps((a), (b))
-#define VMIN(a, b) _mm256_min_ps((a), (b))
-#define VMUL(a, b) _mm256_mul_ps((a), (b))
-#define VSUB(a, b) _mm256_sub_ps((a), (b))
-#define VDIV(a, b) _mm256_div_ps((a), (b))
-#define VHSUM(v) tc_hsum(v)
-#define VHMAX(v) tc_hmax(v)
-#define VLOADU_PART(p, n) _mm256_maskload_ps((p), tc_part_mask(n))
-#define VSTOREU_PART(p, v, n) _mm256_maskstore_ps((p), tc_part_mask(n), (v))
-#define VFILL_PART(v, n, x) \\
-  _mm256_blendv_ps(_mm256_set1_ps(x), (v), _mm256_castsi256_ps(tc_part_mask(n)))
-#define VEXP(x) tc_exp(x)
-static inline __m256i tc_part_mask(int n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-static inline float tc_hsum(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
-static inline float tc_hmax(__m256 v) {
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
-}
-static inline __m256 tc_exp(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(TC_EXP_LO);
-  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_set1_ps(TC_EXP_HI), _mm256_max_ps(lo, x));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(TC_LOG2E)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(TC_LN2_HI), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(TC_LN2_LO), r);
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(TC_EXP_P0), r, _mm256_set1_ps(TC_EXP_P1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TC_EXP_P2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TC_EXP_P3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TC_EXP_P4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TC_EXP_P5));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-"""
-
 # Plain C (no intrinsics): GCC vector extensions; comparisons give all-ones int lanes.
-_GENERIC_MATH = _EXP_CONSTANTS + """\
+_GENERIC_MATH = EXP_CONSTANTS + """\
 #define VMAX(a, b) tc_vmax((a), (b))
 #define VMIN(a, b) tc_vmin((a), (b))
 #define VMUL(a, b) ((a) * (b))
@@ -256,37 +143,6 @@ static inline vec tc_exp(vec x) {
 """
 
 
-# Element-wise activations and memory access patterns of the memory-bound kinds (pool2d,
-# elementwise); see the module docstring.
-_AVX512_MORE = """\
-#define VNEG(a) _mm512_xor_ps((a), _mm512_set1_ps(-0.0f))
-#define VABS(a) _mm512_abs_ps(a)
-#define VSQRT(a) _mm512_sqrt_ps(a)
-#define VSIGNOF(x, m) _mm512_or_ps((m), _mm512_and_ps((x), _mm512_set1_ps(-0.0f)))
-#define VSEL_LT(x, y, a, b) _mm512_mask_blend_ps(_mm512_cmp_ps_mask((x), (y), _CMP_LT_OQ), (b), (a))
-#define VSTREAM(p, v) _mm512_stream_ps((p), (v))
-#define VSFENCE() _mm_sfence()
-static inline __m512 VLOADS2(const float *p) {
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  return _mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16));
-}
-"""
-
-_AVX2_MORE = """\
-#define VNEG(a) _mm256_xor_ps((a), _mm256_set1_ps(-0.0f))
-#define VABS(a) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), (a))
-#define VSQRT(a) _mm256_sqrt_ps(a)
-#define VSIGNOF(x, m) _mm256_or_ps((m), _mm256_and_ps((x), _mm256_set1_ps(-0.0f)))
-#define VSEL_LT(x, y, a, b) _mm256_blendv_ps((b), (a), _mm256_cmp_ps((x), (y), _CMP_LT_OQ))
-#define VSTREAM(p, v) _mm256_stream_ps((p), (v))
-#define VSFENCE() _mm_sfence()
-static inline __m256 VLOADS2(const float *p) {
-  /* a0 a2 b0 b2 | a4 a6 b4 b6, then the 64-bit pairs reordered to a0 a2 a4 a6 b0 b2 b4 b6 */
-  __m256 t = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _MM_SHUFFLE(2, 0, 2, 0));
-  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
-}
-"""
-
 _GENERIC_MORE = """\
 #define VNEG(a) (-(a))
 #define VSTREAM(p, v) VSTORE((p), (v))
@@ -305,7 +161,7 @@ static inline vec VLOADS2(const float *p) { return (vec){p[0], p[2], p[4], p[6]}
 
 # tanh and erf from the vocabulary above, the same on every ISA (coefficients: Cephes tanhf
 # and erff, and Abramowitz-Stegun 7.1.26 for |x| >= 1).
-_TANH_ERF = """\
+TANH_ERF = """\
 static inline vec VTANH(vec x) {
   vec a = VABS(x), z = VMUL(x, x);
   vec p = VFMA(VSET1(-5.70498872745e-3f), z, VSET1(2.06390887954e-2f));
@@ -337,7 +193,7 @@ static inline vec VERF(vec x) {
 
 # VEXP for one float, in plain C on every ISA: the clamp maps NaN to the low bound (so the
 # exponent conversion stays defined) and the result puts it back.
-_SCALAR_EXP = """\
+SCALAR_EXP = """\
 static inline float FEXP(float x) {
   const float c = x > TC_EXP_LO ? (x < TC_EXP_HI ? x : TC_EXP_HI) : TC_EXP_LO;
   const float n = (c * TC_LOG2E + 12582912.0f) - 12582912.0f;
@@ -400,29 +256,6 @@ static inline float FERF(float x) {
 """C of each scalar helper, by name."""
 
 
-# VLOG's split of x into 2**k * (1 + f), 1 + f in [sqrt(1/2), sqrt(2)): adding
-# 1.0f - sqrt(1/2) to the bits carries into the exponent exactly when the mantissa is at
-# least sqrt(2), and the low 23 bits put back on sqrt(1/2)'s pattern give 1 + f.
-_AVX512_LOG_SPLIT = """\
-static inline __m512 tc_log_split(__m512 x, __m512 *k) {
-  const __m512i i = _mm512_add_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(TC_LOG_SHIFT));
-  *k = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(i, 23), _mm512_set1_epi32(127)));
-  const __m512i m = _mm512_add_epi32(_mm512_and_si512(i, _mm512_set1_epi32(0x007fffff)),
-                                     _mm512_set1_epi32(TC_LOG_SQRTH));
-  return _mm512_sub_ps(_mm512_castsi512_ps(m), _mm512_set1_ps(1.0f));
-}
-"""
-
-_AVX2_LOG_SPLIT = """\
-static inline __m256 tc_log_split(__m256 x, __m256 *k) {
-  const __m256i i = _mm256_add_epi32(_mm256_castps_si256(x), _mm256_set1_epi32(TC_LOG_SHIFT));
-  *k = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(i, 23), _mm256_set1_epi32(127)));
-  const __m256i m = _mm256_add_epi32(_mm256_and_si256(i, _mm256_set1_epi32(0x007fffff)),
-                                     _mm256_set1_epi32(TC_LOG_SQRTH));
-  return _mm256_sub_ps(_mm256_castsi256_ps(m), _mm256_set1_ps(1.0f));
-}
-"""
-
 _GENERIC_LOG_SPLIT = """\
 static inline vec tc_log_split(vec x, vec *k) {
   const vec_i i = (vec_i)x + TC_LOG_SHIFT;
@@ -433,7 +266,7 @@ static inline vec tc_log_split(vec x, vec *k) {
 
 # ln(1 + f) = f - f*f/2 + f**3 * P(f) with the Cephes logf coefficients, plus k*ln 2 in
 # VEXP's two parts (the high one has few bits, so k*ln2_hi is exact).
-_LOG = """\
+LOG = """\
 static inline vec VLOG(vec x) {
   vec k;
   const vec f = tc_log_split(x, &k), z = VMUL(f, f);
@@ -450,36 +283,15 @@ static inline vec VLOG(vec x) {
   return VFMA(k, VSET1(TC_LN2_HI), VADD(f, y));
 }
 """
-_LOG_CONSTANTS = """\
+LOG_CONSTANTS = """\
 #define TC_LOG_SQRTH 0x3f3504f3
 #define TC_LOG_SHIFT (0x3f800000 - TC_LOG_SQRTH)
 """
 
 
-def _generic_flags() -> tuple[str, ...]:
-    return ("-march=x86-64",) if platform.machine() in ("x86_64", "AMD64") else ()
-
-
-DIALECTS: dict[str, IsaDialect] = {
-    "avx512": IsaDialect(
-        "avx512", 16,
-        _AVX512_PRELUDE + _AVX512_MATH + _AVX512_MORE + _TANH_ERF + _SCALAR_EXP,
-        ("-march=x86-64-v4", "-mtune=generic", "-mprefer-vector-width=512"),
-        _LOG_CONSTANTS + _AVX512_LOG_SPLIT + _LOG,
-    ),
-    "avx2": IsaDialect("avx2", 8,
-                       _AVX2_PRELUDE + _AVX2_MATH + _AVX2_MORE + _TANH_ERF + _SCALAR_EXP,
-                       ("-march=x86-64-v3", "-mtune=generic"),
-                       _LOG_CONSTANTS + _AVX2_LOG_SPLIT + _LOG),
-    "generic": IsaDialect("generic", 4,
-                          _GENERIC_PRELUDE + _GENERIC_MATH + _GENERIC_MORE + _TANH_ERF
-                          + _SCALAR_EXP,
-                          _generic_flags(), _LOG_CONSTANTS + _GENERIC_LOG_SPLIT + _LOG),
-}
-
-
-def dialect(isa: str) -> IsaDialect:
-    try:
-        return DIALECTS[isa]
-    except KeyError:
-        raise ValueError(f"no code generator for ISA {isa!r}; have {', '.join(DIALECTS)}") from None
+def portable_dialect(flags: tuple[str, ...]) -> IsaDialect:
+    """The GCC/Clang vector-extension dialect (16-byte vectors, any target those compilers
+    support) with a backend's target ``flags``."""
+    return IsaDialect("generic", 4,
+                      _GENERIC_PRELUDE + _GENERIC_MATH + _GENERIC_MORE + TANH_ERF + SCALAR_EXP,
+                      flags, LOG_CONSTANTS + _GENERIC_LOG_SPLIT + LOG)

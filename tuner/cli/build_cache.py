@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from tunecache.compiler import artifacts
-from tunecache.compiler.build import BUILD_CACHE_ENV, build_cache_dir
+from tunecache.compiler.backends.cpu import artifacts
+from tunecache.compiler.backends.cpu.build import BUILD_CACHE_ENV, build_cache_dir
 from tunecache.tuner.cli.common import emit_json, json_option
 
 _KINDS = {"kernel": "kernels", "header": "precompiled headers", "stray": "dead builds' files"}

@@ -35,12 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from tunecache.compiler.build import Artifact, CompilerInfo, build, find_compiler
+from tunecache.compiler.backends import Artifact, Backend, backend_for
 from tunecache.compiler.codegen import CODEGEN_VERSION, KernelSource, generate
 from tunecache.compiler.errors import BuildError, ScheduleError, TunecacheError
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
 from tunecache.compiler.kinds import op_kind
-from tunecache.compiler.native.runner import build_runner
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
 
@@ -277,17 +276,13 @@ class WorkerProcess:
 Progress = Callable[[MeasureResult], None]
 
 # Environment per worker role. The kernel worker computes float64 references with a
-# single-threaded BLAS (no spinning BLAS threads beside timed kernels) and pins OpenMP threads
-# to cores unless the user chose otherwise; the numpy worker gets its thread count from
-# threadpoolctl per request and no OpenMP binding.
-_ROLE_ENV: dict[str, dict[str, str]] = {
-    "kernel": {
-        "OPENBLAS_NUM_THREADS": "1",
-        "OMP_PROC_BIND": os.environ.get("OMP_PROC_BIND", "close"),
-        "OMP_PLACES": os.environ.get("OMP_PLACES", "cores"),
-    },
-    "numpy": {},
-}
+# single-threaded BLAS (no spinning BLAS threads beside timed kernels), plus what the backend
+# asks of a process that times its kernels; the numpy worker gets its thread count from
+# threadpoolctl per request.
+def _role_env(role: str, backend: Backend) -> dict[str, str]:
+    if role == "numpy":
+        return {}
+    return {"OPENBLAS_NUM_THREADS": "1", **backend.worker_environment()}
 
 
 class Runner:
@@ -305,12 +300,13 @@ class Runner:
         timing: TimingConfig | None = None,
         *,
         build_workers: int | None = None,
-        compiler: CompilerInfo | None = None,
+        toolchain: str | None = None,
     ) -> None:
         self.hw = hw
+        self.backend = backend_for(hw)
         self.timing = timing or TimingConfig()
         self.build_workers = build_workers or max(1, os.cpu_count() or 1)
-        self._compiler = compiler
+        self._toolchain = toolchain
         self._workers: dict[str, WorkerProcess] = {}
         self._next_id = 0
 
@@ -326,10 +322,12 @@ class Runner:
         self._workers.clear()
 
     @property
-    def compiler(self) -> CompilerInfo:
-        if self._compiler is None:
-            self._compiler = find_compiler()
-        return self._compiler
+    def toolchain(self) -> str:
+        """The identity of the toolchain the backend builds kernels with (BuildError if
+        there is none)."""
+        if self._toolchain is None:
+            self._toolchain = self.backend.toolchain()
+        return self._toolchain
 
     def _worker_process(self, role: str = "kernel") -> WorkerProcess:
         """The live worker for ``role``, started if needed.
@@ -342,7 +340,7 @@ class Runner:
         if worker is None or not worker.alive():
             if worker is not None:
                 worker.kill()
-            worker = WorkerProcess(_ROLE_ENV[role])
+            worker = WorkerProcess(_role_env(role, self.backend))
             self._workers[role] = worker
         return worker
 
@@ -394,12 +392,12 @@ class Runner:
         ensure_runnable(self.hw)
         if self.timing.cold_weights:
             # Built here, once, not inside a worker's first timed request (its timeout).
-            build_runner()
-        compiler = self.compiler
+            self.backend.prepare_measurement()
+        toolchain = self.toolchain
 
         def compile_one(k: KernelSource) -> Artifact | BuildError:
             try:
-                return build(k, compiler=compiler)
+                return self.backend.build(k)
             except BuildError as exc:
                 return exc
 
@@ -410,7 +408,7 @@ class Runner:
         for i, (kernel, art) in enumerate(zip(kernels, built, strict=True)):
             if isinstance(art, BuildError):
                 results[i] = MeasureResult(status="compile_error", error=str(art),
-                                           **self._common(kernel, origin[i], compiler))
+                                           **self._common(kernel, origin[i], toolchain))
             else:
                 artifacts.append((i, art))
         return results, artifacts
@@ -431,7 +429,7 @@ class Runner:
                     progress(failed)
         for i, art in artifacts:
             result = self._run(_Job(i, kernels[i], art),
-                               self._common(kernels[i], origin[i], self.compiler))
+                               self._common(kernels[i], origin[i], self.toolchain))
             results[i] = result
             if progress:
                 progress(result)
@@ -462,7 +460,7 @@ class Runner:
         """:meth:`race` of already generated kernels (the seam fault-injection tests use)."""
         origin = list(sources) if sources is not None else [("manual", None)] * len(kernels)
         results, artifacts = self._build(kernels, origin)
-        commons = [dict(self._common(kernels[i], origin[i], self.compiler),
+        commons = [dict(self._common(kernels[i], origin[i], self.toolchain),
                         compile_s=a.compile_seconds, cached_build=a.cached)
                    for i, a in artifacts]
         raced = self._race([(kernels[i], a) for i, a in artifacts], commons)
@@ -495,13 +493,13 @@ class Runner:
                 for samples, c in zip(answer["runtimes_s"], commons, strict=True)]
 
     def _common(self, kernel: KernelSource, origin: tuple[str, float | None],
-                compiler: CompilerInfo) -> dict[str, Any]:
+                toolchain: str) -> dict[str, Any]:
         return {
             "op": kernel.op,
             "schedule": kernel.schedule,
             "source_hash": kernel.source_hash,
             "flags": " ".join(kernel.flags),
-            "compiler": compiler.identity,
+            "compiler": toolchain,
             "codegen_version": kernel.codegen_version,
             "source": origin[0],
             "predicted": origin[1],
@@ -546,7 +544,7 @@ class Runner:
     def _kernel_entry(self, kernel: KernelSource, artifact: Artifact) -> dict[str, Any]:
         """What a worker request says of one kernel: its op, its library and how its
         weights are timed."""
-        return {"op": kernel.op.text, "path": str(artifact.path),
+        return {"op": kernel.op.text, "path": str(artifact.path), "backend": self.backend.name,
                 "prepacked": self.prepacked(kernel.op),
                 "cold_bytes": self._cold_bytes(kernel.op)}
 

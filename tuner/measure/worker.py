@@ -27,17 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from tunecache.compiler.backends import BoundKernel, KernelHandle, backend_named
 from tunecache.compiler.buffers import aligned_empty
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import (
-    Kernel,
-    WeightBoundKernel,
     check_result,
-    load_kernel,
     random_inputs,
     reference,
-    rotating_timer,
     weight_copies,
 )
 
@@ -96,19 +93,20 @@ def _kernel_timer(req: dict[str, Any], inputs_cache: _Inputs) -> _Timed | dict[s
     """Load, run once (checked against the reference unless ``check`` is false) and wrap
     the kernel of ``req`` in a timer; or the failure's answer."""
     op = OpSignature.parse(req["op"])
-    kernel = load_kernel(op, req["path"])
+    kernel = backend_named(req.get("backend", "cpu")).load(op, req["path"])
     check = bool(req.get("check", True))
     inputs, ref = inputs_cache.get(op, int(req.get("seed", 0)), with_reference=check)
     out_shape = op.arguments()[-1].shape
     out = aligned_empty(out_shape)
     out[...] = np.nan
-    run: Kernel | WeightBoundKernel = kernel
+    run: KernelHandle | BoundKernel = kernel
+    bound: BoundKernel | None = None
     args = inputs
     constant = bool(req.get("prepacked"))  # the kind's weights are a model's constants
     prepacked = constant and kernel.prepacks_weights
     if prepacked:
         # Time what a deployed model runs: constant weights packed once, outside the loop.
-        run = kernel.bind_weights(inputs[1])
+        run = bound = kernel.bind_weights(inputs[1])
         args = (inputs[0], *inputs[2:])
     run(*args, out=out)
     if check:
@@ -120,8 +118,7 @@ def _kernel_timer(req: dict[str, Any], inputs_cache: _Inputs) -> _Timed | dict[s
     if constant and span > 0:
         # Constant weights as a model meets them: streamed from memory, not left in cache
         # by the call before (packed once, or read in place, alike).
-        packed = run if isinstance(run, WeightBoundKernel) else None
-        timer, copies = rotating_timer(kernel, inputs, out, span, packed)
+        timer, copies = kernel.rotating_timer(inputs, out, span, bound)
         return _Timed(timer, prepacked, copies)
 
     def warm(n: int) -> float:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import ctypes
 
+from tunecache.compiler.backends.cpu.build import build_source
+from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, dialect
 from tunecache.compiler.buffers import aligned_empty
-from tunecache.compiler.build import build_source
-from tunecache.compiler.codegen.isa import BASE_FLAGS, dialect
 from tunecache.compiler.hardware import ISA_VECTOR_REGISTERS, HardwareSpec
 
 MAX_CHAINS = 16

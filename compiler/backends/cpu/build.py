@@ -34,6 +34,8 @@ from pathlib import Path
 
 import platformdirs
 
+from tunecache.compiler.backends import Artifact
+from tunecache.compiler.backends.cpu.pch import include_flags
 from tunecache.compiler.codegen import KernelSource
 from tunecache.compiler.errors import BuildError
 from tunecache.compiler.files import (
@@ -44,7 +46,6 @@ from tunecache.compiler.files import (
     publish_text,
     temp_path,
 )
-from tunecache.compiler.pch import include_flags
 
 BUILD_CACHE_ENV = "TUNECACHE_BUILD_CACHE"
 DEFAULT_TIMEOUT_S = 120.0
@@ -61,17 +62,6 @@ class CompilerInfo:
     @property
     def short(self) -> str:
         return self.identity.split(";")[0]
-
-
-@dataclass(frozen=True, slots=True)
-class Artifact:
-    """A built shared object and how it was obtained."""
-
-    path: Path
-    key: str
-    cached: bool
-    compile_seconds: float
-    sha256: str = ""
 
 
 def build_cache_dir() -> Path:

@@ -1,4 +1,4 @@
-"""The generic native runner: a small C function that walks a plan of kernel calls.
+"""The CPU backend's native runner: a small C function that walks a plan of kernel calls.
 
 A plan is plain data: per step, a kernel entry (an index into a table of function
 pointers) and its arguments, each a (region, byte offset) pair; a region is a base pointer
@@ -8,7 +8,7 @@ runner turns each step's references into the ``void **args`` every generated ker
 built once per machine through the same content-addressed build cache as kernels. The same
 library holds the strided copy that data-movement steps run (shared among the program's
 threads when large) and the loop that times a kernel on rotated copies of its weights
-(``tunecache.compiler.runtime.rotating_timer``).
+(:func:`tunecache.compiler.backends.cpu.kernel.rotating_timer`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from tunecache.compiler.build import build_source, open_verified
-from tunecache.compiler.threads import configure_openmp
+from tunecache.compiler.backends.cpu.build import build_source, open_verified
+from tunecache.compiler.backends.cpu.threads import configure_openmp
 
 MAX_ARGS = 16
 """Most arguments a kernel takes (conv2d: X, W, bias, add, out)."""
@@ -168,17 +168,36 @@ def time_rotating_function() -> Any:
     return function
 
 
-def run_plan_function(timed: bool = False) -> Any:
-    """``tc_run_plan`` of the runner library, built on first use; ``timed``:
-    ``tc_run_plan_timed``, which takes one more argument, a ``double`` per step that each
-    step's seconds are added to."""
-    if timed:
-        function = _runner_library().tc_run_plan_timed
-        function.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    else:
-        function = _runner_library().tc_run_plan
-        function.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_void_p]
-    function.restype = ctypes.c_int
-    return function
+class CpuPlanRunner:
+    """The backend's :class:`~tunecache.compiler.backends.PlanRunner`: ``tc_run_plan`` and
+    ``tc_run_plan_timed`` of the runner library, built and loaded on first use."""
+
+    max_args = MAX_ARGS
+    step_dtype = STEP_DTYPE
+    ref_dtype = REF_DTYPE
+
+    def __init__(self) -> None:
+        library = _runner_library()
+        self._run = library.tc_run_plan
+        self._run.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 4]
+        self._run.restype = ctypes.c_int
+        self._run_timed = library.tc_run_plan_timed
+        self._run_timed.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 5]
+        self._run_timed.restype = ctypes.c_int
+
+    @property
+    def copy_entry(self) -> int:
+        return strided_copy_entry()
+
+    def run(self, n: int, steps: int, refs: int, entries: int, bases: int) -> int:
+        return int(self._run(n, steps, refs, entries, bases))
+
+    def run_timed(self, n: int, steps: int, refs: int, entries: int, bases: int,
+                  seconds: int) -> int:
+        return int(self._run_timed(n, steps, refs, entries, bases, seconds))
+
+
+@cache
+def plan_runner() -> CpuPlanRunner:
+    """The process's plan runner (one library, loaded once)."""
+    return CpuPlanRunner()

@@ -1,18 +1,27 @@
-"""The CPU backend: C with per-ISA intrinsics (AVX-512, AVX2, portable vector extensions),
-built by the system C compiler into shared objects (:mod:`tunecache.compiler.build`) and
-called through ctypes (:mod:`tunecache.compiler.runtime`)."""
+"""The CPU backend: C with per-ISA intrinsics (AVX-512, AVX2, portable vector extensions;
+:mod:`.isa`), built by the system C compiler into shared objects through a content-addressed
+cache (:mod:`.build`, :mod:`.pch`, :mod:`.artifacts`), loaded and called through ctypes
+(:mod:`.kernel`), a whole model's plan run by a small C runner (:mod:`.runner`), OpenMP
+threads that wait politely (:mod:`.threads`), and the machine probes (:mod:`.probe`)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tunecache.compiler.backends import ArchConstants, register_backend
-from tunecache.compiler.codegen import KernelSource
-from tunecache.compiler.codegen.isa import DIALECTS, IsaDialect, dialect
+from tunecache.compiler.backends import ArchConstants, Artifact, register_backend
+from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, DIALECTS, dialect
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.runtime import Kernel, load_kernel
+
+if TYPE_CHECKING:
+    from tunecache.compiler.backends.cpu.kernel import Kernel
+    from tunecache.compiler.backends.cpu.runner import CpuPlanRunner
+    from tunecache.compiler.codegen import KernelSource
+    from tunecache.compiler.codegen.isa import IsaDialect
+    from tunecache.compiler.ops import OpSignature
+    from tunecache.compiler.schedule import Schedule
 
 # Nominal per-core numbers of the x86 VMs this project runs on: FMA with 2 pipes and 4-cycle
 # latency; libgomp's fork/join and barriers on a 2-vCPU VM are 2-3x bare metal. Without
@@ -59,13 +68,55 @@ class CpuBackend:
     def dialect(self, hw: HardwareSpec) -> IsaDialect:
         return dialect(hw.isa)
 
-    def build(self, source: KernelSource) -> Path:
-        from tunecache.compiler.build import build
+    def build_flags(self, hw: HardwareSpec, schedule: Schedule) -> tuple[str, ...]:
+        # OpenMP only where the schedule runs threads: a one-thread kernel links nothing.
+        openmp = ("-fopenmp",) if schedule.threads > 1 else ()
+        return BASE_FLAGS + dialect(hw.isa).flags + openmp
 
-        return build(source).path
+    def toolchain(self) -> str:
+        from tunecache.compiler.backends.cpu.build import find_compiler
+
+        return find_compiler().identity
+
+    def build(self, source: KernelSource) -> Artifact:
+        from tunecache.compiler.backends.cpu.build import build
+
+        return build(source)
 
     def load(self, op: OpSignature, artifact: Path) -> Kernel:
+        from tunecache.compiler.backends.cpu.kernel import load_kernel
+
         return load_kernel(op, artifact)
+
+    def prepare_process(self) -> None:
+        from tunecache.compiler.backends.cpu.threads import configure_openmp
+
+        configure_openmp()
+
+    def worker_environment(self) -> dict[str, str]:
+        # OpenMP threads pinned to cores while timed, unless the user chose otherwise.
+        return {"OMP_PROC_BIND": os.environ.get("OMP_PROC_BIND", "close"),
+                "OMP_PLACES": os.environ.get("OMP_PLACES", "cores")}
+
+    def prepare_measurement(self) -> None:
+        from tunecache.compiler.backends.cpu.runner import build_runner
+
+        build_runner()
+
+    def plan_runner(self) -> CpuPlanRunner:
+        from tunecache.compiler.backends.cpu.runner import plan_runner
+
+        return plan_runner()
+
+    def peak_gflops(self, hw: HardwareSpec, threads: int = 1) -> float:
+        from tunecache.compiler.backends.cpu.probe import measure_peak_gflops
+
+        return measure_peak_gflops(hw, threads)
+
+    def bandwidth_gbs(self, hw: HardwareSpec, threads: int = 1) -> float:
+        from tunecache.compiler.backends.cpu.probe import measure_bandwidth_gbs
+
+        return measure_bandwidth_gbs(hw, threads)
 
     def constants(self, hw: HardwareSpec) -> ArchConstants:
         if two_fma512_units(hw):

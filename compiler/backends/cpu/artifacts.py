@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tunecache.compiler.backends.cpu.pch import HEADER_NAME
 from tunecache.compiler.files import RECORD_SUFFIX, folder_lock
-from tunecache.compiler.pch import HEADER_NAME
 
 STRAY_AGE_S = 3600.0
 """A temporary file this much older than now belongs to a build that is not running."""
