@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tunecache.compiler.backends import ArchConstants
 from tunecache.compiler.hardware import HardwareSpec
@@ -118,25 +119,67 @@ def _exposed_stream_s(arch: ArchConstants, stream_bytes: float) -> float:
     return arch.weight_stream_exposed * stream_bytes / (arch.dram_gbps_per_core * 1e9)
 
 
+@dataclass(frozen=True, slots=True)
+class _Blocking:
+    """A blocked schedule's view of the op: its sizes, its cache blocks clipped to the op
+    (``kc``, ``mc``, ``nc``), their counts and M and N padded to whole micro-tiles."""
+
+    M: int
+    N: int
+    K: int
+    B: int
+    kc: int
+    mc: int
+    nc: int
+    n_ic: int
+    n_jc: int
+    n_pc: int
+    Mp: int
+    Np: int
+
+
+def _blocking(op: OpSignature, s: MatmulSchedule) -> _Blocking:
+    d = op.dims_dict
+    M, N, K, B = d["M"], d["N"], d["K"], op.batch
+    kc, mc, nc = min(s.kc, K), min(s.mc, round_up(M, s.mr)), min(s.nc, round_up(N, s.nr))
+    return _Blocking(M, N, K, B, kc, mc, nc, ceil_div(M, mc), ceil_div(N, nc), ceil_div(K, kc),
+                     round_up(M, s.mr), round_up(N, s.nr))
+
+
 def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
-    """Roofline-style time estimate for one matmul / batch_matmul schedule."""
+    """Roofline-style time estimate for one matmul / batch_matmul schedule: the busiest
+    thread's compute at the micro-kernel's efficiency (:func:`_efficiency`) or its memory
+    floor (:func:`_floor_s`), whichever is longer, plus packing and C traffic
+    (:func:`_memory_s`) and the call, block and team overheads (:func:`_overhead_s`)."""
     arch = constants(hw)
     if s.loop_order == "dot":
         return estimate_dot(op, s, hw)
     if s.strassen:
         return estimate_strassen(op, s, hw)
-    d = op.dims_dict
-    M, N, K, B = d["M"], d["N"], d["K"], op.batch
-    mr, nr, T = s.mr, s.nr, s.threads
-    kc, mc, nc = min(s.kc, K), min(s.mc, round_up(M, mr)), min(s.nc, round_up(N, nr))
-    nv = nr // hw.lanes
-    ghz = arch.ghz
+    b = _blocking(op, s)
     peak = peak_gflops_per_core(hw) * 1e9
+    rows, cols, items = _busiest_share(s, b)
+    compute_s = 2.0 * items * rows * cols * b.K / (peak * _efficiency(s, hw, arch, b))
+    # The constant weights B are packed once, not by the kernel (prepacked timing).
+    prepacked = op_kind(op.kind).prepacked_timing
+    # The busiest thread streams its share of the bytes: all of them when the split leaves
+    # the other threads idle (parallel="m" at M=1 ran a 50257-wide decode-step matmul on one
+    # core of two).
+    busiest = items * rows * cols / (b.B * b.Mp * b.Np)
+    floor_s = _floor_s(op, s, hw, arch, busiest, prepacked)
+    memory_s = _memory_s(op, s, hw, arch, b, cols, prepacked)
+    overhead_s = _overhead_s(s, arch, b)
+    seconds = max(compute_s, floor_s) + memory_s + overhead_s
+    return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+def _efficiency(s: MatmulSchedule, hw: HardwareSpec, arch: ArchConstants, b: _Blocking) -> float:
+    """The micro-kernel's share of peak under the schedule's blocks."""
+    mr, nr, kc, mc, nc = s.mr, s.nr, b.kc, b.mc, b.nc
+    nv = nr // hw.lanes
     # Each micro-kernel call loads and stores its C tile and refills the pipeline: amortised
     # over kc rank-1 updates (measured here: kc 256 -> 512 gains ~7% on large squares).
     eff = micro_efficiency(mr, nv, arch) * kc / (kc + 24)
-
-    n_ic, n_jc, n_pc = ceil_div(M, mc), ceil_div(N, nc), ceil_div(K, kc)
     # Capacity: the B micro-panel must survive in L1, the packed A block in L2, the packed B
     # block in this core's share of L3; each miss costs the micro-kernel bandwidth.
     cycles_per_k = mr * nv / arch.fma_pipes
@@ -154,44 +197,39 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
         eff *= 0.93  # strided B rows: more cache lines and TLB pages per micro-panel
     if not s.pack_a:
         eff *= 0.95
+    return eff
 
-    # Work on the busiest thread, in padded micro-tiles.
-    Mp, Np = round_up(M, mr), round_up(N, nr)
+
+def _busiest_share(s: MatmulSchedule, b: _Blocking) -> tuple[int, int, int]:
+    """The busiest thread's work in padded micro-tiles: (rows, columns, batch items)."""
+    M, N, T = b.M, b.N, s.threads
     if T == 1:
-        rows, cols, items = Mp, Np, B
-    elif s.parallel == "batch":
-        rows, cols, items = Mp, Np, ceil_div(B, T)
-    elif s.parallel == "m":
-        sizes = [round_up(min(mc, M - i * mc), mr) for i in range(n_ic)]
-        rows = max(sum(sizes[t::T]) for t in range(T)) if sizes else Mp
-        cols, items = Np, B
-    else:
-        panels = [ceil_div(min(nc, N - j * nc), nr) for j in range(n_jc)]
-        cols = sum(ceil_div(p, T) for p in panels) * nr
-        rows, items = Mp, B
-    compute_s = 2.0 * items * rows * cols * K / (peak * eff)
+        return b.Mp, b.Np, b.B
+    if s.parallel == "batch":
+        return b.Mp, b.Np, ceil_div(b.B, T)
+    if s.parallel == "m":
+        sizes = [round_up(min(b.mc, M - i * b.mc), s.mr) for i in range(b.n_ic)]
+        rows = max(sum(sizes[t::T]) for t in range(T)) if sizes else b.Mp
+        return rows, b.Np, b.B
+    panels = [ceil_div(min(b.nc, N - j * b.nc), s.nr) for j in range(b.n_jc)]
+    return b.Mp, sum(ceil_div(p, T) for p in panels) * s.nr, b.B
 
-    # Bytes each thread moves beyond the micro-kernel's own streams.
-    prepacked = op_kind(op.kind).prepacked_timing  # B is constant weights, packed once
-    pack_bytes = 0.0
-    if s.pack_a:
-        repeats = n_jc if s.loop_order == "jpi" else 1
-        share = T if (s.parallel in ("m", "n", "batch") and T > 1) else 1
-        pack_bytes += 8.0 * M * K * repeats * B / share * (1.5 if not op.trans_a else 1.0)
-    if s.pack_b and not prepacked:
-        repeats = 1 if s.loop_order == "jpi" else n_ic
-        share = T if T > 1 else 1
-        pack_bytes += 8.0 * K * N * repeats * B / share * (2.0 if op.trans_b else 1.0)
-    pack_s = pack_bytes / (arch.pack_gbps * 1e9)
-    c_bytes = 8.0 * M * N * n_pc * B / T
-    c_bw = arch.bytes_per_cycle["l2" if hw.l2_bytes >= M * N * 4 else "l3"] * ghz * 1e9
-    # The busiest thread streams its share of the bytes: all of them when the split leaves
-    # the other threads idle (parallel="m" at M=1 ran a 50257-wide decode-step matmul on one
-    # core of two).
-    busiest = items * rows * cols / (B * Mp * Np)
+
+def _b_bytes(op: OpSignature) -> float:
+    """The bytes of op(B) in all (once when the batch shares it)."""
+    d = op.dims_dict
+    return float(op.dtype_bytes * d["K"] * d["N"] * (op.batch if op.shared != "b" else 1))
+
+
+def _floor_s(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec, arch: ArchConstants,
+             busiest: float, prepacked: bool) -> float:
+    """The time the busiest thread (``busiest``: its share of the work) takes to stream its
+    bytes from L3 or memory, whichever holds them."""
+    T = s.threads
+    l3_share = hw.l3_bytes / max(1, hw.l3_shared_by)
     total_bytes = op.min_bytes
     thread_bytes = total_bytes * busiest
-    b_bytes = float(op.dtype_bytes * K * N * (B if op.shared != "b" else 1))
+    b_bytes = _b_bytes(op)
     if T > 1 and s.parallel == "m":
         # Splitting rows shares out A and C, not B: every thread streams all of it (GPT-2's
         # LM head at M=8 on two threads: 11.0 ms split by rows, 6.3 ms split by columns).
@@ -199,7 +237,7 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
     if total_bytes > l3_share * T:
         floor_s = thread_bytes / (arch.dram_gbps_per_core * 1e9)
     else:
-        floor_s = thread_bytes / (arch.bytes_per_cycle["l3"] * ghz * 1e9)
+        floor_s = thread_bytes / (arch.bytes_per_cycle["l3"] * arch.ghz * 1e9)
     if T > 1 and s.parallel == "m" and prepacked:
         # A model streams its constant weights from DRAM on every inference, so each
         # thread's pass over B is a DRAM pass, not a read of one copy shared in L3: GPT-2's
@@ -213,23 +251,48 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
         # panels packed once at compile time (AVX2 Zen 3 VM); a model streams its weights
         # from DRAM on every inference.
         floor_s /= 0.6
+    return floor_s
+
+
+def _memory_s(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec, arch: ArchConstants,
+              b: _Blocking, cols: int, prepacked: bool) -> float:
+    """Each thread's traffic beyond the micro-kernel's own streams: packing, C once per K
+    block and, for constant weights, the share of their stream compute does not hide."""
+    M, N, K, B, T = b.M, b.N, b.K, b.B, s.threads
+    pack_bytes = 0.0
+    if s.pack_a:
+        repeats = b.n_jc if s.loop_order == "jpi" else 1
+        share = T if (s.parallel in ("m", "n", "batch") and T > 1) else 1
+        pack_bytes += 8.0 * M * K * repeats * B / share * (1.5 if not op.trans_a else 1.0)
+    if s.pack_b and not prepacked:
+        repeats = 1 if s.loop_order == "jpi" else b.n_ic
+        share = T if T > 1 else 1
+        pack_bytes += 8.0 * K * N * repeats * B / share * (2.0 if op.trans_b else 1.0)
+    pack_s = pack_bytes / (arch.pack_gbps * 1e9)
+    c_bytes = 8.0 * M * N * b.n_pc * B / T
+    c_bw = arch.bytes_per_cycle["l2" if hw.l2_bytes >= M * N * 4 else "l3"] * arch.ghz * 1e9
     memory_s = pack_s + c_bytes / c_bw
     if prepacked:
         # Split by columns, the busiest thread streams its columns' share; else all of B.
-        memory_s += _exposed_stream_s(arch, b_bytes * (cols / Np if T > 1 and s.parallel == "n"
-                                                         else 1.0))
+        memory_s += _exposed_stream_s(arch, _b_bytes(op) * (cols / b.Np if T > 1
+                                                             and s.parallel == "n" else 1.0))
+    return memory_s
 
+
+def _overhead_s(s: MatmulSchedule, arch: ArchConstants, b: _Blocking) -> float:
+    """The call, its blocks, the edge tiles' merges and, with threads, the fork/join and the
+    barriers between blocks."""
+    M, N, Mp, Np, B, T = b.M, b.N, b.Mp, b.Np, b.B, s.threads
     edge_elements = (Mp * Np - M * N) if (Mp != M or Np != N) else 0
-    merge_s = arch.merge_s_per_element * (edge_elements + (Mp - M) * 0) * n_pc * B / T
-    blocks = n_jc * n_pc * n_ic * B
+    merge_s = arch.merge_s_per_element * (edge_elements + (Mp - M) * 0) * b.n_pc * B / T
+    blocks = b.n_jc * b.n_pc * b.n_ic * B
     overhead_s = arch.call_overhead_s + arch.block_overhead_s * blocks / T + merge_s
     if T > 1:
         overhead_s += arch.fork_join_s
         if s.parallel != "batch":
-            per_pc = 2 if s.parallel == "m" else 2 + 2 * n_ic
-            overhead_s += arch.barrier_s * n_jc * n_pc * per_pc * B
-    seconds = max(compute_s, floor_s) + memory_s + overhead_s
-    return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+            per_pc = 2 if s.parallel == "m" else 2 + 2 * b.n_ic
+            overhead_s += arch.barrier_s * b.n_jc * b.n_pc * per_pc * B
+    return overhead_s
 
 
 def _op_values(op: OpSignature) -> tuple[float, ...]:
