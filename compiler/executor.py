@@ -1,4 +1,4 @@
-"""Run a loaded :class:`~tunecache.compiler.frontend.Graph`: kernels for kernel nodes, numpy
+"""Run a loaded :class:`~tunecache.compiler.graph.Graph`: kernels for kernel nodes, numpy
 for the rest.
 
 An :class:`Executor` is built once per graph and set of kernels and then run many times. A
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler import onnx_ops
-from tunecache.compiler.frontend import (
+from tunecache.compiler.graph import (
     FLOAT32,
     Graph,
     KernelNode,

@@ -1,25 +1,24 @@
-"""Read ONNX models into a :class:`Graph` of kernel calls and numpy-run nodes.
+"""Read ONNX models into a :class:`~tunecache.compiler.graph.Graph`.
 
 :func:`load_graph` reads a model (a path, with external data resolved relative to the model's
 folder, or a loaded ``onnx.ModelProto``), fixes dynamic input dimensions from
 ``input_shapes``, infers every tensor's shape with ONNX shape inference (``data_prop`` on),
 folds constant subgraphs (``Constant`` nodes, ``Shape`` of static shapes and everything
-computed only from constants), and turns ``Conv``, ``MatMul`` and ``Gemm`` nodes into
-:class:`KernelNode` s — one :class:`~tunecache.compiler.ops.OpSignature` each, with foldable
-neighbours fused in:
+computed only from constants), drops inference no-ops and repeated computations, and hands
+the nodes left to the lowering walk (:func:`tunecache.compiler.lowering.driver.lower_nodes`),
+which turns the patterns registered in :mod:`tunecache.compiler.lowering` (``Conv``,
+``MatMul`` and ``Gemm`` with their foldable neighbours among them) into
+:class:`~tunecache.compiler.graph.KernelNode` s; every other node becomes an
+:class:`~tunecache.compiler.graph.OnnxNode`, run by the executor with numpy. Nothing here
+branches on an op family.
 
-* ``Conv`` (2-D) + ``BatchNormalization`` (folded into new weights and bias) + ``Add`` of a
-  per-channel constant (into the bias) + residual ``Add`` (epilogue ``add``) + ``Relu``;
-* ``MatMul``/``Gemm`` + ``Add`` of a bias over the last axis (epilogue ``bias``) + ``Relu``.
-
-A neighbour is fused only when the intermediate tensor has exactly one use and is not a graph
-output. Every other node becomes an :class:`OnnxNode`, run by the executor with numpy. Ops are
-checked after folding: a shape computation folds whatever its ops (those the executor lacks
-are evaluated with ONNX's reference implementation), and a node left that the executor cannot
-run is an error here, at load time, naming the node and op type. :func:`inspect_model` reads
-a model whose inputs keep dynamic dimensions: its interface, and the same check, sparing the
-nodes that compute from input shapes only. See docs/ONNX.md for the op set, opset handling,
-fusion rules and dynamic shapes.
+Ops are checked after folding: a shape computation folds whatever its ops (those the executor
+lacks are evaluated with ONNX's reference implementation), and a node left that the executor
+cannot run is an error here, at load time, naming the node and op type. :func:`inspect_model`
+reads a model whose inputs keep dynamic dimensions: its interface, and the same check,
+sparing the nodes that compute from input shapes only. See docs/ONNX.md for the op set,
+opset handling, fusion rules and dynamic shapes. The graph passes that follow a load (layout
+planning, kernel-pair fusion) are :func:`tunecache.compiler.passes.plan_graph`.
 
 Needs the ``onnx`` package (a dependency of tunecache); it is imported on first use.
 """
@@ -27,7 +26,7 @@ Needs the ``onnx`` package (a dependency of tunecache); it is imported on first 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -36,119 +35,36 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from tunecache.compiler import onnx_ops
-from tunecache.compiler.errors import OpSignatureError, TunecacheError
-from tunecache.compiler.kinds.conv2d import ACTIVATIONS
-from tunecache.compiler.lowering import (
-    clip_step,
-    lowerings_for,
-    other_input,
-    producers,
-    readers,
-    silu_nodes,
-    step_passes,
-)
+from tunecache.compiler.graph import FLOAT32, Graph, ModelError, Step, TensorInfo
+from tunecache.compiler.lowering.driver import lower_nodes
 from tunecache.compiler.memo import IdentityMemo
-from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.onnx_nodes import (
+    NONDETERMINISTIC,
+    ReadNode,
+    deduplicate,
+    elide,
+    live,
+)
 
 if TYPE_CHECKING:
     import onnx
 
     from tunecache.compiler.hardware import HardwareSpec
+    from tunecache.compiler.ops import OpSignature
 
 __all__ = [
-    "MIN_OPSET", "Graph", "KernelNode", "ModelError", "ModelInfo", "ModelSource", "OnnxNode",
-    "TensorInfo", "inspect_model", "kernel_ops", "load_graph", "read_model", "supported_ops",
+    "MIN_OPSET", "ModelInfo", "ModelSource", "inspect_model", "kernel_ops", "load_graph",
+    "read_model", "supported_ops",
 ]
 
 # Opsets 7 and 8 differ from 9 only in ops we do not run or in ways the implementations
 # already accept (BatchNormalization's `spatial`); before 7, Add/Mul used legacy broadcasting.
 MIN_OPSET = 7
-KERNEL_OP_TYPES = ("Conv", "MatMul", "Gemm")
-FLOAT32 = np.dtype(np.float32)
 # Initializers up to this many elements (and every integer one) go to shape inference with
 # their values, so that data propagation sees Reshape targets, Slice bounds, etc.; larger
 # ones go as typed inputs, which keeps inference from copying the weights.
 _INFERENCE_VALUE_LIMIT = 1024
-# Ops whose value is not a function of their inputs: never folded, however constant.
-_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
-                               "RandomUniformLike", "Multinomial", "Bernoulli"})
 
-
-class ModelError(TunecacheError):
-    """An ONNX model cannot be read or run: malformed file, unsupported op, bad inputs."""
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A graph input or output: name, shape (``-1`` for a dimension left unknown), dtype."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-
-@dataclass(frozen=True)
-class KernelNode:
-    """One generated-kernel call, fusing one or more ONNX nodes.
-
-    ``inputs`` name the tensors for the kernel's input arguments in
-    ``op.arguments()`` order (A, B, [bias] for matmuls; X, W, [bias], [add] for conv2d);
-    constants among them are entries of :attr:`Graph.constants`. The executor reshapes each
-    to its argument's shape (same element count) and the kernel's output to ``output_shape``.
-    """
-
-    name: str
-    nodes: tuple[str, ...]
-    op: OpSignature
-    inputs: tuple[str, ...]
-    output: str
-    output_shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class OnnxNode:
-    """A node run with numpy (:mod:`tunecache.compiler.onnx_ops`).
-
-    ``inputs``/``outputs`` keep ONNX's positions (``""`` for an omitted optional one).
-    ``note`` says why a ``Conv``/``MatMul``/``Gemm`` node did not become a kernel (empty
-    otherwise).
-    """
-
-    name: str
-    op_type: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attrs: Mapping[str, Any] = field(compare=False, hash=False)
-    note: str = ""
-
-
-Step = KernelNode | OnnxNode
-
-
-@dataclass(frozen=True, eq=False)
-class Graph:
-    """A loaded model: static inputs and outputs, constants, and steps in execution order."""
-
-    name: str
-    opset: int
-    inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo, ...]
-    constants: Mapping[str, np.ndarray]
-    steps: tuple[Step, ...]
-    tensors: Mapping[str, tuple[tuple[int, ...], np.dtype]] = field(
-        default_factory=lambda: MappingProxyType({}))
-    """Static shape and dtype of each tensor the loader inferred (steps' outputs among
-    them); empty for graphs rewritten since (layout planning), whose shapes are traced."""
-
-    @property
-    def kernel_nodes(self) -> tuple[KernelNode, ...]:
-        """The steps that call generated kernels, in execution order."""
-        return tuple(s for s in self.steps if isinstance(s, KernelNode))
-
-    @property
-    def onnx_nodes(self) -> tuple[OnnxNode, ...]:
-        """The steps run with numpy, in execution order."""
-        return tuple(s for s in self.steps if isinstance(s, OnnxNode))
 
 
 def supported_ops() -> tuple[str, ...]:
@@ -171,8 +87,6 @@ def _import_onnx() -> Any:
     return onnx
 
 
-_SMALL_CONSTANT = 64
-"""Constants this small are compared by value when looking for repeated computations."""
 _ONNX_FLOAT = 1
 """``TensorProto.FLOAT``."""
 _SHARED_FLOATS = 1024
@@ -198,7 +112,7 @@ class ModelSource:
     derived: IdentityMemo[np.ndarray] = field(default_factory=IdentityMemo, repr=False)
     """Constants a lowering computed from others (weight slices, say), kept for the next
     load while the arrays they came from live."""
-    nodes: list[_Node] = field(default_factory=list, repr=False)
+    nodes: list[ReadNode] = field(default_factory=list, repr=False)
     """The graph's nodes as read and checked by the first load; later loads copy them
     instead of parsing every attribute again."""
 
@@ -331,16 +245,15 @@ def kernel_ops(path: str | Path | onnx.ModelProto,
     """The distinct kernel ops of a model: ``(op, count, label)`` in first-use order.
 
     ``label`` names the kernel nodes using the op (the first few, then how many more).
-    With ``hw``, the ops a model compiled for ``hw`` runs: its activations' layouts planned
-    (:func:`tunecache.compiler.layout_plan.plan_layouts`), reorders included, and kernel
-    pairs fused (:func:`tunecache.compiler.fusion.fuse_pairs`).
+    With ``hw``, the ops a model compiled for ``hw`` runs: the graph passes run first
+    (:func:`tunecache.compiler.passes.plan_graph`: activations' layouts planned, reorders
+    included, then kernel pairs fused).
     """
     graph = load_graph(path, input_shapes)
     if hw is not None:
-        from tunecache.compiler.fusion import fuse_pairs
-        from tunecache.compiler.layout_plan import plan_layouts
+        from tunecache.compiler.passes import plan_graph
 
-        graph, _ = fuse_pairs(plan_layouts(graph, hw).graph)
+        graph = plan_graph(graph, hw)
     users: dict[OpSignature, list[str]] = {}
     for node in graph.kernel_nodes:
         users.setdefault(node.op, []).append(node.name)
@@ -349,25 +262,6 @@ def kernel_ops(path: str | Path | onnx.ModelProto,
         label = ", ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
         out.append((op, len(names), label))
     return out
-
-
-@dataclass
-class _Node:
-    """A node being loaded: its original position and plain-Python attributes."""
-
-    index: int
-    name: str
-    op_type: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attrs: dict[str, Any]
-    proto: Any
-    domain: str = ""
-
-    @property
-    def supported(self) -> bool:
-        """Whether the executor can run this node (default domain, an op in onnx_ops)."""
-        return not self.domain and self.op_type in onnx_ops.OPS
 
 
 def _attr_value(onnx: Any, attr: Any) -> Any:
@@ -394,13 +288,12 @@ def _fmt_shape(shape: Sequence[int | None]) -> str:
 
 
 class _Loader:
-    """One load: reads, infers shapes, folds constants, fuses, and builds the Graph."""
+    """One load: reads, infers shapes, folds constants, lowers (:mod:`.lowering.driver`),
+    and builds the Graph."""
 
     def __init__(self, onnx: Any, source: ModelSource,
-                 input_shapes: Mapping[str, Sequence[int]] | None, symbolic: bool,
-                 lower: bool = True) -> None:
+                 input_shapes: Mapping[str, Sequence[int]] | None, symbolic: bool) -> None:
         self.onnx = onnx
-        self.lower = lower
         self.source = source
         self.model = source.model
         self.base_dir = source.base_dir
@@ -412,11 +305,10 @@ class _Loader:
         self.constants: dict[str, np.ndarray] = {}
         self.shapes: dict[str, tuple[int | None, ...]] = {}
         self.dtypes: dict[str, np.dtype] = {}
-        self.step_names: set[str] = set()
 
     # -- the pipeline ---------------------------------------------------------------------
 
-    def _folded(self) -> tuple[list[TensorInfo], list[_Node]]:
+    def _folded(self) -> tuple[list[TensorInfo], list[ReadNode]]:
         """Read, sort, infer shapes and fold constants; refuse what cannot run."""
         model = self.model
         if not model.HasField("graph") or not model.opset_import:
@@ -471,13 +363,11 @@ class _Loader:
     def load(self) -> Graph:
         inputs, nodes = self._folded()
         outputs = self._outputs()
-        nodes = self._elide(self._live(nodes, {o.name for o in outputs}),
-                            {o.name for o in outputs})
-        nodes = self._deduplicate(nodes, {o.name for o in outputs})
-        steps = self._fuse(nodes, {o.name for o in outputs})
-        if self.lower:
-            for rewrite in step_passes():
-                steps = rewrite(steps, self)
+        names = {o.name for o in outputs}
+        nodes = elide(live(nodes, names), names, self.dtypes)
+        nodes = deduplicate(nodes, names, self.constants)
+        steps = lower_nodes(nodes, {o.name for o in outputs}, self.opset, self.constants,
+                            self.shapes, self.dtypes, self.source.derived)
         self._drop_unread_constants(steps, {o.name for o in outputs})
         for array in self.constants.values():
             array.flags.writeable = False
@@ -497,12 +387,12 @@ class _Loader:
                              "onnx.version_converter.convert_version)")
         return int(opset)
 
-    def _nodes(self) -> list[_Node]:
+    def _nodes(self) -> list[ReadNode]:
         if not self.source.nodes:
             self.source.nodes.extend(self._read_nodes())
         return [replace(n, attrs=dict(n.attrs)) for n in self.source.nodes]
 
-    def _read_nodes(self) -> list[_Node]:
+    def _read_nodes(self) -> list[ReadNode]:
         nodes = []
         seen: set[str] = set()
         for index, proto in enumerate(self.model.graph.node):
@@ -516,14 +406,14 @@ class _Loader:
                 raise ModelError(f"node {name!r} ({proto.op_type}) has an unreadable attribute: "
                                  f"{exc}") from exc
             domain = proto.domain if proto.domain != "ai.onnx" else ""
-            node = _Node(index, name, proto.op_type, tuple(proto.input), tuple(proto.output),
+            node = ReadNode(index, name, proto.op_type, tuple(proto.input), tuple(proto.output),
                          attrs, proto, domain)
             if node.supported:
                 self._check_node(node)
             nodes.append(node)
         return nodes
 
-    def _reject_unsupported(self, nodes: list[_Node], shape_only: set[str]) -> None:
+    def _reject_unsupported(self, nodes: list[ReadNode], shape_only: set[str]) -> None:
         """Refuse the nodes the executor cannot run, after folding (an op that only computes
         shapes is evaluated at load time and need not be runnable)."""
         unknown = []
@@ -538,7 +428,7 @@ class _Loader:
             raise ModelError(f"{unknown[0]}, which tunecache cannot run{more}; supported op "
                              f"types: {', '.join(supported_ops())} (see docs/ONNX.md)")
 
-    def _check_node(self, node: _Node) -> None:
+    def _check_node(self, node: ReadNode) -> None:
         """Load-time rejection of supported op types used in ways the executor cannot run."""
         where = f"node {node.name!r} ({node.op_type})"
         if node.op_type == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
@@ -648,14 +538,14 @@ class _Loader:
                                     dtype))
         return infos
 
-    def _missing_shapes(self, nodes: list[_Node]) -> list[_Node]:
+    def _missing_shapes(self, nodes: list[ReadNode]) -> list[ReadNode]:
         """The nodes with an output of unknown shape or rank."""
         def known(name: str) -> bool:
             shape = self.shapes.get(name) if name else ()
             return shape is not None and None not in shape
         return [n for n in nodes if not all(known(o) for o in n.outputs)]
 
-    def _infer_shapes(self, inputs: list[TensorInfo], nodes: list[_Node]) -> None:
+    def _infer_shapes(self, inputs: list[TensorInfo], nodes: list[ReadNode]) -> None:
         """ONNX shape inference over ``nodes``: every tensor they read but do not produce is
         declared with what is known of it (a model input as declared, a constant, an earlier
         node's inferred type), so a later pass can walk only the nodes still missing shapes."""
@@ -710,7 +600,7 @@ class _Loader:
             if dtype is not None:
                 self.dtypes[vi.name] = dtype
 
-    def _sorted(self, nodes: list[_Node], inputs: list[TensorInfo]) -> list[_Node]:
+    def _sorted(self, nodes: list[ReadNode], inputs: list[TensorInfo]) -> list[ReadNode]:
         """The nodes in a topological order (ONNX requires one; exporters sometimes slip)."""
         available = {i.name for i in inputs} | set(self.constants) | {""}
         if all(self._ready(n, available, add=True) for n in nodes):
@@ -732,13 +622,13 @@ class _Loader:
         return ordered
 
     @staticmethod
-    def _ready(node: _Node, available: set[str], add: bool) -> bool:
+    def _ready(node: ReadNode, available: set[str], add: bool) -> bool:
         ok = all(t in available for t in node.inputs)
         if ok and add:
             available.update(node.outputs)
         return ok
 
-    def _fold_constants(self, nodes: list[_Node]) -> list[_Node]:
+    def _fold_constants(self, nodes: list[ReadNode]) -> list[ReadNode]:
         """Evaluate nodes computed from constants alone (and Shape/Size of static shapes)."""
         kept = []
         for node in nodes:
@@ -760,11 +650,11 @@ class _Loader:
                     self._set_constant(name, np.asarray(value))
         return kept
 
-    def _foldable(self, node: _Node) -> bool:
-        return (not node.domain and node.op_type not in _NONDETERMINISTIC
+    def _foldable(self, node: ReadNode) -> bool:
+        return (not node.domain and node.op_type not in NONDETERMINISTIC
                 and all(t == "" or t in self.constants for t in node.inputs))
 
-    def _evaluate(self, node: _Node) -> list[np.ndarray]:
+    def _evaluate(self, node: ReadNode) -> list[np.ndarray]:
         """A constant node's outputs: onnx_ops, or ONNX's reference implementation for an op
         the executor does not run (it may only ever appear in shape computations)."""
         args = [self.constants[t] if t else None for t in node.inputs]
@@ -781,12 +671,12 @@ class _Loader:
             raise ModelError(f"node {node.name!r} ({node.op_type}) computes from "
                              f"constants only but failed: {exc}") from exc
 
-    def _shape_only(self, nodes: list[_Node]) -> set[str]:
+    def _shape_only(self, nodes: list[ReadNode]) -> set[str]:
         """Tensors computed from input shapes and constants only: they fold once the input
         shapes are known."""
         derived: set[str] = set()
         for node in nodes:
-            if node.domain or node.op_type in _NONDETERMINISTIC:
+            if node.domain or node.op_type in NONDETERMINISTIC:
                 continue
             if node.op_type in ("Shape", "Size") or all(
                     t == "" or t in self.constants or t in derived for t in node.inputs):
@@ -803,178 +693,6 @@ class _Loader:
                                     dtype))
         return infos
 
-    @staticmethod
-    def _live(nodes: list[_Node], outputs: set[str]) -> list[_Node]:
-        """Drop nodes whose outputs nothing needs (left behind by constant folding)."""
-        needed = set(outputs)
-        live = []
-        for node in reversed(nodes):
-            if any(o in needed for o in node.outputs if o):
-                live.append(node)
-                needed.update(t for t in node.inputs if t)
-        return live[::-1]
-
-    def _elide(self, nodes: list[_Node], outputs: set[str]) -> list[_Node]:
-        """Drop inference no-ops (Identity, Dropout, a Cast to the dtype its input already
-        has) so that fusion sees through them."""
-        used = {t for node in nodes for t in node.inputs}
-        alias: dict[str, str] = {}
-        kept = []
-        for node in nodes:
-            if any(t in alias for t in node.inputs):
-                node = replace(node, inputs=tuple(alias.get(t, t) for t in node.inputs))
-            out = node.outputs[0]
-            if (node.op_type in ("Identity", "Dropout") or self._same_type_cast(node)) and \
-                    out not in outputs and not any(
-                    o and (o in used or o in outputs) for o in node.outputs[1:]):
-                alias[out] = node.inputs[0]
-                continue
-            kept.append(node)
-        return kept
-
-    def _deduplicate(self, nodes: list[_Node], outputs: set[str]) -> list[_Node]:
-        """Drop a node computing what an earlier one did (same op and attributes, the same
-        inputs, small constants compared by value): its readers read the earlier outputs.
-        Exporters repeat per layer what depends only on the inputs (BERT's 12 identical
-        attention-mask ``Where``s)."""
-        seen: dict[Hashable, _Node] = {}
-        alias: dict[str, str] = {}
-        kept = []
-        for node in nodes:
-            if any(t in alias for t in node.inputs):
-                node = replace(node, inputs=tuple(alias.get(t, t) for t in node.inputs))
-            key = self._computation(node)
-            earlier = seen.get(key) if key is not None else None
-            if earlier is not None and len(earlier.outputs) == len(node.outputs) and \
-                    not any(o in outputs for o in node.outputs):
-                alias.update((o, e) for o, e in zip(node.outputs, earlier.outputs, strict=True)
-                             if o)
-                continue
-            if key is not None:
-                seen.setdefault(key, node)
-            kept.append(node)
-        return kept
-
-    def _computation(self, node: _Node) -> Hashable | None:
-        """What ``node`` computes, as a hashable value; None when unsure (a random op,
-        another domain, an attribute that is not a plain value, a missing output)."""
-        if node.domain or node.op_type in _NONDETERMINISTIC or not all(node.outputs):
-            return None
-        attrs = []
-        for name, value in sorted(node.attrs.items()):
-            plain = tuple(value) if isinstance(value, (list, tuple)) else value
-            if not isinstance(plain, (int, float, str, bytes, tuple)) or (
-                    isinstance(plain, tuple) and not all(
-                        isinstance(v, (int, float, str, bytes)) for v in plain)):
-                return None
-            attrs.append((name, plain))
-        inputs = tuple(self._input_identity(t) for t in node.inputs)
-        return node.op_type, inputs, tuple(attrs)
-
-    def _input_identity(self, name: str) -> Hashable:
-        value = self.constants.get(name)
-        if value is not None and value.size <= _SMALL_CONSTANT:
-            return "value", value.dtype.str, value.shape, value.tobytes()
-        return "tensor", name
-
-    def _same_type_cast(self, node: _Node) -> bool:
-        if node.op_type != "Cast" or not node.inputs:
-            return False
-        target = onnx_ops.ONNX_DTYPES.get(int(node.attrs.get("to", 0)))
-        return target is not None and self.dtypes.get(node.inputs[0]) == target
-
-    # -- fusion ---------------------------------------------------------------------------
-
-    def _fuse(self, nodes: list[_Node], outputs: set[str]) -> list[Step]:
-        # Per tensor, the position of each read (a node reading it twice counts twice).
-        self.readers = readers(nodes)
-        self.producers = producers(nodes)
-        self.graph_outputs = outputs
-        self.nodes = nodes
-        self.taken = [False] * len(nodes)
-        self.helpers: list[OnnxNode] = []
-        slots: list[list[Step]] = [[] for _ in nodes]
-        for position, node in enumerate(nodes):
-            if self.taken[position]:
-                continue
-            # Lowerings first: a multi-node pattern (attention) may start at a MatMul.
-            lowered = self._lowered(position) if self.lower else None
-            if lowered is not None:
-                slots[lowered[1]] += [*lowered[2], lowered[0]]
-                continue
-            note = ""
-            if node.op_type in KERNEL_OP_TYPES:
-                built = self._kernel(position)
-                if isinstance(built, tuple):
-                    kernel, last = built
-                    slots[last].append(kernel)
-                    continue
-                note = built
-            slots[position].append(OnnxNode(node.name, node.op_type, node.inputs, node.outputs,
-                                            MappingProxyType(node.attrs), note))
-        return [step for slot in slots for step in slot]
-
-    def _lowered(self, position: int) -> tuple[KernelNode, int, list[OnnxNode]] | None:
-        """The first registered lowering (:mod:`tunecache.compiler.lowering`) that turns the
-        node at ``position`` into a kernel, with the helper nodes it added (run just before
-        the kernel), or None: the node then runs in numpy (or as a Conv/MatMul/Gemm kernel)."""
-        node = self.nodes[position]
-        if node.domain:
-            return None
-        for lowering in lowerings_for(node.op_type):
-            self.helpers = []
-            built = lowering(self, position)
-            if isinstance(built, tuple):
-                return built[0], built[1], self.helpers
-        return None
-
-    # -- the view lowerings have of the graph (lowering.FusionContext) ---------------------
-
-    def shape(self, name: str) -> tuple[int, ...] | None:
-        return self._shape(name)
-
-    def is_float32(self, name: str) -> bool:
-        return self._float32(name)
-
-    def producer(self, tensor: str) -> int | None:
-        return self.producers.get(tensor)
-
-    def sole_consumer(self, tensor: str) -> int | None:
-        return self._next(tensor)
-
-    def consumers(self, tensor: str) -> tuple[int, ...] | None:
-        readers = self.readers.get(tensor, [])
-        if not readers or tensor in self.graph_outputs or any(self.taken[p] for p in readers):
-            return None
-        return tuple(sorted(set(readers)))
-
-    def add_node(self, op_type: str, inputs: list[str], attrs: dict[str, Any],
-                 shape: tuple[int, ...]) -> str:
-        name = self._fresh_name(f"{inputs[0]}/{op_type.lower()}")
-        self.shapes[name] = tuple(int(d) for d in shape)
-        self.dtypes[name] = self.dtypes.get(inputs[0], FLOAT32)
-        self.helpers.append(OnnxNode(name, op_type, tuple(inputs), (name,),
-                                     MappingProxyType(dict(attrs))))
-        return name
-
-    def add_constant(self, base: str, array: np.ndarray) -> str:
-        return self._new_constant(base, array)
-
-    def is_graph_output(self, name: str) -> bool:
-        return name in self.graph_outputs
-
-    def derived_constant(self, base: str, key: Hashable, sources: tuple[np.ndarray, ...],
-                         make: Callable[[], np.ndarray]) -> str:
-        def made() -> np.ndarray:
-            array = np.ascontiguousarray(make(), dtype=FLOAT32)
-            array.flags.writeable = False
-            return array
-
-        array = self.source.derived.get(sources, key, made)
-        name = self._fresh_name(base)
-        self._set_constant(name, array)
-        return name
-
     def _drop_unread_constants(self, steps: list[Step], outputs: set[str]) -> None:
         """Forget constants no step reads (folded into others, or sliced by a step pass),
         so the compiled model does not keep their bytes."""
@@ -982,317 +700,8 @@ class _Loader:
         for name in [n for n in self.constants if n not in read]:
             del self.constants[name]
 
-    def finish(self, position: int, fused: list[int], sig: OpSignature, inputs: list[str],
-               output: str) -> tuple[KernelNode, int] | str:
-        return self._finish(position, fused, sig, inputs, output)
-
-    def _next(self, tensor: str) -> int | None:
-        """The position of the only node using ``tensor``, if fusing it away is safe."""
-        if self._uses(tensor) != 1 or tensor in self.graph_outputs:
-            return None
-        position = self.readers[tensor][-1]
-        return None if self.taken[position] else position
-
-    def _uses(self, tensor: str) -> int:
-        return len(self.readers.get(tensor, ()))
-
     def _shape(self, name: str) -> tuple[int, ...] | None:
         shape = self.shapes.get(name)
         if shape is None or None in shape:
             return None
         return cast(tuple[int, ...], shape)
-
-    def _float32(self, name: str) -> bool:
-        return self.dtypes.get(name) == FLOAT32
-
-    def _new_constant(self, base: str, array: np.ndarray) -> str:
-        name = self._fresh_name(base)
-        self._set_constant(name, np.ascontiguousarray(array, dtype=FLOAT32))
-        return name
-
-    def _fresh_name(self, base: str) -> str:
-        """``base``, or ``base`` with a number after it: a tensor name not yet in use."""
-        name = base
-        n = 1
-        while name in self.constants or name in self.shapes:
-            n += 1
-            name = f"{base}{n}"
-        return name
-
-    def _kernel(self, position: int) -> tuple[KernelNode, int] | str:
-        """A kernel for the node at ``position`` and its fused followers, or why not."""
-        node = self.nodes[position]
-        for t in node.inputs:
-            if t and not self._float32(t):
-                return f"input {t!r} is not float32"
-        try:
-            if node.op_type == "Conv":
-                return self._conv(position)
-            return self._matmul(position)
-        except OpSignatureError as exc:
-            return f"no kernel signature: {exc}"
-
-    def _finish(self, position: int, fused: list[int], sig: OpSignature, inputs: list[str],
-                output: str) -> tuple[KernelNode, int] | str:
-        out_shape = self._shape(output)
-        if out_shape is None:
-            raise ModelError(f"cannot determine the shape of {output!r}, the output of node "
-                             f"{self.nodes[fused[-1]].name!r}; give static input shapes")
-        produced = next(a.shape for a in sig.arguments() if a.role == "output")
-        if math.prod(produced) != math.prod(out_shape):  # pragma: no cover - defensive
-            return f"kernel output {produced} does not match the ONNX output {out_shape}"
-        for p in fused:
-            self.taken[p] = True
-        node = KernelNode(self.nodes[position].name, tuple(self.nodes[p].name for p in fused),
-                          sig, tuple(inputs), output, out_shape)
-        return node, fused[-1]
-
-    def _channel_constant(self, name: str, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:
-        """A constant broadcast along ``axis`` of ``out_shape`` only, as a 1-D vector, or None."""
-        value = self.constants.get(name)
-        if value is None or value.dtype != FLOAT32 or value.ndim > len(out_shape):
-            return None
-        padded = (1,) * (len(out_shape) - value.ndim) + value.shape
-        for i, (v, o) in enumerate(zip(padded, out_shape, strict=True)):
-            if (i == axis and v not in (1, o)) or (i != axis and v != 1):
-                return None
-        return np.broadcast_to(value.reshape(padded[axis]), (out_shape[axis],))
-
-    def _conv(self, position: int) -> tuple[KernelNode, int] | str:
-        node = self.nodes[position]
-        x, w = node.inputs[0], node.inputs[1]
-        bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
-        x_shape, w_shape = self._shape(x), self._shape(w)
-        if x_shape is None or w_shape is None:
-            raise ModelError(f"cannot determine the input shapes of node {node.name!r} (Conv); "
-                             "give static input shapes")
-        if len(x_shape) != 4:
-            return f"{len(x_shape) - 2}-D convolution (kernels are 2-D)"
-        p = onnx_ops.conv_params(node.attrs, x_shape, w_shape)
-        n, c, h, wd = x_shape
-        f, _, r, s = w_shape
-        epilogue: list[str] = ["bias"] if bias else []
-        fused = [position]
-        add_input: str | None = None
-        weight_name = w
-        out = node.outputs[0]
-        while True:
-            silu = self._silu_after(out)
-            if silu is not None:
-                epilogue.append("silu")
-                fused += silu
-                out = self.nodes[silu[-1]].outputs[0]
-                break
-            nxt = self._next(out)
-            if nxt is None:
-                break
-            follower = self.nodes[nxt]
-            activation = self._activation(follower, out)
-            if activation is not None:
-                epilogue.append(activation)
-                fused.append(nxt)
-                out = follower.outputs[0]
-                break
-            if follower.op_type == "BatchNormalization" and "add" not in epilogue:
-                folded = self._fold_bn(follower, weight_name, bias, f)
-                if folded is None:
-                    break
-                weight_name, bias = folded
-                epilogue = ["bias"]
-            elif follower.op_type == "Add":
-                other = follower.inputs[1] if follower.inputs[0] == out else follower.inputs[0]
-                out_shape = self._shape(follower.outputs[0])
-                vector = (self._channel_constant(other, out_shape, 1)
-                          if out_shape is not None and out_shape == self._shape(out) else None)
-                if vector is not None and (bias is None or bias in self.constants):
-                    total = vector if bias is None else self.constants[bias] + vector
-                    bias = self._new_constant(f"{node.name}/bias", total)
-                    if "bias" not in epilogue:
-                        epilogue.insert(0, "bias")
-                elif ("add" not in epilogue and self._float32(other)
-                      and self._shape(other) is not None
-                      and self._shape(other) == self._shape(out) == out_shape):
-                    add_input = other
-                    epilogue = [e for e in epilogue if e == "bias"] + ["add"]
-                else:
-                    break
-            else:
-                break
-            fused.append(nxt)
-            out = follower.outputs[0]
-        sig = OpSignature.conv2d(n, c, h, wd, f, r, s, stride=p.stride, pads=p.pads,
-                                 dilation=p.dilation, groups=p.groups, epilogue=tuple(epilogue))
-        inputs = [x, weight_name] + ([bias] if bias else []) + ([add_input] if add_input else [])
-        return self._finish(position, fused, sig, inputs, out)
-
-    def _activation(self, node: _Node, value: str) -> str | None:
-        """The conv epilogue activation ``node`` applies to ``value``, if it is one: ``Relu``,
-        ``Clip(0, 6)`` or ``Clip(0, inf)`` (another Clip is not)."""
-        if node.op_type == "Relu":
-            return "relu"
-        if node.op_type == "Clip" and node.inputs[0] == value:
-            step = clip_step(self, node.attrs, node.inputs)
-            return step if step in ACTIVATIONS else None
-        return None
-
-    def _silu_after(self, tensor: str) -> list[int] | None:
-        """The positions of ``Sigmoid(tensor)`` and ``Mul(tensor, it)`` when they are the only
-        readers of ``tensor`` (not a graph output) and may be fused away: a conv's SiLU."""
-        if self._uses(tensor) != 2 or tensor in self.graph_outputs:
-            return None
-        mul = self.readers[tensor][-1]
-        sigmoid = self.producer(other_input(self.nodes[mul].inputs, tensor) or "")
-        if sigmoid is None or self.taken[sigmoid] or self.taken[mul]:
-            return None
-        return silu_nodes(self, sigmoid, tensor)
-
-    def _fold_bn(self, bn: _Node, weight: str, bias: str | None,
-                 channels: int) -> tuple[str, str] | None:
-        """New (weight, bias) constants with an inference BatchNormalization folded in."""
-        params = [self.constants.get(t) for t in bn.inputs[1:5]]
-        w = self.constants.get(weight)
-        b = self.constants.get(bias) if bias else None
-        if w is None or (bias and b is None) or any(
-                v is None or v.size != channels for v in params):
-            return None
-        if any(o and (self._uses(o) or o in self.graph_outputs) for o in bn.outputs[1:]):
-            return None  # the running statistics outputs are used
-        scale, beta, mean, var = (np.asarray(v, dtype=np.float64).reshape(-1) for v in params
-                                  if v is not None)
-        factor = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
-        # The factor is computed in float64, the weights scaled in float32 (one pass, no
-        # float64 copy of large weights).
-        new_w = w * factor.astype(np.float32).reshape(-1, 1, 1, 1)
-        new_b = ((b.astype(np.float64) if b is not None else 0.0) - mean) * factor + beta
-        return (self._new_constant(f"{bn.name}/folded_weight", new_w),
-                self._new_constant(f"{bn.name}/folded_bias", new_b))
-
-    def _matmul(self, position: int) -> tuple[KernelNode, int] | str:
-        node = self.nodes[position]
-        a, b = node.inputs[0], node.inputs[1]
-        a_shape, b_shape = self._shape(a), self._shape(b)
-        if a_shape is None or b_shape is None:
-            raise ModelError(f"cannot determine the input shapes of node {node.name!r} "
-                             f"({node.op_type}); give static input shapes")
-        if not a_shape or not b_shape:
-            return "a scalar operand (MatMul needs at least 1-D operands)"
-        bias: str | None = None
-        trans_a = trans_b = False
-        # With a 1-D B the output has no N axis, so a following Add is not a bias over N.
-        bias_ok = len(b_shape) != 1
-        if node.op_type == "Gemm":
-            built = self._gemm_operands(node, a_shape, b_shape)
-            if isinstance(built, str):
-                return built
-            a, b, bias, trans_a, trans_b = built
-            m = a_shape[1] if trans_a else a_shape[0]
-            k = a_shape[0] if trans_a else a_shape[1]
-            nn = b_shape[0] if trans_b else b_shape[1]
-            batch, shared = 1, "plain"
-        else:
-            a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
-            b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
-            m, k, nn = a2[-2], a2[-1], b2[-1]
-            if b2[-2] != k:
-                raise ModelError(f"node {node.name!r} (MatMul) multiplies {list(a_shape)} by "
-                                 f"{list(b_shape)}: inner dimensions differ")
-            a_batch, b_batch = a2[:-2], b2[:-2]
-            rank = max(len(a_batch), len(b_batch))
-            a_pad = (1,) * (rank - len(a_batch)) + a_batch
-            b_pad = (1,) * (rank - len(b_batch)) + b_batch
-            if math.prod(b_batch) == 1:
-                # [b..., M, K] . [K, N] is one matmul over the flattened rows.
-                m, batch, shared = m * math.prod(a_batch), 1, "plain"
-            elif math.prod(a_batch) == 1:
-                batch, shared = math.prod(b_batch), "a"
-            elif a_pad == b_pad:
-                batch, shared = math.prod(a_batch), "none"
-            else:
-                return (f"broadcast batch dimensions {list(a_batch)} x {list(b_batch)} "
-                        "(kernels need equal batch dimensions or one 2-D operand)")
-        fused = [position]
-        out = node.outputs[0]
-        relu = False
-        while True:
-            nxt = self._next(out)
-            if nxt is None:
-                break
-            follower = self.nodes[nxt]
-            if follower.op_type == "Add" and not relu and bias_ok:
-                other = follower.inputs[1] if follower.inputs[0] == out else follower.inputs[0]
-                merged = self._matmul_bias(other, out, follower.outputs[0], nn, bias,
-                                           f"{node.name}/bias")
-                if merged is None:
-                    break
-                bias = merged
-            elif follower.op_type == "Relu":
-                relu = True
-            else:
-                break
-            fused.append(nxt)
-            out = follower.outputs[0]
-            if relu:
-                break
-        epilogue = tuple(e for e, on in (("bias", bias is not None), ("relu", relu)) if on)
-        if shared == "plain" and b in self.constants:
-            sig = OpSignature.matmul(m, nn, k, trans_a=trans_a, trans_b=trans_b, epilogue=epilogue)
-        elif shared == "plain":
-            # A product of two activations: batch_matmul, whose B is packed per call (the
-            # matmul kind's B is a constant, packed once at compile time and timed so).
-            sig = OpSignature.batch_matmul(1, m, nn, k, trans_a=trans_a, trans_b=trans_b,
-                                           shared="none", epilogue=epilogue)
-        else:
-            sig = OpSignature.batch_matmul(batch, m, nn, k, shared=shared, epilogue=epilogue)
-        return self._finish(position, fused, sig, [a, b] + ([bias] if bias else []), out)
-
-    def _matmul_bias(self, other: str, product: str, result: str, n: int, bias: str | None,
-                     base: str) -> str | None:
-        """The bias tensor after adding ``other`` to a matmul's output, or None if not a bias."""
-        out_shape = self._shape(result)
-        if out_shape is None or out_shape != self._shape(product) or not self._float32(other):
-            return None
-        vector = self._channel_constant(other, out_shape, len(out_shape) - 1)
-        if vector is not None:
-            if bias is None:
-                return other if self._shape(other) == (n,) else self._new_constant(base, vector)
-            if bias in self.constants:
-                return self._new_constant(base, self.constants[bias] + vector)
-            return None
-        shape = self._shape(other)
-        if bias is None and shape is not None and len(shape) <= len(out_shape) and shape and (
-                shape[-1] == n and math.prod(shape) == n):
-            return other  # a computed bias vector, passed to the kernel as is
-        return None
-
-    def _gemm_operands(self, node: _Node, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
-                       ) -> tuple[str, str, str | None, bool, bool] | str:
-        """(A, B, bias, transA, transB) for a Gemm, pre-scaling constants for alpha/beta."""
-        a, b = node.inputs[0], node.inputs[1]
-        c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
-        trans_a, trans_b = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
-        alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
-        if len(a_shape) != 2 or len(b_shape) != 2:
-            return "Gemm operands are not 2-D"
-        n = b_shape[0] if trans_b else b_shape[1]
-        m = a_shape[1] if trans_a else a_shape[0]
-        if alpha != 1.0:
-            if b in self.constants:
-                b = self._new_constant(f"{node.name}/B_scaled", self.constants[b] * alpha)
-            elif a in self.constants:
-                a = self._new_constant(f"{node.name}/A_scaled", self.constants[a] * alpha)
-            else:
-                return f"alpha={alpha:g} with neither operand constant"
-        bias: str | None = None
-        if c is not None and beta != 0.0:
-            vector = self._channel_constant(c, (m, n), 1)
-            if vector is not None and beta == 1.0 and self._shape(c) == (n,):
-                bias = c  # already the kernel's bias vector
-            elif vector is not None:
-                bias = self._new_constant(f"{node.name}/bias",
-                                          vector * beta if beta != 1.0 else vector)
-            elif beta == 1.0 and self._shape(c) in ((n,), (1, n)):
-                bias = c
-            else:
-                return (f"C of shape {list(self._shape(c) or ())} (beta={beta:g}) is not a bias "
-                        f"over N={n}")
-        return a, b, bias, trans_a, trans_b

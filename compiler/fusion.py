@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tunecache.compiler.frontend import Graph, KernelNode, OnnxNode, Step
+from tunecache.compiler.graph import VIEW_OPS, Graph, KernelNode, OnnxNode, Step
 from tunecache.compiler.kinds import all_kinds
-from tunecache.compiler.native.program import VIEW_OPS
 from tunecache.compiler.ops import OpSignature
 
 __all__ = ["fuse_pairs", "fused_op"]

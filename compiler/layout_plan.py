@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from tunecache.compiler.frontend import Graph, KernelNode, OnnxNode, Step
+from tunecache.compiler.graph import Graph, KernelNode, OnnxNode, Step
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.kinds.layouts import BLOCKED, NCHW, channel_block

@@ -22,7 +22,8 @@ from test_frontend_exporters import DATA, exporter_feeds
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import load_wanted
 from tunecache.compiler.executor import Executor
-from tunecache.compiler.frontend import ModelError, inspect_model, load_graph
+from tunecache.compiler.frontend import inspect_model, load_graph
+from tunecache.compiler.graph import ModelError
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.schedule import Schedule
 from tunecache.tuner.deploy import CompiledModel, compile_model

@@ -16,7 +16,8 @@ pytest.importorskip("onnxruntime")
 import onnx_support as models  # noqa: E402
 
 from tunecache.compiler.executor import Executor, Kernel, numpy_kernel  # noqa: E402
-from tunecache.compiler.frontend import Graph, load_graph  # noqa: E402
+from tunecache.compiler.frontend import load_graph  # noqa: E402
+from tunecache.compiler.graph import Graph  # noqa: E402
 from tunecache.compiler.ops import OpSignature  # noqa: E402
 
 MODELS: dict[str, Callable[[], Any]] = {

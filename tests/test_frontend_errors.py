@@ -15,7 +15,8 @@ from onnx import helper
 
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.executor import Executor
-from tunecache.compiler.frontend import ModelError, load_graph
+from tunecache.compiler.frontend import load_graph
+from tunecache.compiler.graph import ModelError
 
 
 def tiny(opset: int = 13, op: str = "Relu", domain: str = "", name: str = "act") -> onnx.ModelProto:

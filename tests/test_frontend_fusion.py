@@ -14,7 +14,8 @@ import onnx_support as models
 from onnx import helper
 
 from tunecache.compiler.executor import Executor
-from tunecache.compiler.frontend import KernelNode, OnnxNode, kernel_ops, load_graph
+from tunecache.compiler.frontend import kernel_ops, load_graph
+from tunecache.compiler.graph import KernelNode, OnnxNode
 
 
 def kernels_by_name(graph) -> dict[str, KernelNode]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tunecache.compiler.frontend import Graph, KernelNode, OnnxNode, TensorInfo
 from tunecache.compiler.fusion import fuse_pairs, fused_op
+from tunecache.compiler.graph import Graph, KernelNode, OnnxNode, TensorInfo
 from tunecache.compiler.kinds.elementwise import elementwise_op
 from tunecache.compiler.kinds.matmul import matmul_op
 

@@ -16,7 +16,8 @@ pytest.importorskip("onnxruntime")
 from onnx_support import Builder, assert_close, ort_run, random_feeds  # noqa: E402
 
 from tunecache.cache.store import Store  # noqa: E402
-from tunecache.compiler.frontend import Graph, KernelNode, kernel_ops, load_graph  # noqa: E402
+from tunecache.compiler.frontend import kernel_ops, load_graph  # noqa: E402
+from tunecache.compiler.graph import Graph, KernelNode  # noqa: E402
 from tunecache.compiler.hardware import HardwareSpec, local_spec  # noqa: E402
 from tunecache.compiler.layout_plan import blocked_layout, plan_layouts  # noqa: E402
 from tunecache.tuner.deploy import compile_model  # noqa: E402

@@ -18,7 +18,7 @@ pytest.importorskip("onnxruntime")
 from onnx_support import Builder, compile_and_compare
 from test_frontend_exporters import FIXTURES, checked_runs
 
-from tunecache.compiler.frontend import Graph, KernelNode
+from tunecache.compiler.graph import Graph, KernelNode
 from tunecache.compiler.kinds.attention import causal_keep
 
 LAYERS = 2

@@ -16,7 +16,8 @@ pytest.importorskip("onnxruntime")
 from onnx_support import Builder, compile_and_compare, ort_run, random_feeds
 
 from tunecache.compiler.executor import Executor
-from tunecache.compiler.frontend import Graph, KernelNode, ModelError, load_graph
+from tunecache.compiler.frontend import load_graph
+from tunecache.compiler.graph import Graph, KernelNode, ModelError
 from tunecache.compiler.lowering.batchnorm import folded_parameters
 
 EPS = 1e-3

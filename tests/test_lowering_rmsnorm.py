@@ -17,7 +17,8 @@ from onnx_support import F32, Builder, assert_close, compile_and_compare, ort_ru
 from test_frontend_exporters import DATA, exporter_feeds
 
 from tunecache.cache.store import Store
-from tunecache.compiler.frontend import Graph, KernelNode, load_graph
+from tunecache.compiler.frontend import load_graph
+from tunecache.compiler.graph import Graph, KernelNode
 from tunecache.tuner.deploy import compile_model
 
 SHAPE = (2, 5, 16)

@@ -16,7 +16,8 @@ pytest.importorskip("onnxruntime")
 from onnx_support import Builder, compile_and_compare
 from test_frontend_exporters import DATA, checked_runs
 
-from tunecache.compiler.frontend import Graph, KernelNode, load_graph
+from tunecache.compiler.frontend import load_graph
+from tunecache.compiler.graph import Graph, KernelNode
 from tunecache.compiler.kinds.rotary import rotary_tables
 
 B, H, S, D = 2, 3, 5, 8

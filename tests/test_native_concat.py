@@ -15,7 +15,7 @@ from onnx_support import Builder, assert_close, ort_run, random_feeds
 
 from tunecache.cache.store import Store
 from tunecache.compiler.buffers import ALIGN
-from tunecache.compiler.frontend import OnnxNode
+from tunecache.compiler.graph import OnnxNode
 from tunecache.compiler.layout_plan import blocked_layout
 from tunecache.compiler.native import NativeProgram
 from tunecache.compiler.native.joins import Join, place_joins

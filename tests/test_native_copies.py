@@ -13,7 +13,7 @@ import pytest
 from onnx_support import Builder, assert_close, ort_run, random_feeds
 
 from tunecache.cache.store import Store
-from tunecache.compiler.frontend import OnnxNode
+from tunecache.compiler.graph import OnnxNode
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.native import NativeProgram
 from tunecache.compiler.native.copies import Copy, _merged, copies_of

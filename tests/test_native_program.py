@@ -21,7 +21,7 @@ from onnx_support import (
 from tunecache.cache.store import Store
 from tunecache.compiler.buffers import ALIGN
 from tunecache.compiler.errors import TunecacheError
-from tunecache.compiler.frontend import ModelError
+from tunecache.compiler.graph import ModelError
 from tunecache.compiler.native import Lifetime, NativeProgram, plan_arena
 from tunecache.tuner.deploy import compile_model
 

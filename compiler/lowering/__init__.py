@@ -1,18 +1,19 @@
 """ONNX node patterns lowered onto registered op kinds, so they run as generated kernels.
 
-The frontend (:mod:`tunecache.compiler.frontend`) walks a folded, sorted graph and, at each
-node not yet taken by an earlier fusion, asks the lowerings registered for its op type, in
-registration order, to turn it (and single-use followers it can fuse) into one
-:class:`~tunecache.compiler.frontend.KernelNode`. A lowering returns the kernel node and
-the position of the last node it took, or ``None``/a reason when the pattern does not
+The walk (:mod:`tunecache.compiler.lowering.driver`, run by the ONNX reader on a folded,
+sorted graph) asks, at each node not yet taken by an earlier fusion, the lowerings registered
+for its op type, in registration order, to turn it (and single-use followers it can fuse)
+into one :class:`~tunecache.compiler.graph.KernelNode`. A lowering returns the kernel node
+and the position of the last node it took, or ``None``/a reason when the pattern does not
 apply; the node then runs in numpy. One module per family of kinds, each registering its
-op types here: the frontend never branches on them.
+op types here: neither the reader nor the walk branches on them. ``Conv`` (:mod:`.conv`),
+``MatMul`` and ``Gemm`` (:mod:`.matmul`) are such families too, registered last and with
+``explains``: their reason for leaving a node to numpy becomes its note.
 
-Lowerings are tried at every node not yet taken, ``Conv``/``MatMul``/``Gemm`` included (the
-frontend's own kernel mapping comes after them), so a pattern is matched at its first node
-in execution order. A lowering sees the graph through :class:`FusionContext`: static shapes
-and dtypes, constants, consumer links, and ways to add constants and helper nodes, nothing
-else.
+Lowerings are tried at every node not yet taken, so a pattern is matched at its first node
+in execution order (attention before the plain matmul mapping of its first MatMul). A
+lowering sees the graph through :class:`FusionContext`: static shapes and dtypes, constants,
+consumer links, and ways to add constants and helper nodes, nothing else.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+from tunecache.compiler.errors import OpSignatureError
+from tunecache.compiler.graph import FLOAT32
 
 if TYPE_CHECKING:
     from tunecache.compiler.ops import OpSignature
@@ -39,7 +43,7 @@ class GraphNode(Protocol):
 
 
 class FusionContext(Protocol):
-    """The frontend's view of the graph being lowered."""
+    """The walk's view of the graph being lowered."""
 
     @property
     def nodes(self) -> Sequence[GraphNode]:
@@ -56,6 +60,12 @@ class FusionContext(Protocol):
 
     def producer(self, tensor: str) -> int | None:
         """The position of the node writing ``tensor`` (None: an input or a constant)."""
+
+    def uses(self, tensor: str) -> int:
+        """How many times nodes read ``tensor`` (a node reading it twice counts twice)."""
+
+    def is_graph_output(self, name: str) -> bool:
+        """Whether ``name`` is one of the graph's outputs."""
 
     def sole_consumer(self, tensor: str) -> int | None:
         """The position of the only node reading ``tensor``, if fusing it away is safe (one
@@ -112,6 +122,7 @@ registration order. It may replace kernel nodes (``dataclasses.replace``) and dr
 numpy nodes they absorb; it keeps the order of what stays."""
 
 _LOWERINGS: dict[str, list[Lowering]] = {}
+_EXPLAINING: set[Lowering] = set()
 _STEP_PASSES: list[StepPass] = []
 
 
@@ -165,6 +176,20 @@ def clip_step(ctx: FusionContext, attrs: dict[str, Any], inputs: tuple[str, ...]
     return None
 
 
+def channel_constant(ctx: FusionContext, name: str, out_shape: tuple[int, ...],
+                     axis: int) -> np.ndarray | None:
+    """A float32 constant broadcast along ``axis`` of ``out_shape`` only, as a 1-D vector, or
+    None."""
+    value = ctx.constants.get(name)
+    if value is None or value.dtype != FLOAT32 or value.ndim > len(out_shape):
+        return None
+    padded = (1,) * (len(out_shape) - value.ndim) + value.shape
+    for i, (v, o) in enumerate(zip(padded, out_shape, strict=True)):
+        if (i == axis and v not in (1, o)) or (i != axis and v != 1):
+            return None
+    return np.broadcast_to(value.reshape(padded[axis]), (out_shape[axis],))
+
+
 def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | None:
     """``Sigmoid(value)`` at ``position``, read only by ``Mul(value, it)`` (either order):
     the positions of both, or None. Whether ``value`` itself may be fused away is the
@@ -179,20 +204,45 @@ def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | Non
     return [position, mul]
 
 BUILTIN_LOWERINGS = ("attention", "rowwise", "rmsnorm", "pool", "lrn", "rotary",
-                     "elementwise", "batchnorm", "split")
+                     "elementwise", "batchnorm", "split", "conv", "matmul")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried
 in: attention first (its scaling Mul and mask Add would otherwise start a scaled softmax or
 an element-wise chain), then the residual-Add + LayerNormalization pattern, the RMSNorm chain
-and the rotary embedding before an element-wise chain claims their Add, Sqrt, Neg or Mul."""
+and the rotary embedding before an element-wise chain claims their Add, Sqrt, Neg or Mul;
+the plain Conv and MatMul/Gemm kernels last, after every pattern starting at such a node."""
 
 
-def register_lowering(*op_types: str) -> Callable[[Lowering], Lowering]:
-    """Register a lowering for ONNX ``op_types`` (tried after earlier registrations)."""
+def register_lowering(*op_types: str, explains: bool = False
+                      ) -> Callable[[Lowering], Lowering]:
+    """Register a lowering for ONNX ``op_types`` (tried after earlier registrations). With
+    ``explains``, the reason it gives for not applying is the note of the numpy node left
+    (see :attr:`~tunecache.compiler.graph.OnnxNode.note`)."""
     def decorate(fn: Lowering) -> Lowering:
         for op_type in op_types:
             _LOWERINGS.setdefault(op_type, []).append(fn)
+        if explains:
+            _EXPLAINING.add(fn)
         return fn
     return decorate
+
+
+def explains(fn: Lowering) -> bool:
+    """Whether ``fn`` was registered with ``explains``."""
+    return fn in _EXPLAINING
+
+
+def float32_kernel(ctx: FusionContext, position: int,
+                   build: Callable[[FusionContext, int], Any]) -> Any:
+    """``build(ctx, position)`` for a node whose inputs are all float32, with an op the kind
+    refuses (:class:`~tunecache.compiler.errors.OpSignatureError`) as the reason it does not
+    apply."""
+    for t in ctx.nodes[position].inputs:
+        if t and not ctx.is_float32(t):
+            return f"input {t!r} is not float32"
+    try:
+        return build(ctx, position)
+    except OpSignatureError as exc:
+        return f"no kernel signature: {exc}"
 
 
 def register_step_pass(fn: StepPass) -> StepPass:

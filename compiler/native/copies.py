@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tunecache.compiler.frontend import FLOAT32, OnnxNode
+from tunecache.compiler.graph import FLOAT32, OnnxNode
 
 Shapes = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 

@@ -34,7 +34,7 @@ from itertools import accumulate
 import numpy as np
 
 from tunecache.compiler.buffers import ALIGN
-from tunecache.compiler.frontend import FLOAT32, OnnxNode
+from tunecache.compiler.graph import FLOAT32, OnnxNode
 
 Shapes = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 

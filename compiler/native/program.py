@@ -36,7 +36,7 @@ from tunecache.compiler import onnx_ops
 from tunecache.compiler.buffers import ALIGN, aligned_copy, aligned_empty
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.executor import check_inputs, numpy_kernel
-from tunecache.compiler.frontend import FLOAT32, Graph, KernelNode, ModelError, OnnxNode
+from tunecache.compiler.graph import FLOAT32, VIEW_OPS, Graph, KernelNode, ModelError, OnnxNode
 from tunecache.compiler.memo import IdentityMemo
 from tunecache.compiler.native.arena import Lifetime, plan_arena
 from tunecache.compiler.native.copies import copies_of
@@ -49,9 +49,6 @@ from tunecache.compiler.native.runner import (
     run_plan_function,
     strided_copy_entry,
 )
-
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
-"""Ops whose output is their first input's bytes under another shape."""
 
 _ARENA = 0
 

@@ -38,13 +38,13 @@ from tunecache.compiler.build import build, find_compiler
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError, TunecacheError
 from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
-from tunecache.compiler.fusion import fuse_pairs
+from tunecache.compiler.graph import Graph, ModelError
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable, local_spec
 from tunecache.compiler.kinds import op_kind
-from tunecache.compiler.layout_plan import plan_layouts
 from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.native.profile import ProgramProfile
 from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.passes import plan_graph
 from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule, default_schedule, in_model, problems
 from tunecache.costmodel.analytic import estimate
@@ -115,7 +115,7 @@ class CompiledModel:
     at compile time, ``graph`` is the interface only (no steps) and ``plan`` is empty.
     """
 
-    graph: frontend.Graph
+    graph: Graph
     plan: list[PlanEntry]
     kernels: dict[str, Kernel]
     hw: HardwareSpec
@@ -228,7 +228,7 @@ class CompiledModel:
         if complete is None:
             open_inputs = [i.name for i in info.inputs if i.name not in shapes
                            and any(d < 0 for d in i.shape)]
-            raise frontend.ModelError(
+            raise ModelError(
                 "the shapes of " + ", ".join(f"{n!r} {info.describe(n)}" for n in open_inputs)
                 + " are not determined by the given ones; give them too")
         if self.specialise is None:
@@ -312,14 +312,14 @@ class CompiledModel:
 def _check_shape(info: frontend.ModelInfo, name: str, shape: tuple[int, ...]) -> None:
     declared = next((i for i in info.inputs if i.name == name), None)
     if declared is None:
-        raise frontend.ModelError(f"{name!r} is not an input of {info.name!r}; its inputs: "
-                                  + ", ".join(f"{i.name} {info.describe(i.name)}"
-                                              for i in info.inputs))
+        raise ModelError(f"{name!r} is not an input of {info.name!r}; its inputs: "
+                         + ", ".join(f"{i.name} {info.describe(i.name)}"
+                                     for i in info.inputs))
     if len(shape) != len(declared.shape) or any(
             d >= 0 and d != s for d, s in zip(declared.shape, shape, strict=False)) or any(
             s < 1 for s in shape):
-        raise frontend.ModelError(f"input {name!r} has shape {list(shape)}; the model expects "
-                                  f"{info.describe(name)}")
+        raise ModelError(f"input {name!r} has shape {list(shape)}; the model expects "
+                         f"{info.describe(name)}")
 
 
 def _local_compiler() -> str | None:
@@ -428,8 +428,8 @@ def compile_model(
                               siblings=siblings)
 
     if shapes is None:
-        interface = frontend.Graph(info.name, info.opset, info.inputs, info.outputs,
-                                   MappingProxyType({}), ())
+        interface = Graph(info.name, info.opset, info.inputs, info.outputs,
+                          MappingProxyType({}), ())
         compiled = CompiledModel(interface, [], {}, hw)
         compiled.timings = {"load_s": time.perf_counter() - t0}
     else:
@@ -452,10 +452,8 @@ def _compile_shape(label: str, source: frontend.ModelSource,
     node, its schedule at another planned shape of the same model (see
     :func:`_sharing_packed`)."""
     t0 = time.perf_counter()
-    graph = frontend.load_graph(source, input_shapes)
-    if blocked_layouts:
-        graph = plan_layouts(graph, hw).graph
-    graph, _ = fuse_pairs(graph)
+    graph = plan_graph(frontend.load_graph(source, input_shapes), hw,
+                       blocked_layouts=blocked_layouts)
     t_load = time.perf_counter()
     view = _cache_view(store, hw)
     # A run bounded to fewer threads ranks its guesses for them: a top-1 ranked for every

@@ -1,0 +1,28 @@
+"""The graph passes between reading a model and building it, in their one order.
+
+A loaded :class:`~tunecache.compiler.graph.Graph` runs through layout planning
+(:func:`tunecache.compiler.layout_plan.plan_layouts`: which activations stay channel-blocked
+between kernels, with the reorders that needs), then kernel-pair fusion
+(:func:`tunecache.compiler.fusion.fuse_pairs`, which must see the planned layouts: a fused
+kind decides from the ops as they will run). :func:`plan_graph` is that sequence; compiling
+a model and listing the ops it runs both call it, so what is tuned is what runs.
+"""
+
+from __future__ import annotations
+
+from tunecache.compiler.fusion import fuse_pairs
+from tunecache.compiler.graph import Graph
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.layout_plan import plan_layouts
+
+__all__ = ["plan_graph"]
+
+
+def plan_graph(graph: Graph, hw: HardwareSpec, *, blocked_layouts: bool = True) -> Graph:
+    """``graph`` as compiled for ``hw``: its activations' layouts planned (unless
+    ``blocked_layouts`` is off: every tensor then stays plain ``nchw``), then every fusable
+    pair of kernel nodes fused."""
+    if blocked_layouts:
+        graph = plan_layouts(graph, hw).graph
+    graph, _ = fuse_pairs(graph)
+    return graph
