@@ -313,22 +313,12 @@ def run_job(
         for index, workload in enumerate(todo):
             op = workload.op
             already = measured.get(op.op_id, set())
-            if not options.retune and len(already) >= options.trials + options.explore:
-                item = OpSummary(op, workload.label, workload.count, "skipped", 0, 0.0,
-                                 note=f"already tuned: {len(already)} schedules measured "
-                                      f"(--retune to measure again)")
-                summary.ops.append(item)
-                progress.op_finished(item)
+            skipped = _skipped(workload, already, options)
+            if skipped is not None:
+                summary.ops.append(skipped)
+                progress.op_finished(skipped)
                 continue
-            op_end = None
-            tune_end = None
-            share = None
-            if end is not None:
-                now = clock()
-                remaining_weight = sum(w.weight for w in todo[index:]) or 1.0
-                share = max(0.0, (end - now) * workload.weight / remaining_weight)
-                op_end = now + share
-                tune_end = op_end - (share * BASELINE_SHARE if options.baseline else 0.0)
+            share, op_end, tune_end = _op_deadlines(todo, index, end, options, clock)
             progress.op_started(index, len(todo), workload, share)
             try:
                 result = tune_op(op, hw, runner, config=config, model=model, sink=sink,
@@ -342,9 +332,7 @@ def run_job(
             if result.candidate_s is not None:
                 candidate_s = min(candidate_s or result.candidate_s, result.candidate_s)
             if result.overrun_s > 0:
-                overruns.append(f"{op.op_id}: a batch ended {result.overrun_s:.1f} s past its "
-                                "tuning deadline (compiling and starting a worker cannot be cut "
-                                "short)")
+                overruns.append(_overrun(op, result))
             item = _summarise(workload, result, runner, options, op_end, clock)
             summary.ops.append(item)
             progress.op_finished(item)
@@ -354,13 +342,49 @@ def run_job(
         if own_runner:
             runner.close()
         summary.seconds = clock() - start
+    _note_over_budget(summary, options, overruns)
+    return summary
+
+
+def _skipped(workload: Workload, already: set[str], options: JobOptions) -> OpSummary | None:
+    """The summary of an op the store already holds enough measurements of (``already``:
+    its schedules measured on this hardware), or None when it is to be tuned."""
+    if options.retune or len(already) < options.trials + options.explore:
+        return None
+    return OpSummary(workload.op, workload.label, workload.count, "skipped", 0, 0.0,
+                     note=f"already tuned: {len(already)} schedules measured "
+                          f"(--retune to measure again)")
+
+
+def _op_deadlines(todo: Sequence[Workload], index: int, end: float | None, options: JobOptions,
+                  clock: Callable[[], float]
+                  ) -> tuple[float | None, float | None, float | None]:
+    """Op ``index``'s share of the time left before the job's ``end`` (in proportion to its
+    weight among the ops still to do), when its share ends and when its tuning must end to
+    leave time for its baseline; all None without a budget."""
+    if end is None:
+        return None, None, None
+    now = clock()
+    remaining_weight = sum(w.weight for w in todo[index:]) or 1.0
+    share = max(0.0, (end - now) * todo[index].weight / remaining_weight)
+    op_end = now + share
+    return share, op_end, op_end - (share * BASELINE_SHARE if options.baseline else 0.0)
+
+
+def _overrun(op: OpSignature, result: OpTuneResult) -> str:
+    """What the summary says of a batch that ended past the op's tuning deadline."""
+    return (f"{op.op_id}: a batch ended {result.overrun_s:.1f} s past its tuning deadline "
+            "(compiling and starting a worker cannot be cut short)")
+
+
+def _note_over_budget(summary: JobSummary, options: JobOptions, overruns: list[str]) -> None:
+    """Record in ``summary`` by how much the job exceeded its budget, and why."""
     if options.budget_s is not None and summary.seconds > options.budget_s:
         summary.over_budget_s = summary.seconds - options.budget_s
         why = "; ".join(overruns) if overruns else \
             "time outside measurements (ranking candidates, recording results)"
         summary.budget_note = (f"budget {options.budget_s:g} s exceeded by "
                                f"{summary.over_budget_s:.1f} s: {why}")
-    return summary
 
 
 def _baseline(op: OpSignature, threads: int, runner: Runner
