@@ -13,11 +13,11 @@ import pytest
 from onnx_support import Builder, assert_close, ort_run, random_feeds
 
 from tunecache.cache.store import Store
+from tunecache.compiler.backends.cpu.runner import PARALLEL_MIN_BYTES
 from tunecache.compiler.graph import OnnxNode
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.native import NativeProgram
 from tunecache.compiler.native.copies import Copy, _merged, copies_of
-from tunecache.compiler.native.runner import PARALLEL_MIN_BYTES
 from tunecache.tuner.deploy import compile_model
 
 

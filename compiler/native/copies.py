@@ -1,9 +1,10 @@
 """Data-movement ops as native strided copies: no Python between kernels for them.
 
 ``Transpose``, ``Concat``, ``Split``, ``Slice`` and ``Expand`` move bytes without
-arithmetic. Each becomes one or more steps of the generic runner's ``tc_strided_copy``
-(:mod:`~tunecache.compiler.native.runner`), whose parameters are plain data (an ``int64``
-block, a constant of the program): per output dim its size and the byte strides of source
+arithmetic. Each becomes one or more steps of the plan runner's strided copy
+(``PlanRunner.copy_entry``; the CPU's is ``tc_strided_copy`` in
+:mod:`~tunecache.compiler.backends.cpu.runner`), whose parameters are plain data (an
+``int64`` block, a constant of the program): per output dim its size and the byte strides of source
 and destination, with byte offsets into both. A Concat is one copy per input into its slice
 of the output, a Split one copy per output from its slice of the input, a Slice (constant
 bounds, any steps) a copy from its first element at its step's stride, an Expand a copy

@@ -12,8 +12,9 @@ kernels into
   already lie back to back (:mod:`tunecache.compiler.native.joins`); the planned tensors
   share the output's arena slot, which lives as long as any of them;
 * **native segments**: runs of consecutive kernel calls, each executed by one call into the
-  generic C runner (:mod:`tunecache.compiler.native.runner`) with constant weights packed
-  into the kernels' layouts once, here;
+  backend's plan runner (:class:`~tunecache.compiler.backends.PlanRunner`; the CPU's is
+  :mod:`tunecache.compiler.backends.cpu.runner`) with constant weights packed into the
+  kernels' layouts once, here;
 * **bridges**: an op with no generated code yet runs in numpy between two segments, reading
   arena views and handing its result to the next segment by pointer. Their count and share
   of the steps are reported (:attr:`NativeProgram.numpy_steps`).
@@ -24,7 +25,6 @@ shapes are static), so the plan is exact. Outputs are fresh arrays on every run.
 
 from __future__ import annotations
 
-import ctypes
 import time
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler import onnx_ops
-from tunecache.compiler.buffers import ALIGN, aligned_copy, aligned_empty
+from tunecache.compiler.backends import PlanRunner, host_backend
+from tunecache.compiler.buffers import ALIGN, address_of, aligned_copy, aligned_empty
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.executor import check_inputs, numpy_kernel
 from tunecache.compiler.graph import FLOAT32, VIEW_OPS, Graph, KernelNode, ModelError, OnnxNode
@@ -42,13 +43,6 @@ from tunecache.compiler.native.arena import Lifetime, plan_arena
 from tunecache.compiler.native.copies import copies_of
 from tunecache.compiler.native.joins import Join, Placement, join_of, place_joins
 from tunecache.compiler.native.profile import ProgramProfile, StepInfo
-from tunecache.compiler.native.runner import (
-    MAX_ARGS,
-    REF_DTYPE,
-    STEP_DTYPE,
-    run_plan_function,
-    strided_copy_entry,
-)
 
 _ARENA = 0
 
@@ -100,12 +94,6 @@ class _DirectOutput:
     dtype: np.dtype[Any]
 
 
-def _address(array: np.ndarray) -> int:
-    """The address of ``array``'s data (cheaper than ``array.ctypes.data``)."""
-    address: int = array.__array_interface__["data"][0]
-    return address
-
-
 @dataclass(frozen=True, slots=True)
 class _Bridge:
     """A step run in Python: a numpy op, or a kernel node without a native kernel."""
@@ -146,11 +134,10 @@ class NativeProgram:
     _where: dict[str, _Where]
     _bases: list[int]
     _dynamic: dict[str, int]
-    _entries: Any
-    _base_array: Any
+    _runner: PlanRunner
+    _entries: np.ndarray
+    _base_array: np.ndarray
     _schedule: list[_Segment | _Bridge]
-    _run_plan: Any
-    _run_plan_timed: Any
     _direct: tuple[_Segment, tuple[tuple[str, int | None, tuple[int, ...]], ...],
                    tuple[_DirectOutput, ...]] | None
     """A program of one native segment whose outputs all have slots of their own: the
@@ -163,15 +150,17 @@ class NativeProgram:
     def build(cls, graph: Graph, kernels: Mapping[str, Any],
               example_inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
               packed_layouts: Mapping[str, Hashable] | None = None,
-              threads: int = 1) -> NativeProgram:
+              threads: int = 1, runner: PlanRunner | None = None) -> NativeProgram:
         """Plan ``graph`` with ``kernels`` (kernel node name -> loaded kernel; nodes without
         one, or whose kernel is not native, run their numpy reference) using shapes traced
         from one reference run on ``example_inputs``. ``packed_layouts`` names, per kernel
         node, the layout its pre-packed weights take (``OpKind.packed_weights_layout``):
         a constant already packed in that layout, by this program or another one alive (the
         same model planned at another shape), is not packed again. ``threads`` bounds the
-        runner's own parallel work (large copies), as each kernel's schedule bounds its."""
+        runner's own parallel work (large copies), as each kernel's schedule bounds its.
+        ``runner`` is the backend's plan runner (default: this machine's backend's)."""
         self = cls.__new__(cls)
+        self._runner = runner or host_backend().plan_runner()
         self.graph = graph
         self.threads = threads
         self._layouts = dict(packed_layouts or {})
@@ -216,7 +205,7 @@ class NativeProgram:
         copies = copies_of(step, self._shapes, self.graph.constants)
         if not copies:
             return []
-        entry, calls = strided_copy_entry(), []
+        entry, calls = self._runner.copy_entry, []
         for i, copy in enumerate(copies):
             params = f"copy:{step.name}:{i}"
             self._constants[params] = copy.params(FLOAT32.itemsize, self.threads)
@@ -260,8 +249,8 @@ class NativeProgram:
             int(np.prod(src_shape)) == int(np.prod(dst_shape))
 
     def _native_call(self, node: KernelNode, kernel: Any) -> _NativeCall | None:
-        library = getattr(kernel, "_lib", None)
-        if library is None:
+        entry = getattr(kernel, "entry_address", None)
+        if entry is None:  # a numpy reference, or a kernel that runs outside this process
             return None
         shapes = [a.shape for a in node.op.arguments() if a.role == "input"]
         names = list(node.inputs)
@@ -271,18 +260,15 @@ class NativeProgram:
                     np.asarray(self.graph.constants[name], dtype=FLOAT32).reshape(shape))
                 names[i] = f"const:{node.name}:{i}"
                 self._constants[names[i]] = prepared
-        entry = library.tc_kernel
         if len(names) > 1 and kernel.prepacks_weights and names[1].startswith("const:"):
             bound = _bind_shared(kernel, self.graph.constants[node.inputs[1]],
                                  self._constants.pop(names[1]), self._layouts.get(node.name))
             names[1] = f"packed:{node.name}"
             self._constants[names[1]] = bound.packed
-            entry = bound.entry
-        if len(names) + 1 > MAX_ARGS:
+            entry = bound.entry_address
+        if entry is None or len(names) + 1 > self._runner.max_args:
             return None
-        address = ctypes.cast(entry, ctypes.c_void_p).value
-        assert address is not None
-        return _NativeCall(address, tuple(names), node.output,
+        return _NativeCall(entry, tuple(names), node.output,
                            StepInfo(node.name, node.op.kind, "kernel"))
 
     def _bridge(self, step: KernelNode | OnnxNode, kernels: Mapping[str, Any]) -> _Bridge:
@@ -336,7 +322,7 @@ class NativeProgram:
         plan = plan_arena(lifetimes)
         self.arena_bytes, self.unplanned_bytes = plan.peak_bytes, plan.total_bytes
         self._arena = aligned_empty(plan.peak_bytes, np.uint8, zero=True)
-        self._bases[_ARENA] = self._arena.ctypes.data
+        self._bases[_ARENA] = address_of(self._arena)
         self._where: dict[str, _Where] = {}
         for host, names in groups.items():
             for name in names:
@@ -346,7 +332,7 @@ class NativeProgram:
         self._dynamic: dict[str, int] = {}
         for name, array in self._constants.items():
             self._where[name] = _Where(len(self._bases))
-            self._bases.append(array.ctypes.data)
+            self._bases.append(address_of(array))
 
     def _region_for(self, name: str) -> _Where:
         """Where a tensor a native call reads lives: arena, constant, or a per-run region
@@ -358,7 +344,7 @@ class NativeProgram:
             self._constants[root] = aligned_copy(
                 np.asarray(self.graph.constants[root], dtype=FLOAT32))
             self._where[root] = _Where(len(self._bases))
-            self._bases.append(self._constants[root].ctypes.data)
+            self._bases.append(address_of(self._constants[root]))
             return self._where[root]
         self._where[root] = _Where(len(self._bases))
         self._dynamic[root] = len(self._bases)
@@ -404,16 +390,15 @@ class NativeProgram:
             schedule.append(item)
         if pending:
             schedule.append(self._segment(pending, entries, len(items) - len(pending)))
-        self._entries = (ctypes.c_void_p * max(len(entries), 1))(*entries)
-        self._base_array = (ctypes.c_void_p * len(self._bases))(*self._bases)
-        tables = (ctypes.addressof(self._entries), ctypes.addressof(self._base_array))
-        schedule = [replace(item, args=(len(item.steps), item.steps.ctypes.data,
-                                        item.refs.ctypes.data, *tables))
+        # Pointer tables the runner reads: plain 64-bit words, kept alive by the program.
+        self._entries = np.array(entries or [0], dtype=np.uint64)
+        self._base_array = np.array(self._bases, dtype=np.uint64)
+        tables = (address_of(self._entries), address_of(self._base_array))
+        schedule = [replace(item, args=(len(item.steps), address_of(item.steps),
+                                        address_of(item.refs), *tables))
                     if isinstance(item, _Segment) else item for item in schedule]
         self._schedule = schedule
         self._direct = self._direct_plan()
-        self._run_plan = run_plan_function()
-        self._run_plan_timed = run_plan_function(timed=True)
         self.native_steps = sum(isinstance(i, _NativeCall) for i in items)
         self.numpy_steps = len(items) - self.native_steps
         self.segments = sum(isinstance(s, _Segment) for s in schedule)
@@ -436,7 +421,7 @@ class NativeProgram:
         return self._schedule[0], inputs, outputs
 
     def _segment(self, calls: list[_NativeCall], entries: list[int], first: int) -> _Segment:
-        steps = np.zeros(len(calls), dtype=STEP_DTYPE)
+        steps = np.zeros(len(calls), dtype=self._runner.step_dtype)
         refs: list[tuple[int, int]] = []
         for i, call in enumerate(calls):
             if call.entry not in entries:
@@ -444,7 +429,7 @@ class NativeProgram:
             places = [self._region_for(n) for n in (*call.inputs, call.output)]
             steps[i] = (entries.index(call.entry), len(places), len(refs))
             refs.extend((w.region, w.offset) for w in places)
-        return _Segment(steps, np.array(refs, dtype=REF_DTYPE), first,
+        return _Segment(steps, np.array(refs, dtype=self._runner.ref_dtype), first,
                         tuple(call.step for call in calls))
 
     # -- running --------------------------------------------------------------------------
@@ -479,14 +464,14 @@ class NativeProgram:
                     or array.shape != shape or not array.flags.c_contiguous:
                 return None
             if region is not None:
-                self._base_array[region] = _address(array)
+                self._base_array[region] = address_of(array)
         # As few numpy calls as can be: the kernels leave numpy's code and data out of
         # cache, so each costs tens of microseconds here (change 79).
         fresh = []
         for out in outputs:
             raw, start = self._new_slot(out.region, out.slot_bytes)
             fresh.append(np.ndarray(out.shape, out.dtype, raw, start + out.offset))
-        failed = self._run_plan(*segment.args)
+        failed = self._runner.run(*segment.args)
         if failed:
             raise self._workspace_error(segment, failed)
         return {out.name: array for out, array in zip(outputs, fresh, strict=True)}
@@ -501,7 +486,7 @@ class NativeProgram:
         """A fresh buffer for output slot ``region`` of ``size`` bytes, which native calls
         now write: the raw array and the offset in it of the slot's aligned start."""
         raw = np.empty(size + ALIGN, np.uint8)
-        address = _address(raw)
+        address = address_of(raw)
         start = -address % ALIGN
         self._base_array[region] = address + start
         return raw, start
@@ -563,12 +548,12 @@ class NativeProgram:
         region = self._dynamic.get(name)
         if region is not None:
             value = np.ascontiguousarray(value, dtype=FLOAT32)
-            self._base_array[region] = value.ctypes.data
+            self._base_array[region] = address_of(value)
         values[name] = value
 
     def _run_segment(self, segment: _Segment, seconds: np.ndarray | None) -> None:
-        failed = self._run_plan(*segment.args) if seconds is None else \
-            self._run_plan_timed(*segment.args, seconds.ctypes.data)
+        failed = self._runner.run(*segment.args) if seconds is None else \
+            self._runner.run_timed(*segment.args, address_of(seconds))
         if failed:
             raise self._workspace_error(segment, failed)
 

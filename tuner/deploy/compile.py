@@ -34,7 +34,7 @@ from tunecache.cache.nearest import CacheView, Served, serving_view
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import add_wanted
 from tunecache.compiler import frontend
-from tunecache.compiler.build import build, find_compiler
+from tunecache.compiler.backends import backend_for
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError, TunecacheError
 from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
@@ -45,7 +45,6 @@ from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.native.profile import ProgramProfile
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.passes import plan_graph
-from tunecache.compiler.runtime import load_kernel
 from tunecache.compiler.schedule import Schedule, default_schedule, in_model, problems
 from tunecache.costmodel.analytic import estimate
 from tunecache.tuner.deploy.policy import Decision, Policy, PolicyConfig
@@ -164,7 +163,8 @@ class CompiledModel:
                 self._program = NativeProgram.build(self.graph, self.kernels, inputs,
                                                     self._packed_layouts(),
                                                     min(self.hw.cores,
-                                                        self.threads or self.hw.cores))
+                                                        self.threads or self.hw.cores),
+                                                    backend_for(self.hw).plan_runner())
             try:
                 return self._program.run(inputs)
             except PlanMismatch:  # a data-dependent shape: the executor handles any
@@ -322,10 +322,11 @@ def _check_shape(info: frontend.ModelInfo, name: str, shape: tuple[int, ...]) ->
                          f"{info.describe(name)}")
 
 
-def _local_compiler() -> str | None:
-    """The identity of the C compiler kernels will be built with (None: there is none)."""
+def _toolchain(hw: HardwareSpec) -> str | None:
+    """The identity of the toolchain kernels for ``hw`` will be built with (None: there is
+    none)."""
     try:
-        return find_compiler().identity
+        return backend_for(hw).toolchain()
     except BuildError:
         return None
 
@@ -340,7 +341,7 @@ def _cache_view(store: Store, hw: HardwareSpec) -> CacheView | None:
     numpy under cache-only).
     """
     try:
-        return serving_view(store.location, hw, compiler=_local_compiler())
+        return serving_view(store.location, hw, compiler=_toolchain(hw))
     except Exception as exc:  # whatever the store does, the deploy goes on
         warnings.warn(f"cache of {store.root} unavailable ({type(exc).__name__}: {exc}); "
                       "every op is decided as a cache miss", StoreWarning, stacklevel=3)
@@ -607,7 +608,8 @@ def _build_kernels(plan: Sequence[PlanEntry], hw: HardwareSpec) -> dict[str, Ker
 
     def one(key: tuple[OpSignature, Schedule]) -> Kernel:
         op, schedule = key
-        return load_kernel(op, build(generate(op, schedule, hw)))
+        backend = backend_for(hw)
+        return backend.load(op, backend.build(generate(op, schedule, hw)).path)
 
     with ThreadPoolExecutor(max(1, min(4, len(keys)))) as pool:
         built = list(pool.map(one, keys))
