@@ -7,8 +7,8 @@ per-channel operands, which the elementwise lowering's chain then extends over t
 element-wise nodes that follow (a ``Relu``, ``Clip(0, 6)``...), so a pre-activation
 BN-ReLU is one kernel. An ``N, C, D1...`` input is ``N*C`` rows of ``D1*...`` floats with
 ``col`` operands (tiled once per batch item); an ``N, C`` input is ``N`` rows of ``C`` with
-``row`` operands. A BatchNormalization right after a ``Conv`` never gets here: the
-frontend folds it into the convolution's weights.
+``row`` operands. A BatchNormalization right after a ``Conv`` never gets here: the Conv
+lowering (:mod:`tunecache.compiler.lowering.conv`) folds it into the convolution's weights.
 """
 
 from __future__ import annotations
