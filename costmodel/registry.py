@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -103,21 +104,52 @@ def load_current(root: str | os.PathLike[str] | Location | None = None,
     return model
 
 
-def load_serving(root: str | os.PathLike[str] | Location | None,
-                 hw: HardwareSpec) -> CostModel | None:
-    """The model to rank candidates with on ``hw``: the store's current one when it covers
-    ``hw``, else the shipped seed's when that does (:mod:`tunecache.datasets.seed`), else
-    None. A damaged store model raises; a damaged seed model counts as absent."""
-    model = load_current(root, hw)
-    if model is not None:
-        return model
+TRAINED = "trained"
+SEED = "seed"
+
+
+@dataclass(frozen=True, slots=True)
+class ServingModel:
+    """A cost model that ranks candidates, and where it comes from: ``source`` is
+    :data:`TRAINED` (the store's current model, trained on its records) or :data:`SEED`
+    (the shipped seed's, :mod:`tunecache.datasets.seed`); ``store`` is the URI of the store
+    that holds it."""
+
+    model: CostModel
+    source: str
+    store: str
+
+
+def find_serving(root: str | os.PathLike[str] | Location | None,
+                 hw: HardwareSpec | str | None = None) -> ServingModel | None:
+    """The model a compile on ``hw`` ranks candidates with (any hardware when None): the
+    store's current model when it covers ``hw``, else the shipped seed's when that does,
+    else None. The one place that decides, for compiles and for ``tunecache model show``.
+
+    Its error policy, the same for every caller: a damaged store model (its pointer, its
+    files, or one of another feature version) raises :class:`ModelLoadError`, since the
+    store is the user's to repair; a damaged or stale seed model counts as absent.
+    """
+    loc = location.resolve(root)
     seed = seed_location()
-    if seed is None or seed.uri == location.resolve(root).uri:
+    model = load_current(loc, hw)
+    if model is not None:
+        return ServingModel(model, SEED if seed is not None and seed.uri == loc.uri
+                            else TRAINED, loc.uri)
+    if seed is None or seed.uri == loc.uri:
         return None
     try:
-        return load_current(seed, hw)
+        model = load_current(seed, hw)
     except ModelLoadError:
         return None
+    return ServingModel(model, SEED, seed.uri) if model is not None else None
+
+
+def load_serving(root: str | os.PathLike[str] | Location | None,
+                 hw: HardwareSpec) -> CostModel | None:
+    """The model :func:`find_serving` finds for ``hw`` (None when there is none)."""
+    found = find_serving(root, hw)
+    return found.model if found is not None else None
 
 
 def list_versions(root: str | os.PathLike[str] | Location | None = None) -> list[str]:

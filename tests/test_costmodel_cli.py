@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -12,15 +13,29 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 from costmodel_support import FIXTURE, fixture_frame
 
 from tunecache.cache.store import Store
+from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.costmodel import registry
+from tunecache.datasets.seed import SEED_STORE
 
 
-def tc(*args: str) -> subprocess.CompletedProcess[str]:
+def tc(*args: str, seed: str = "off") -> subprocess.CompletedProcess[str]:
+    """The CLI in a subprocess; ``seed`` is ``$TUNECACHE_SEED`` ("": the shipped seed)."""
     # A generous bound: these train real models, and CI machines may be busy.
     return subprocess.run([sys.executable, "-m", "tunecache.tuner.cli", *args],
-                          capture_output=True, text=True, env=dict(os.environ), timeout=900)
+                          capture_output=True, text=True,
+                          env={**os.environ, "TUNECACHE_SEED": seed}, timeout=900)
+
+
+def _spec_file(sample: Path, tmp_path: Path, **changes: str) -> str:
+    """A hardware spec file: the sample's hardware, with ``changes``."""
+    spec = HardwareSpec.from_json(pq.read_table(sample).column("hw_json")[0].as_py())
+    path = tmp_path / f"hw-{len(changes)}.json"
+    path.write_text(dataclasses.replace(spec, **changes).to_json())
+    return str(path)
 
 
 def _sample(tmp_path: Path) -> Path:
@@ -39,9 +54,12 @@ def test_train_show_eval_end_to_end(tmp_path):
     sample = _sample(tmp_path)
     Store(root).append(pq.read_table(sample))
 
-    empty = tc("model", "show", "--root", root, "--json")
+    here = _spec_file(sample, tmp_path)
+    empty = tc("model", "show", "--root", root, "--hardware", here, "--json")
     assert empty.returncode == 0, empty.stderr
-    assert json.loads(empty.stdout) == {"current": None, "stored": []}
+    assert json.loads(empty.stdout) == {"current": None, "source": None,
+                                        "hw_id": HardwareSpec.from_file(here).hw_id,
+                                        "store_current": None, "stored": []}
 
     trained = tc("model", "train", "--root", root, "--folds", "2", "--json")
     assert trained.returncode == 0, trained.stderr
@@ -50,12 +68,25 @@ def test_train_show_eval_end_to_end(tmp_path):
     assert info["current"] and info["training"]["groups"] >= 2
     assert info["metrics"]["model"]["top5"] > 0
 
-    shown = tc("model", "show", "--root", root, "--json")
+    shown = tc("model", "show", "--root", root, "--hardware", here, "--json")
     assert shown.returncode == 0, shown.stderr
     meta = json.loads(shown.stdout)
     assert meta["current"]["model_version"] == version and meta["stored"] == [version]
-    human = tc("model", "show", "--root", root)
+    assert meta["source"] == "trained" and meta["store_current"] == version
+    human = tc("model", "show", "--root", root, "--hardware", here)
     assert version in human.stdout and "feature version" in human.stdout
+    assert "trained on this store's records" in human.stdout
+    # On hardware it was not trained on (one machine's data: no transfer), compiles rank
+    # with the shipped seed's model, and show says so.
+    if SEED_STORE.is_dir():
+        other = _spec_file(sample, tmp_path, cpu_model="Never measured")
+        elsewhere = tc("model", "show", "--root", root, "--hardware", other, "--json", seed="")
+        assert elsewhere.returncode == 0, elsewhere.stderr
+        shown_there = json.loads(elsewhere.stdout)
+        assert shown_there["source"] == "seed" and shown_there["store_current"] == version
+        assert shown_there["current"]["model_version"] == registry.current_version(SEED_STORE)
+        human = tc("model", "show", "--root", root, "--hardware", other, seed="")
+        assert f"the store's current model {version} is not used" in human.stdout
 
     evaluated = tc("model", "eval", "--data", str(sample), "--model", "current", "--root", root,
                    "--json")
@@ -70,6 +101,28 @@ def test_train_show_eval_end_to_end(tmp_path):
     assert json.loads(saved.stdout)["current"] is False and (out / "meta.json").exists()
     from_dir = tc("model", "show", "--model", str(out))
     assert from_dir.returncode == 0 and "model f" in from_dir.stdout
+
+
+@pytest.mark.skipif(not SEED_STORE.is_dir(), reason="no seed shipped in this checkout")
+def test_a_fresh_store_shows_the_seed_model(tmp_path, monkeypatch):
+    """A fresh install ranks its compiles with the shipped seed's model: show names it."""
+    fresh = str(tmp_path / "fresh")
+    seed_version = registry.current_version(SEED_STORE)
+    shown = tc("model", "show", "--root", fresh, "--json", seed="")
+    assert shown.returncode == 0, shown.stderr
+    meta = json.loads(shown.stdout)
+    assert meta["source"] == "seed" and meta["current"]["model_version"] == seed_version
+    assert meta["store_current"] is None and meta["stored"] == []
+    human = tc("model", "show", "--root", fresh, seed="")
+    assert human.returncode == 0, human.stderr
+    assert f"model {seed_version} (the shipped seed's model" in human.stdout
+    assert "no current model" not in human.stdout
+    # Compiles find their model through the same function (registry.load_serving).
+    monkeypatch.setenv("TUNECACHE_SEED", "")
+    found = registry.find_serving(fresh, local_spec())
+    assert found is not None and (found.source, found.model.version) == ("seed", seed_version)
+    served = registry.load_serving(fresh, local_spec())
+    assert served is not None and served.version == seed_version
 
 
 def test_cross_validated_eval_and_plot(tmp_path):

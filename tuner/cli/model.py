@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 import pandas as pd
 
 from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.hardware import local_spec
 from tunecache.costmodel import registry
 from tunecache.costmodel.model import (
     REQUIRED_COLUMNS,
@@ -24,6 +26,7 @@ from tunecache.tuner.cli.common import (
     echo_held_out,
     emit_json,
     folds_option_with,
+    hardware_option,
     json_option,
     root_option,
     score,
@@ -60,11 +63,11 @@ def _load_data(root: str | None, data: str | None) -> pd.DataFrame:
 
 def _load_model(spec: str, root: str | None) -> CostModel:
     if spec == "current":
-        model = registry.load_current(root)
-        if model is None:
-            raise ModelCommandError("the store has no current model; train one with "
-                                    "`tunecache model train`")
-        return model
+        found = registry.find_serving(root)
+        if found is None:
+            raise ModelCommandError("no current model: none trained in the store and no "
+                                    "shipped seed model; train one with `tunecache model train`")
+        return found.model
     return CostModel.load(spec)
 
 
@@ -198,38 +201,69 @@ def model_eval(root: str | None, data: str | None, model_spec: str | None, folds
 
 @model_group.command("show")
 @root_option
+@hardware_option
 @click.option("--model", "model_dir", default=None, type=click.Path(file_okay=False),
               help="Show this model directory instead of the store's current model.")
 @json_option
-def model_show(root: str | None, model_dir: str | None, as_json: bool) -> None:
-    """The current (or a given) model's metadata, and the models stored."""
+def model_show(root: str | None, hardware: Path | None, model_dir: str | None,
+               as_json: bool) -> None:
+    """The model a compile here ranks candidates with (the store's trained one, else the
+    shipped seed's), or a given one; and the models stored."""
+    source: str | None = "directory"
+    hw_id = store_current = None
     if model_dir is not None:
         model: CostModel | None = CostModel.load(model_dir)
         stored: list[str] = []
     else:
-        model = registry.load_current(root)
+        hw_id = local_spec(hardware).hw_id
+        found = registry.find_serving(root, hw_id)
+        model, source = (found.model, found.source) if found is not None else (None, None)
+        store_current = registry.current_version(root)
         stored = registry.list_versions(root)
-    meta = None
-    if model is not None:
-        meta = {k: v for k, v in model.meta.__dict__.items() if k != "feature_names"}
-        meta["features"] = len(model.meta.feature_names)
-        meta["transfers"] = model.transfers()
+    meta = _meta(model) if model is not None else None
     if as_json:
-        emit_json({"current": meta, "stored": stored})
+        emit_json({"current": meta, "source": source, "hw_id": hw_id,
+                   "store_current": store_current, "stored": stored})
         return
     if meta is None:
-        click.echo("no current model; train one with `tunecache model train`")
+        click.echo(f"no current model for {hw_id}: none trained in the store covers it, and "
+                   "no seed model does; train one with `tunecache model train`")
     else:
-        t = meta["training"]
-        click.echo(f"model {meta['model_version']} (feature version {meta['feature_version']}, "
-                   f"{meta['features']} features), created {meta['created_at']}")
-        click.echo(f"trained on {t['rows']} schedules, {t['groups']} groups, {t['ops']} ops, "
-                   f"hardware {', '.join(t['hw_ids'])}; data fingerprint {t['fingerprint']}")
-        echo_held_out(meta.get("metrics"), bool(meta.get("transfers")))
-        libs = ", ".join(f"{k} {v}" for k, v in sorted(meta["libraries"].items()))
-        click.echo(f"libraries: {libs}")
+        _echo_meta(meta, _SOURCE_NOTE[source or "directory"].format(hw_id=hw_id))
+    if store_current is not None and (model is None or model.version != store_current):
+        click.echo(f"the store's current model {store_current} is not used on {hw_id}: not "
+                   "trained on it, and it does not transfer")
     if stored:
         click.echo("stored: " + ", ".join(stored))
+
+
+_SOURCE_NOTE = {
+    registry.TRAINED: "trained on this store's records; ranks compiles on {hw_id}",
+    registry.SEED: "the shipped seed's model; ranks compiles on {hw_id}, which no model "
+                   "trained in this store covers",
+    "directory": "from the given directory",
+}
+
+
+def _meta(model: CostModel) -> dict[str, Any]:
+    """``model``'s metadata as ``model show`` reports it."""
+    meta: dict[str, Any] = {k: v for k, v in model.meta.__dict__.items()
+                            if k != "feature_names"}
+    meta["features"] = len(model.meta.feature_names)
+    meta["transfers"] = model.transfers()
+    return meta
+
+
+def _echo_meta(meta: dict[str, Any], note: str) -> None:
+    t = meta["training"]
+    click.echo(f"model {meta['model_version']} ({note})")
+    click.echo(f"feature version {meta['feature_version']}, {meta['features']} features, "
+               f"created {meta['created_at']}")
+    click.echo(f"trained on {t['rows']} schedules, {t['groups']} groups, {t['ops']} ops, "
+               f"hardware {', '.join(t['hw_ids'])}; data fingerprint {t['fingerprint']}")
+    echo_held_out(meta.get("metrics"), bool(meta.get("transfers")))
+    libs = ", ".join(f"{k} {v}" for k, v in sorted(meta["libraries"].items()))
+    click.echo(f"libraries: {libs}")
 
 
 COMMANDS = [model_group]
