@@ -66,7 +66,6 @@ MIN_OPSET = 7
 _INFERENCE_VALUE_LIMIT = 1024
 
 
-
 def supported_ops() -> tuple[str, ...]:
     """The ONNX op types (default domain) a model may use, sorted."""
     return tuple(sorted(onnx_ops.OPS))
