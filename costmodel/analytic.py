@@ -12,8 +12,13 @@ from dataclasses import dataclass
 
 from tunecache.compiler.backends import ArchConstants, backend_for
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.mathutil import ceil_div as ceil_div
+from tunecache.compiler.mathutil import round_up as round_up
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
+
+# ceil_div and round_up (compiler.mathutil's) are re-exported: the kinds' estimates and the
+# tuner's kinds import them from here.
 
 # The machine numbers (FMA pipes and latency, bytes per cycle per level, DRAM and packing
 # bandwidth, call / fork-join / barrier overheads) belong to the backend that serves the
@@ -91,14 +96,6 @@ def estimate(op: OpSignature, s: Schedule, hw: HardwareSpec) -> Estimate:
     from tunecache.costmodel.kinds import cost_kind
 
     return cost_kind(op.kind).estimate(op, s, hw)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def round_up(x: int, m: int) -> int:
-    return ceil_div(x, m) * m
 
 
 def stream_bytes_per_s(hw: HardwareSpec, footprint: float, threads: int) -> float:

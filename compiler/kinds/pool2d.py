@@ -68,6 +68,7 @@ from tunecache.compiler.kinds.layouts import (
     to_layout,
     with_attrs,
 )
+from tunecache.compiler.mathutil import round_up
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window, window_params
 from tunecache.compiler.schedule import MAX_PACKED_BYTES, ScheduleData, threads_problem
 
@@ -267,27 +268,23 @@ def _tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, 
 # -- schedules ------------------------------------------------------------------------------
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 def _row_buffer(op: OpSignature, s: Pool2dSchedule, lanes: int) -> tuple[int, int, int]:
     """(offset of input column 0, floats, output columns rounded to tiles) of the row buffer
     of the horizontal pass: padding value around the ``W`` columns, with room for the widest
     load of the last tile."""
     d = op.dims_dict
-    origin = _round_up(d["pad_l"], _ALIGN)
-    tiles = _round_up(op.out_w, s.ow_block)
+    origin = round_up(d["pad_l"], _ALIGN)
+    tiles = round_up(op.out_w, s.ow_block)
     reach = origin - d["pad_l"] + (tiles - lanes) * d["stride_w"] + (d["S"] - 1) * d["dil_w"] \
         + lanes * d["stride_w"]
-    return origin, _round_up(max(reach, origin + _round_up(d["W"], lanes)), _ALIGN), tiles
+    return origin, round_up(max(reach, origin + round_up(d["W"], lanes)), _ALIGN), tiles
 
 
 def _stage_floats(op: OpSignature, s: Pool2dSchedule, lanes: int) -> int:
     """Floats of the staging buffer of ``nt`` (output rows on their way to streaming
     stores): a partial cache line, a block of rows and its last tile's spill, and slack for
     moving a partial line."""
-    return _round_up(s.rows * op.out_w + s.ow_block + 2 * _ALIGN, _ALIGN) if s.nt else 0
+    return round_up(s.rows * op.out_w + s.ow_block + 2 * _ALIGN, _ALIGN) if s.nt else 0
 
 
 def _workspace_floats(op: OpSignature, s: Pool2dSchedule, lanes: int) -> int:
@@ -296,7 +293,7 @@ def _workspace_floats(op: OpSignature, s: Pool2dSchedule, lanes: int) -> int:
     if is_global(op):
         return 0
     _, floats, tiles = _row_buffer(op, s, lanes)
-    return s.rows * floats + _round_up(tiles, _ALIGN) + _stage_floats(op, s, lanes)
+    return s.rows * floats + round_up(tiles, _ALIGN) + _stage_floats(op, s, lanes)
 
 
 def pool2d_problems(op: OpSignature, s: Pool2dSchedule, hw: HardwareSpec) -> list[str]:
@@ -365,7 +362,7 @@ def default_pool2d_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1)
         vec = 4 if plane >= 8 * lanes else 2 if plane >= 2 * lanes else 1
         return Pool2dSchedule(ow_block=lanes, vec=vec, threads=threads)
     q = op.out_w
-    nv = min(OW_VECTORS, key=lambda v: (_round_up(q, v * lanes), -v))
+    nv = min(OW_VECTORS, key=lambda v: (round_up(q, v * lanes), -v))
     vec = 2 if op.dim("W") >= 2 * lanes else 1
     return Pool2dSchedule(ow_block=nv * lanes, vec=vec, rows=4, threads=threads)
 
@@ -578,7 +575,7 @@ def _emit_windowed(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
              if avg else "")
     if s.nt:
         parts.append(_STAGE)
-        setup = (f"  float *stage = inv_w + {_round_up(tiles, _ALIGN)}L;\n"
+        setup = (f"  float *stage = inv_w + {round_up(tiles, _ALIGN)}L;\n"
                  "  const long mis = (long)(((unsigned long)Y / 4) & (LINE - 1));\n"
                  "  long base = ((lo * OW + mis) & ~(LINE - 1)) - mis, fill = lo * OW - base;\n"
                  "  long skip = fill;\n")
@@ -788,7 +785,7 @@ def _emit_blocked(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
     x = channel_block(op.attr("layout"))
     nvb = x // d.lanes
     avg = op.attr("mode") == "avg"
-    ws = _round_up(op.out_w, _ALIGN) if avg and not is_global(op) else 0
+    ws = round_up(op.out_w, _ALIGN) if avg and not is_global(op) else 0
     head = (f"#define XB {x}L\n#define NBLK {op.dim('N') * -(-op.dim('C') // x)}L\n"
             f"#define INCLUDE_PAD {op.dim('count_include_pad')}\n#define WS_THREAD {ws}L\n")
     if is_global(op):

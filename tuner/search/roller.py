@@ -56,14 +56,6 @@ class ScoredSchedule:
     rank: int
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _round_up(x: int, m: int) -> int:
-    return _ceil_div(x, m) * m
-
-
 # -- candidates ----------------------------------------------------------------------------
 
 

@@ -29,12 +29,12 @@ from tunecache.compiler.codegen.abi import (
     PackedWeights,
     kernel_entries,
     preamble,
-    round_up,
 )
 from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
+from tunecache.compiler.mathutil import round_up
 from tunecache.compiler.ops import OpSignature
 
 PREFETCH_NEXT_PANEL = True

@@ -37,13 +37,13 @@ from tunecache.compiler.codegen.abi import (
     PackedWeights,
     kernel_entries,
     preamble,
-    round_up,
 )
 from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.matmul import emit
 from tunecache.compiler.kinds.matmul.emit import plain_micro_kernel
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule, strassen_blocks
+from tunecache.compiler.mathutil import round_up
 from tunecache.compiler.ops import OpSignature
 
 Term = tuple[int, int, int]
