@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tunecache.compiler.kinds.conv2d import conv2d_op
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import git_revision, machine_summary, write_section
@@ -53,7 +55,7 @@ def layers() -> list[tuple[str, str, OpSignature]]:
             if w.op.kind != "conv2d":
                 continue
             d = w.op.dims_dict
-            op = OpSignature.conv2d(
+            op = conv2d_op(
                 d["N"], d["C"], d["H"], d["W"], d["F"], d["R"], d["S"],
                 stride=(d["stride_h"], d["stride_w"]),
                 pads=(d["pad_t"], d["pad_l"], d["pad_b"], d["pad_r"]),

@@ -30,6 +30,9 @@ import pandas as pd
 
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.suites import SUITES, Workload
 from tunecache.tuner.jobs import JobOptions, run_job
@@ -52,10 +55,10 @@ def random_op(rng: np.random.Generator) -> OpSignature:
         m = int(rng.choice([1, 1, _log_int(rng, 2, 16), _log_int(rng, 16, 1024)]))
         n, k = _log_int(rng, 8, 4096), _log_int(rng, 8, 2048)
         trans = rng.choice(["nn", "nn", "nt", "tn"])
-        return OpSignature.matmul(m, n, k, trans_a=trans == "tn", trans_b=trans == "nt",
+        return matmul_op(m, n, k, trans_a=trans == "tn", trans_b=trans == "nt",
                                   epilogue=str(rng.choice(epilogues)))
     if kind == "batch_matmul":
-        return OpSignature.batch_matmul(
+        return batch_matmul_op(
             _log_int(rng, 2, 16), _log_int(rng, 8, 256), _log_int(rng, 8, 256),
             _log_int(rng, 8, 256), trans_b=bool(rng.random() < 0.5),
             shared=str(rng.choice(["none", "none", "b"])))
@@ -65,7 +68,7 @@ def random_op(rng: np.random.Generator) -> OpSignature:
     stride = int(rng.choice([1, 1, 2]))
     c = int(rng.choice(CHANNELS[1:] if depthwise else CHANNELS))
     f = c if depthwise else int(rng.choice(CHANNELS[1:]))
-    return OpSignature.conv2d(1, c, size, size, f, r, r, stride=stride, pads=r // 2,
+    return conv2d_op(1, c, size, size, f, r, r, stride=stride, pads=r // 2,
                               groups=c if depthwise else 1,
                               epilogue=str(rng.choice(["bias", "bias+relu", "bias+add"])))
 

@@ -25,12 +25,14 @@ from _report import git_revision, machine_summary, write_section
 
 from tunecache.compiler.backends import backend_for
 from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import problems
 from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConfig, best
 
-MM, BMM = OpSignature.matmul, OpSignature.batch_matmul
+MM, BMM = matmul_op, batch_matmul_op
 # BERT-base encoder layer at sequence length 128, batch 1, and ResNet-50's classifier.
 MODEL_SHAPES = [
     ("BERT QKV / attention-out projection", MM(128, 768, 768, epilogue="bias")),

@@ -44,7 +44,9 @@ from _report import git_revision, machine_summary, write_section
 
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
 from tunecache.compiler.kinds.layouts import with_attrs
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
 from tunecache.costmodel.registry import load_serving
@@ -54,7 +56,7 @@ from tunecache.tuner.measure import Candidate, MeasureResult, Runner, TimingConf
 from tunecache.tuner.measure.records import to_records
 from tunecache.tuner.search import Ranker, roller
 
-MM, BMM = OpSignature.matmul, OpSignature.batch_matmul
+MM, BMM = matmul_op, batch_matmul_op
 
 # (model, op): GEMMs and convolutions of real models at batch 1, plus odd shapes.
 MATMUL_OPS: list[tuple[str, OpSignature]] = [

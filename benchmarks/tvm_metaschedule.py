@@ -62,6 +62,9 @@ from typing import Any
 
 import numpy as np
 
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.matmul import matmul_op
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import git_revision, machine_summary, write_section
@@ -80,14 +83,14 @@ INSTALL_HINT = ("TVM is not importable in this Python; install it into a separat
                 "and run this script with tvmvenv/bin/python")
 
 OPS: dict[str, tuple[str, OpSignature]] = {
-    "matmul_bert": ("BERT-base projection", OpSignature.matmul(128, 768, 768)),
-    "matmul_1024": ("square", OpSignature.matmul(1024, 1024, 1024)),
+    "matmul_bert": ("BERT-base projection", matmul_op(128, 768, 768)),
+    "matmul_1024": ("square", matmul_op(1024, 1024, 1024)),
     "conv_resnet50_3x3": ("ResNet-50 stage 1, 3x3",
-                          OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, pads=1)),
+                          conv2d_op(1, 64, 56, 56, 64, 3, 3, pads=1)),
     "conv_mobilenet_1x1": ("MobileNet-v2 project, 1x1",
-                           OpSignature.conv2d(1, 144, 56, 56, 24, 1, 1)),
+                           conv2d_op(1, 144, 56, 56, 24, 1, 1)),
     "dwconv_mobilenet_3x3": ("MobileNet-v2 depthwise 3x3",
-                             OpSignature.conv2d(1, 144, 56, 56, 144, 3, 3, pads=1, groups=144)),
+                             conv2d_op(1, 144, 56, 56, 144, 3, 3, pads=1, groups=144)),
 }
 
 

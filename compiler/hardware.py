@@ -23,16 +23,51 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.compiler.errors import HardwareError
+from tunecache.compiler.plugins import load_backends
 
-ISA_LEVELS = ("avx512", "avx2", "generic")
-ISA_VECTOR_BITS = {"avx512": 512, "avx2": 256, "generic": 128}
-# Architectural vector registers available to a micro-kernel at each ISA level.
-ISA_VECTOR_REGISTERS = {"avx512": 32, "avx2": 16, "generic": 16}
 ENV_VAR = "TUNECACHE_HARDWARE"
 SPEC_VERSION = 1
 
-_AVX512_FLAGS = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
-_AVX2_FLAGS = {"avx2", "fma"}
+
+@dataclass(frozen=True, slots=True)
+class IsaLevel:
+    """One ISA level a backend generates code for: the vector width and architectural vector
+    registers its kernels have, the architecture it belongs to, the CPU flags
+    (``/proc/cpuinfo``) that say a CPU runs it, and its rank among that architecture's
+    levels (code of a level runs on every CPU of that architecture whose level ranks at
+    least as high)."""
+
+    name: str
+    arch: str
+    vector_bits: int
+    vector_registers: int
+    cpu_flags: frozenset[str]
+    rank: int
+
+
+_ISA_LEVELS: dict[str, IsaLevel] = {}
+
+
+def register_isa_level(level: IsaLevel) -> IsaLevel:
+    """Make ``level`` known to specs, detection and nearest-hardware ranking (a backend
+    registers the levels it serves)."""
+    _ISA_LEVELS[level.name] = level
+    return level
+
+
+def isa_levels() -> dict[str, IsaLevel]:
+    """Every registered ISA level by name (the backends' registrations, loaded on first use)."""
+    load_backends()
+    return _ISA_LEVELS
+
+
+def isa_level(name: str) -> IsaLevel:
+    """The registered level ``name``; HardwareError naming the known ones if none."""
+    level = isa_levels().get(name)
+    if level is None:
+        raise HardwareError(
+            f"unknown ISA level {name!r}; expected one of {', '.join(isa_levels())}")
+    return level
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +93,11 @@ class HardwareSpec:
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise HardwareError(f"hardware {name} must be a string, got {value!r}")
-        if self.isa not in ISA_LEVELS:
-            raise HardwareError(
-                f"unknown ISA level {self.isa!r}; expected one of {', '.join(ISA_LEVELS)}"
-            )
-        if self.vector_bits != ISA_VECTOR_BITS[self.isa]:
+        level = isa_level(self.isa)
+        if self.vector_bits != level.vector_bits:
             raise HardwareError(
                 f"vector_bits={self.vector_bits} does not match isa={self.isa} "
-                f"(expected {ISA_VECTOR_BITS[self.isa]})"
+                f"(expected {level.vector_bits})"
             )
         for name in ("cores", "l1d_bytes", "l2_bytes", "l3_bytes", "cache_line", "l1d_ways",
                      "l2_ways", "l3_ways", "l3_shared_by"):
@@ -82,7 +114,7 @@ class HardwareSpec:
 
     @property
     def vector_registers(self) -> int:
-        return ISA_VECTOR_REGISTERS[self.isa]
+        return isa_level(self.isa).vector_registers
 
     @property
     def hw_id(self) -> str:
@@ -126,7 +158,8 @@ class HardwareSpec:
                 f"unknown hardware spec key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
             )
         if "isa" in data and "vector_bits" not in data:
-            data["vector_bits"] = ISA_VECTOR_BITS.get(data["isa"], 0)
+            known = isa_levels().get(str(data["isa"]))
+            data["vector_bits"] = known.vector_bits if known else 0
         required = {f.name for f in fields(cls) if f.default is MISSING}
         missing = sorted(required - set(data))
         if missing:
@@ -144,7 +177,8 @@ class HardwareSpec:
     def with_isa(self, isa: str) -> HardwareSpec:
         """The same machine restricted to a lower ISA level (e.g. to test AVX2 code)."""
         data = asdict(self)
-        data.update(isa=isa, vector_bits=ISA_VECTOR_BITS.get(isa, 0))
+        known = isa_levels().get(isa)
+        data.update(isa=isa, vector_bits=known.vector_bits if known else 0)
         return HardwareSpec(**data)
 
 
@@ -210,12 +244,15 @@ def _caches(sys_cpu: Path) -> dict[str, tuple[int, int, int, int]]:
     return found
 
 
-def _isa_of(flags: set[str]) -> str:
-    if flags >= _AVX512_FLAGS:
-        return "avx512"
-    if flags >= _AVX2_FLAGS:
-        return "avx2"
-    return "generic"
+PORTABLE_ISA = "generic"
+"""The level of a CPU no registered level describes: portable C, built for the host."""
+
+
+def _isa_of(flags: set[str], arch: str) -> str:
+    """The best registered level of ``arch`` whose CPU flags ``flags`` has."""
+    runs = [level for level in isa_levels().values()
+            if level.arch == arch and flags >= level.cpu_flags]
+    return max(runs, key=lambda level: level.rank).name if runs else PORTABLE_ISA
 
 
 _cpu_isa: str | None = None
@@ -225,7 +262,7 @@ def cpu_isa() -> str:
     """The best ISA level this machine's CPU runs (from ``/proc/cpuinfo``, read once)."""
     global _cpu_isa
     if _cpu_isa is None:
-        _cpu_isa = _isa_of(_cpuinfo(Path("/proc"))[1])
+        _cpu_isa = _isa_of(_cpuinfo(Path("/proc"))[1], _machine())
     return _cpu_isa
 
 
@@ -243,17 +280,24 @@ def ensure_runnable(spec: HardwareSpec, cpu: str | None = None) -> None:
 
 
 def runnable_isas_for(isa: str) -> tuple[str, ...]:
-    """ISA levels whose code runs on a CPU of level ``isa``, best first."""
-    return ISA_LEVELS[ISA_LEVELS.index(isa):]
+    """ISA levels whose code runs on a CPU of level ``isa`` (the levels of its architecture
+    that rank no higher), best first."""
+    top = isa_level(isa)
+    runs = [level for level in isa_levels().values()
+            if level.arch == top.arch and level.rank <= top.rank]
+    return tuple(level.name for level in sorted(runs, key=lambda level: -level.rank))
+
+
+def _machine() -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", platform.machine() or "unknown")
 
 
 def detect(root: str | os.PathLike[str] = "/") -> HardwareSpec:
     """Detect the local machine from ``/proc`` and ``/sys`` (``root`` is for tests)."""
     base = Path(root)
     model, flags = _cpuinfo(base / "proc")
-    arch = platform.machine() or "unknown"
-    arch = re.sub(r"[^A-Za-z0-9_]", "_", arch)
-    isa = _isa_of(flags)
+    arch = _machine()
+    isa = _isa_of(flags, arch)
     caches = _caches(base / "sys" / "devices" / "system" / "cpu")
     if "l1" not in caches or "l2" not in caches:
         raise HardwareError(
@@ -272,7 +316,7 @@ def detect(root: str | os.PathLike[str] = "/") -> HardwareSpec:
     return HardwareSpec(
         arch=arch,
         isa=isa,
-        vector_bits=ISA_VECTOR_BITS[isa],
+        vector_bits=isa_level(isa).vector_bits,
         cores=cores,
         l1d_bytes=l1[0],
         l2_bytes=l2[0],
@@ -330,7 +374,7 @@ def hardware_distance(local: HardwareSpec, other: HardwareSpec) -> float | None:
     architecture, or an ISA level ``local`` lacks): such a machine is never a neighbour."""
     if other.arch != local.arch or other.isa not in runnable_isas(local):
         return None
-    distance = _ISA_STEP_DISTANCE * (ISA_LEVELS.index(other.isa) - ISA_LEVELS.index(local.isa))
+    distance = _ISA_STEP_DISTANCE * (isa_level(local.isa).rank - isa_level(other.isa).rank)
     distance += _CORES_DISTANCE * abs(math.log2(other.cores / local.cores))
     for name, weight in _CACHE_DISTANCE:
         distance += weight * abs(math.log2(getattr(other, name) / getattr(local, name)))

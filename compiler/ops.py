@@ -17,7 +17,7 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from tunecache.compiler.errors import OpSignatureError
 
@@ -129,28 +129,6 @@ class OpSignature:
         object.__setattr__(self, "_text", self._render(spec))
 
     # -- construction -------------------------------------------------------------------
-
-    @classmethod
-    def matmul(cls, M: int, N: int, K: int, **options: Any) -> OpSignature:
-        """``C[M,N] = op(A) @ op(B)`` (see :func:`tunecache.compiler.kinds.matmul.matmul_op`)."""
-        from tunecache.compiler.kinds.matmul import matmul_op
-
-        return matmul_op(M, N, K, **options)
-
-    @classmethod
-    def batch_matmul(cls, B: int, M: int, N: int, K: int, **options: Any) -> OpSignature:
-        """A batch of matmuls (see :func:`tunecache.compiler.kinds.batch_matmul.batch_matmul_op`)."""
-        from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
-
-        return batch_matmul_op(B, M, N, K, **options)
-
-    @classmethod
-    def conv2d(cls, N: int, C: int, H: int, W: int, F: int, R: int, S: int,
-               **options: Any) -> OpSignature:
-        """``Y = conv(X, W)`` (see :func:`tunecache.compiler.kinds.conv2d.conv2d_op`)."""
-        from tunecache.compiler.kinds.conv2d import conv2d_op
-
-        return conv2d_op(N, C, H, W, F, R, S, **options)
 
     @classmethod
     def parse(cls, text: str) -> OpSignature:

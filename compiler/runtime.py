@@ -21,7 +21,8 @@ from tunecache.compiler.backends import (
 )
 from tunecache.compiler.buffers import aligned_empty, as_aligned
 from tunecache.compiler.codegen import KernelSource, generate
-from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
+from tunecache.compiler.errors import KernelArgumentError
+from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
@@ -39,6 +40,59 @@ def weight_copies(span_bytes: int, unit_bytes: int) -> int:
     return max(1, min(MAX_WEIGHT_COPIES, -(-span_bytes // max(1, unit_bytes))))
 
 
+def check_argument(op: OpSignature, name: str, array: object, shape: tuple[int, ...],
+                   writable: bool = False) -> None:
+    """KernelArgumentError unless ``array`` is a C-contiguous, aligned numpy array of
+    ``op``'s dtype and ``shape`` (and writable, for an output), naming what is wrong."""
+    dtype = np.dtype(op.dtype)
+    if not isinstance(array, np.ndarray):
+        raise KernelArgumentError(
+            f"{op.kind} argument {name} must be a numpy array, got {type(array).__name__}")
+    if array.dtype != dtype:
+        raise KernelArgumentError(
+            f"{op.kind} argument {name} has dtype {array.dtype}; the kernel needs "
+            f"{dtype} (convert with .astype(np.{dtype}))")
+    if array.shape != shape:
+        raise KernelArgumentError(
+            f"{op.kind} argument {name} has shape {array.shape}; {op.text} needs {shape}")
+    if not array.flags.c_contiguous:
+        raise KernelArgumentError(
+            f"{op.kind} argument {name} is not C-contiguous (strides {array.strides}); "
+            "pass np.ascontiguousarray(...)")
+    if not array.flags.aligned:
+        raise KernelArgumentError(f"{op.kind} argument {name} is not aligned to its dtype")
+    if writable and not array.flags.writeable:
+        raise KernelArgumentError(f"{op.kind} output {name} is read-only")
+
+
+def checked_call(op: OpSignature, inputs: tuple[np.ndarray, ...], out: np.ndarray | None,
+                 weights_bound: bool = False) -> np.ndarray:
+    """Check a kernel call's ``inputs`` (without the weights, where ``weights_bound``) and
+    ``out`` (allocated when None, else checked and kept apart from the inputs); the output.
+    Every backend's handles check their calls with it: nothing unchecked reaches a device."""
+    args = op.arguments()
+    specs = [a for a in args if a.role == "input"]
+    output = next(a for a in args if a.role == "output")
+    if weights_bound:
+        specs = [specs[0], *specs[2:]]
+    if len(inputs) != len(specs):
+        names = ", ".join(a.name for a in specs)
+        bound = " with bound weights" if weights_bound else ""
+        raise KernelArgumentError(
+            f"{op.text}{bound} takes {len(specs)} input(s) ({names}), got {len(inputs)}")
+    for spec, array in zip(specs, inputs, strict=True):
+        check_argument(op, spec.name, array, spec.shape)
+    if out is None:
+        return np.empty(output.shape, dtype=np.dtype(op.dtype))
+    check_argument(op, output.name, out, output.shape, writable=True)
+    for spec, array in zip(specs, inputs, strict=True):
+        if np.may_share_memory(out, array):
+            raise KernelArgumentError(
+                f"output {output.name} overlaps input {spec.name}; the kernel needs a "
+                "separate output buffer")
+    return out
+
+
 def load_kernel(op: OpSignature, artifact: Artifact | Path,
                 hw: HardwareSpec | None = None) -> KernelHandle:
     """Load a built artifact as a callable kernel for ``op`` through the backend of ``hw``
@@ -51,9 +105,9 @@ def load_kernel(op: OpSignature, artifact: Artifact | Path,
 
 def compile_kernel(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> KernelHandle:
     """Validate, generate, build (through the artifact cache) and load in one step."""
-    ensure_runnable(hw)
-    source: KernelSource = generate(op, schedule, hw)
     backend = backend_for(hw)
+    backend.ensure_runnable(hw)
+    source: KernelSource = generate(op, schedule, hw)
     return backend.load(op, backend.build(source).path)
 
 

@@ -15,6 +15,7 @@ are two steps, so a crash in between leaves the previous model current.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -22,11 +23,14 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.costmodel.model import META_FILE, MODEL_FILE, CostModel, ModelLoadError
 from tunecache.datasets import fs, location
 from tunecache.datasets.location import Location
 from tunecache.datasets.seed import seed_location
+
+_log = logging.getLogger("tunecache.costmodel")
 
 MODELS_DIR = "models"
 POINTER = "CURRENT"
@@ -150,6 +154,18 @@ def load_serving(root: str | os.PathLike[str] | Location | None,
     """The model :func:`find_serving` finds for ``hw`` (None when there is none)."""
     found = find_serving(root, hw)
     return found.model if found is not None else None
+
+
+def usable_model(root: str | os.PathLike[str] | Location | None,
+                 hw: HardwareSpec) -> CostModel | None:
+    """:func:`load_serving` for a caller that goes on without a model (a compile, a tuning
+    job: the tiler's estimate ranks then): a damaged or incompatible store model is logged
+    as a warning and not used."""
+    try:
+        return load_serving(root, hw)
+    except TunecacheError as exc:
+        _log.warning("not using the cost model: %s", exc)
+        return None
 
 
 def list_versions(root: str | os.PathLike[str] | Location | None = None) -> list[str]:

@@ -18,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 
 
@@ -74,7 +77,7 @@ def _merge(name: str, description: str, items: list[tuple[str, OpSignature, int]
 def _conv(c: int, hw: int, f: int, k: int, stride: int = 1, groups: int = 1,
           epilogue: str = "bias+relu") -> OpSignature:
     pad = k // 2
-    return OpSignature.conv2d(1, c, hw, hw, f, k, k, stride=stride, pads=pad, groups=groups,
+    return conv2d_op(1, c, hw, hw, f, k, k, stride=stride, pads=pad, groups=groups,
                               epilogue=epilogue)
 
 
@@ -107,7 +110,7 @@ def _resnet50() -> Suite:
                  _conv(width, out, cout, 1, epilogue="bias+add+relu"), n),
             ]
     items.append(("fc 2048->1000 (Gemm transB)",
-                  OpSignature.matmul(1, 1000, 2048, trans_b=True, epilogue="bias"), 1))
+                  matmul_op(1, 1000, 2048, trans_b=True, epilogue="bias"), 1))
     return _merge("resnet50", "ResNet-50 v1.5 convolutions and classifier, batch 1, 224x224",
                   items)
 
@@ -137,12 +140,12 @@ def _mobilenet_v2() -> Suite:
             cin = c
     items.append(("last 1x1", _conv(cin, size, 1280, 1), 1))
     items.append(("classifier 1280->1000 (Gemm transB)",
-                  OpSignature.matmul(1, 1000, 1280, trans_b=True, epilogue="bias"), 1))
+                  matmul_op(1, 1000, 1280, trans_b=True, epilogue="bias"), 1))
     return _merge("mobilenet_v2",
                   "MobileNet-v2 (width 1.0) convolutions and classifier, batch 1, 224x224", items)
 
 
-MM, BMM = OpSignature.matmul, OpSignature.batch_matmul
+MM, BMM = matmul_op, batch_matmul_op
 
 
 def _transformer(name: str, description: str, seq: int, hidden: int, heads: int, ffn: int,

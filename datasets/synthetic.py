@@ -15,6 +15,8 @@ import pyarrow as pa
 
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.schema import SCHEMA, SCHEMA_VERSION
@@ -30,10 +32,10 @@ def synthetic_ops(n: int, seed: int = 0) -> list[OpSignature]:
     while len(ops) < n:
         m, nn, k = (int(rng.choice(sizes)) for _ in range(3))
         if rng.random() < 0.8:
-            op = OpSignature.matmul(m, nn, k, trans_b=bool(rng.random() < 0.3),
+            op = matmul_op(m, nn, k, trans_b=bool(rng.random() < 0.3),
                                     epilogue=("bias", "relu")[: int(rng.integers(0, 3))])
         else:
-            op = OpSignature.batch_matmul(int(rng.integers(1, 65)), m, nn, k)
+            op = batch_matmul_op(int(rng.integers(1, 65)), m, nn, k)
         ops.setdefault(op.text, op)
     return list(ops.values())
 

@@ -16,13 +16,14 @@ from tunecache.compiler.backends.cpu import artifacts
 from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel, random_inputs, reference
 from tunecache.compiler.schedule import default_schedule
 from tunecache.tuner.cli import main
 
 HW = local_spec()
-OPS = [OpSignature.matmul(24, 40, 16, epilogue=e) for e in ("bias", "relu", "bias+relu")]
+OPS = [matmul_op(24, 40, 16, epilogue=e) for e in ("bias", "relu", "bias+relu")]
 DAY = 86400.0
 
 

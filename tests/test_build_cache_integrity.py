@@ -16,13 +16,13 @@ from tunecache.compiler.backends.cpu.build import Artifact, build, find_compiler
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import BuildError
 from tunecache.compiler.hardware import local_spec
-from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
 from tunecache.compiler.schedule import default_schedule
 
 pytestmark = pytest.mark.fault
 
-OP = OpSignature.matmul(16, 24, 8)
+OP = matmul_op(16, 24, 8)
 HW = local_spec()
 
 

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
-from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.records import Record
 from tunecache.tuner.cli import main
 
@@ -21,7 +21,7 @@ A = MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=1024)
 
 
 def _fill(root: str) -> None:
-    ops = [OpSignature.matmul(64, 64, 64 * i) for i in range(1, 4)]
+    ops = [matmul_op(64, 64, 64 * i) for i in range(1, 4)]
     Store(root).append([Record.create(op=op, hw=HW, schedule=A, status=s, runtimes_s=[1e-3])
                         for op in ops for s in ("ok", "timeout")])
 

@@ -14,10 +14,11 @@ from tunecache.compiler.backends.cpu.build import build, build_source, find_comp
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import default_schedule
 
-OP = OpSignature.matmul(24, 40, 16, epilogue="bias")
+OP = matmul_op(24, 40, 16, epilogue="bias")
 
 
 def counting_compiler(tmp_path: Path) -> tuple[Path, Path]:

@@ -15,6 +15,8 @@ from kernel_support import assembly, bound_weights_problem, sampled
 from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
@@ -30,8 +32,8 @@ def sched(hw: HardwareSpec, mr: int, nv: int, kc: int, mcm: int = 2, ncm: int = 
     return MatmulSchedule(mr=mr, nr=nr, kc=kc, mc=mr * mcm, nc=nr * ncm, **kw)
 
 
-M = OpSignature.matmul
-BM = OpSignature.batch_matmul
+M = matmul_op
+BM = batch_matmul_op
 
 # (op, schedule builder): spread over shapes (1s, primes, non-multiples), layouts, epilogues,
 # packing, loop orders, unroll and threads.

@@ -9,6 +9,7 @@ import pytest
 from tunecache.compiler import hardware
 from tunecache.compiler.errors import HardwareError
 from tunecache.compiler.hardware import HardwareSpec, detect, local_spec
+from tunecache.compiler.kinds.matmul import matmul_op
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -129,7 +130,7 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
 def test_local_machine_is_detected() -> None:
     spec = local_spec()
     assert spec.cores >= 1 and spec.l1d_bytes > 0
-    assert spec.isa in hardware.ISA_LEVELS
+    assert spec.isa in hardware.isa_levels()
 
 
 def test_a_spec_whose_isa_the_cpu_lacks_is_refused_before_anything_runs(monkeypatch) -> None:
@@ -138,7 +139,6 @@ def test_a_spec_whose_isa_the_cpu_lacks_is_refused_before_anything_runs(monkeypa
 
     from tunecache.compiler import hardware
     from tunecache.compiler.errors import HardwareError
-    from tunecache.compiler.ops import OpSignature
     from tunecache.compiler.runtime import compile_kernel
     from tunecache.compiler.schedule import default_schedule
 
@@ -150,7 +150,7 @@ def test_a_spec_whose_isa_the_cpu_lacks_is_refused_before_anything_runs(monkeypa
     hardware.ensure_runnable(spec, cpu="avx512")
     # The runtime asks before it builds or loads anything.
     monkeypatch.setattr(hardware, "_cpu_isa", "generic")
-    op = OpSignature.matmul(8, 8, 8)
+    op = matmul_op(8, 8, 8)
     with pytest.raises(HardwareError, match="CPU lacks"):
         compile_kernel(op, default_schedule(op, spec), spec)
     generic = spec.with_isa("generic")

@@ -14,12 +14,13 @@ from tunecache.compiler.backends.cpu.build import build, build_source, find_comp
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.files import matching_digest
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import load_kernel, random_inputs, reference
 from tunecache.compiler.schedule import default_schedule
 
 HW = local_spec()
-OPS = [OpSignature.matmul(24, 40, 16, epilogue=e) for e in ("bias", "relu", "bias+relu")]
+OPS = [matmul_op(24, 40, 16, epilogue=e) for e in ("bias", "relu", "bias+relu")]
 """One shape, so one flag set."""
 
 

@@ -7,22 +7,23 @@ import re
 
 import pytest
 
+from tunecache.compiler.backends.cpu.isa import X86_LEVELS
 from tunecache.compiler.backends.cpu.probe import (
     _source,
     chains,
     measure_bandwidth_gbs,
     measure_peak_gflops,
 )
-from tunecache.compiler.hardware import ISA_VECTOR_REGISTERS, local_spec
+from tunecache.compiler.hardware import isa_level, local_spec
 
 
-@pytest.mark.parametrize("isa", sorted(ISA_VECTOR_REGISTERS))
+@pytest.mark.parametrize("isa", sorted(level.name for level in X86_LEVELS))
 def test_the_fma_chains_and_their_operands_fit_the_register_file(isa: str) -> None:
     """Sixteen chains plus two operands spilled on AVX2's sixteen registers, and the probe
     read 57% of the core's real peak; every ISA now keeps at least the 8 chains two FMA
     pipes of latency 4 need."""
     n = chains(isa)
-    assert n >= 8 and n + 2 <= ISA_VECTOR_REGISTERS[isa]
+    assert n >= 8 and n + 2 <= isa_level(isa).vector_registers
     assert len(re.findall(r"a\d+ = VFMA\(a\d+, x, y\);", _source(isa))) == n
 
 

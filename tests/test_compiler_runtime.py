@@ -8,11 +8,12 @@ import pytest
 from tunecache.compiler.buffers import ALIGN, aligned_copy, aligned_empty, as_aligned
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import compile_kernel, random_inputs, reference
 from tunecache.compiler.schedule import default_schedule
 
-OP = OpSignature.matmul(20, 36, 12, trans_b=True, epilogue="bias+relu")
+OP = matmul_op(20, 36, 12, trans_b=True, epilogue="bias+relu")
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,12 @@ import json
 import pytest
 
 from tunecache.compiler.errors import ScheduleError
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
-from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import default_schedule, problems, schedule_from_json, validate
 
-OP = OpSignature.matmul(256, 256, 256)
+OP = matmul_op(256, 256, 256)
 
 
 def base(hw, **changes) -> MatmulSchedule:
@@ -26,8 +27,8 @@ def test_json_round_trip_and_stable_id(hw) -> None:
 
 
 def test_default_schedule_is_legal(hw) -> None:
-    for op in (OP, OpSignature.matmul(1, 1000, 2048, trans_b=True),
-               OpSignature.batch_matmul(12, 128, 128, 64, shared="b")):
+    for op in (OP, matmul_op(1, 1000, 2048, trans_b=True),
+               batch_matmul_op(12, 128, 128, 64, shared="b")):
         for threads in range(1, hw.cores + 1):
             validate(op, default_schedule(op, hw, threads), hw)
 
@@ -81,9 +82,9 @@ def test_isa_changes_legal_vector_width(hw) -> None:
 
 
 def test_unpacked_b_needs_untransposed_b(hw) -> None:
-    op = OpSignature.matmul(64, 64, 64, trans_b=True)
+    op = matmul_op(64, 64, 64, trans_b=True)
     assert any("pack_b=0" in p for p in problems(op, base(hw, pack_b=0), hw))
-    assert not problems(OpSignature.matmul(64, 64, 64, trans_a=True), base(hw, pack_a=0, pack_b=0), hw)
+    assert not problems(matmul_op(64, 64, 64, trans_a=True), base(hw, pack_a=0, pack_b=0), hw)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +107,7 @@ def test_malformed_schedule_json(text, fragment) -> None:
 
 
 def test_dot_loop_order_rules(hw) -> None:
-    nt = OpSignature.matmul(1, 64, 64, trans_b=True)
+    nt = matmul_op(1, 64, 64, trans_b=True)
     dot = base(hw, loop_order="dot", pack_a=0, pack_b=0)
     assert not problems(nt, dot, hw)
     assert any("layout nt" in p for p in problems(OP, dot, hw))

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.conv2d import conv2d_op
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.records import Record, records_to_table
 
@@ -54,7 +56,7 @@ def test_bench_op_conv2d_with_schedule_and_threads() -> None:
 
 
 def test_conv2d_records_fill_conv_columns() -> None:
-    op = OpSignature.conv2d(2, 8, 9, 7, 16, 3, 1, stride=(2, 1), pads=(1, 0, 1, 0), groups=2,
+    op = conv2d_op(2, 8, 9, 7, 16, 3, 1, stride=(2, 1), pads=(1, 0, 1, 0), groups=2,
                             epilogue="bias")
     hw = local_spec()
     s = default_conv2d_schedule(op, hw)
@@ -68,6 +70,6 @@ def test_conv2d_records_fill_conv_columns() -> None:
     assert row["dim_m"] is None and row["dim_n"] is None and row["dim_k"] is None
     assert row["oc_block"] == s.oc_block and row["algorithm"] == "direct"
     assert row["threads"] == s.threads and row["mr"] is None
-    mm = Record.create(op=OpSignature.matmul(3, 4, 5), hw=hw, status="invalid")
+    mm = Record.create(op=matmul_op(3, 4, 5), hw=hw, status="invalid")
     mrow = records_to_table([mm]).to_pylist()[0]
     assert (mrow["dim_m"], mrow["dim_n"], mrow["dim_k"]) == (3, 4, 5) and mrow["dim_c"] is None

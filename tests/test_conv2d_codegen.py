@@ -30,7 +30,7 @@ from tunecache.compiler.schedule import problems
 HW = local_spec()
 ISAS = runnable_isas(HW)
 T2 = min(2, HW.cores)
-conv = OpSignature.conv2d
+conv = conv2d_op
 
 
 def direct(nv: int, ow: int, ic: int, oh: int = 1, **kw: object) -> Callable[[HardwareSpec],

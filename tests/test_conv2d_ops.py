@@ -7,6 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tunecache.compiler.errors import OpSignatureError
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 
 
@@ -20,7 +22,7 @@ def conv_ops(draw: st.DrawFn) -> OpSignature:
     pads = tuple(draw(st.integers(0, 4)) for _ in range(4))
     h = max(1, dh * (r - 1) + 1 - pads[0] - pads[2]) + draw(st.integers(0, 30))
     w = max(1, dw * (s - 1) + 1 - pads[1] - pads[3]) + draw(st.integers(0, 30))
-    return OpSignature.conv2d(
+    return conv2d_op(
         draw(st.integers(1, 4)), c, h, w, f, r, s,
         stride=(draw(st.integers(1, 4)), draw(st.integers(1, 4))), pads=pads,  # type: ignore[arg-type]
         dilation=(dh, dw), groups=groups,
@@ -64,7 +66,7 @@ def test_shapes_and_flops(op: OpSignature) -> None:
 def test_defaults_fill_in_when_parsing() -> None:
     op = OpSignature.parse("conv2d(N=1,C=3,H=224,W=224,F=64,R=7,S=7,stride_h=2,stride_w=2,"
                            "pad_t=3,pad_l=3,pad_b=3,pad_r=3)")
-    assert op == OpSignature.conv2d(1, 3, 224, 224, 64, 7, 7, stride=2, pads=3)
+    assert op == conv2d_op(1, 3, 224, 224, 64, 7, 7, stride=2, pads=3)
     assert (op.out_h, op.out_w) == (112, 112)
     assert op.text == ("conv2d(N=1,C=3,H=224,W=224,F=64,R=7,S=7,stride_h=2,stride_w=2,pad_t=3,"
                        "pad_l=3,pad_b=3,pad_r=3,dil_h=1,dil_w=1,groups=1,dtype=float32,"
@@ -74,7 +76,7 @@ def test_defaults_fill_in_when_parsing() -> None:
 
 def test_matmul_texts_and_ids_unchanged() -> None:
     # Frozen values: the store keys records by these; a change would orphan them.
-    op = OpSignature.matmul(512, 768, 768, epilogue="bias+relu")
+    op = matmul_op(512, 768, 768, epilogue="bias+relu")
     assert op.text == "matmul(M=512,N=768,K=768,dtype=float32,layout=nn,epilogue=bias+relu)"
     assert OpSignature.parse("matmul(M=2,N=3,K=4)").text == (
         "matmul(M=2,N=3,K=4,dtype=float32,layout=nn,epilogue=none)")
@@ -105,7 +107,7 @@ def test_bad_signatures_are_refused_clearly(text: str, message: str) -> None:
 
 
 def test_padding_makes_a_large_kernel_fit() -> None:
-    op = OpSignature.conv2d(1, 2, 1, 1, 3, 3, 3, pads=1)
+    op = conv2d_op(1, 2, 1, 1, 3, 3, 3, pads=1)
     assert (op.out_h, op.out_w) == (1, 1)
     with pytest.raises(OpSignatureError, match="larger than the padded input"):
-        OpSignature.conv2d(1, 2, 1, 1, 3, 3, 3, pads=(1, 1, 0, 0))
+        conv2d_op(1, 2, 1, 1, 3, 3, 3, pads=(1, 1, 0, 0))

@@ -9,7 +9,9 @@ import pytest
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import ScheduleError
 from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.kinds.conv2d import conv2d_op
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import default_schedule, problems, schedule_from_json, validate
@@ -18,8 +20,8 @@ from tunecache.datasets.suites import SUITES
 
 HW = local_spec()
 AVX512 = HW.with_isa("avx512") if HW.isa == "avx512" else None
-CONV = OpSignature.conv2d(1, 64, 14, 14, 64, 3, 3, pads=1, epilogue="bias+relu")
-DW = OpSignature.conv2d(1, 32, 14, 14, 32, 3, 3, pads=1, groups=32)
+CONV = conv2d_op(1, 64, 14, 14, 64, 3, 3, pads=1, epilogue="bias+relu")
+DW = conv2d_op(1, 32, 14, 14, 32, 3, 3, pads=1, groups=32)
 
 
 def test_json_round_trip_and_id() -> None:
@@ -42,7 +44,7 @@ def test_families_do_not_mix() -> None:
     mm = MatmulSchedule(mr=4, nr=HW.lanes, kc=32, mc=8, nc=HW.lanes)
     assert problems(CONV, mm, HW) == ["a matmul schedule cannot drive a conv2d op"]
     conv = default_conv2d_schedule(CONV, HW)
-    assert problems(OpSignature.matmul(8, 8, 8), conv, HW) == [
+    assert problems(matmul_op(8, 8, 8), conv, HW) == [
         "a conv2d schedule cannot drive a matmul op"]
 
 
@@ -86,7 +88,7 @@ def test_register_budget_and_algorithm_rules() -> None:
     assert problems(CONV, wino, AVX512) == []
     assert "ic_block=64 must be 16" in " ".join(
         problems(CONV, wino.replace(ic_block=64), AVX512))
-    odd = OpSignature.conv2d(1, 60, 14, 14, 64, 3, 3, pads=1)
+    odd = conv2d_op(1, 60, 14, 14, 64, 3, 3, pads=1)
     assert "reads and writes nchw, or one blocked layout" in " ".join(
         problems(odd, wino, AVX512))
     # AVX2 has 16 registers and 8 lanes: the AVX-512 tile no longer fits.
@@ -116,8 +118,8 @@ def test_generate_refuses_an_illegal_schedule() -> None:
 
 def test_defaults_are_legal_for_every_suite_conv_on_every_isa() -> None:
     ops = [w.op for suite in SUITES.values() for w in suite.workloads if w.op.kind == "conv2d"]
-    ops += [CONV, DW, OpSignature.conv2d(2, 6, 1, 1, 10, 3, 3, pads=1, groups=2),
-            OpSignature.conv2d(1, 5, 13, 4, 7, 2, 3, pads=(1, 0, 0, 2))]
+    ops += [CONV, DW, conv2d_op(2, 6, 1, 1, 10, 3, 3, pads=1, groups=2),
+            conv2d_op(1, 5, 13, 4, 7, 2, 3, pads=(1, 0, 0, 2))]
     assert len(ops) > 40
     for isa in ("avx512", "avx2", "generic"):
         hw = dataclasses.replace(HW.with_isa(isa), cores=2)
@@ -137,7 +139,7 @@ def test_analytic_estimate_charges_silu_not_the_cheap_steps(groups: int) -> None
     from tunecache.costmodel.analytic import estimate
 
     def ms(epilogue: str) -> float:
-        op = OpSignature.conv2d(1, 32, 28, 28, 32, 3, 3, pads=1, groups=groups, epilogue=epilogue)
+        op = conv2d_op(1, 32, 28, 28, 32, 3, 3, pads=1, groups=groups, epilogue=epilogue)
         return estimate(op, default_conv2d_schedule(op, HW), HW).ms
 
     assert ms("bias") == ms("bias+relu") == ms("bias+clip6") < ms("bias+silu")
@@ -196,7 +198,7 @@ def _spec(isa: str) -> HardwareSpec:
                         cpu_model="test", l3_shared_by=2)
 
 
-RESNET_1X1 = OpSignature.conv2d(1, 64, 56, 56, 64, 1, 1, epilogue="bias+relu")
+RESNET_1X1 = conv2d_op(1, 64, 56, 56, 64, 1, 1, epilogue="bias+relu")
 
 
 def test_a_gemm_1x1_panel_costs_its_read_and_a_split_by_channels_packs_every_panel() -> None:
@@ -309,7 +311,7 @@ def test_a_blocked_3x3_prefers_its_kernel_width_loop_unrolled() -> None:
     s = Conv2dSchedule(oc_block=16, ow_block=6, ic_block=8, threads=1, loop_order="fp")
     rolled, unrolled = (dataclasses.replace(s, unroll_kw=u) for u in (0, 1))
     assert estimate_s(blocked, unrolled, avx2) < 0.8 * estimate_s(blocked, rolled, avx2)
-    nchw = OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, pads=1, epilogue="bias+relu")
+    nchw = conv2d_op(1, 64, 56, 56, 64, 3, 3, pads=1, epilogue="bias+relu")
     rolled, unrolled = (dataclasses.replace(s, ic_block=64, unroll_kw=u) for u in (0, 1))
     assert estimate_s(nchw, unrolled, avx2) == estimate_s(nchw, rolled, avx2)
 

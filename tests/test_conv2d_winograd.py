@@ -12,6 +12,7 @@ from kernel_support import bound_weights_problem, sampled
 from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.kinds.conv2d import conv2d_op
 from tunecache.compiler.kinds.conv2d.space import WINOGRAD_TILES, Conv2dSchedule
 from tunecache.compiler.kinds.conv2d.winograd import transforms, winograd_plan
 from tunecache.compiler.ops import OpSignature
@@ -21,7 +22,7 @@ from tunecache.tuner.search.roller import candidates
 
 HW = local_spec()
 T2 = min(2, HW.cores)
-conv = OpSignature.conv2d
+conv = conv2d_op
 
 
 def block(hw: HardwareSpec) -> int:

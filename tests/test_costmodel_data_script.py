@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.matmul import matmul_op
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "costmodel_data.py"
 
@@ -18,8 +19,8 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_listed_ops_are_read_once_each_in_file_order(tmp_path: Path) -> None:
-    first = OpSignature.matmul(3, 14, 266, trans_b=True, epilogue="relu")
-    second = OpSignature.conv2d(1, 16, 14, 14, 32, 3, 3, pads=1, epilogue="bias")
+    first = matmul_op(3, 14, 266, trans_b=True, epilogue="relu")
+    second = conv2d_op(1, 16, 14, 14, 32, 3, 3, pads=1, epilogue="bias")
     ops = tmp_path / "ops.txt"
     ops.write_text(f"# records of an old protocol\n{first.text}\n\n"
                    f"{second.text}  # a conv\n{first.text}\n")
@@ -33,7 +34,7 @@ def test_listed_ops_are_read_once_each_in_file_order(tmp_path: Path) -> None:
 
 def test_a_line_that_is_not_an_op_is_named_before_anything_runs(tmp_path: Path) -> None:
     ops = tmp_path / "ops.txt"
-    ops.write_text(f"{OpSignature.matmul(8, 8, 8).text}\nmatmul(M=1)\n")
+    ops.write_text(f"{matmul_op(8, 8, 8).text}\nmatmul(M=1)\n")
     done = _run("--root", str(tmp_path / "store"), "--ops", str(ops))
     assert done.returncode != 0
     assert done.stderr.startswith(f"error: {ops}:2: not an op text")

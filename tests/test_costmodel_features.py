@@ -10,8 +10,11 @@ import pytest
 from costmodel_support import fixture_frame
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.conv2d import conv2d_op
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
 from tunecache.compiler.kinds.lrn import LrnSchedule, lrn_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.kinds.pwdw import PwdwSchedule, pwdw_op
 from tunecache.compiler.ops import OpSignature
@@ -58,13 +61,13 @@ XEON = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_b
 
 
 def golden_inputs() -> list[tuple[OpSignature, object, HardwareSpec]]:
-    mm = OpSignature.matmul(128, 768, 768, epilogue="bias")
-    bmm = OpSignature.batch_matmul(12, 128, 64, 128, trans_b=True)
-    odd = OpSignature.matmul(97, 13, 511, trans_a=True)
-    conv = OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, pads=1, epilogue="bias+relu")
-    dw = OpSignature.conv2d(1, 96, 112, 112, 96, 3, 3, stride=2, pads=1, groups=96,
+    mm = matmul_op(128, 768, 768, epilogue="bias")
+    bmm = batch_matmul_op(12, 128, 64, 128, trans_b=True)
+    odd = matmul_op(97, 13, 511, trans_a=True)
+    conv = conv2d_op(1, 64, 56, 56, 64, 3, 3, pads=1, epilogue="bias+relu")
+    dw = conv2d_op(1, 96, 112, 112, 96, 3, 3, stride=2, pads=1, groups=96,
                             epilogue="bias")
-    head = OpSignature.matmul(8, 50257, 768)
+    head = matmul_op(8, 50257, 768)
     wino = OpSignature.parse("conv2d(N=1,C=64,H=56,W=56,F=64,R=3,S=3,pad_t=1,pad_b=1,"
                              "pad_l=1,pad_r=1,layout=nchw8c,out_layout=nchw8c,"
                              "epilogue=bias+relu)")
@@ -87,7 +90,7 @@ def golden_inputs() -> list[tuple[OpSignature, object, HardwareSpec]]:
                               parallel="m"), AVX2),
         # a decode-step projection split by rows, B small enough for the L3: each thread's
         # pass over the weights still comes from DRAM (version 15)
-        (OpSignature.matmul(8, 768, 768, epilogue="bias"),
+        (matmul_op(8, 768, 768, epilogue="bias"),
          MatmulSchedule(mr=4, nr=24, kc=384, mc=4, nc=768, threads=2, parallel="m"), AVX2),
         # Winograd F(4x4,3x3) on the blocked layout (version 14)
         (wino, Conv2dSchedule(algorithm="winograd", oh_block=4, ow_block=14, oc_block=8,
@@ -100,7 +103,7 @@ def golden_inputs() -> list[tuple[OpSignature, object, HardwareSpec]]:
                  epilogue="bias+clip6", layout="nchw8c", out_layout="nchw8c"),
          PwdwSchedule(ow_block=14, pw_block=14, band_tiles=4, threads=2), AVX2),
         # BERT's FFN up-projection as one level of Strassen (version 18)
-        (OpSignature.matmul(128, 3072, 768, epilogue="bias"),
+        (matmul_op(128, 3072, 768, epilogue="bias"),
          MatmulSchedule(mr=8, nr=48, kc=384, mc=64, nc=240, threads=2, parallel="n",
                         strassen=1), AVX512),
         # MobileNet-v2's last 1x1 projection: tiles along the flat run of pixels (version 22)
@@ -110,11 +113,11 @@ def golden_inputs() -> list[tuple[OpSignature, object, HardwareSpec]]:
                         parallel="pixel"), AVX2),
         # the same FFN on a two-FMA-unit Xeon, plain and split by columns: its weight stream
         # is charged on top of compute there (version 23)
-        (OpSignature.matmul(128, 3072, 768, epilogue="bias"),
+        (matmul_op(128, 3072, 768, epilogue="bias"),
          MatmulSchedule(mr=8, nr=48, kc=128, mc=128, nc=3072, threads=2, parallel="n"), XEON),
         # BERT's projection at batch 8 as one level of Strassen on that Xeon: its C and its
         # row block's A sums overflow L2, both charged there (version 24)
-        (OpSignature.matmul(1024, 768, 768, epilogue="bias"),
+        (matmul_op(1024, 768, 768, epilogue="bias"),
          MatmulSchedule(mr=8, nr=48, kc=384, mc=256, nc=96, threads=2, parallel="n",
                         strassen=1), XEON),
     ]
@@ -170,7 +173,7 @@ def test_families_share_one_layout():
 
 def test_edge_and_balance_features_follow_the_shape():
     idx = F.FEATURE_NAMES.index
-    op = OpSignature.matmul(97, 13, 511)
+    op = matmul_op(97, 13, 511)
     s = MatmulSchedule(mr=8, nr=16, kc=128, mc=96, nc=16, threads=2)
     v = F.features(op, s, AVX512)
     assert v[idx("edge_eff_m")] == pytest.approx(97 / 104)

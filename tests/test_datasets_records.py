@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
-from tunecache.compiler.ops import OpSignature
 from tunecache.datasets import SCHEMA, SCHEMA_VERSION, PathPartError, SchemaError
 from tunecache.datasets.paths import check_part, parse_partition, partition_dir
 from tunecache.datasets.records import Record, records_from_table, records_to_table
@@ -19,7 +20,7 @@ from tunecache.datasets.schema import FILE_SCHEMA, REQUIRED_COLUMNS, conform
 
 HW = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=4, l1d_bytes=32768,
                   l2_bytes=1 << 20, l3_bytes=8 << 20, cpu_model="Test CPU")
-OP = OpSignature.matmul(128, 256, 64, epilogue="bias")
+OP = matmul_op(128, 256, 64, epilogue="bias")
 SCHED = MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=1024)
 
 
@@ -56,7 +57,7 @@ def test_create_fills_identity_dims_knobs_and_outcome():
     assert record.median_s == 2e-3
     assert record.min_s == 1e-3
     assert record.gflops == pytest.approx(OP.flops / 2e-3 / 1e9)
-    batch = Record.create(op=OpSignature.batch_matmul(8, 16, 16, 16), hw="h-1",
+    batch = Record.create(op=batch_matmul_op(8, 16, 16, 16), hw="h-1",
                           status="timeout")
     assert batch.dim_batch == 8
     assert batch.hw_isa is None

@@ -20,7 +20,9 @@ from tunecache.cache.publish import SNAPSHOT_VERSION, best_of, snapshot_bytes, s
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, all_kinds, op_kind
+from tunecache.compiler.kinds.conv2d import conv2d_op
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import KindSpec, OpSignature
 from tunecache.compiler.schedule import ScheduleData, knob_types
@@ -43,8 +45,8 @@ from tunecache.datasets.schema import (
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "measurements.parquet"
 HW = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=4, l1d_bytes=32768,
                   l2_bytes=1 << 20, l3_bytes=8 << 20, cpu_model="Test CPU")
-MM = OpSignature.matmul(64, 64, 64)
-CONV = OpSignature.conv2d(1, 16, 8, 8, 32, 3, 3, pads=1)
+MM = matmul_op(64, 64, 64)
+CONV = conv2d_op(1, 16, 8, 8, 32, 3, 3, pads=1)
 MM_S = MatmulSchedule(mr=6, nr=16, kc=64, mc=48, nc=64)
 CONV_S = Conv2dSchedule(oc_block=16, ow_block=4, ic_block=16)
 
@@ -282,7 +284,7 @@ def test_snapshot_carries_the_schedule_only_as_family_id_and_json():
 
 
 def test_index_serves_every_family_and_parses_each_schedule_once(tmp_path):
-    other = OpSignature.conv2d(1, 16, 8, 8, 32, 1, 1)
+    other = conv2d_op(1, 16, 8, 8, 32, 1, 1)
     store = Store(tmp_path)
     store.append([_rec(MM, MM_S, 1.0), _rec(CONV, CONV_S, 2.0), _rec(other, CONV_S, 3.0)])
     store.publish()

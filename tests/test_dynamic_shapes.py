@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 import pytest
 
+from tunecache.compiler.kinds.matmul import matmul_op
+
 pytest.importorskip("onnxruntime")
 
 from onnx_support import F32, Builder, assert_close, ort_run
@@ -313,7 +315,7 @@ def test_a_new_shape_shares_packed_weights_when_the_estimate_allows(
     from tunecache.tuner.search import candidates
 
     hw = local_spec()
-    op = OpSignature.matmul(64, 768, 3072)
+    op = matmul_op(64, 768, 3072)
     layout = op_kind("matmul").packed_weights_layout
     assert layout is not None
     pool = [c.schedule for c in candidates(op, hw, k=10)]

@@ -10,6 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.matmul import matmul_op
+
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
@@ -120,12 +124,12 @@ def test_numpy_kernel_matches_reference() -> None:
     from tunecache.compiler.runtime import random_inputs, reference
 
     ops = [
-        OpSignature.matmul(7, 5, 3, trans_a=True, trans_b=True, epilogue="bias+relu"),
-        OpSignature.batch_matmul(3, 4, 5, 6, shared="a", trans_b=True, epilogue="bias"),
-        OpSignature.batch_matmul(3, 4, 5, 6, shared="b", trans_a=True),
-        OpSignature.conv2d(2, 4, 7, 6, 6, 3, 2, stride=(2, 1), pads=(1, 0, 2, 1),
+        matmul_op(7, 5, 3, trans_a=True, trans_b=True, epilogue="bias+relu"),
+        batch_matmul_op(3, 4, 5, 6, shared="a", trans_b=True, epilogue="bias"),
+        batch_matmul_op(3, 4, 5, 6, shared="b", trans_a=True),
+        conv2d_op(2, 4, 7, 6, 6, 3, 2, stride=(2, 1), pads=(1, 0, 2, 1),
                            dilation=(1, 2), groups=2, epilogue="bias+add+relu"),
-        OpSignature.conv2d(1, 4, 5, 5, 8, 3, 3, pads=1, groups=4, epilogue="add"),
+        conv2d_op(1, 4, 5, 5, 8, 3, 3, pads=1, groups=4, epilogue="add"),
     ]
     for op in ops:
         inputs = random_inputs(op, seed=3)

@@ -17,7 +17,7 @@ from kernel_support import build_all, cached_kernel, examples, poisoned_run_prob
 from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError, ScheduleError
-from tunecache.compiler.hardware import ISA_VECTOR_BITS, HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.hardware import HardwareSpec, isa_level, local_spec, runnable_isas
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.kinds.attention import (
     MASKS,
@@ -71,7 +71,7 @@ def run_problem(op: OpSignature, s: AttentionSchedule, hw: HardwareSpec, seed: i
 
 def spec(isa: str, cores: int | None = None) -> HardwareSpec:
     """This machine's spec at another ISA level (and core count): legality and builds only."""
-    return dataclasses.replace(HW, isa=isa, vector_bits=ISA_VECTOR_BITS[isa],
+    return dataclasses.replace(HW, isa=isa, vector_bits=isa_level(isa).vector_bits,
                                cores=cores or HW.cores)
 
 

@@ -17,7 +17,7 @@ import tunecache.compiler.kinds.layernorm  # noqa: F401  (registers the kind)
 from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError, ScheduleError
-from tunecache.compiler.hardware import ISA_VECTOR_BITS, HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.hardware import HardwareSpec, isa_level, local_spec, runnable_isas
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.kinds.layernorm import AFFINES, NORMS, LayernormSchedule, layernorm_op
 from tunecache.compiler.ops import OpSignature
@@ -35,7 +35,7 @@ SLOW = settings(max_examples=examples(25), deadline=None,
 def spec(isa: str, cores: int | None = None) -> HardwareSpec:
     """This machine's spec at another ISA level (and core count): for legality checks and
     builds only, not runs."""
-    return dataclasses.replace(HW, isa=isa, vector_bits=ISA_VECTOR_BITS[isa],
+    return dataclasses.replace(HW, isa=isa, vector_bits=isa_level(isa).vector_bits,
                                cores=cores or HW.cores)
 
 

@@ -14,7 +14,7 @@ from kernel_support import build_all, cached_kernel, poisoned_run_problem, sampl
 from tunecache.compiler.backends.cpu.build import build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError, ScheduleError
-from tunecache.compiler.hardware import ISA_VECTOR_BITS, HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.hardware import HardwareSpec, isa_level, local_spec, runnable_isas
 from tunecache.compiler.kinds.rotary import RotarySchedule, rotary_op, rotary_tables
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, random_inputs, reference
@@ -81,7 +81,7 @@ def test_illegal_schedules_name_every_problem() -> None:
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
 @pytest.mark.parametrize("d", [2, 8, 64, 128, 200])
 def test_default_schedule_is_legal(isa: str, d: int) -> None:
-    hw = dataclasses.replace(HW, isa=isa, vector_bits=ISA_VECTOR_BITS[isa], cores=4)
+    hw = dataclasses.replace(HW, isa=isa, vector_bits=isa_level(isa).vector_bits, cores=4)
     op = rotary_op(6, d, 3)
     s = default_schedule(op, hw, 3)
     assert isinstance(s, RotarySchedule) and s.threads == 3 and problems(op, s, hw) == []
@@ -115,7 +115,7 @@ def test_every_schedule_variant_on_every_isa() -> None:
 
 def test_kernels_compile_for_avx512() -> None:
     """AVX-512 code is at least built (run only where the CPU has it)."""
-    hw = dataclasses.replace(HW, isa="avx512", vector_bits=ISA_VECTOR_BITS["avx512"])
+    hw = dataclasses.replace(HW, isa="avx512", vector_bits=isa_level("avx512").vector_bits)
     op = OPS[2]
     s = RotarySchedule(vec=1, unroll=2, threads=T2)
     assert build(generate(op, s, hw)).path.exists()

@@ -20,7 +20,7 @@ from tunecache.compiler.backends.cpu.build import build, build_source
 from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, dialect
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError, ScheduleError
-from tunecache.compiler.hardware import ISA_VECTOR_BITS, HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.hardware import HardwareSpec, isa_level, local_spec, runnable_isas
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.kinds.softmax import SoftmaxSchedule, causal_keep, softmax_op
 from tunecache.compiler.ops import OpSignature
@@ -173,7 +173,7 @@ def test_illegal_schedules_name_every_problem() -> None:
 def spec(isa: str, cores: int | None = None) -> HardwareSpec:
     """This machine's spec at another ISA level (and core count): for legality checks and
     builds only, not runs."""
-    return dataclasses.replace(HW, isa=isa, vector_bits=ISA_VECTOR_BITS[isa],
+    return dataclasses.replace(HW, isa=isa, vector_bits=isa_level(isa).vector_bits,
                                cores=cores or HW.cores)
 
 

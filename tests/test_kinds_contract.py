@@ -109,5 +109,5 @@ def test_layers_and_backends_name_what_is_missing() -> None:
     assert backend_for(HW).name == "cpu"
     gpu = HW.with_isa("generic")
     object.__setattr__(gpu, "isa", "sm_90")  # a device no registered backend serves
-    with pytest.raises(ValueError, match=r"no backend generates code for .*sm_90; backends: cpu"):
+    with pytest.raises(ValueError, match=r"no backend generates code for .*sm_90; backends: .*cpu"):
         backend_for(gpu)

@@ -24,6 +24,8 @@ from tunecache.cache.store import Store
 from tunecache.cache.wanted import load_wanted
 from tunecache.compiler.backends.cpu.build import find_compiler
 from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule, problems
@@ -43,7 +45,7 @@ BIGGER = dataclasses.replace(LOCAL, cores=LOCAL.cores * 2, l2_bytes=LOCAL.l2_byt
 OTHER_ARCH = dataclasses.replace(LOCAL, arch="aarch64", isa="generic", vector_bits=128,
                                  cpu_model="Arm CPU")
 COMPILER = find_compiler().identity
-OP = OpSignature.matmul(256, 256, 256)
+OP = matmul_op(256, 256, 256)
 
 
 def record(op: OpSignature, schedule: Schedule, median: float, hw: HardwareSpec) -> Record:
@@ -76,9 +78,9 @@ def test_publish_keeps_each_hardware_spec_and_forgeries_are_ignored(tmp_path: Pa
 
 
 def test_exact_first_then_the_nearest_then_nothing_whose_code_cannot_run(tmp_path: Path) -> None:
-    only_sibling = OpSignature.matmul(128, 256, 64)
-    only_bigger = OpSignature.matmul(64, 128, 256)
-    only_foreign = OpSignature.matmul(32, 64, 64)
+    only_sibling = matmul_op(128, 256, 64)
+    only_bigger = matmul_op(64, 128, 256)
+    only_foreign = matmul_op(32, 64, 64)
     store = publish(
         tmp_path,
         record(OP, tuned(OP, LOCAL), 2e-3, LOCAL),
@@ -126,7 +128,7 @@ def test_a_neighbours_schedule_is_refitted_to_the_local_cores() -> None:
 def test_a_split_that_no_longer_fits_the_threads_is_mended() -> None:
     # Measured on a one-core neighbour: M=128 as one 128-row panel, split over rows. With
     # two threads that is one panel for two threads; the re-fit splits it.
-    op = OpSignature.matmul(128, 768, 768, epilogue="bias")
+    op = matmul_op(128, 768, 768, epilogue="bias")
     one_core = MatmulSchedule(mr=4, nr=2 * LOCAL.lanes, kc=384, mc=128, nc=768, parallel="m",
                               threads=1)
     assert not problems(op, one_core, dataclasses.replace(LOCAL, cores=1))
@@ -270,13 +272,13 @@ def test_a_nightly_job_starts_an_op_from_the_nearest_hardwares_schedule(tmp_path
 def test_ops_that_differ_only_in_sizes_share_a_family() -> None:
     from tunecache.compiler.ops import shape_family
 
-    a = shape_family(OpSignature.matmul(128, 768, 768, epilogue="bias").text)
-    b = shape_family(OpSignature.matmul(64, 768, 768, epilogue="bias").text)
-    c = shape_family(OpSignature.matmul(64, 768, 768).text)
+    a = shape_family(matmul_op(128, 768, 768, epilogue="bias").text)
+    b = shape_family(matmul_op(64, 768, 768, epilogue="bias").text)
+    c = shape_family(matmul_op(64, 768, 768).text)
     assert a is not None and b is not None and c is not None
     assert a[0] == b[0] != c[0] and (a[1], b[1]) == ((128, 768, 768), (64, 768, 768))
-    s1 = OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, stride=1, pads=1)
-    s2 = OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, stride=2, pads=1)
+    s1 = conv2d_op(1, 64, 56, 56, 64, 3, 3, stride=1, pads=1)
+    s2 = conv2d_op(1, 64, 56, 56, 64, 3, 3, stride=2, pads=1)
     assert shape_family(s1.text)[0] != shape_family(s2.text)[0]  # type: ignore[index]
     assert shape_family("matmul(M=x,N=1,K=1)") is None
     assert shape_family("nonsense") is None
@@ -284,11 +286,11 @@ def test_ops_that_differ_only_in_sizes_share_a_family() -> None:
 
 def test_an_untuned_shape_is_served_the_nearest_tuned_shape_after_other_hardware(
         tmp_path: Path) -> None:
-    seq128 = OpSignature.matmul(128, 768, 768, epilogue="bias")
-    seq512 = OpSignature.matmul(512, 768, 768, epilogue="bias")
-    seq96 = OpSignature.matmul(96, 768, 768, epilogue="bias")
-    other_kind = OpSignature.matmul(96, 768, 768)
-    on_sibling = OpSignature.matmul(80, 768, 768, epilogue="bias")
+    seq128 = matmul_op(128, 768, 768, epilogue="bias")
+    seq512 = matmul_op(512, 768, 768, epilogue="bias")
+    seq96 = matmul_op(96, 768, 768, epilogue="bias")
+    other_kind = matmul_op(96, 768, 768)
+    on_sibling = matmul_op(80, 768, 768, epilogue="bias")
     store = publish(tmp_path, record(seq128, tuned(seq128, LOCAL), 1e-3, LOCAL),
                     record(seq512, tuned(seq512, LOCAL), 4e-3, LOCAL),
                     record(on_sibling, tuned(on_sibling, SIBLING), 1e-3, SIBLING))
@@ -301,7 +303,7 @@ def test_an_untuned_shape_is_served_the_nearest_tuned_shape_after_other_hardware
     # Another hardware with the op itself comes first; another family is never offered.
     near = view.lookup(on_sibling)
     assert near is not None and near.hw_id == SIBLING.hw_id and near.shape_from is None
-    assert view.lookup(OpSignature.matmul(96, 768, 768, epilogue="bias+relu")) is None
+    assert view.lookup(matmul_op(96, 768, 768, epilogue="bias+relu")) is None
     assert view.lookup(other_kind) is None
     assert CacheView([(store.location, "store")], LOCAL, COMPILER, shapes=False).lookup(
         seq96) is None

@@ -17,14 +17,15 @@ import pytest
 from tunecache.cache.index import Index
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
-from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.records import Record
 
 HW = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=4, l1d_bytes=32768,
                   l2_bytes=1 << 20, l3_bytes=8 << 20, cpu_model="Test CPU")
-OPS = [OpSignature.matmul(64, 64 * i, 64) for i in range(1, 6)]
-OPS.append(OpSignature.batch_matmul(2, 32, 32, 32))
+OPS = [matmul_op(64, 64 * i, 64) for i in range(1, 6)]
+OPS.append(batch_matmul_op(2, 32, 32, 32))
 SCHEDULES = [MatmulSchedule(mr=4, nr=16, kc=64 * k, mc=64, nc=512) for k in range(1, 4)]
 APPENDERS, BATCHES, PER_BATCH = 3, 12, 30
 

@@ -31,6 +31,8 @@ from tunecache.cache.store import Store
 from tunecache.cache.wanted import WANTED_DIR, add_wanted
 from tunecache.compiler.backends.cpu.build import find_compiler
 from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import problems
@@ -42,8 +44,8 @@ pytestmark = pytest.mark.fault
 
 HW = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=4, l1d_bytes=32768,
                   l2_bytes=1 << 20, l3_bytes=8 << 20, cpu_model="Test CPU")
-OP = OpSignature.matmul(256, 256, 256)
-OP2 = OpSignature.batch_matmul(8, 64, 64, 64, trans_b=True)
+OP = matmul_op(256, 256, 256)
+OP2 = batch_matmul_op(8, 64, 64, 64, trans_b=True)
 A = MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=1024)
 B = MatmulSchedule(mr=4, nr=16, kc=128, mc=64, nc=512)
 # What a hostile user appends: measured "fast", illegal everywhere.
@@ -325,7 +327,7 @@ def one_matmul(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-MM = OpSignature.matmul(8, 16, 32)
+MM = matmul_op(8, 16, 32)
 
 
 def test_deploy_serves_the_local_compilers_best_legal_schedule(one_matmul: Path,

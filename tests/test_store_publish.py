@@ -15,14 +15,16 @@ from tunecache.cache.publish import SNAPSHOT_VERSION, best_of, snapshot_digest
 from tunecache.cache.store import Store, StoreError
 from tunecache.compiler.codegen import CODEGEN_VERSION
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.records import Record, records_to_table
 
 HW = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=4, l1d_bytes=32768,
                   l2_bytes=1 << 20, l3_bytes=8 << 20, cpu_model="Test CPU")
-OP = OpSignature.matmul(256, 256, 256)
-OP2 = OpSignature.batch_matmul(8, 64, 64, 64, trans_b=True)
+OP = matmul_op(256, 256, 256)
+OP2 = batch_matmul_op(8, 64, 64, 64, trans_b=True)
 A = MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=1024)
 B = MatmulSchedule(mr=4, nr=16, kc=128, mc=64, nc=512)
 C = MatmulSchedule(mr=4, nr=8, kc=128, mc=64, nc=512, threads=2)
@@ -154,7 +156,7 @@ def test_publish_rollback_and_index(tmp_path):
     bmm = index.lookup(OP2)
     assert bmm is not None
     assert bmm.schedule == A
-    assert index.lookup(OpSignature.matmul(1, 2, 3)) is None
+    assert index.lookup(matmul_op(1, 2, 3)) is None
 
     pointer = store.rollback(HW.hw_id)
     assert pointer.snapshot == first.snapshot
@@ -279,7 +281,7 @@ def test_packed_keys_serve_every_field_of_every_row(tmp_path):
 
     rng = random.Random(5)
     sources = ["tiler", "model", "explore", "refine", "manual", "exhaustive"]
-    ops = [OpSignature.matmul(8 + i, 16, 32) for i in range(120)]
+    ops = [matmul_op(8 + i, 16, 32) for i in range(120)]
     records = [rec(op, rng.choice([A, B, C]), 1.0 + rng.random(), source=rng.choice(sources))
                for op in ops for _ in range(rng.randint(1, 9))]
     store = Store(tmp_path)

@@ -13,8 +13,9 @@ import pytest
 
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
-from tunecache.compiler.ops import OpSignature
 from tunecache.datasets import DamagedFragmentWarning, PathPartError, SchemaError, load
 from tunecache.datasets.location import HOME_ENV, default_root
 from tunecache.datasets.records import Record, records_to_table
@@ -23,8 +24,8 @@ from tunecache.datasets.schema import SCHEMA
 HW = HardwareSpec(arch="x86_64", isa="avx2", vector_bits=256, cores=4, l1d_bytes=32768,
                   l2_bytes=1 << 20, l3_bytes=8 << 20, cpu_model="Test CPU")
 HW2 = HW.with_isa("generic")
-OPS = [OpSignature.matmul(64 * i, 128, 64) for i in range(1, 4)]
-BMM = OpSignature.batch_matmul(4, 32, 32, 32)
+OPS = [matmul_op(64 * i, 128, 64) for i in range(1, 4)]
+BMM = batch_matmul_op(4, 32, 32, 32)
 S1 = MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=1024)
 
 

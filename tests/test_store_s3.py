@@ -78,12 +78,12 @@ _SCENARIO = textwrap.dedent("""
     from tunecache.cache.index import Index
     from tunecache.cache.store import Store
     from tunecache.compiler.hardware import HardwareSpec
-    from tunecache.compiler.ops import OpSignature
+    from tunecache.compiler.kinds.matmul import matmul_op
     from tunecache.compiler.kinds.matmul.space import MatmulSchedule
     from tunecache.datasets.records import Record
 
     root, hw = sys.argv[1], HardwareSpec.from_json(sys.argv[2])
-    op = OpSignature.matmul(128, 128, 128)
+    op = matmul_op(128, 128, 128)
     a = MatmulSchedule(mr=6, nr=16, kc=256, mc=72, nc=1024)
     b = MatmulSchedule(mr=4, nr=16, kc=128, mc=64, nc=512)
 

@@ -15,7 +15,8 @@ _LOAD_A_KERNEL = (
     "from tunecache.compiler.ops import OpSignature as O;"
     "from tunecache.compiler.runtime import compile_kernel;"
     "from tunecache.compiler.schedule import default_schedule;"
-    "op = O.matmul(8, 8, 8); compile_kernel(op, default_schedule(op, local_spec()), local_spec());"
+    "op = O.parse('matmul(M=8,N=8,K=8)');"
+    "compile_kernel(op, default_schedule(op, local_spec()), local_spec());"
     "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
 )
 

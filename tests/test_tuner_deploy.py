@@ -81,7 +81,7 @@ def test_tuned_ops_hit_and_warm_compile_runs_no_compiler(resnet: Path, tmp_path:
     monkeypatch.setenv("CC", str(wrapper))
     from tunecache.compiler.backends.cpu import build
 
-    build._probe_compiler.cache_clear()
+    build.probe_compiler.cache_clear()
     warm = compile_model(resnet, store=store, policy="balanced")
     calls = [line for line in (log.read_text().splitlines() if log.exists() else [])
              if " -o " in f" {line} "]

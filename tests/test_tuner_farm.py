@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tunecache.compiler.kinds.matmul import matmul_op
+
 ray = pytest.importorskip("ray", reason="the farm extra (ray) is not installed")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tunecache.cache.store import Store  # noqa: E402
 from tunecache.compiler.hardware import local_spec  # noqa: E402
-from tunecache.compiler.ops import OpSignature  # noqa: E402
 from tunecache.datasets.suites import Workload  # noqa: E402
 from tunecache.tuner.jobs import JobOptions  # noqa: E402
 from tunecache.tuner.jobs.farm import (  # noqa: E402
@@ -25,7 +26,7 @@ from tunecache.tuner.jobs.farm import (  # noqa: E402
 )
 
 HW = local_spec()
-OPS = [OpSignature.matmul(16 + 8 * i, 32, 24, epilogue="bias") for i in range(4)]
+OPS = [matmul_op(16 + 8 * i, 32, 24, epilogue="bias") for i in range(4)]
 
 
 @pytest.fixture

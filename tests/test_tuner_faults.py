@@ -12,6 +12,7 @@ import pytest
 
 from tunecache.cache.store import Store
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.suites import Workload
 from tunecache.tuner.cli.tune import _print_summary
@@ -22,8 +23,8 @@ from tunecache.tuner.search import tune_op
 pytestmark = pytest.mark.fault
 
 HW = local_spec()
-OP = OpSignature.matmul(96, 96, 96)
-SMALL = OpSignature.matmul(24, 48, 16, epilogue="bias+relu")
+OP = matmul_op(96, 96, 96)
+SMALL = matmul_op(24, 48, 16, epilogue="bias+relu")
 
 
 class SimulatedRunner:
@@ -125,7 +126,7 @@ def test_later_ops_start_only_if_a_candidate_fits(tmp_path: Path) -> None:
     # The first op teaches the job what a candidate costs; an op whose share is smaller
     # than that is not started (it would only overrun).
     runner = SimulatedRunner(cost_s=2.0)
-    tiny = OpSignature.matmul(8, 8, 8)
+    tiny = matmul_op(8, 8, 8)
     summary = job(runner, 9.0, tmp_path,
                   [Workload(OP, 100, "big"), Workload(tiny, 1, "tiny")])
     # big: 1 candidate (2 s), 2 (4 s), then 1 (2 s) of the 3 s left; tiny gets ~1 s: none.

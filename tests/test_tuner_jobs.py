@@ -16,6 +16,8 @@ import pytest
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import add_wanted
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.datasets.suites import Workload
 from tunecache.tuner.jobs import JobOptions, collect_workloads, merge_workloads, run_job
@@ -25,9 +27,9 @@ from tunecache.tuner.search.roller import candidates
 
 HW = local_spec()
 FAST = TimingConfig(min_time_s=0.01, min_repeats=3, timeout_s=30.0)
-A = OpSignature.matmul(24, 48, 16, epilogue="bias+relu")
-B = OpSignature.batch_matmul(2, 8, 16, 8, trans_b=True)
-C = OpSignature.matmul(1, 64, 32)
+A = matmul_op(24, 48, 16, epilogue="bias+relu")
+B = batch_matmul_op(2, 8, 16, 8, trans_b=True)
+C = matmul_op(1, 64, 32)
 
 
 def tunecache(*args: str, root: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -109,7 +111,7 @@ class _TickingRunner:
 
 
 def test_budget_is_respected_and_split_by_benefit(tmp_path: Path) -> None:
-    big = OpSignature.matmul(96, 96, 96)
+    big = matmul_op(96, 96, 96)
     workloads = [Workload(big, 10, "big"), Workload(A, 1, "a"), Workload(C, 1, "c")]
     budget = 6.0
     with Runner(HW, FAST) as real:
@@ -208,7 +210,7 @@ def test_train_then_the_next_job_ranks_with_the_model(tmp_path: Path) -> None:
     version = json.loads(out.stdout)["trained_model"]
     assert version
     assert "explore" in set(Store(tmp_path).load()["source"])
-    other = OpSignature.matmul(16, 32, 16)
+    other = matmul_op(16, 32, 16)
     again = tunecache("tune", "--op", other.text, "--trials", "3", "--no-refine",
                       "--no-baseline", root=tmp_path)
     assert again.returncode == 0, again.stderr
@@ -297,7 +299,7 @@ def test_exploration_samples_the_grid_and_resumes_without_repeats(tmp_path: Path
     from tunecache.tuner.search import roller
 
     store = Store(tmp_path)
-    op = OpSignature.matmul(40, 72, 24)
+    op = matmul_op(40, 72, 24)
     options = JobOptions(trials=2, refine=False, baseline=False, explore=4)
     with Runner(HW, FAST) as runner:
         first = run_job([Workload(op, 1, "x")], HW, store, options, runner=runner)

@@ -12,6 +12,9 @@ import pytest
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.kinds import op_kind
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import compile_kernel
 from tunecache.compiler.schedule import default_schedule
@@ -26,7 +29,7 @@ from tunecache.tuner.measure import (
 )
 
 HW = local_spec()
-OP = OpSignature.matmul(48, 40, 32, epilogue="relu")
+OP = matmul_op(48, 40, 32, epilogue="relu")
 FAST = TimingConfig(min_time_s=0.02, min_repeats=3, timeout_s=20.0)
 
 
@@ -164,7 +167,7 @@ def test_noisy_timings_are_retimed_and_the_quietest_attempt_kept() -> None:
 
 
 def test_prepacked_timing_is_checked_and_times_the_bound_kernel() -> None:
-    op = OpSignature.conv2d(1, 16, 8, 8, 32, 3, 3, pads=1, epilogue="bias")
+    op = conv2d_op(1, 16, 8, 8, 32, 3, 3, pads=1, epilogue="bias")
     schedule = default_schedule(op, HW)
     with Runner(HW, dataclasses.replace(FAST, prepacked_weights=False)) as per_call, \
             Runner(HW, dataclasses.replace(FAST, prepacked_weights=True)) as packed:
@@ -188,7 +191,7 @@ def test_constant_weights_are_timed_cold_unless_asked_not_to() -> None:
     through copies spanning twice the L3, so no call finds them left in cache by the last
     one; ``cold_weights=False`` and activation products (batch_matmul) keep one copy."""
     timing = {"repeat_s": 0.001, "min_repeats": 1, "min_time_s": 0.0, "max_repeats": 1}
-    op = OpSignature.matmul(4, 256, 512, epilogue="bias")
+    op = matmul_op(4, 256, 512, epilogue="bias")
     span = 2 * HW.l3_bytes
     for pack_b in (1, 0):
         schedule = dataclasses.replace(default_schedule(op, HW), pack_b=pack_b)
@@ -198,7 +201,7 @@ def test_constant_weights_are_timed_cold_unless_asked_not_to() -> None:
                                              "cold_bytes": cold_bytes, "timing": timing},
                                             worker._Inputs())
             assert answer["status"] == "ok" and answer["weight_copies"] == copies
-    products = OpSignature.batch_matmul(1, 4, 256, 512)
+    products = batch_matmul_op(1, 4, 256, 512)
     path = str(compile_kernel(products, default_schedule(products, HW), HW).path)
     answer = worker._measure_kernel({"op": products.text, "path": path, "prepacked": False,
                                      "cold_bytes": span, "timing": timing}, worker._Inputs())
@@ -231,8 +234,8 @@ def test_constant_weights_are_timed_cold_unless_asked_not_to() -> None:
 
 def test_weights_are_timed_packed_by_default_and_activation_products_are_not() -> None:
     runner = Runner(HW, FAST)
-    conv = OpSignature.conv2d(1, 8, 6, 6, 16, 3, 3, pads=1)
-    products = OpSignature.batch_matmul(1, 48, 40, 32)
+    conv = conv2d_op(1, 8, 6, 6, 16, 3, 3, pads=1)
+    products = batch_matmul_op(1, 48, 40, 32)
     assert runner.prepacked(conv) and runner.prepacked(OP) and not runner.prepacked(products)
     forced = Runner(HW, dataclasses.replace(FAST, prepacked_weights=True))
     assert forced.prepacked(products)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import default_schedule
 from tunecache.tuner.deploy import Policy, PolicyConfig, PolicyError
 
 HW = local_spec()
-BIG = OpSignature.matmul(512, 512, 512)
-SMALL = OpSignature.matmul(8, 16, 8)
+BIG = matmul_op(512, 512, 512)
+SMALL = matmul_op(8, 16, 8)
 
 
 class FakeClock:

@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import problems
@@ -25,12 +28,12 @@ SMALL_CACHES = replace(AVX512, l1d_bytes=16 << 10, l2_bytes=256 << 10, l3_bytes=
 MANY_CORES = replace(AVX512, cores=16, l3_shared_by=16, l3_bytes=64 << 20)
 
 OPS = [
-    OpSignature.matmul(128, 768, 768, epilogue="bias"),
-    OpSignature.matmul(1, 1000, 2048, trans_b=True, epilogue="bias"),
-    OpSignature.matmul(2048, 2048, 2048),
-    OpSignature.matmul(97, 13, 511, trans_a=True),
-    OpSignature.batch_matmul(12, 128, 128, 64, trans_b=True),
-    OpSignature.batch_matmul(4, 49, 3, 7, shared="b", epilogue="relu"),
+    matmul_op(128, 768, 768, epilogue="bias"),
+    matmul_op(1, 1000, 2048, trans_b=True, epilogue="bias"),
+    matmul_op(2048, 2048, 2048),
+    matmul_op(97, 13, 511, trans_a=True),
+    batch_matmul_op(12, 128, 128, 64, trans_b=True),
+    batch_matmul_op(4, 49, 3, 7, shared="b", epilogue="relu"),
 ]
 
 
@@ -88,7 +91,7 @@ def test_generation_estimates_a_bounded_pool(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_spec_changes_candidates_sensibly() -> None:
-    op = OpSignature.matmul(1024, 1024, 1024)
+    op = matmul_op(1024, 1024, 1024)
     wide = candidates(op, AVX512)
     narrow = candidates(op, AVX2)
     assert all(c.schedule.nr % 16 == 0 for c in wide)
@@ -106,10 +109,10 @@ def test_spec_changes_candidates_sensibly() -> None:
 
 
 def test_small_ops_consider_fewer_threads() -> None:
-    tiny = OpSignature.matmul(1, 256, 128, epilogue="bias")
+    tiny = matmul_op(1, 256, 128, epilogue="bias")
     found = candidates(tiny, MANY_CORES)
     assert found[0].schedule.threads < MANY_CORES.cores
-    big = candidates(OpSignature.matmul(1024, 1024, 1024), MANY_CORES)
+    big = candidates(matmul_op(1024, 1024, 1024), MANY_CORES)
     assert all(c.schedule.threads == MANY_CORES.cores for c in big)
 
 
@@ -120,7 +123,7 @@ def test_thread_count_can_be_pinned() -> None:
 
 
 def test_estimate_prefers_register_blocking_and_balance() -> None:
-    op = OpSignature.matmul(512, 512, 512)
+    op = matmul_op(512, 512, 512)
     base = candidates(op, AVX512, threads=1)[0].schedule
     tiny_tile = base.replace(mr=1, nr=16, mc=base.mc // base.mr)
     assert estimate(op, tiny_tile, AVX512).seconds > 2 * estimate(op, base, AVX512).seconds
@@ -135,7 +138,7 @@ def _round_up(x: int, m: int) -> int:
 
 
 def test_exhaustive_space_is_legal_and_sampling_is_stratified() -> None:
-    op = OpSignature.matmul(64, 96, 80)
+    op = matmul_op(64, 96, 80)
     space = exhaustive_space(op, AVX2)
     assert len(space) > 1000 and len(set(space)) == len(space)
     assert all(not problems(op, s, AVX2) for s in space[::50])
@@ -156,12 +159,12 @@ def test_unknown_kind_is_refused() -> None:
 
 
 CONVS = [
-    OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, pads=1, epilogue="bias+relu"),
-    OpSignature.conv2d(1, 96, 112, 112, 96, 3, 3, stride=2, pads=1, groups=96,
+    conv2d_op(1, 64, 56, 56, 64, 3, 3, pads=1, epilogue="bias+relu"),
+    conv2d_op(1, 96, 112, 112, 96, 3, 3, stride=2, pads=1, groups=96,
                        epilogue="bias+relu"),
-    OpSignature.conv2d(1, 256, 14, 14, 1024, 1, 1, epilogue="bias+add+relu"),
-    OpSignature.conv2d(1, 3, 224, 224, 64, 7, 7, stride=2, pads=3, epilogue="bias+relu"),
-    OpSignature.conv2d(1, 8, 9, 5, 12, 3, 3, dilation=2, pads=(2, 1, 2, 1), groups=4),
+    conv2d_op(1, 256, 14, 14, 1024, 1, 1, epilogue="bias+add+relu"),
+    conv2d_op(1, 3, 224, 224, 64, 7, 7, stride=2, pads=3, epilogue="bias+relu"),
+    conv2d_op(1, 8, 9, 5, 12, 3, 3, dilation=2, pads=(2, 1, 2, 1), groups=4),
 ]
 
 
@@ -192,7 +195,7 @@ def test_conv_exhaustive_space_is_legal() -> None:
 
 
 def test_matrix_vector_with_transposed_weights_gets_dot_products() -> None:
-    fc = OpSignature.matmul(1, 1000, 2048, trans_b=True, epilogue="bias")
+    fc = matmul_op(1, 1000, 2048, trans_b=True, epilogue="bias")
     assert candidates(fc, AVX512)[0].schedule.loop_order == "dot"
     assert {s.loop_order for s in exhaustive_space(fc, AVX512)} >= {"dot", "jpi"}
     assert all(c.schedule.loop_order != "dot" for c in candidates(OPS[0], AVX512))
@@ -400,14 +403,14 @@ def test_direct_tiles_on_a_blocked_input_are_tuned_with_the_split_a_model_runs()
     usual choice."""
     from tunecache.compiler.kinds.conv2d.space import local_axis, local_split
 
-    wide_input = OpSignature.conv2d(1, 256, 56, 56, 64, 1, 1, layout="nchw16c",
+    wide_input = conv2d_op(1, 256, 56, 56, 64, 1, 1, layout="nchw16c",
                                     out_layout="nchw16c", epilogue="bias+relu")
-    heavy_weights = OpSignature.conv2d(1, 512, 7, 7, 2048, 1, 1, layout="nchw16c",
+    heavy_weights = conv2d_op(1, 512, 7, 7, 2048, 1, 1, layout="nchw16c",
                                        out_layout="nchw16c", epilogue="bias")
     assert local_axis(wide_input, 2) == "pixel" and local_axis(heavy_weights, 2) == "oc"
     assert local_axis(wide_input, 1) is None
-    assert local_axis(OpSignature.conv2d(1, 256, 56, 56, 64, 1, 1), 2) is None
-    assert local_axis(OpSignature.conv2d(1, 64, 56, 56, 64, 3, 3, pads=1, groups=64,
+    assert local_axis(conv2d_op(1, 256, 56, 56, 64, 1, 1), 2) is None
+    assert local_axis(conv2d_op(1, 64, 56, 56, 64, 3, 3, pads=1, groups=64,
                                          layout="nchw16c", out_layout="nchw16c"), 2) is None
     for op, axis in ((wide_input, "pixel"), (heavy_weights, "oc")):
         direct = [c.schedule for c in candidates(op, AVX512, k=50, threads=2)
@@ -430,12 +433,12 @@ def test_a_xeon_pays_for_strassens_own_memory_passes_at_large_m() -> None:
     xeon = replace(AVX512, cpu_model="Intel(R) Xeon(R) Processor", l1d_bytes=48 << 10,
                    l2_bytes=2 << 20)
     zen4 = replace(xeon, cpu_model="AMD EPYC 9B14")
-    for op in (OpSignature.matmul(1024, 768, 768, epilogue="bias"),
-               OpSignature.matmul(1024, 768, 3072, epilogue="bias"),
-               OpSignature.matmul(1024, 2304, 768, epilogue="bias")):
+    for op in (matmul_op(1024, 768, 768, epilogue="bias"),
+               matmul_op(1024, 768, 3072, epilogue="bias"),
+               matmul_op(1024, 2304, 768, epilogue="bias")):
         for threads in (1, 2):
             assert not candidates(op, xeon, k=4, threads=threads)[0].schedule.strassen
-    op = OpSignature.matmul(1024, 768, 768, epilogue="bias")
+    op = matmul_op(1024, 768, 768, epilogue="bias")
     assert candidates(op, zen4, k=4, threads=1)[0].schedule.strassen
     # A row block's A sums past L2 (mc=256: 7 x 256 x 384 floats; mc=64 fits) slow the
     # products on the Xeon only.
@@ -463,7 +466,7 @@ def test_a_xeon_pays_for_streaming_weights_so_strassen_and_row_splits_lose_there
                    l2_bytes=2 << 20)
     zen4 = replace(xeon, cpu_model="AMD EPYC 9B14")
     assert constants(xeon).weight_stream_exposed > constants(zen4).weight_stream_exposed == 0
-    ffn_up = OpSignature.matmul(128, 3072, 768)
+    ffn_up = matmul_op(128, 3072, 768)
     for threads in (1, 2):
         xeon_top = candidates(ffn_up, xeon, k=4, threads=threads)[0].schedule
         assert not xeon_top.strassen

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tunecache.compiler.plugins import load_backends
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -170,6 +172,14 @@ class Backend(Protocol):
     def build_flags(self, hw: HardwareSpec, schedule: Schedule) -> tuple[str, ...]:
         """The flags a kernel with ``schedule`` is built with on ``hw``."""
 
+    def ensure_runnable(self, hw: HardwareSpec) -> None:
+        """HardwareError unless this machine can run kernels built for ``hw`` (natively, or
+        on an emulator the backend drives): never a SIGILL later."""
+
+    def ensure_measurable(self, hw: HardwareSpec) -> None:
+        """HardwareError unless kernels for ``hw`` can be timed here: on such a machine, not
+        on an emulator, whose seconds say nothing of it (a measurement is recorded)."""
+
     def toolchain(self) -> str:
         """The identity of the toolchain kernels are built with (it is part of every
         measurement record); BuildError where there is none."""
@@ -211,15 +221,15 @@ def register_backend(backend: Backend) -> Backend:
     return backend
 
 
-def _registered() -> list[Backend]:
-    if not _BACKENDS:
-        from tunecache.compiler.backends import cpu  # noqa: F401  (registers itself)
+def registered_backends() -> list[Backend]:
+    """Every registered backend (:func:`tunecache.compiler.plugins.load_backends` first)."""
+    load_backends()
     return _BACKENDS
 
 
 def backend_for(hw: HardwareSpec) -> Backend:
     """The backend that serves ``hw`` (ValueError naming the known backends if none)."""
-    for backend in _registered():
+    for backend in registered_backends():
         if backend.supports(hw):
             return backend
     names = ", ".join(b.name for b in _BACKENDS)
@@ -228,7 +238,7 @@ def backend_for(hw: HardwareSpec) -> Backend:
 
 def backend_named(name: str) -> Backend:
     """The registered backend called ``name`` (ValueError naming the known ones if none)."""
-    for backend in _registered():
+    for backend in registered_backends():
         if backend.name == name:
             return backend
     names = ", ".join(b.name for b in _BACKENDS)

@@ -28,11 +28,6 @@ ALIGN_FLOATS = 16
 """Workspace regions and packed buffers start on 64-byte boundaries (16 floats)."""
 
 
-def round_up(x: int, m: int) -> int:
-    """``x`` rounded up to a multiple of ``m``."""
-    return (x + m - 1) // m * m
-
-
 HEADER = """\
 #include <stdlib.h>
 #include <string.h>

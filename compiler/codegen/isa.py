@@ -289,9 +289,10 @@ LOG_CONSTANTS = """\
 """
 
 
-def portable_dialect(flags: tuple[str, ...]) -> IsaDialect:
+def portable_dialect(flags: tuple[str, ...], name: str = "generic", extra: str = "") -> IsaDialect:
     """The GCC/Clang vector-extension dialect (16-byte vectors, any target those compilers
-    support) with a backend's target ``flags``."""
-    return IsaDialect("generic", 4,
-                      _GENERIC_PRELUDE + _GENERIC_MATH + _GENERIC_MORE + TANH_ERF + SCALAR_EXP,
-                      flags, LOG_CONSTANTS + _GENERIC_LOG_SPLIT + LOG)
+    support) with a backend's target ``flags``, named for its ISA level, ``extra`` C after
+    the prelude (a target's own spelling of some of its operations)."""
+    return IsaDialect(name, 4,
+                      _GENERIC_PRELUDE + _GENERIC_MATH + _GENERIC_MORE + TANH_ERF + SCALAR_EXP
+                      + extra, flags, LOG_CONSTANTS + _GENERIC_LOG_SPLIT + LOG)

@@ -72,13 +72,13 @@ from tunecache.compiler.codegen.abi import (
     WORKSPACE,
     defines,
     parallel_entry,
-    round_up,
     unpack_args,
 )
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, accumulate, store
-from tunecache.compiler.hardware import ISA_VECTOR_REGISTERS, HardwareSpec
+from tunecache.compiler.hardware import HardwareSpec, isa_level
 from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.mathutil import round_up
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 from tunecache.compiler.schedule import MAX_PACKED_BYTES, ScheduleData, threads_problem
 
@@ -413,7 +413,7 @@ class _Emitter:
     def __init__(self, op: OpSignature, s: AttentionSchedule, d: IsaDialect) -> None:
         self.op, self.s, self.d = op, s, d
         self.lanes = d.lanes
-        self.registers = ISA_VECTOR_REGISTERS.get(d.name, 16)
+        self.registers = isa_level(d.name).vector_registers
         self.causal = is_causal(op)
         self.masked = has_mask_input(op)
         self.full = _full_mask(op)

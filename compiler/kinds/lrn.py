@@ -62,7 +62,6 @@ from tunecache.compiler.codegen.abi import (
     WORKSPACE,
     defines,
     parallel_entry,
-    round_up,
     unpack_args,
 )
 from tunecache.compiler.codegen.isa import IsaDialect
@@ -79,6 +78,7 @@ from tunecache.compiler.kinds.layouts import (
     to_layout,
     with_attrs,
 )
+from tunecache.compiler.mathutil import round_up
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 from tunecache.compiler.schedule import MAX_PACKED_BYTES, ScheduleData, threads_problem
 

@@ -30,7 +30,6 @@ from tunecache.compiler.codegen.abi import (
     PackedWeights,
     kernel_entries,
     preamble,
-    round_up,
 )
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.codegen.isa import IsaDialect
@@ -54,6 +53,7 @@ from tunecache.compiler.kinds.layouts import (
     with_attrs,
 )
 from tunecache.compiler.kinds.matmul import epilogue_tuple
+from tunecache.compiler.mathutil import round_up
 from tunecache.compiler.ops import (
     KindSpec,
     OpSignature,

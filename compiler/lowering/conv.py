@@ -20,7 +20,7 @@ import numpy as np
 
 from tunecache.compiler import onnx_ops
 from tunecache.compiler.graph import ModelError
-from tunecache.compiler.kinds.conv2d import ACTIVATIONS
+from tunecache.compiler.kinds.conv2d import ACTIVATIONS, conv2d_op
 from tunecache.compiler.lowering import (
     FusionContext,
     GraphNode,
@@ -31,7 +31,6 @@ from tunecache.compiler.lowering import (
     register_lowering,
     silu_nodes,
 )
-from tunecache.compiler.ops import OpSignature
 
 
 @register_lowering("Conv", explains=True)
@@ -90,7 +89,7 @@ def _conv(ctx: FusionContext, position: int) -> Any:
             break
         fused.append(nxt)
         out = follower.outputs[0]
-    sig = OpSignature.conv2d(n, c, h, wd, f, r, s, stride=p.stride, pads=p.pads,
+    sig = conv2d_op(n, c, h, wd, f, r, s, stride=p.stride, pads=p.pads,
                              dilation=p.dilation, groups=p.groups, epilogue=tuple(epilogue))
     inputs = [x, weight_name] + ([bias] if bias else []) + ([add_input] if add_input else [])
     return ctx.finish(position, fused, sig, inputs, out)

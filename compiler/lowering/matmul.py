@@ -17,6 +17,8 @@ import math
 from typing import Any
 
 from tunecache.compiler.graph import ModelError
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.lowering import (
     FusionContext,
     GraphNode,
@@ -24,7 +26,6 @@ from tunecache.compiler.lowering import (
     float32_kernel,
     register_lowering,
 )
-from tunecache.compiler.ops import OpSignature
 
 
 @register_lowering("MatMul", "Gemm", explains=True)
@@ -63,14 +64,14 @@ def _matmul(ctx: FusionContext, position: int) -> Any:
     fused, out, bias, relu = _followers(ctx, position, nn, bias, len(b_shape) != 1)
     epilogue = tuple(e for e, on in (("bias", bias is not None), ("relu", relu)) if on)
     if shared == "plain" and b in ctx.constants:
-        sig = OpSignature.matmul(m, nn, k, trans_a=trans_a, trans_b=trans_b, epilogue=epilogue)
+        sig = matmul_op(m, nn, k, trans_a=trans_a, trans_b=trans_b, epilogue=epilogue)
     elif shared == "plain":
         # A product of two activations: batch_matmul, whose B is packed per call (the
         # matmul kind's B is a constant, packed once at compile time and timed so).
-        sig = OpSignature.batch_matmul(1, m, nn, k, trans_a=trans_a, trans_b=trans_b,
+        sig = batch_matmul_op(1, m, nn, k, trans_a=trans_a, trans_b=trans_b,
                                        shared="none", epilogue=epilogue)
     else:
-        sig = OpSignature.batch_matmul(batch, m, nn, k, shared=shared, epilogue=epilogue)
+        sig = batch_matmul_op(batch, m, nn, k, shared=shared, epilogue=epilogue)
     return ctx.finish(position, fused, sig, [a, b] + ([bias] if bias else []), out)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.lowering import StepContext, producers, readers, register_step_pass
 
 
@@ -100,8 +101,8 @@ def _pieces(matmul: Any, split: Any, ctx: StepContext, absorbed: tuple[str, ...]
             inputs.append(ctx.derived_constant(
                 f"{matmul.name}/bias{i}", ("columns", start, width), (b_const,),
                 partial(np.ascontiguousarray, b_const.reshape(-1)[cols])))
-        sig = type(op).matmul(op.dim("M"), width, op.dim("K"), trans_a=op.trans_a,
-                              trans_b=op.trans_b, epilogue=op.epilogue, dtype=op.dtype)
+        sig = matmul_op(op.dim("M"), width, op.dim("K"), trans_a=op.trans_a,
+                        trans_b=op.trans_b, epilogue=op.epilogue, dtype=op.dtype)
         pieces.append(replace(matmul, name=matmul.name if i == 0 else f"{matmul.name}/{i}",
                               nodes=(*matmul.nodes, *absorbed) if i == 0 else matmul.nodes,
                               op=sig, inputs=tuple(inputs), output=output,

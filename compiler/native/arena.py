@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 # Every tensor in the arena starts on a cache line (buffers.ALIGN).
 from tunecache.compiler.buffers import ALIGN
+from tunecache.compiler.mathutil import round_up
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,16 +40,12 @@ class ArenaPlan:
     """What the tensors would take without reuse (for reports)."""
 
 
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
 def plan_arena(tensors: Sequence[Lifetime]) -> ArenaPlan:
     """Place ``tensors`` so that no two alive at the same step overlap in memory."""
     placed: list[tuple[int, int, Lifetime]] = []  # (offset, aligned size, tensor)
     offsets: dict[str, int] = {}
     for tensor in sorted(tensors, key=lambda t: (-t.nbytes, t.first, t.name)):
-        size = _aligned(max(tensor.nbytes, 1))
+        size = round_up(max(tensor.nbytes, 1), ALIGN)
         busy = sorted((off, off + sz) for off, sz, other in placed if other.overlaps(tensor))
         offset = 0
         for start, end in busy:
@@ -58,4 +55,4 @@ def plan_arena(tensors: Sequence[Lifetime]) -> ArenaPlan:
         placed.append((offset, size, tensor))
         offsets[tensor.name] = offset
     peak = max((off + sz for off, sz, _ in placed), default=0)
-    return ArenaPlan(offsets, peak, sum(_aligned(max(t.nbytes, 1)) for t in tensors))
+    return ArenaPlan(offsets, peak, sum(round_up(max(t.nbytes, 1), ALIGN) for t in tensors))

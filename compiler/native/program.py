@@ -1,6 +1,6 @@
 """A loaded graph compiled into one native program: an arena, a plan, one call per run.
 
-:class:`NativeProgram` turns a :class:`~tunecache.compiler.frontend.Graph` and its loaded
+:class:`NativeProgram` turns a :class:`~tunecache.compiler.graph.Graph` and its loaded
 kernels into
 
 * a **static arena**: every intermediate tensor written by a kernel gets an offset, planned
@@ -77,8 +77,9 @@ class _Segment:
     refs: np.ndarray
     first_step: int
     infos: tuple[StepInfo, ...]
-    args: tuple[int, ...] = ()
-    """``tc_run_plan``'s arguments (count and addresses), computed once."""
+    args: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+    """The plan runner's arguments (step count, then the addresses of the steps, the
+    references, the entry table and the base table), computed once."""
 
 
 @dataclass(frozen=True, slots=True)

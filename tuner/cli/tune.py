@@ -162,7 +162,9 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
         click.echo(f"warning: {problem}", err=True)
     if not workloads:
         raise TunecacheError("nothing left to tune: " + "; ".join(problems))
-    model = _current_model(store, hw)
+    from tunecache.costmodel.registry import usable_model
+
+    model = usable_model(store.location, hw)
     progress = _Progress(len(workloads), quiet or as_json)
     options = JobOptions(budget_s=budget_s, trials=trials, retune=retune, refine=not no_refine,
                          threads=threads, baseline=not no_baseline, job_id=job_id,
@@ -227,18 +229,6 @@ def _model_shapes(models: tuple[Path, ...], flags: dict[str, list[int]]
         raise InputShapeError(f"--input-shape names {unknown[0]!r}, which is not an input of "
                               + ("any --model" if models else "a --model (none given)"))
     return shapes, problems
-
-
-def _current_model(store: Store, hw: Any) -> Any:
-    """The store's current cost model trained on this hardware, or None (the tiler's
-    estimate ranks then). A damaged or incompatible model is reported, not fatal."""
-    from tunecache.costmodel import registry
-
-    try:
-        return registry.load_serving(store.location, hw)
-    except TunecacheError as exc:
-        log.warning("not using the cost model: %s", exc)
-        return None
 
 
 def _train(store: Store) -> str | None:

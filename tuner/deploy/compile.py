@@ -39,7 +39,7 @@ from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError, TunecacheError
 from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
 from tunecache.compiler.graph import Graph, ModelError
-from tunecache.compiler.hardware import HardwareSpec, ensure_runnable, local_spec
+from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.native.profile import ProgramProfile
@@ -419,7 +419,9 @@ def compile_model(
     if shapes is None:
         info = frontend.inspect_model(source, input_shapes)  # refuse what cannot run, now
     if model is None and use_model and config.name in ("balanced", "tune"):
-        model = _current_model(store, hw)
+        from tunecache.costmodel.registry import usable_model
+
+        model = usable_model(store.location, hw)
 
     def specialise(concrete: Mapping[str, tuple[int, ...]],
                    siblings: Mapping[str, Schedule] | None = None) -> CompiledModel:
@@ -556,17 +558,6 @@ def _as_in_model(op: OpSignature, decision: Decision) -> Decision:
                    reason=f"{decision.reason}; as it runs in a model: {placed}")
 
 
-def _current_model(store: Store, hw: HardwareSpec) -> Ranker | None:
-    """The store's current cost model for ``hw``; None if absent or unusable (never fatal)."""
-    from tunecache.costmodel import registry
-
-    try:
-        model: Ranker | None = registry.load_serving(store.location, hw)
-    except Exception:  # a damaged model must not break a deploy; the tiler ranks instead
-        return None
-    return model
-
-
 def _measure_now(op: OpSignature, hw: HardwareSpec, store: Store, runner: Runner,
                  decision: Decision, config: PolicyConfig, model: Ranker | None) -> Decision:
     job_id = f"compile-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -596,7 +587,8 @@ def _measure_now(op: OpSignature, hw: HardwareSpec, store: Store, runner: Runner
 
 def _build_kernels(plan: Sequence[PlanEntry], hw: HardwareSpec) -> dict[str, Kernel]:
     """Generate and build (in parallel, through the artifact cache) every planned kernel."""
-    ensure_runnable(hw)
+    backend = backend_for(hw)
+    backend.ensure_runnable(hw)
     wanted: dict[tuple[OpSignature, Schedule], list[str]] = {}
     kernels: dict[str, Kernel] = {}
     for entry in plan:
@@ -608,7 +600,6 @@ def _build_kernels(plan: Sequence[PlanEntry], hw: HardwareSpec) -> dict[str, Ker
 
     def one(key: tuple[OpSignature, Schedule]) -> Kernel:
         op, schedule = key
-        backend = backend_for(hw)
         return backend.load(op, backend.build(generate(op, schedule, hw)).path)
 
     with ThreadPoolExecutor(max(1, min(4, len(keys)))) as pool:

@@ -38,7 +38,7 @@ import numpy as np
 from tunecache.compiler.backends import Artifact, Backend, backend_for
 from tunecache.compiler.codegen import CODEGEN_VERSION, KernelSource, generate
 from tunecache.compiler.errors import BuildError, ScheduleError, TunecacheError
-from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
+from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
@@ -389,7 +389,7 @@ class Runner:
             list[MeasureResult | None], list[tuple[int, Artifact]]]:
         """Build ``kernels`` in parallel: each built one's artifact (with its index), and a
         ``compile_error`` result in the place of each that failed."""
-        ensure_runnable(self.hw)
+        self.backend.ensure_measurable(self.hw)
         if self.timing.cold_weights:
             # Built here, once, not inside a worker's first timed request (its timeout).
             self.backend.prepare_measurement()

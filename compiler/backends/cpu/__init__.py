@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from tunecache.compiler.backends import ArchConstants, Artifact, register_backend
 from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, DIALECTS, dialect
-from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
 
 if TYPE_CHECKING:
     from tunecache.compiler.backends.cpu.kernel import Kernel
@@ -72,6 +72,12 @@ class CpuBackend:
         # OpenMP only where the schedule runs threads: a one-thread kernel links nothing.
         openmp = ("-fopenmp",) if schedule.threads > 1 else ()
         return BASE_FLAGS + dialect(hw.isa).flags + openmp
+
+    def ensure_runnable(self, hw: HardwareSpec) -> None:
+        ensure_runnable(hw)
+
+    def ensure_measurable(self, hw: HardwareSpec) -> None:
+        ensure_runnable(hw)  # every CPU that runs the code times it
 
     def toolchain(self) -> str:
         from tunecache.compiler.backends.cpu.build import find_compiler

@@ -70,7 +70,8 @@ def build_cache_dir() -> Path:
 
 
 @functools.cache
-def _probe_compiler(path: str) -> CompilerInfo:
+def probe_compiler(path: str) -> CompilerInfo:
+    """The identity of the C compiler at ``path`` (its version line and target), asked once."""
     try:
         version = subprocess.run(
             [path, "--version"], capture_output=True, text=True, timeout=30, check=False
@@ -95,7 +96,7 @@ def find_compiler() -> CompilerInfo:
     for name in candidates:
         path = shutil.which(name)
         if path:
-            return _probe_compiler(path)
+            return probe_compiler(path)
     tried = ", ".join(candidates)
     raise BuildError(
         f"no C compiler found (tried {tried}{' from $CC' if env else ' on PATH'}); install gcc "

@@ -15,6 +15,7 @@ from tunecache.compiler.codegen.isa import (
     IsaDialect,
     portable_dialect,
 )
+from tunecache.compiler.hardware import PORTABLE_ISA, IsaLevel, register_isa_level
 
 # Never -ffast-math: a shared object built with it switches FTZ/DAZ on for the whole process.
 # ISO dialects (-std=c11) disable FMA contraction, so use the GNU dialect and ask for it.
@@ -210,3 +211,12 @@ def dialect(isa: str) -> IsaDialect:
         return DIALECTS[isa]
     except KeyError:
         raise ValueError(f"no code generator for ISA {isa!r}; have {', '.join(DIALECTS)}") from None
+
+
+# The x86-64 levels: x86-64-v4's AVX-512 subsets, v3's AVX2 with FMA, and portable code.
+X86_LEVELS = (
+    register_isa_level(IsaLevel("avx512", "x86_64", 512, 32,
+                                frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"}), 2)),
+    register_isa_level(IsaLevel("avx2", "x86_64", 256, 16, frozenset({"avx2", "fma"}), 1)),
+    register_isa_level(IsaLevel(PORTABLE_ISA, "x86_64", 128, 16, frozenset(), 0)),
+)

@@ -21,7 +21,7 @@ from tunecache.compiler.backends.cpu.threads import configure_openmp
 from tunecache.compiler.buffers import aligned_copy, aligned_empty
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.runtime import weight_copies
+from tunecache.compiler.runtime import check_argument, checked_call, weight_copies
 
 _NP_DTYPES = {"float32": np.dtype(np.float32)}
 
@@ -48,57 +48,16 @@ class Kernel:
         self._timer.restype = ctypes.c_double
         self._args = self.op.arguments()
         self._inputs = [a for a in self._args if a.role == "input"]
-        self._output = next(a for a in self._args if a.role == "output")
         self._dtype = _NP_DTYPES[self.op.dtype]
 
     def _check(self, name: str, array: object, shape: tuple[int, ...], writable: bool) -> None:
-        if not isinstance(array, np.ndarray):
-            raise KernelArgumentError(
-                f"{self.op.kind} argument {name} must be a numpy array, got {type(array).__name__}"
-            )
-        if array.dtype != self._dtype:
-            raise KernelArgumentError(
-                f"{self.op.kind} argument {name} has dtype {array.dtype}; the kernel needs "
-                f"{self._dtype} (convert with .astype(np.{self._dtype}))"
-            )
-        if array.shape != shape:
-            raise KernelArgumentError(
-                f"{self.op.kind} argument {name} has shape {array.shape}; {self.op.text} needs "
-                f"{shape}"
-            )
-        if not array.flags.c_contiguous:
-            raise KernelArgumentError(
-                f"{self.op.kind} argument {name} is not C-contiguous (strides {array.strides}); "
-                "pass np.ascontiguousarray(...)"
-            )
-        if not array.flags.aligned:
-            raise KernelArgumentError(f"{self.op.kind} argument {name} is not aligned to its dtype")
-        if writable and not array.flags.writeable:
-            raise KernelArgumentError(f"{self.op.kind} output {name} is read-only")
+        check_argument(self.op, name, array, shape, writable)
 
     def _pointers(self, inputs: tuple[np.ndarray, ...], out: np.ndarray | None,
                   weights: int | None = None) -> tuple[ctypes.Array[ctypes.c_void_p], np.ndarray]:
         """Check the arguments and lay out their pointers; with ``weights`` (the address of
         pre-packed weights), ``inputs`` omit the weights and that address takes their place."""
-        specs = self._inputs if weights is None else [self._inputs[0], *self._inputs[2:]]
-        if len(inputs) != len(specs):
-            names = ", ".join(a.name for a in specs)
-            bound = " with bound weights" if weights is not None else ""
-            raise KernelArgumentError(
-                f"{self.op.text}{bound} takes {len(specs)} input(s) ({names}), got {len(inputs)}"
-            )
-        for spec, array in zip(specs, inputs, strict=True):
-            self._check(spec.name, array, spec.shape, writable=False)
-        if out is None:
-            out = np.empty(self._output.shape, dtype=self._dtype)
-        else:
-            self._check(self._output.name, out, self._output.shape, writable=True)
-            for spec, array in zip(specs, inputs, strict=True):
-                if np.may_share_memory(out, array):
-                    raise KernelArgumentError(
-                        f"output {self._output.name} overlaps input {spec.name}; the kernel "
-                        "needs a separate output buffer"
-                    )
+        out = checked_call(self.op, inputs, out, weights_bound=weights is not None)
         addresses = [a.ctypes.data for a in inputs]
         if weights is not None:
             addresses.insert(1, weights)

@@ -11,7 +11,7 @@ import ctypes
 from tunecache.compiler.backends.cpu.build import build_source
 from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, dialect
 from tunecache.compiler.buffers import aligned_empty
-from tunecache.compiler.hardware import ISA_VECTOR_REGISTERS, HardwareSpec
+from tunecache.compiler.hardware import HardwareSpec, isa_level
 
 MAX_CHAINS = 16
 """Independent accumulators: enough to cover FMA latency x throughput (8 on two pipes of
@@ -22,7 +22,7 @@ def chains(isa: str) -> int:
     """Accumulators the probe runs: :data:`MAX_CHAINS`, fewer where they and the two FMA
     operands would not fit the register file. Sixteen chains on AVX2's sixteen registers
     spilled every iteration and read 67 GFLOP/s on a core whose AVX2 kernels ran at 111."""
-    return min(MAX_CHAINS, ISA_VECTOR_REGISTERS[isa] - 4)
+    return min(MAX_CHAINS, isa_level(isa).vector_registers - 4)
 
 
 def _source(isa: str) -> str:

@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 from tunecache.compiler.codegen.abi import (
     ALIGN_FLOATS,
     preamble,
-    round_up,
 )
 from tunecache.compiler.codegen.epilogue import render
 from tunecache.compiler.codegen.isa import IsaDialect
@@ -45,7 +44,7 @@ from tunecache.compiler.codegen.microkernel import (
     micro_kernel,
     store,
 )
-from tunecache.compiler.hardware import ISA_VECTOR_REGISTERS
+from tunecache.compiler.hardware import isa_levels
 from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
@@ -56,11 +55,8 @@ from tunecache.compiler.kinds.conv2d.space import (
     plane_buffer_floats,
 )
 from tunecache.compiler.kinds.conv2d.winograd import generate_winograd
+from tunecache.compiler.mathutil import ceil_div, round_up
 from tunecache.compiler.ops import OpSignature
-
-
-def _cdiv(x: int, m: int) -> int:
-    return (x + m - 1) // m
 
 
 def _epilogue_scalar(op: OpSignature, v: str, f: str, off: str) -> str:
@@ -168,7 +164,7 @@ def _generate_plane(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     buf_floats = round_up(floats, ALIGN_FLOATS)
     constants = {**shape_constants(op), "TH": s.oh_block, "QV": s.ow_block, "PW": width,
                  "PLANE": f"({rows}L * PW)", "BUF_FLOATS": buf_floats,
-                 "NPB": _cdiv(op.out_h, s.oh_block), "NQT": _cdiv(op.out_w, s.ow_block)}
+                 "NPB": ceil_div(op.out_h, s.oh_block), "NQT": ceil_div(op.out_w, s.ow_block)}
     out = [preamble(d, constants, s.threads), KEEP_IN_REGISTER]
     out.append("""\
 /* Channel plane x (H x W) into buf: phase (PL + iw) % SW, row PT + ih, column (PL + iw) / SW.
@@ -269,12 +265,12 @@ def _direct_plan(op: OpSignature, s: Conv2dSchedule) -> _DirectPlan:
     # tiles cover whole blocks; a grouped convolution's tiles do not (its sink zeroes them).
     covers_blocks = bool(xo) and (depthwise or groups == 1)
     if depthwise:
-        ncb = _cdiv(round_up(dims["C"], xo) if covers_blocks else dims["C"], s.oc_block)
-        nfb = _cdiv(fg, s.oc_block)
+        ncb = ceil_div(round_up(dims["C"], xo) if covers_blocks else dims["C"], s.oc_block)
+        nfb = ceil_div(fg, s.oc_block)
         ngf = ncb  # channel blocks
     else:
-        ncb = _cdiv(cg, icb)
-        nfb = _cdiv(round_up(fg, xo) if covers_blocks else fg, s.oc_block)
+        ncb = ceil_div(cg, icb)
+        nfb = ceil_div(round_up(fg, xo) if covers_blocks else fg, s.oc_block)
         ngf = groups * nfb
     hp = dims["H"] + dims["pad_t"] + dims["pad_b"]
     wp = dims["W"] + dims["pad_l"] + dims["pad_r"]
@@ -292,7 +288,7 @@ def _direct_plan(op: OpSignature, s: Conv2dSchedule) -> _DirectPlan:
     elif source == "band":
         xb_floats = s.threads * _band_floats(op, s)
     elif source == "rows":
-        xb_floats = dims["N"] * _cdiv(dims["C"], xi) * hp * wp * xi
+        xb_floats = dims["N"] * ceil_div(dims["C"], xi) * hp * wp * xi
     elif depthwise:
         xb_floats = dims["N"] * ncb * hp * wp * s.oc_block
     else:
@@ -365,7 +361,7 @@ def _band_floats(op: OpSignature, s: Conv2dSchedule) -> int:
     dims = op.dims_dict
     xi, _ = conv2d_blocks(op)
     wp = dims["W"] + dims["pad_l"] + dims["pad_r"]
-    blocks = 1 if is_depthwise(op) else _cdiv(dims["C"], xi)
+    blocks = 1 if is_depthwise(op) else ceil_div(dims["C"], xi)
     return round_up(blocks * _band_rows(op, s) * wp * xi, ALIGN_FLOATS)
 
 
@@ -460,17 +456,17 @@ def chunk_blocks(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan, span_til
 def _span_tiles(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan) -> int:
     """Tiles one chunk loop spans (:func:`_tile_nest`): with ``fp`` the image's, with ``pf``
     one pixel row's."""
-    nqt = _cdiv(op.out_w, plan.tw)
-    return _cdiv(op.out_h, plan.th) * nqt if s.loop_order == "fp" else nqt
+    nqt = ceil_div(op.out_w, plan.tw)
+    return ceil_div(op.out_h, plan.th) * nqt if s.loop_order == "fp" else nqt
 
 
 def _reduction_chunk(op: OpSignature, s: Conv2dSchedule, plan: _DirectPlan, isa: str) -> int:
     """:func:`chunk_blocks` for the direct kernel of ``op`` under ``s`` at ``isa``; 0 where a
     1x1 tile prefetches the next block's weights instead (:func:`_prefetch_next_weights`)
     and below :data:`CHUNK_MIN_REGISTERS`."""
-    tiles = _cdiv(op.out_h, plan.th) * _cdiv(op.out_w, plan.tw)
+    tiles = ceil_div(op.out_h, plan.th) * ceil_div(op.out_w, plan.tw)
     if (_prefetch_next_weights(op, tiles)
-            or ISA_VECTOR_REGISTERS.get(isa, 0) < CHUNK_MIN_REGISTERS):
+            or isa not in isa_levels() or isa_levels()[isa].vector_registers < CHUNK_MIN_REGISTERS):
         return 0
     return chunk_blocks(op, s, plan, _span_tiles(op, s, plan))
 
@@ -933,7 +929,7 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: _DirectP
     oc_range = ("long gf_lo, gf_hi; split_range(NGF, tid, nth, &gf_lo, &gf_hi);" if split_oc
                 else "const long gf_lo = 0, gf_hi = NGF;")
     # One row block (a flat grid): a split by pixels splits its tiles instead.
-    split_q = not split_oc and _cdiv(op.out_h, plan.th) == 1
+    split_q = not split_oc and ceil_div(op.out_h, plan.th) == 1
     pb_range = ("const long pb_lo = 0, pb_hi = NPB;" if split_oc or split_q
                 else "long pb_lo, pb_hi; split_range(NPB, tid, nth, &pb_lo, &pb_hi);")
     qt_range = ("long qt_lo, qt_hi; split_range(NQT, tid, nth, &qt_lo, &qt_hi);" if split_q
@@ -1002,8 +998,8 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     th, tw = plan.th, plan.tw
     off_wb = round_up(plan.xb_floats, ALIGN_FLOATS)
     ws_floats = off_wb + round_up(plan.wb_floats, ALIGN_FLOATS)
-    npb = _cdiv(P, th)
-    nqt = _cdiv(Q, tw)
+    npb = ceil_div(P, th)
+    nqt = ceil_div(Q, tw)
     th_tail, tw_tail = P - (npb - 1) * th, Q - (nqt - 1) * tw
 
     constants: dict[str, int | str] = {
@@ -1011,7 +1007,7 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         "TH": th, "TW": tw, "NGF": plan.ngf, "NPB": npb, "NQT": nqt, "OFF_WB": off_wb,
         "WB_FLOATS": plan.wb_floats}
     if plan.xi:
-        constants.update(XI=plan.xi, CBX=_cdiv(dims["C"], plan.xi))
+        constants.update(XI=plan.xi, CBX=ceil_div(dims["C"], plan.xi))
     if plan.source == "band":
         constants.update(BAND_ROWS=_band_rows(op, s), BAND_TILES=_band_tiles(op, s),
                          BAND_FLOATS=_band_floats(op, s))
@@ -1019,7 +1015,7 @@ def _generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         rows = "BAND_ROWS" if plan.source == "band" else "HP"
         constants["XCB"] = f"({rows} * WP * ICB)"  # floats from one input block to the next
     if plan.xo:
-        constants.update(XO=plan.xo, CBY=_cdiv(dims["F"], plan.xo))
+        constants.update(XO=plan.xo, CBY=ceil_div(dims["F"], plan.xo))
     if plan.bias_floats:
         stride = round_up(plan.bias_floats, ALIGN_FLOATS)
         constants.update(OFF_BP=ws_floats, BP_FLOATS=plan.bias_floats, BP_STRIDE=stride)
@@ -1140,7 +1136,7 @@ def _gemm_plan(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> _GemmPlan:
     k_total = cg * R * S
     kc = min(s.ic_block, cg) * R * S
     mr, nr = s.oc_block, s.ow_block
-    nfp = _cdiv(fg, mr)
+    nfp = ceil_div(fg, mr)
     pq = op.out_h * op.out_w
     tail = fg % mr != 0
     ap_floats = dims["groups"] * (nfp if s.pack_w else int(tail)) * k_total * mr
@@ -1150,7 +1146,7 @@ def _gemm_plan(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> _GemmPlan:
     in_place = (plain and fg <= _IN_PLACE_MAX_CHANNELS and nr <= 2 * d.lanes
                 and kc * nr * 4 <= _IN_PLACE_PANEL_BYTES)
     constants = {**shape_constants(op), "MR": mr, "NR": nr, "KTOT": k_total, "KC": kc, "NFP": nfp,
-                 "PQ": pq, "NPP": _cdiv(pq, nr), "OFF_BP": round_up(ap_floats, ALIGN_FLOATS),
+                 "PQ": pq, "NPP": ceil_div(pq, nr), "OFF_BP": round_up(ap_floats, ALIGN_FLOATS),
                  "BP_FLOATS": round_up(kc * nr, ALIGN_FLOATS),
                  "PACK_W": str(s.pack_w), "WB_FLOATS": ap_floats,
                  "WPACK_ITEMS": dims["groups"] * (nfp if s.pack_w else int(tail))}

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from tunecache.compiler.codegen.abi import ALIGN_FLOATS, preamble
-from tunecache.compiler.codegen.abi import round_up as _round_up
 from tunecache.compiler.codegen.epilogue import render
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel
@@ -39,6 +38,7 @@ from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constan
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import channel_block
 from tunecache.compiler.kinds.reorder import blocked_copy
+from tunecache.compiler.mathutil import round_up as _round_up
 from tunecache.compiler.ops import OpSignature
 
 Matrix = tuple[tuple[Fraction, ...], ...]

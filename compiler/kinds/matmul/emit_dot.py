@@ -16,15 +16,8 @@ from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 
-_HSUM = {
-    "avx512": "static inline float hsum(vec v) { return _mm512_reduce_add_ps(v); }",
-    "avx2": (
-        "static inline float hsum(vec v) {\n"
-        "  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));\n"
-        "  x = _mm_hadd_ps(x, x); x = _mm_hadd_ps(x, x); return _mm_cvtss_f32(x);\n}"
-    ),
-    "generic": "static inline float hsum(vec v) { return v[0] + v[1] + v[2] + v[3]; }",
-}
+# The dialect's horizontal sum, under the name the dot kernels have always called it.
+_HSUM = "static inline float hsum(vec v) { return VHSUM(v); }"
 
 
 def _tile(mr: int, nv: int, lanes: int, unroll: int, epilogue: tuple[str, ...]) -> str:
@@ -78,7 +71,7 @@ def generate_matmul_dot(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> st
     threaded = s.threads > 1 and s.parallel != "batch"
     constants = {"M": M, "N": N, "K": K, "BATCH": op.batch, "MR": s.mr, "NV": nv, "NCB": nc,
                  "A_BATCH": a_batch, "B_BATCH": b_batch, "C_BATCH": M * N}
-    out = [preamble(d, constants, 1), *filter(None, [scalar_helpers(op.epilogue)]), _HSUM[d.name],
+    out = [preamble(d, constants, 1), *filter(None, [scalar_helpers(op.epilogue)]), _HSUM,
            _tile(s.mr, nv, d.lanes, s.unroll, op.epilogue),
            f"""\
 static void dot_edge(const float *restrict a, const float *restrict b,
