@@ -128,3 +128,26 @@ def test_a_compiled_model_runs_its_plan_on_the_backends_runner(recording, tmp_pa
 def test_unknown_backend_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"no backend named 'tpu'; backends: .*cpu"):
         backends.backend_named("tpu")
+
+
+def test_a_backend_may_register_its_own_emitter_for_a_kind() -> None:
+    """A dialect-specific emitter replaces the kind's own for that dialect alone."""
+    from tunecache.compiler import kinds
+    from tunecache.compiler.codegen import generate
+    from tunecache.compiler.hardware import HardwareSpec
+
+    neon = HardwareSpec(arch="aarch64", isa="neon", vector_bits=128, cores=1,
+                        l1d_bytes=64 << 10, l2_bytes=1 << 20, l3_bytes=8 << 20, cpu_model="n1")
+    op = OpSignature.parse("softmax(M=4,N=32)")
+    own = kinds.op_kind("softmax").emit
+
+    def marked(o: OpSignature, schedule: Any, dialect: Any) -> str:
+        return "/* the neon template */\n" + own(o, schedule, dialect)
+
+    kinds.register_emitter("softmax", "neon", marked)
+    try:
+        assert "/* the neon template */" in generate(op, default_schedule(op, neon), neon).code
+        here = local_spec()
+        assert "neon template" not in generate(op, default_schedule(op, here), here).code
+    finally:
+        del kinds._EMITTERS[("softmax", "neon")]

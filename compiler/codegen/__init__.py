@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tunecache.compiler.backends import backend_for
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds import op_kind
+from tunecache.compiler.kinds import emitter
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule, validate
 
@@ -49,5 +49,5 @@ def generate(op: OpSignature, schedule: Schedule, hw: HardwareSpec) -> KernelSou
         f"/* tunecache kernel, codegen v{CODEGEN_VERSION}\n"
         f" * op: {op.text}\n * schedule: {schedule.to_json()}\n * isa: {hw.isa} */\n"
     )
-    body = op_kind(op.kind).emit(op, schedule, d)
+    body = emitter(op.kind, d.name)(op, schedule, d)
     return KernelSource(op, schedule, hw.isa, header + body, backend.build_flags(hw, schedule))

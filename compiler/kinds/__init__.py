@@ -37,6 +37,10 @@ ENTRY_POINT_GROUP = "tunecache.kinds"
 """Third-party kinds: an entry point in this group names a module that registers kinds."""
 
 
+Emit = Callable[["OpSignature", Any, "IsaDialect"], str]
+"""An emitter: (op, validated schedule, dialect) -> the kernel's source body."""
+
+
 @dataclass(frozen=True)
 class OpKind:
     """What the compiler knows about one op kind (all of it, in one value).
@@ -92,7 +96,7 @@ class OpKind:
     schedule: type[ScheduleData]
     problems: Callable[[OpSignature, Any, HardwareSpec], list[str]]
     default_schedule: Callable[[OpSignature, HardwareSpec, int], ScheduleData]
-    emit: Callable[[OpSignature, Any, IsaDialect], str]
+    emit: Emit
     reference: Callable[[OpSignature, tuple[np.ndarray, ...]], np.ndarray]
     reduction_length: Callable[[OpSignature], int]
     dim_columns: Mapping[str, str]
@@ -109,6 +113,7 @@ class OpKind:
 
 
 _KINDS: dict[str, OpKind] = {}
+_EMITTERS: dict[tuple[str, str], Emit] = {}
 _loaded = False
 
 
@@ -119,6 +124,20 @@ def register(kind: OpKind) -> OpKind:
         raise ValueError(f"op kind {kind.name!r} is registered twice")
     _KINDS[kind.name] = kind
     return kind
+
+
+def register_emitter(kind: str, dialect: str, emit: Emit) -> Emit:
+    """Emit ``kind``'s kernels in ``dialect`` with ``emit`` instead of the kind's own
+    emitter (``OpKind.emit``, written in the shared vocabulary): a backend whose dialect
+    needs another template for a kind (a CUDA kernel, say) registers it from its own
+    package, and neither the kind nor generic code changes."""
+    _EMITTERS[(kind, dialect)] = emit
+    return emit
+
+
+def emitter(kind: str, dialect: str) -> Emit:
+    """The emitter of ``kind``'s kernels in ``dialect``: a registered one, else the kind's."""
+    return _EMITTERS.get((kind, dialect)) or op_kind(kind).emit
 
 
 def _load() -> None:
