@@ -185,7 +185,9 @@ def _hw_part(hw: HardwareSpec) -> tuple[float, ...]:
         l2(hw.l1d_bytes), l2(hw.l2_bytes), l2(hw.l3_bytes),
         l2(hw.l3_bytes / max(1, hw.l3_shared_by)),
         hw.cache_line, hw.l1d_ways, hw.l2_ways, hw.l3_ways,
-        float(hw.isa == "avx512"), float(hw.isa == "avx2"),
+        # hw_isa_avx512 / hw_isa_avx2, named for the x86 levels that first filled them, are
+        # the vector width's one-hot: the same values on every spec, without ISA names here.
+        float(hw.vector_bits == 512), float(hw.vector_bits == 256),
         l2(analytic.peak_gflops_per_core(hw) * hw.cores),
     )
 

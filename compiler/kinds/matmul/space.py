@@ -177,13 +177,9 @@ def default_matmul_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1)
     without any tuning.
     """
     lanes = hw.lanes
-    if hw.isa == "avx512":
-        mr, nr = 14, 2 * lanes
-    elif hw.isa == "avx2":
-        mr, nr = 6, 2 * lanes
-    else:
-        mr, nr = 6, 2 * lanes
-    kc = 384 if hw.isa == "avx512" else 256
+    wide = hw.vector_bits >= 512  # 16-float vectors: taller tiles and deeper K blocks pay
+    mr, nr = (14 if wide else 6), 2 * lanes
+    kc = 384 if wide else 256
     mc = max(mr, (hw.l2_bytes // 2) // (kc * 4) // mr * mr)
     l3_share = hw.l3_bytes // max(1, hw.l3_shared_by) * max(1, min(threads, hw.l3_shared_by))
     nc = max(nr, min(4096, l3_share // 2 // (kc * 4)) // nr * nr)
