@@ -208,7 +208,7 @@ def test_every_listed_op_has_a_case() -> None:
 def test_float32_erf_is_accurate_everywhere() -> None:
     from scipy.special import erf
 
-    from tunecache.compiler.onnx_ops import _erf
+    from tunecache.compiler.onnx_ops.elementwise import _erf
 
     x = np.concatenate([np.linspace(-6, 6, 200_001), [0.0, -0.0, 1e-30, 40.0, -40.0, np.inf,
                                                       -np.inf]]).astype(np.float32)
