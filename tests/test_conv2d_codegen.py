@@ -21,7 +21,7 @@ from tunecache.compiler.backends.cpu.build import Artifact, build
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import KernelArgumentError, OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
-from tunecache.compiler.kinds.conv2d import conv2d_op, emit
+from tunecache.compiler.kinds.conv2d import conv2d_op, direct_plan
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, default_conv2d_schedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, load_kernel, random_inputs, reference
@@ -389,9 +389,9 @@ def test_a_tile_over_many_weights_reduces_them_in_chunks_that_fit_l1() -> None:
     layer = conv(1, 512, 14, 14, 64, 3, 3, pads=1)
     many = generate(layer, s, avx512).code
     assert chunked in many and "int first)" in many
-    blocks = emit.CHUNK_WEIGHT_BYTES // (9 * 16 * lanes * 4)
+    blocks = direct_plan.CHUNK_WEIGHT_BYTES // (9 * 16 * lanes * 4)
     assert f"#define KCB {blocks}" in many
-    few = conv(1, 16 * emit.CHUNK_MIN_CHUNKS * blocks - 16, 14, 14, 64, 3, 3, pads=1)
+    few = conv(1, 16 * direct_plan.CHUNK_MIN_CHUNKS * blocks - 16, 14, 14, 64, 3, 3, pads=1)
     assert chunked not in generate(few, s, avx512).code
     two_tiles = conv(1, 4096, 3, 3, 64, 1, 1)
     assert chunked not in generate(two_tiles, s, avx512).code
