@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import math
 
 import numpy as np
 import pytest
 
-from tunecache.compiler.backends.cpu.build import build_source
+from tunecache.compiler.backends.cpu.clib import CLibrary, c_library
 from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, dialect
 from tunecache.compiler.codegen.epilogue import (
     STEPS,
@@ -46,7 +45,7 @@ def _numpy(steps: tuple[str, ...], x: np.ndarray, operands: dict[str, np.ndarray
     return y
 
 
-def _elementwise(isa: str) -> ctypes.CDLL:
+def _elementwise(isa: str) -> CLibrary:
     """``run_<k>``: ``y = epilogue(x)`` over n floats for ``EPILOGUES[k]``, whole vectors
     then a scalar tail (one library for every epilogue)."""
     d = dialect(isa)
@@ -64,7 +63,7 @@ void run_{k}(const float *x, const float *bias, const float *add, float *y, long
 }}
 """)
     code = d.prelude + scalar_helpers(tuple(STEPS)) + "".join(functions)
-    return ctypes.CDLL(str(build_source(code, BASE_FLAGS + d.flags).path))
+    return c_library(code, BASE_FLAGS + d.flags)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -74,12 +73,11 @@ def test_vector_and_scalar_renderings_match_numpy(isa: str) -> None:
     x = (4 * rng.standard_normal(n)).astype(np.float32)  # past both of clip6's bounds
     x[:3] = (-100.0, 90.0, 0.0)  # silu where e**-x underflows, saturates, and at 0
     bias, add = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
-    ptr = ctypes.c_void_p
     lib = _elementwise(isa)
     for k, steps in enumerate(EPILOGUES):
         y = np.full(n, np.nan, dtype=np.float32)
-        getattr(lib, f"run_{k}")(ptr(x.ctypes.data), ptr(bias.ctypes.data),
-                                 ptr(add.ctypes.data), ptr(y.ctypes.data), ctypes.c_long(n))
+        run = lib.function(f"run_{k}", ("ptr", "ptr", "ptr", "ptr", "long"), "void")
+        run(x, bias, add, y, n)
         expected = _numpy(steps, x, {"bias": bias, "add": add})
         if set(steps) & set(_POLYNOMIAL):
             np.testing.assert_allclose(y, expected, rtol=2e-6, atol=1e-6,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -223,23 +222,16 @@ def test_the_prefetch_plan_covers_the_next_panel_spread_over_the_k_steps(tmp_pat
     """The row tiles of a block, together, prefetch every line of the next B micro-panel
     and nothing past it; each spreads its share over its k steps, and only a share of more
     lines than steps is partly prefetched up front (ARCHITECTURE change 86)."""
-    import ctypes
-
-    from tunecache.compiler.backends.cpu.build import find_compiler
+    from tunecache.compiler.backends.cpu.clib import compile_library
     from tunecache.compiler.kinds.matmul import emit
 
-    source = tmp_path / "plan.c"
-    source.write_text(_PLAN_HARNESS % (emit.PREFETCH_PLAN, emit.SPREAD_STEP))
-    lib = tmp_path / "plan.so"
-    subprocess.run([str(find_compiler().path), "-O1", "-shared", "-fPIC", "-o", str(lib),
-                    str(source)], check=True, capture_output=True)
-    cover = ctypes.CDLL(str(lib)).cover
+    cover = compile_library(_PLAN_HARNESS % (emit.PREFETCH_PLAN, emit.SPREAD_STEP),
+                            ("-O1",)).function("cover", ("long",) * 3 + ("ptr", "ptr"), "void")
     for nr_lines, k, tiles in [(2, 256, 8), (3, 128, 8), (2, 384, 16), (6, 384, 32),
                                (6, 256, 2), (4, 7, 3), (1, 1, 1), (2, 5, 9)]:
         lines = nr_lines * k  # an NR-wide panel k deep: NR/16 lines a step
         hits, early = np.zeros(8192, np.int64), np.zeros(8192, np.int64)
-        cover(ctypes.c_long(lines), ctypes.c_long(tiles), ctypes.c_long(k),
-              hits.ctypes.data_as(ctypes.c_void_p), early.ctypes.data_as(ctypes.c_void_p))
+        cover(lines, tiles, k, hits, early)
         case = (nr_lines, k, tiles)
         assert (hits[:lines] > 0).all(), case
         assert not hits[lines + 1:].any(), case  # the last step may reach one line on
@@ -403,29 +395,21 @@ def test_the_balanced_split_claims_own_units_first_then_the_back_of_the_fullest(
     """The claims behind change 87: a thread takes its own units front first, then others'
     from the back, the fullest range first, and none from an owner not yet done with the
     earlier K blocks; raced by two OpenMP threads, every unit goes exactly once."""
-    import ctypes
-
-    from tunecache.compiler.backends.cpu.build import find_compiler
+    from tunecache.compiler.backends.cpu.clib import compile_library
     from tunecache.compiler.kinds.matmul import emit
 
-    source = tmp_path / "claim.c"
-    source.write_text(_CLAIM_HARNESS % emit.STEAL_CLAIM)
-    lib = tmp_path / "claim.so"
-    subprocess.run([str(find_compiler().path), "-O2", "-fopenmp", "-shared", "-fPIC", "-o",
-                    str(lib), str(source)], check=True, capture_output=True)
-    dll = ctypes.CDLL(str(lib))
+    lib = compile_library(_CLAIM_HARNESS % emit.STEAL_CLAIM, ("-O2", "-fopenmp"))
+    drain = lib.function("drain", ("ptr", "ptr", "long", "int", "int", "ptr"), "long")
+    race = lib.function("race", ("long", "long"), "long")
     ranges = [(0, 4), (4, 6), (6, 12)]
     slots = np.array([lo << 32 | hi for lo, hi in ranges], np.int64)
     progress = np.array([1, 1, 1], np.int64)
     units = np.zeros(16, np.int64)
-    ptr = ctypes.c_void_p
-    dll.drain.restype = dll.race.restype = ctypes.c_long
-    n = dll.drain(slots.ctypes.data_as(ptr), progress.ctypes.data_as(ptr), ctypes.c_long(1),
-                  0, 3, units.ctypes.data_as(ptr))
+    n = drain(slots, progress, 1, 0, 3, units)
     taken = [int(u) for u in units[:n]]
     assert sorted(taken) == list(range(12))
     assert taken[:5] == [0, 1, 2, 3, 11]  # own front first, then the fullest range's back
     for lo, hi in ranges[1:]:
         theirs = [u for u in taken if lo <= u < hi]
         assert theirs == sorted(theirs, reverse=True)
-    assert dll.race(ctypes.c_long(64), ctypes.c_long(400)) == 0
+    assert race(64, 400) == 0

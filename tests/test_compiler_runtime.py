@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tunecache.compiler.buffers import ALIGN, aligned_copy, aligned_empty, as_aligned
+from tunecache.compiler.buffers import ALIGN, address_of, aligned_copy, aligned_empty, as_aligned
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.kinds.matmul import matmul_op
@@ -51,7 +51,7 @@ def test_measurement_inputs_start_on_a_cache_line(text: str) -> None:
     AVX-512 tile 4-5%."""
     op = OpSignature.parse(text)
     inputs = random_inputs(op)
-    assert all(x.ctypes.data % ALIGN == 0 and x.flags.c_contiguous for x in inputs)
+    assert all(address_of(x) % ALIGN == 0 and x.flags.c_contiguous for x in inputs)
     again = np.random.default_rng(0).standard_normal(inputs[0].shape, dtype=np.float32)
     if "matmul" in text:  # the values are numpy's draw, unchanged by the copy
         np.testing.assert_array_equal(inputs[0], again)
@@ -60,15 +60,15 @@ def test_measurement_inputs_start_on_a_cache_line(text: str) -> None:
 def test_aligned_empty_takes_shapes_dtypes_and_zeroes() -> None:
     for shape, dtype in [(7, np.float32), ((3, 5), np.int64), ((2, 3, 4), np.uint8)]:
         x = aligned_empty(shape, dtype, zero=True)
-        assert x.ctypes.data % ALIGN == 0 and x.dtype == dtype and not x.any()
+        assert address_of(x) % ALIGN == 0 and x.dtype == dtype and not x.any()
         assert x.shape == ((shape,) if isinstance(shape, int) else shape)
     y = aligned_copy(np.arange(10.0)[::2])
-    assert y.ctypes.data % ALIGN == 0 and y.flags.c_contiguous
+    assert address_of(y) % ALIGN == 0 and y.flags.c_contiguous
     np.testing.assert_array_equal(y, [0.0, 2.0, 4.0, 6.0, 8.0])
     assert as_aligned(y) is y
     shifted = aligned_empty(9)[1:]  # 4 bytes past a line
     moved = as_aligned(shifted)
-    assert moved is not shifted and moved.ctypes.data % ALIGN == 0
+    assert moved is not shifted and address_of(moved) % ALIGN == 0
 
 @pytest.mark.parametrize(
     ("mutate", "fragment"),

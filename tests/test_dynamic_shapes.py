@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
+from tunecache.compiler.buffers import address_of
 from tunecache.compiler.kinds.matmul import matmul_op
 
 pytest.importorskip("onnxruntime")
@@ -288,7 +289,7 @@ def test_shapes_share_the_weights_and_their_packed_copies(tmp_path: Path) -> Non
     def packed(c: CompiledModel) -> dict[str, int]:
         program = c.program
         assert program is not None
-        return {name[len("packed:"):]: array.ctypes.data
+        return {name[len("packed:"):]: address_of(array)
                 for name, array in program._constants.items() if name.startswith("packed:")}
 
     layouts = [c._packed_layouts() for c in planned]

@@ -6,7 +6,6 @@ Conv -> Relu -> LRN -> MaxPool model compiled end to end."""
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_support import build_all, cached_kernel, poisoned_run_problem, sampled
 
-from tunecache.compiler.backends.cpu.build import build, build_source
+from tunecache.compiler.backends.cpu.build import build
+from tunecache.compiler.backends.cpu.clib import c_library
 from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, dialect
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError, ScheduleError
@@ -232,14 +232,14 @@ void vlog_all(const float *x, float *y, long n) {
 def test_vlog_is_accurate_over_the_normal_range(isa: str) -> None:
     d = dialect(isa)
     code = d.prelude + d.log + f"#define LANES {d.lanes}\n" + _LOG_TEST
-    lib = ctypes.CDLL(str(build_source(code, BASE_FLAGS + d.flags).path))
-    lib.vlog_all.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    vlog_all = c_library(code, BASE_FLAGS + d.flags).function(
+        "vlog_all", ("ptr", "ptr", "long"), "void")
     x = np.concatenate([np.geomspace(1.2e-38, 3e38, 100_000),
                         np.linspace(0.5, 2.0, 50_000), np.linspace(0.999, 1.001, 10_000),
                         [1.0, 2.0, 0.5, np.sqrt(2.0), np.sqrt(0.5)]]).astype(np.float32)
     x = np.concatenate([x, np.ones(-x.size % 16, np.float32)])
     y = np.empty_like(x)
-    lib.vlog_all(x.ctypes.data, y.ctypes.data, x.size)
+    vlog_all(x, y, x.size)
     truth = np.log(x.astype(np.float64))
     big = np.abs(truth) >= 1
     ulp = np.spacing(np.abs(truth).astype(np.float32)).astype(np.float64)

@@ -4,7 +4,6 @@ of ``isa.py`` it relies on. Outputs start NaN-poisoned, so an unwritten element 
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import itertools
 
@@ -16,7 +15,8 @@ from hypothesis import strategies as st
 from kernel_support import build_all, cached_kernel, examples, poisoned_run_problem, sampled
 
 import tunecache.compiler.kinds.softmax  # noqa: F401  (registers the kind)
-from tunecache.compiler.backends.cpu.build import build, build_source
+from tunecache.compiler.backends.cpu.build import build
+from tunecache.compiler.backends.cpu.clib import c_library
 from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, dialect
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import OpSignatureError, ScheduleError
@@ -293,31 +293,30 @@ void fill(const float *x, float *y, int n) { VSTOREU(y, VFILL_PART(VLOADU(x), n,
 def test_vexp_and_lane_helpers(isa: str) -> None:
     d = dialect(isa)
     code = d.prelude + f"#define LANES {d.lanes}\n" + _EXP_TEST
-    lib = ctypes.CDLL(str(build_source(code, BASE_FLAGS + d.flags).path))
-    ptr = ctypes.c_void_p
-    lib.vexp_all.argtypes = [ptr, ptr, ctypes.c_long]
-    lib.hsum.argtypes = lib.hmax.argtypes = [ptr]
-    lib.hsum.restype = lib.hmax.restype = ctypes.c_float
-    lib.fill.argtypes = [ptr, ptr, ctypes.c_int]
+    lib = c_library(code, BASE_FLAGS + d.flags)
+    vexp_all = lib.function("vexp_all", ("ptr", "ptr", "long"), "void")
+    hsum = lib.function("hsum", ("ptr",), "float")
+    hmax = lib.function("hmax", ("ptr",), "float")
+    fill = lib.function("fill", ("ptr", "ptr", "int"), "void")
     x = np.linspace(-87.3, 88.0, 200_001, dtype=np.float32)
     y = np.empty_like(x)
-    lib.vexp_all(x.ctypes.data, y.ctypes.data, x.size)
+    vexp_all(x, y, x.size)
     truth = np.exp(x.astype(np.float64))
     assert (np.abs(y - truth) / truth).max() < 2e-7
     special = np.array([-np.inf, -1e30, -90.0, np.nan, 0.0, 1.0, -1.0], dtype=np.float32)
     out = np.full_like(special, 7.0)
-    lib.vexp_all(special.ctypes.data, out.ctypes.data, special.size)
+    vexp_all(special, out, special.size)
     assert out[:3].tolist() == [0.0, 0.0, 0.0] and np.isnan(out[3])
     np.testing.assert_allclose(out[4:], np.exp([0.0, 1.0, -1.0]), rtol=2e-7)
     v = np.array([3, -8, 5, 1, 9, 2, -4, 7, 6, 0, 11, -2, 4, 8, 10, -1], dtype=np.float32)
-    assert lib.hsum(v.ctypes.data) == v[:d.lanes].sum()
-    assert lib.hmax(v.ctypes.data) == v[:d.lanes].max()
+    assert hsum(v) == v[:d.lanes].sum()
+    assert hmax(v) == v[:d.lanes].max()
     filled = np.zeros(16, np.float32)
-    lib.fill(v.ctypes.data, filled.ctypes.data, 3)
+    fill(v, filled, 3)
     assert filled[:d.lanes].tolist() == [3, -8, 5] + [-1] * (d.lanes - 3)
     # A partial store leaves the rest alone; a partial load reads nothing past its n floats.
     guard = np.full(d.lanes, 5.0, dtype=np.float32)
-    lib.vexp_all(np.zeros(1, np.float32).ctypes.data, guard.ctypes.data, 1)
+    vexp_all(np.zeros(1, np.float32), guard, 1)
     assert guard.tolist() == [1.0] + [5.0] * (d.lanes - 1)
 
 
