@@ -251,7 +251,7 @@ def _challengers(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[C
     schedules at stride 2, 1.02x at 14x14 stride 1. At 16 registers a four-vector tile
     holds two pixels and waits on FMA latency, so there is none."""
     lanes = hw.lanes
-    # Below 32 registers no kernel chunks (emit.CHUNK_MIN_REGISTERS): reduces_in_chunks says no.
+    # Below 32 registers no kernel chunks (direct_plan.CHUNK_MIN_REGISTERS): reduces_in_chunks says no.
     if (s.algorithm != "direct" or is_depthwise(op) or not conv2d_blocks(op)[0]
             or op.dim("F") < WIDE_VECTORS * lanes):
         return []

@@ -11,7 +11,7 @@ at most one activation (:data:`ACTIVATIONS`): ``relu`` clamps at zero, ``clip6``
 Attributes: ``layout`` (X's layout) and ``out_layout`` (Y's and
 ``add``'s; left out of the text while ``nchw``), each ``nchw`` or a channel-blocked
 ``nchw{x}c`` (:mod:`tunecache.compiler.kinds.layouts`). Schedules: ``space.py``; kernels:
-``emit.py``; docs/CONV2D.md.
+``emit.py`` (which picks the algorithm's emitter module); docs/CONV2D.md.
 """
 
 from __future__ import annotations
