@@ -43,6 +43,10 @@ class IsaLevel:
     vector_registers: int
     cpu_flags: frozenset[str]
     rank: int
+    features: frozenset[str] = frozenset()
+    """Optional instruction sets a CPU of this level may have beside it (low-precision dot
+    products, matrix tiles), by their cpuinfo names: detected into
+    :attr:`HardwareSpec.features`, which kernels needing them require."""
 
 
 _ISA_LEVELS: dict[str, IsaLevel] = {}
@@ -87,6 +91,10 @@ class HardwareSpec:
     l2_ways: int = 8
     l3_ways: int = 16
     l3_shared_by: int = 1
+    features: tuple[str, ...] = ()
+    """Optional instruction sets of its ISA level it has (``avx512_vnni``, ``amx_int8``...),
+    sorted; part of ``hw_id`` when present (a spec without any keeps the id it had before
+    they were recorded)."""
 
     def __post_init__(self) -> None:
         for name in ("arch", "isa", "cpu_model"):
@@ -106,6 +114,24 @@ class HardwareSpec:
                 raise HardwareError(f"hardware {name} must be a positive integer, got {value!r}")
         if not re.fullmatch(r"[A-Za-z0-9_]+", self.arch):
             raise HardwareError(f"hardware arch {self.arch!r} must be letters, digits or _")
+        self._check_features(level)
+
+    def _check_features(self, level: IsaLevel) -> None:
+        if not isinstance(self.features, tuple) or \
+                any(not isinstance(f, str) for f in self.features):
+            raise HardwareError(f"hardware features must be a list of names, got "
+                                f"{self.features!r}")
+        known = set().union(*(other.features for other in isa_levels().values()
+                              if other.arch == level.arch))
+        unknown = sorted(set(self.features) - known)
+        if unknown:
+            raise HardwareError(
+                f"unknown feature(s) {', '.join(unknown)} for {self.arch}; known: "
+                f"{', '.join(sorted(known)) or 'none'}")
+        # A level below the one that has them (a spec restricted to AVX2, say) keeps only
+        # those its own code may use.
+        kept = tuple(sorted(set(self.features) & level.features))
+        object.__setattr__(self, "features", kept)
 
     @property
     def lanes(self) -> int:
@@ -123,7 +149,10 @@ class HardwareSpec:
         return f"{self.arch}-{self.isa}-{self.cores}c-{digest}"
 
     def canonical_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        data = asdict(self)
+        if not self.features:
+            del data["features"]  # the ids of specs recorded before features were
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def to_json(self) -> str:
         """Pretty JSON including ``hw_id`` (ignored when read back) and a spec version."""
@@ -157,6 +186,8 @@ class HardwareSpec:
             raise HardwareError(
                 f"unknown hardware spec key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
             )
+        if isinstance(data.get("features"), list):
+            data["features"] = tuple(sorted(set(map(str, data["features"]))))
         if "isa" in data and "vector_bits" not in data:
             known = isa_levels().get(str(data["isa"]))
             data["vector_bits"] = known.vector_bits if known else 0
@@ -178,7 +209,8 @@ class HardwareSpec:
         """The same machine restricted to a lower ISA level (e.g. to test AVX2 code)."""
         data = asdict(self)
         known = isa_levels().get(isa)
-        data.update(isa=isa, vector_bits=known.vector_bits if known else 0)
+        kept = tuple(f for f in self.features if known is not None and f in known.features)
+        data.update(isa=isa, vector_bits=known.vector_bits if known else 0, features=kept)
         return HardwareSpec(**data)
 
 
@@ -255,7 +287,14 @@ def _isa_of(flags: set[str], arch: str) -> str:
     return max(runs, key=lambda level: level.rank).name if runs else PORTABLE_ISA
 
 
+def _features_of(flags: set[str], isa: str) -> tuple[str, ...]:
+    """The optional instruction sets of level ``isa`` among a CPU's ``flags``."""
+    known = isa_levels().get(isa)
+    return tuple(sorted(flags & known.features)) if known is not None else ()
+
+
 _cpu_isa: str | None = None
+_cpu_features: tuple[str, ...] | None = None
 
 
 def cpu_isa() -> str:
@@ -266,10 +305,20 @@ def cpu_isa() -> str:
     return _cpu_isa
 
 
-def ensure_runnable(spec: HardwareSpec, cpu: str | None = None) -> None:
-    """Refuse to run kernels built for ``spec`` on a CPU (``cpu``: its ISA level, detected
-    by default) that lacks ``spec``'s instructions: they would die with SIGILL. Generating
-    and building code for another machine stays allowed; only running it is refused."""
+def cpu_features() -> tuple[str, ...]:
+    """The optional instruction sets of this CPU's level it has (``/proc/cpuinfo``, once)."""
+    global _cpu_features
+    if _cpu_features is None:
+        _cpu_features = _features_of(_cpuinfo(Path("/proc"))[1], cpu_isa())
+    return _cpu_features
+
+
+def ensure_runnable(spec: HardwareSpec, cpu: str | None = None,
+                    features: tuple[str, ...] | None = None) -> None:
+    """Refuse to run kernels built for ``spec`` on a CPU (``cpu``: its ISA level, and
+    ``features``: its optional instruction sets, detected by default) that lacks ``spec``'s
+    instructions: they would die with SIGILL. Generating and building code for another
+    machine stays allowed; only running it is refused."""
     cpu = cpu_isa() if cpu is None else cpu
     if spec.isa not in runnable_isas_for(cpu):
         raise HardwareError(
@@ -277,6 +326,13 @@ def ensure_runnable(spec: HardwareSpec, cpu: str | None = None) -> None:
             f"CPU lacks (its ISA level: {cpu}); pin a spec of this machine (`tunecache hw "
             f"--json`) or unset {ENV_VAR}"
         )
+    has = cpu_features() if features is None else features
+    missing = sorted(set(spec.features) - set(has))
+    if missing:
+        raise HardwareError(
+            f"the hardware spec in use ({spec.hw_id}) claims {', '.join(missing)}, which this "
+            f"CPU lacks (it has: {', '.join(has) or 'none of its level'}); pin a spec of this "
+            f"machine (`tunecache hw --json`) or unset {ENV_VAR}")
 
 
 def runnable_isas_for(isa: str) -> tuple[str, ...]:
@@ -298,6 +354,7 @@ def detect(root: str | os.PathLike[str] = "/") -> HardwareSpec:
     model, flags = _cpuinfo(base / "proc")
     arch = _machine()
     isa = _isa_of(flags, arch)
+    features = _features_of(flags, isa)
     caches = _caches(base / "sys" / "devices" / "system" / "cpu")
     if "l1" not in caches or "l2" not in caches:
         raise HardwareError(
@@ -327,6 +384,7 @@ def detect(root: str | os.PathLike[str] = "/") -> HardwareSpec:
         l2_ways=l2[1],
         l3_ways=l3[1],
         l3_shared_by=l3[3],
+        features=features,
     )
 
 
@@ -365,6 +423,9 @@ _CORES_DISTANCE = 2.0
 _CACHE_DISTANCE = (("l1d_bytes", 1.0), ("l2_bytes", 1.0), ("l3_bytes", 0.5))
 _MODEL_DISTANCE = 0.25
 _WAYS_DISTANCE = 0.05
+# Optional instruction sets change only the low-precision kernels, which a kernel that needs
+# one says itself: float32 schedules carry over whole.
+_FEATURE_DISTANCE = 0.05
 
 
 def hardware_distance(local: HardwareSpec, other: HardwareSpec) -> float | None:
@@ -381,6 +442,7 @@ def hardware_distance(local: HardwareSpec, other: HardwareSpec) -> float | None:
     distance += _MODEL_DISTANCE * (other.cpu_model != local.cpu_model)
     distance += _WAYS_DISTANCE * sum(getattr(other, w) != getattr(local, w)
                                      for w in ("l1d_ways", "l2_ways", "l3_ways", "l3_shared_by"))
+    distance += _FEATURE_DISTANCE * len(set(other.features) ^ set(local.features))
     return distance
 
 

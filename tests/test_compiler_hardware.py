@@ -202,3 +202,64 @@ def test_hardware_distance_orders_neighbours_by_what_changes_kernels() -> None:
     assert hardware.hardware_distance(ZEN3, arm) is None
     # An AVX-512 machine can borrow from AVX2 ones, at a cost.
     assert hardware.hardware_distance(avx512, ZEN3) == pytest.approx(8.0)
+
+
+def test_low_precision_features_are_detected_and_in_the_hw_id(tmp_path: Path) -> None:
+    flags = "avx512f avx512bw avx512dq avx512vl avx512_vnni amx_tile amx_int8 sse4_2"
+    spec = detect(fake_machine(tmp_path / "amx", flags=flags))
+    assert spec.features == ("amx_int8", "amx_tile", "avx512_vnni")  # sorted, known ones only
+    plain = replace(spec, features=())
+    assert spec.hw_id != plain.hw_id
+    # A spec without features keeps the id (and canonical JSON) it had before they existed.
+    assert "features" not in json.loads(plain.canonical_json())
+    assert HardwareSpec.from_json(spec.to_json()) == spec
+    assert spec.with_isa("avx2").features == () and spec.with_isa("generic").features == ()
+    assert detect(fake_machine(tmp_path / "zen3", flags="avx_vnni")).features == ("avx_vnni",)
+
+
+@pytest.mark.parametrize(("features", "fragment"), [
+    (["amx_int8", "neon_dot"], "unknown feature(s) neon_dot for x86_64"),
+    ("avx512_vnni", "must be a list of names"),
+])
+def test_bad_features_are_refused(features: object, fragment: str) -> None:
+    data = {**json.loads(ZEN3.with_isa("avx2").to_json()), "isa": "avx512", "vector_bits": 512,
+            "features": features}
+    with pytest.raises(HardwareError) as err:
+        HardwareSpec.from_dict(data)
+    assert fragment in str(err.value)
+
+
+def test_a_pinned_spec_claiming_a_feature_the_cpu_lacks_is_refused() -> None:
+    from tunecache.compiler import hardware
+
+    spec = replace(hardware.local_spec().with_isa("avx512"),
+                               features=("amx_bf16", "amx_int8", "amx_tile"))
+    with pytest.raises(HardwareError, match=r"claims amx_bf16, amx_int8, amx_tile, which this "
+                                            r"CPU lacks \(it has: avx512_vnni\)"):
+        hardware.ensure_runnable(spec, cpu="avx512", features=("avx512_vnni",))
+    hardware.ensure_runnable(spec, cpu="avx512", features=spec.features)
+
+
+@pytest.mark.skipif("amx_int8" in __import__("tunecache.compiler.hardware",
+                                             fromlist=["cpu_features"]).cpu_features(),
+                    reason="needs a CPU without AMX to pin a spec claiming it")
+def test_cli_with_a_pinned_spec_claiming_amx_says_so_in_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tunecache.compiler import hardware
+
+    here = hardware.local_spec()
+    level = hardware.isa_level(here.isa)
+    if "amx_int8" not in level.features:
+        pytest.skip(f"isa {here.isa} has no AMX to claim")
+    pinned = replace(here, features=("amx_int8", "amx_tile")).to_json()
+    env = {**os.environ, "TUNECACHE_HARDWARE": pinned, "TUNECACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "tunecache.tuner.cli", "bench-op",
+                           "matmul(M=8,N=8,K=8)", "--no-baseline"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and lines[-1].startswith("error: "), done.stderr
+    assert "claims amx_int8, amx_tile, which this CPU lacks" in lines[-1]
+    assert "Traceback" not in done.stderr

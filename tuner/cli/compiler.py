@@ -47,6 +47,7 @@ def hw_command(hardware: Path | None, as_json: bool) -> None:
         ("L2", f"{spec.l2_bytes >> 10} KiB, {spec.l2_ways}-way"),
         ("L3", f"{spec.l3_bytes >> 20} MiB, {spec.l3_ways}-way, shared by {spec.l3_shared_by}"),
         ("cache line", f"{spec.cache_line} B"),
+        ("features", ", ".join(spec.features) or "none"),
     ]
     for key, value in rows:
         click.echo(f"{key:<11} {value}")

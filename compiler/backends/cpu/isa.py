@@ -213,10 +213,16 @@ def dialect(isa: str) -> IsaDialect:
         raise ValueError(f"no code generator for ISA {isa!r}; have {', '.join(DIALECTS)}") from None
 
 
-# The x86-64 levels: x86-64-v4's AVX-512 subsets, v3's AVX2 with FMA, and portable code.
+# The x86-64 levels: x86-64-v4's AVX-512 subsets, v3's AVX2 with FMA, and portable code; the
+# low-precision extensions each may carry (VNNI dot products, BF16 and FP16 arithmetic, AMX
+# tiles), by their /proc/cpuinfo names.
+AVX512_FEATURES = frozenset({"avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
+                             "amx_tile", "amx_int8", "amx_bf16"})
 X86_LEVELS = (
     register_isa_level(IsaLevel("avx512", "x86_64", 512, 32,
-                                frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"}), 2)),
-    register_isa_level(IsaLevel("avx2", "x86_64", 256, 16, frozenset({"avx2", "fma"}), 1)),
+                                frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"}), 2,
+                                AVX512_FEATURES)),
+    register_isa_level(IsaLevel("avx2", "x86_64", 256, 16, frozenset({"avx2", "fma"}), 1,
+                                frozenset({"avx_vnni"}))),
     register_isa_level(IsaLevel(PORTABLE_ISA, "x86_64", 128, 16, frozenset(), 0)),
 )
