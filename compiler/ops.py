@@ -25,8 +25,12 @@ if TYPE_CHECKING:
     from tunecache.compiler.kinds import OpKind
 
 MAX_DIM = 2**31 - 1
-SUPPORTED_DTYPES = ("float32",)
-DTYPE_BYTES = {"float32": 4}
+SUPPORTED_DTYPES = ("float32", "int8")
+"""An op's dtype: ``float32``, or ``int8`` (u8 activations times s8 weights, accumulated in
+int32). It is part of the op's text, so float32 op ids stay what they were."""
+DTYPE_BYTES = {"float32": 4, "int8": 1}
+_ITEM_BYTES = {"float32": 4, "uint8": 1, "int8": 1, "int32": 4}
+"""Bytes of each array element dtype a kernel argument may have."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,8 @@ class KindSpec:
     check: Callable[[OpSignature], list[str]] | None = None
     epilogue_chain: bool = False
     omit_default: frozenset[str] = frozenset()
+    dtypes: tuple[str, ...] = ("float32",)
+    """The dtypes the kind has kernels for."""
 
     @property
     def all_dims(self) -> tuple[str, ...]:
@@ -65,14 +71,18 @@ class TensorArg:
     name: str
     shape: tuple[int, ...]
     role: Literal["input", "output"]
+    dtype: str = "float32"
+    """The numpy dtype of its elements (an int8 matmul reads uint8 A and int8 B, writes
+    int32 C)."""
 
 
 @dataclass(frozen=True, slots=True)
 class OpSignature:
     """A tensor operator with concrete shapes; hashable, comparable, serialisable as text.
 
-    Build one with :meth:`matmul`, :meth:`batch_matmul` or :meth:`parse`; the constructor
-    validates every field and raises :class:`OpSignatureError` naming what is wrong.
+    Build one with a kind's constructor (``matmul_op``, ``conv2d_op``...) or :meth:`parse`;
+    the constructor validates every field and raises :class:`OpSignatureError` naming what
+    is wrong.
     """
 
     kind: str
@@ -109,6 +119,9 @@ class OpSignature:
             raise OpSignatureError(
                 f"unsupported dtype {self.dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}"
             )
+        if self.dtype not in spec.dtypes:
+            raise OpSignatureError(
+                f"{self.kind} has no {self.dtype} kernels; its dtypes: {', '.join(spec.dtypes)}")
         attr_names = tuple(name for name, _ in self.attrs)
         if attr_names != tuple(spec.attrs):
             raise OpSignatureError(
@@ -223,7 +236,7 @@ class OpSignature:
     @property
     def min_bytes(self) -> int:
         """Bytes every implementation must move at least: each tensor read or written once."""
-        return sum(_prod(arg.shape) for arg in self.arguments()) * self.dtype_bytes
+        return sum(_prod(arg.shape) * _ITEM_BYTES[arg.dtype] for arg in self.arguments())
 
     def arguments(self) -> tuple[TensorArg, ...]:
         """The kernel's array arguments in call order: inputs, then the output."""

@@ -24,7 +24,7 @@ from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
-from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.ops import OpSignature, TensorArg
 from tunecache.compiler.schedule import Schedule
 
 Kernel = KernelHandle
@@ -41,17 +41,17 @@ def weight_copies(span_bytes: int, unit_bytes: int) -> int:
 
 
 def check_argument(op: OpSignature, name: str, array: object, shape: tuple[int, ...],
-                   writable: bool = False) -> None:
+                   writable: bool = False, dtype: str = "float32") -> None:
     """KernelArgumentError unless ``array`` is a C-contiguous, aligned numpy array of
-    ``op``'s dtype and ``shape`` (and writable, for an output), naming what is wrong."""
-    dtype = np.dtype(op.dtype)
+    ``dtype`` and ``shape`` (and writable, for an output), naming what is wrong."""
+    want = np.dtype(dtype)
     if not isinstance(array, np.ndarray):
         raise KernelArgumentError(
             f"{op.kind} argument {name} must be a numpy array, got {type(array).__name__}")
-    if array.dtype != dtype:
+    if array.dtype != want:
         raise KernelArgumentError(
             f"{op.kind} argument {name} has dtype {array.dtype}; the kernel needs "
-            f"{dtype} (convert with .astype(np.{dtype}))")
+            f"{want} (convert with .astype(np.{want}))")
     if array.shape != shape:
         raise KernelArgumentError(
             f"{op.kind} argument {name} has shape {array.shape}; {op.text} needs {shape}")
@@ -81,10 +81,10 @@ def checked_call(op: OpSignature, inputs: tuple[np.ndarray, ...], out: np.ndarra
         raise KernelArgumentError(
             f"{op.text}{bound} takes {len(specs)} input(s) ({names}), got {len(inputs)}")
     for spec, array in zip(specs, inputs, strict=True):
-        check_argument(op, spec.name, array, spec.shape)
+        check_argument(op, spec.name, array, spec.shape, dtype=spec.dtype)
     if out is None:
-        return np.empty(output.shape, dtype=np.dtype(op.dtype))
-    check_argument(op, output.name, out, output.shape, writable=True)
+        return np.empty(output.shape, dtype=np.dtype(output.dtype))
+    check_argument(op, output.name, out, output.shape, writable=True, dtype=output.dtype)
     for spec, array in zip(specs, inputs, strict=True):
         if np.may_share_memory(out, array):
             raise KernelArgumentError(
@@ -119,8 +119,19 @@ def random_inputs(op: OpSignature, seed: int = 0) -> tuple[np.ndarray, ...]:
     # Cache-line aligned, as a compiled model's arena and packed weights are.
     if draw is not None:
         return tuple(as_aligned(x) for x in draw(op, rng))
-    return tuple(rng.standard_normal(out=aligned_empty(arg.shape), dtype=np.float32)
-                 for arg in op.arguments() if arg.role == "input")
+    return tuple(_random(arg, rng) for arg in op.arguments() if arg.role == "input")
+
+
+def _random(arg: TensorArg, rng: np.random.Generator) -> np.ndarray:
+    """Standard normal floats, or integers over the element type's whole range."""
+    out = aligned_empty(arg.shape, arg.dtype)
+    if out.dtype.kind == "f":
+        rng.standard_normal(out=out, dtype=np.float32)
+    else:
+        info = np.iinfo(out.dtype)
+        out[...] = rng.integers(max(info.min, -(1 << 15)), min(info.max, 1 << 15) + 1,
+                                size=arg.shape, dtype=np.int64)
+    return out
 
 
 def reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -138,6 +149,8 @@ def tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, f
     kind = op_kind(op.kind)
     if kind.tolerance is not None:
         return kind.tolerance(op, inputs)
+    if np.dtype(op.arguments()[-1].dtype).kind in "iu":
+        return 0.0, 0.0  # integer accumulation is exact
     k = kind.reduction_length(op)
     scale = float(np.abs(inputs[0]).max()) * float(np.abs(inputs[1]).max()) if len(inputs) > 1 \
         else float(np.abs(inputs[0]).max()) ** 2

@@ -108,3 +108,15 @@ def test_without_an_emulator_the_spec_is_refused_with_the_install_hint(monkeypat
     op = OpSignature.parse("matmul(M=8,N=16,K=8)")
     with pytest.raises(HardwareError, match="qemu-user"):
         compile_kernel(op, default_schedule(op, NEON_HW, 1), NEON_HW)
+
+
+@needs_tools
+def test_int8_matmul_is_exact_under_emulation() -> None:
+    import numpy as np
+
+    from tunecache.compiler.kinds.matmul import matmul_op
+
+    op = matmul_op(9, 20, 13, dtype="int8")
+    a, b = random_inputs(op, seed=2)
+    out = compile_kernel(op, default_schedule(op, NEON_HW, 1), NEON_HW)(a, b)
+    np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))

@@ -54,6 +54,14 @@ class IsaDialect:
     log: str = ""
     """C defining ``VLOG`` (module docstring), for the few kernels that need it: kept out of
     the prelude, which every kernel's source and so its build-cache key holds."""
+    int8: str = ""
+    """C of the u8 x s8 dot-product vocabulary int8 kernels write in (empty: none), after
+    the prelude, over ``ivec`` (``lanes`` int32 lanes): ``IGROUP`` K elements one step
+    consumes per lane; ``ib_t``, the type B is packed as (``IGROUP`` consecutive K
+    elements per lane, lanes side by side); ``IZERO()``; ``IBCAST(p)``, the ``IGROUP``
+    u8 at ``p`` in every lane; ``IDOT(acc, a, pb)``, ``acc`` plus per lane the group's
+    products of ``a``'s bytes and the lane's packed B at ``pb``, exact in int32;
+    ``ISTOREU(p, v)``."""
 
 
 _GENERIC_PRELUDE = """\
@@ -289,10 +297,23 @@ LOG_CONSTANTS = """\
 """
 
 
+PORTABLE_INT8 = """\
+#include <stdint.h>
+typedef int32_t ivec __attribute__((vector_size(16)));
+typedef int32_t ivec_u __attribute__((vector_size(16), aligned(4)));
+typedef int32_t ib_t;
+#define IGROUP 1
+#define IZERO() ((ivec){0, 0, 0, 0})
+static inline ivec IBCAST(const uint8_t *p) { return (ivec){0, 0, 0, 0} + (int32_t)p[0]; }
+#define IDOT(acc, a, pb) ((acc) + (a) * *(const ivec_u *)(pb))
+#define ISTOREU(p, v) (*(ivec_u *)(p) = (v))
+"""
+
+
 def portable_dialect(flags: tuple[str, ...], name: str = "generic", extra: str = "") -> IsaDialect:
     """The GCC/Clang vector-extension dialect (16-byte vectors, any target those compilers
     support) with a backend's target ``flags``, named for its ISA level, ``extra`` C after
     the prelude (a target's own spelling of some of its operations)."""
     return IsaDialect(name, 4,
                       _GENERIC_PRELUDE + _GENERIC_MATH + _GENERIC_MORE + TANH_ERF + SCALAR_EXP
-                      + extra, flags, LOG_CONSTANTS + _GENERIC_LOG_SPLIT + LOG)
+                      + extra, flags, LOG_CONSTANTS + _GENERIC_LOG_SPLIT + LOG, PORTABLE_INT8)

@@ -96,9 +96,10 @@ def _kernel_timer(req: dict[str, Any], inputs_cache: _Inputs) -> _Timed | dict[s
     kernel = backend_named(req.get("backend", "cpu")).load(op, req["path"])
     check = bool(req.get("check", True))
     inputs, ref = inputs_cache.get(op, int(req.get("seed", 0)), with_reference=check)
-    out_shape = op.arguments()[-1].shape
-    out = aligned_empty(out_shape)
-    out[...] = np.nan
+    result = op.arguments()[-1]
+    out = aligned_empty(result.shape, result.dtype)
+    # An output the kernel leaves unwritten shows: NaN, or the most negative integer.
+    out[...] = np.nan if out.dtype.kind == "f" else np.iinfo(out.dtype).min
     run: KernelHandle | BoundKernel = kernel
     bound: BoundKernel | None = None
     args = inputs

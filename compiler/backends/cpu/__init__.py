@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tunecache.compiler.backends import ArchConstants, Artifact, register_backend
-from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, DIALECTS, dialect
+from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, DIALECTS, dialect, dialect_for
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class CpuBackend:
         return hw.isa in DIALECTS
 
     def dialect(self, hw: HardwareSpec) -> IsaDialect:
-        return dialect(hw.isa)
+        return dialect_for(hw.isa, hw.features)
 
     def build_flags(self, hw: HardwareSpec, schedule: Schedule) -> tuple[str, ...]:
         # OpenMP only where the schedule runs threads: a one-thread kernel links nothing.

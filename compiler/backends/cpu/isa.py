@@ -5,6 +5,7 @@ portable vector-extension dialect built for x86-64 (the vocabulary is documented
 from __future__ import annotations
 
 import platform
+from dataclasses import replace
 
 from tunecache.compiler.codegen.isa import (
     EXP_CONSTANTS,
@@ -191,19 +192,65 @@ def _generic_flags() -> tuple[str, ...]:
     return ("-march=x86-64",) if platform.machine() in ("x86_64", "AMD64") else ()
 
 
+# u8 x s8 dot products (IsaDialect.int8). With AVX512-VNNI one vpdpbusd takes four K
+# elements per lane; without it, u8 and s8 widen to s16 pairs and vpmaddwd sums each pair
+# into int32 exactly (vpmaddubsw would saturate at 255 x 127 x 2).
+_AVX512_VNNI_INT8 = """\
+#include <stdint.h>
+#pragma GCC target("avx512vnni")
+typedef __m512i ivec;
+typedef int8_t ib_t;
+#define IGROUP 4
+#define IZERO() _mm512_setzero_si512()
+static inline __m512i IBCAST(const uint8_t *p) {
+  int32_t x;
+  __builtin_memcpy(&x, p, 4);
+  return _mm512_set1_epi32(x);
+}
+#define IDOT(acc, a, pb) _mm512_dpbusd_epi32((acc), (a), _mm512_loadu_si512((const void *)(pb)))
+#define ISTOREU(p, v) _mm512_storeu_si512((void *)(p), (v))
+"""
+
+
+def _pairs_int8(bits: int) -> str:
+    """The 16-bit multiply-add int8 vocabulary for ``bits``-wide integer vectors."""
+    p, si = (f"_mm{bits}" if bits == 256 else "_mm512"), f"si{bits}"
+    return f"""\
+#include <stdint.h>
+typedef __m{bits}i ivec;
+typedef int16_t ib_t;
+#define IGROUP 2
+#define IZERO() {p}_setzero_{si}()
+static inline __m{bits}i IBCAST(const uint8_t *p) {{
+  return {p}_set1_epi32((int32_t)p[0] | ((int32_t)p[1] << 16));
+}}
+#define IDOT(acc, a, pb) {p}_add_epi32((acc), {p}_madd_epi16((a), {p}_loadu_{si}((const void *)(pb))))
+#define ISTOREU(p, v) {p}_storeu_{si}((void *)(p), (v))
+"""
+
+
 DIALECTS: dict[str, IsaDialect] = {
     "avx512": IsaDialect(
         "avx512", 16,
         _AVX512_PRELUDE + _AVX512_MATH + _AVX512_MORE + TANH_ERF + SCALAR_EXP,
         ("-march=x86-64-v4", "-mtune=generic", "-mprefer-vector-width=512"),
-        LOG_CONSTANTS + _AVX512_LOG_SPLIT + LOG,
+        LOG_CONSTANTS + _AVX512_LOG_SPLIT + LOG, _pairs_int8(512),
     ),
     "avx2": IsaDialect("avx2", 8,
                        _AVX2_PRELUDE + _AVX2_MATH + _AVX2_MORE + TANH_ERF + SCALAR_EXP,
                        ("-march=x86-64-v3", "-mtune=generic"),
-                       LOG_CONSTANTS + _AVX2_LOG_SPLIT + LOG),
+                       LOG_CONSTANTS + _AVX2_LOG_SPLIT + LOG, _pairs_int8(256)),
     "generic": portable_dialect(_generic_flags()),
 }
+
+
+def dialect_for(isa: str, features: tuple[str, ...] = ()) -> IsaDialect:
+    """The dialect of ``isa`` on a CPU with ``features``: AVX-512's int8 words use VNNI
+    where the CPU has it."""
+    base = dialect(isa)
+    if isa == "avx512" and "avx512_vnni" in features:
+        return replace(base, int8=_AVX512_VNNI_INT8)
+    return base
 
 
 def dialect(isa: str) -> IsaDialect:

@@ -23,8 +23,6 @@ from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_argument, checked_call, weight_copies
 
-_NP_DTYPES = {"float32": np.dtype(np.float32)}
-
 
 @dataclass
 class Kernel:
@@ -48,10 +46,8 @@ class Kernel:
         self._timer.restype = ctypes.c_double
         self._args = self.op.arguments()
         self._inputs = [a for a in self._args if a.role == "input"]
-        self._dtype = _NP_DTYPES[self.op.dtype]
-
-    def _check(self, name: str, array: object, shape: tuple[int, ...], writable: bool) -> None:
-        check_argument(self.op, name, array, shape, writable)
+        # Packed weights (the second input) keep its element type.
+        self._dtype = np.dtype(self._inputs[1].dtype if len(self._inputs) > 1 else "float32")
 
     def _pointers(self, inputs: tuple[np.ndarray, ...], out: np.ndarray | None,
                   weights: int | None = None) -> tuple[ctypes.Array[ctypes.c_void_p], np.ndarray]:
@@ -106,7 +102,7 @@ class Kernel:
                 "pre-packed entry (conv2d direct or gemm with pack_w=1, and matmuls with "
                 "pack_b=1 and a shared B, have one)")
         spec = self._inputs[1]
-        self._check(spec.name, weights, spec.shape, writable=False)
+        check_argument(self.op, spec.name, weights, spec.shape, dtype=spec.dtype)
         packed = aligned_empty(self._packed_floats(), self._dtype)
         pack = self._lib.tc_pack_weights
         pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p]

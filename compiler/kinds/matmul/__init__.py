@@ -17,10 +17,12 @@ import numpy as np
 
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.elementwise import KIND as ELEMENTWISE
 from tunecache.compiler.kinds.matmul.emit import generate_matmul
 from tunecache.compiler.kinds.matmul.emit_dot import generate_matmul_dot
+from tunecache.compiler.kinds.matmul.emit_int8 import generate_int8
 from tunecache.compiler.kinds.matmul.emit_strassen import generate_strassen
 from tunecache.compiler.kinds.matmul.space import (
     LOOP_ORDERS,
@@ -36,6 +38,10 @@ __all__ = ["ACTIVATIONS", "LOOP_ORDERS", "PARALLEL_AXES", "MatmulSchedule", "fus
            "matmul_op", "strassen_block"]
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
+ELEMENT_TYPES = {"float32": ("float32", "float32", "float32"),
+                 "int8": ("uint8", "int8", "int32")}
+"""Per op dtype, the element types of A, B and C (and bias): int8 multiplies u8 activations
+by s8 weights and accumulates exactly in int32."""
 ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh")
 """The epilogue's activations, after ``bias``; an op has at most one."""
 
@@ -71,10 +77,11 @@ def gemm_arguments(op: OpSignature) -> tuple[TensorArg, ...]:
         if op.shared != "b":
             b_shape = (B, *b_shape)
         c_shape = (B, M, N)
-    args = [TensorArg("A", a_shape, "input"), TensorArg("B", b_shape, "input")]
+    a_type, b_type, c_type = ELEMENT_TYPES[op.dtype]
+    args = [TensorArg("A", a_shape, "input", a_type), TensorArg("B", b_shape, "input", b_type)]
     if "bias" in op.epilogue:
-        args.append(TensorArg("bias", (N,), "input"))
-    args.append(TensorArg("C", c_shape, "output"))
+        args.append(TensorArg("bias", (N,), "input", c_type))
+    args.append(TensorArg("C", c_shape, "output", c_type))
     return tuple(args)
 
 
@@ -95,6 +102,8 @@ def gemm_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
 
 
 def _signature_problems(op: OpSignature) -> list[str]:
+    if op.dtype == "int8" and (op.epilogue or op.trans_a or op.trans_b):
+        return ["an int8 matmul is layout=nn without an epilogue (int32 C, exact) so far"]
     found = [step for step in op.epilogue if step in ACTIVATIONS]
     if len(found) > 1:
         return [f"epilogue {'+'.join(op.epilogue)} has {len(found)} activations "
@@ -125,11 +134,35 @@ def strassen_block(op: OpSignature, levels: int = 1) -> OpSignature:
 
 
 def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
+    if op.dtype == "int8":
+        return generate_int8(op, s, d)
     if s.loop_order == "dot":
         return generate_matmul_dot(op, s, d)
     if s.strassen:
         return generate_strassen(op, s, d)
     return generate_matmul(op, s, d)
+
+
+INT8_KNOBS: dict[str, int | str] = {"pack_a": 0, "pack_b": 1, "strassen": 0, "loop_order": "jpi", "unroll": 1,
+              "parallel": "m"}
+"""The knobs an int8 kernel has one value of (it packs per call and splits rows)."""
+
+
+def gemm_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> list[str]:
+    """:func:`matmul_problems`, and for int8 the knobs its kernel has one value of."""
+    found = matmul_problems(op, s, hw)
+    if op.dtype == "int8":
+        found += [f"an int8 matmul takes {knob}={want!r}, not {getattr(s, knob)!r}"
+                  for knob, want in INT8_KNOBS.items() if getattr(s, knob) != want]
+    return found
+
+
+def default_gemm_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> MatmulSchedule:
+    """:func:`default_matmul_schedule`, with an int8 kernel's fixed knobs."""
+    s = default_matmul_schedule(op, hw, threads)
+    if op.dtype != "int8":
+        return s
+    return replace(s, pack_a=0, pack_b=1, strassen=0, loop_order="jpi", unroll=1, parallel="m")
 
 
 def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int, ...]:
@@ -148,12 +181,13 @@ def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int, ...]:
 KIND = register(OpKind(
     name="matmul",
     spec=KindSpec(dims=("M", "N", "K"), attrs={"layout": LAYOUTS},
-                  epilogues=("bias", *ACTIVATIONS), check=_signature_problems),
+                  epilogues=("bias", *ACTIVATIONS), check=_signature_problems,
+                  dtypes=("float32", "int8")),
     arguments=gemm_arguments,
     flops=gemm_flops,
     schedule=MatmulSchedule,
-    problems=matmul_problems,
-    default_schedule=default_matmul_schedule,
+    problems=gemm_problems,
+    default_schedule=default_gemm_schedule,
     emit=emit_gemm,
     reference=gemm_reference,
     reduction_length=lambda op: op.dim("K"),

@@ -1,0 +1,83 @@
+"""The int8 matmul kernel: ``C[M,N] (int32) = A[M,K] (u8) @ B[K,N] (s8)``, exact.
+
+Written in the dialect's dot-product vocabulary (``IsaDialect.int8``: VNNI's four K
+elements a step where the CPU has it, 16-bit pairs otherwise, one element portably). Each
+call packs A's rows zero-padded to whole K groups and B into ``[K groups][N padded][IGROUP]``
+(the layout one ``IDOT`` reads for a vector of columns), then each thread takes row tiles of
+``mr`` rows, sweeping ``nr``-column panels with ``mr x nr / lanes`` accumulators. The tile
+knobs are the float32 schedule's ``mr``, ``nr`` and ``threads``; the cache blocks (``kc``,
+``mc``, ``nc``), A packing, Strassen and loop orders do not apply (``int8_problems``).
+"""
+
+from __future__ import annotations
+
+from tunecache.compiler.codegen.abi import kernel_entries, preamble
+from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.kinds.matmul.space import MatmulSchedule
+from tunecache.compiler.ops import OpSignature
+
+_PACK = """\
+  uint8_t *Ap = (uint8_t *)ws;
+  ib_t *Bp = (ib_t *)(Ap + A_BYTES);
+  const uint8_t *Au = (const uint8_t *)A;
+  const int8_t *Bs = (const int8_t *)B;
+  long lo, hi;
+  split_range(M, TID, NTH, &lo, &hi);
+  for (long i = lo; i < hi; i++) {
+    memcpy(Ap + i * KP, Au + i * K, K);
+    memset(Ap + i * KP + K, 0, KP - K);
+  }
+  split_range(KG, TID, NTH, &lo, &hi);
+  for (long g = lo; g < hi; g++)
+    for (long n = 0; n < NP; n++)
+      for (long t = 0; t < IGROUP; t++) {
+        const long k = g * IGROUP + t;
+        Bp[(g * NP + n) * IGROUP + t] = (k < K && n < N) ? (ib_t)Bs[k * N + n] : 0;
+      }
+  BARRIER();
+  split_range((M + MR - 1) / MR, TID, NTH, &lo, &hi);
+  for (long tile = lo; tile < hi; tile++) tc_int8_rows(Ap, Bp, (int32_t *)C, tile * MR);
+"""
+
+
+def _rows(mr: int, nv: int) -> str:
+    """``tc_int8_rows``: rows ``i0 .. i0 + MR`` of C (those below M), panel by panel."""
+    acc = [f"c{r}_{v}" for r in range(mr) for v in range(nv)]
+    steps = [f"      const ivec a{r} = IBCAST(a_{r} + g * IGROUP);\n" + "".join(
+        f"      c{r}_{v} = IDOT(c{r}_{v}, a{r}, b + {v} * LANES * IGROUP);\n"
+        for v in range(nv)) for r in range(mr)]
+    stores = "".join(
+        f"    if ({r} < rows) {{\n"
+        + "".join(f"      ISTOREU(out + {v} * LANES, c{r}_{v});\n" for v in range(nv))
+        + f"      memcpy(C + (i0 + {r}) * N + j, out, (size_t)width * sizeof(int32_t));\n    }}\n"
+        for r in range(mr))
+    return (
+        "static void tc_int8_rows(const uint8_t *Ap, const ib_t *Bp, int32_t *C, long i0) {\n"
+        "  const long rows = MIN(MR, M - i0);\n"
+        + "".join(f"  const uint8_t *a_{r} = Ap + MIN(i0 + {r}, M - 1) * KP;\n"
+                  for r in range(mr))
+        + "  int32_t out[NR] __attribute__((aligned(64)));\n"
+        "  for (long j = 0; j < NP; j += NR) {\n"
+        f"    ivec {', '.join(f'{c} = IZERO()' for c in acc)};\n"
+        "    const ib_t *b = Bp + j * IGROUP;\n"
+        "    for (long g = 0; g < KG; g++, b += NP * IGROUP) {\n"
+        + "".join(steps) + "    }\n"
+        "    const long width = MIN(NR, N - j);\n"
+        + stores + "  }\n}\n")
+
+
+def generate_int8(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
+    """The int8 kernel of ``op`` under ``s`` in dialect ``d`` (schedule already legal)."""
+    nv = s.nr // d.lanes
+    m, n, k = op.dim("M"), op.dim("N"), op.dim("K")
+    constants = {"M": m, "N": n, "K": k, "MR": s.mr, "NR": s.nr, "LANES": d.lanes,
+                 "NP": -(-n // s.nr) * s.nr}
+    sizes = ("#define KG ((K + IGROUP - 1) / IGROUP)\n#define KP (KG * IGROUP)\n"
+             "#define A_BYTES ((M * KP + 63) / 64 * 64)\n"
+             "#define B_BYTES (KG * NP * IGROUP * (long)sizeof(ib_t))\n")
+    ws_floats = "((A_BYTES + B_BYTES + 3) / 4)"
+    return "\n".join([
+        preamble(d, constants, s.threads), "#include <stdint.h>", d.int8, sizes,
+        _rows(s.mr, nv),
+        kernel_entries(op, lambda packed: _PACK, threads=s.threads, ws_floats=ws_floats),
+    ])

@@ -1,0 +1,99 @@
+"""int8 matmul (issue 53): u8 activations times s8 weights, accumulated exactly in int32, on
+every ISA level this machine runs (VNNI where the CPU has it, 16-bit pairs on AVX-512 and
+AVX2 without it, portable vectors), checked against integer numpy; float32 ops keep their
+text and ids."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tunecache.compiler.codegen import generate
+from tunecache.compiler.errors import KernelArgumentError, OpSignatureError
+from tunecache.compiler.hardware import HardwareSpec, cpu_features, local_spec, runnable_isas
+from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
+from tunecache.compiler.kinds.matmul import matmul_op
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.runtime import compile_kernel, random_inputs
+from tunecache.compiler.schedule import default_schedule, problems
+from tunecache.tuner.measure.runner import Candidate, Runner, TimingConfig
+
+HW = local_spec()
+VNNI = "avx512_vnni" in cpu_features()
+SPECS = [replace(HW.with_isa(isa), features=()) for isa in runnable_isas(HW)]
+SHAPES = [(1, 1, 1), (33, 40, 17), (7, 129, 64), (64, 48, 200)]
+
+
+def _exact(op: OpSignature, hw: HardwareSpec, threads: int) -> None:
+    a, b = random_inputs(op, seed=op.dim("K"))
+    assert a.dtype == np.uint8 and b.dtype == np.int8
+    out = compile_kernel(op, default_schedule(op, hw, threads), hw)(a, b)
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa for s in SPECS])
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_is_exact_on_every_level(hw: HardwareSpec, m: int, n: int, k: int,
+                                      threads: int) -> None:
+    _exact(matmul_op(m, n, k, dtype="int8"), hw, threads)
+
+
+@pytest.mark.skipif(not VNNI, reason="needs a CPU with AVX512-VNNI")
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_int8_is_exact_with_vnni(m: int, n: int, k: int) -> None:
+    _exact(matmul_op(m, n, k, dtype="int8"), HW.with_isa("avx512"), 2)
+
+
+def test_the_kernel_uses_vnni_where_the_spec_has_it_and_pairs_elsewhere() -> None:
+    op = matmul_op(16, 32, 64, dtype="int8")
+    avx512 = replace(HW.with_isa("avx512"), features=()) if "avx512" in runnable_isas(HW) \
+        else None
+    specs = {"vnni": replace(avx512, features=("avx512_vnni",)) if avx512 else None,
+             "pairs": avx512}
+    for name, spec in specs.items():
+        if spec is None:
+            continue
+        code = generate(op, default_schedule(op, spec), spec).code
+        assert ("_mm512_dpbusd_epi32" in code) == (name == "vnni")
+        assert ("_mm512_madd_epi16" in code) == (name == "pairs")
+    generic = HW.with_isa("generic")
+    assert "#define IGROUP 1" in generate(op, default_schedule(op, generic), generic).code
+
+
+def test_float32_ops_keep_their_text_and_ids() -> None:
+    plain = matmul_op(128, 768, 768)
+    assert plain.text == "matmul(M=128,N=768,K=768,dtype=float32,layout=nn,epilogue=none)"
+    assert OpSignature.parse("matmul(M=128,N=768,K=768)") == plain
+    int8 = matmul_op(128, 768, 768, dtype="int8")
+    assert "dtype=int8" in int8.text and int8.op_id != plain.op_id
+    assert OpSignature.parse(int8.text) == int8
+    assert [a.dtype for a in int8.arguments()] == ["uint8", "int8", "int32"]
+    assert int8.min_bytes == 128 * 768 + 768 * 768 + 128 * 768 * 4
+
+
+def test_what_int8_does_not_cover_is_refused_by_name() -> None:
+    with pytest.raises(OpSignatureError, match="batch_matmul has no int8 kernels; its dtypes: "
+                                               "float32"):
+        batch_matmul_op(2, 8, 8, 8, dtype="int8")
+    with pytest.raises(OpSignatureError, match="int8 matmul is layout=nn without an epilogue"):
+        matmul_op(8, 8, 8, dtype="int8", epilogue="bias")
+    op = matmul_op(64, 64, 64, dtype="int8")
+    strassen = replace(default_schedule(op, HW), strassen=1)
+    assert any("int8 matmul takes strassen=0" in p for p in problems(op, strassen, HW))
+    kernel = compile_kernel(op, default_schedule(op, HW), HW)
+    with pytest.raises(KernelArgumentError, match="argument A has dtype float32; the kernel "
+                                                  "needs uint8"):
+        kernel(np.zeros((64, 64), np.float32), np.zeros((64, 64), np.int8))
+
+
+def test_an_int8_kernel_is_measured_and_checked_like_any_other() -> None:
+    op = matmul_op(32, 64, 96, dtype="int8")
+    timing = TimingConfig(repeat_s=0.001, min_repeats=2, max_repeats=3, min_time_s=0.0)
+    with Runner(HW, timing) as runner:
+        [result] = runner.measure([Candidate(op, default_schedule(op, HW))])
+    assert result.status == "ok", result.error
+    assert result.gflops and result.gflops > 0
