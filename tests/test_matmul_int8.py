@@ -97,3 +97,16 @@ def test_an_int8_kernel_is_measured_and_checked_like_any_other() -> None:
         [result] = runner.measure([Candidate(op, default_schedule(op, HW))])
     assert result.status == "ok", result.error
     assert result.gflops and result.gflops > 0
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa for s in SPECS])
+def test_constant_weights_are_packed_once(hw: HardwareSpec) -> None:
+    op = matmul_op(19, 70, 45, dtype="int8")
+    a, b = random_inputs(op, seed=7)
+    kernel = compile_kernel(op, default_schedule(op, hw, 2), hw)
+    assert kernel.prepacks_weights
+    bound = kernel.bind_weights(b)
+    expected = a.astype(np.int64) @ b.astype(np.int64)
+    np.testing.assert_array_equal(bound(a), expected)
+    again = kernel.bind_packed(bound.packed)
+    np.testing.assert_array_equal(again(a), expected)

@@ -46,8 +46,7 @@ class Kernel:
         self._timer.restype = ctypes.c_double
         self._args = self.op.arguments()
         self._inputs = [a for a in self._args if a.role == "input"]
-        # Packed weights (the second input) keep its element type.
-        self._dtype = np.dtype(self._inputs[1].dtype if len(self._inputs) > 1 else "float32")
+        self._dtype = np.dtype(np.float32)  # the ABI counts packed weights in floats
 
     def _pointers(self, inputs: tuple[np.ndarray, ...], out: np.ndarray | None,
                   weights: int | None = None) -> tuple[ctypes.Array[ctypes.c_void_p], np.ndarray]:

@@ -165,13 +165,15 @@ def default_gemm_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -
     return replace(s, pack_a=0, pack_b=1, strassen=0, loop_order="jpi", unroll=1, parallel="m")
 
 
-def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int, ...]:
+def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int | str, ...]:
     """What ``tc_pack_weights`` depends on: op(B)'s shape and storage, and the blocks
     (``NC`` x ``KC``, as clipped by the emitter) of ``NR``-column panels it writes, or with
     ``strassen`` the B sums of its products in ``NR``-column panels of ``KC``-row blocks of
     K's block (no N blocks); the rows ``M`` and every other knob leave the packed bytes the
     same."""
     n, k, nr = op.dim("N"), op.dim("K"), s.nr
+    if op.dtype != "float32":
+        return n, k, nr, op.dtype  # one panel layout per dtype and width
     if s.strassen:
         return (n, k, int(op.trans_b), nr, min(s.kc, strassen_blocks(op, s.strassen)[2]), 0,
                 s.strassen)

@@ -3,7 +3,8 @@
 Written in the dialect's dot-product vocabulary (``IsaDialect.int8``: VNNI's four K
 elements a step where the CPU has it, 16-bit pairs otherwise, one element portably). Each
 call packs A's rows zero-padded to whole K groups and B into ``[K groups][N padded][IGROUP]``
-(the layout one ``IDOT`` reads for a vector of columns), then each thread takes row tiles of
+(the layout one ``IDOT`` reads for a vector of columns; constant weights are packed once,
+``tc_pack_weights``), then each thread takes row tiles of
 ``mr`` rows, sweeping ``nr``-column panels with ``mr x nr / lanes`` accumulators. The tile
 knobs are the float32 schedule's ``mr``, ``nr`` and ``threads``; the cache blocks (``kc``,
 ``mc``, ``nc``), A packing, Strassen and loop orders do not apply (``int8_problems``).
@@ -11,33 +12,42 @@ knobs are the float32 schedule's ``mr``, ``nr`` and ``threads``; the cache block
 
 from __future__ import annotations
 
-from tunecache.compiler.codegen.abi import kernel_entries, preamble
+from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamble
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 
-_PACK = """\
+_PACK_B = """\
+/* B (s8, K x N) into [K groups][NP][IGROUP] of ib_t, zero-padded: groups [g0, g1). */
+static void tc_int8_pack_b(const int8_t *Bs, ib_t *Bp, long g0, long g1) {
+  for (long g = g0; g < g1; g++)
+    for (long n = 0; n < NP; n++)
+      for (long t = 0; t < IGROUP; t++) {
+        const long k = g * IGROUP + t;
+        Bp[(g * NP + n) * IGROUP + t] = (k < K && n < N) ? (ib_t)Bs[k * N + n] : 0;
+      }
+}
+"""
+
+_BODY = """\
   uint8_t *Ap = (uint8_t *)ws;
-  ib_t *Bp = (ib_t *)(Ap + A_BYTES);
   const uint8_t *Au = (const uint8_t *)A;
-  const int8_t *Bs = (const int8_t *)B;
   long lo, hi;
   split_range(M, TID, NTH, &lo, &hi);
   for (long i = lo; i < hi; i++) {
     memcpy(Ap + i * KP, Au + i * K, K);
     memset(Ap + i * KP + K, 0, KP - K);
   }
-  split_range(KG, TID, NTH, &lo, &hi);
-  for (long g = lo; g < hi; g++)
-    for (long n = 0; n < NP; n++)
-      for (long t = 0; t < IGROUP; t++) {
-        const long k = g * IGROUP + t;
-        Bp[(g * NP + n) * IGROUP + t] = (k < K && n < N) ? (ib_t)Bs[k * N + n] : 0;
-      }
+%s
   BARRIER();
   split_range((M + MR - 1) / MR, TID, NTH, &lo, &hi);
   for (long tile = lo; tile < hi; tile++) tc_int8_rows(Ap, Bp, (int32_t *)C, tile * MR);
 """
+_PACK_PER_CALL = """\
+  ib_t *Bp = (ib_t *)(Ap + A_BYTES);
+  split_range(KG, TID, NTH, &lo, &hi);
+  tc_int8_pack_b((const int8_t *)B, Bp, lo, hi);"""
+_PACKED_ONCE = "  const ib_t *Bp = (const ib_t *)B;"
 
 
 def _rows(mr: int, nv: int) -> str:
@@ -75,9 +85,12 @@ def generate_int8(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     sizes = ("#define KG ((K + IGROUP - 1) / IGROUP)\n#define KP (KG * IGROUP)\n"
              "#define A_BYTES ((M * KP + 63) / 64 * 64)\n"
              "#define B_BYTES (KG * NP * IGROUP * (long)sizeof(ib_t))\n")
-    ws_floats = "((A_BYTES + B_BYTES + 3) / 4)"
+    packed = PackedWeights("((B_BYTES + 3) / 4)",
+                           "  tc_int8_pack_b((const int8_t *)weights, (ib_t *)packed, 0, KG);")
     return "\n".join([
-        preamble(d, constants, s.threads), "#include <stdint.h>", d.int8, sizes,
+        preamble(d, constants, s.threads), "#include <stdint.h>", d.int8, sizes, _PACK_B,
         _rows(s.mr, nv),
-        kernel_entries(op, lambda packed: _PACK, threads=s.threads, ws_floats=ws_floats),
+        kernel_entries(op, lambda once: _BODY % (_PACKED_ONCE if once else _PACK_PER_CALL),
+                       threads=s.threads, ws_floats="((A_BYTES + B_BYTES + 3) / 4)",
+                       packed=packed, packed_ws_floats="((A_BYTES + 3) / 4)"),
     ])
