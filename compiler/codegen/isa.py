@@ -59,9 +59,9 @@ class IsaDialect:
     the prelude, over ``ivec`` (``lanes`` int32 lanes): ``IGROUP`` K elements one step
     consumes per lane; ``ib_t``, the type B is packed as (``IGROUP`` consecutive K
     elements per lane, lanes side by side); ``IZERO()``; ``IBCAST(p)``, the ``IGROUP``
-    u8 at ``p`` in every lane; ``IDOT(acc, a, pb)``, ``acc`` plus per lane the group's
-    products of ``a``'s bytes and the lane's packed B at ``pb``, exact in int32;
-    ``ISTOREU(p, v)``."""
+    u8 at ``p`` in every lane; ``ILOADB(pb)``, a vector of packed B (``lanes`` groups);
+    ``IDOT(acc, a, b)``, ``acc`` plus per lane the group's products of ``a``'s bytes and
+    ``b``'s, exact in int32; ``ISTOREU(p, v)``."""
 
 
 _GENERIC_PRELUDE = """\
@@ -305,7 +305,8 @@ typedef int32_t ib_t;
 #define IGROUP 1
 #define IZERO() ((ivec){0, 0, 0, 0})
 static inline ivec IBCAST(const uint8_t *p) { return (ivec){0, 0, 0, 0} + (int32_t)p[0]; }
-#define IDOT(acc, a, pb) ((acc) + (a) * *(const ivec_u *)(pb))
+#define ILOADB(pb) (*(const ivec_u *)(pb))
+#define IDOT(acc, a, b) ((acc) + (a) * (b))
 #define ISTOREU(p, v) (*(ivec_u *)(p) = (v))
 """
 

@@ -207,7 +207,8 @@ static inline __m512i IBCAST(const uint8_t *p) {
   __builtin_memcpy(&x, p, 4);
   return _mm512_set1_epi32(x);
 }
-#define IDOT(acc, a, pb) _mm512_dpbusd_epi32((acc), (a), _mm512_loadu_si512((const void *)(pb)))
+#define ILOADB(pb) _mm512_loadu_si512((const void *)(pb))
+#define IDOT(acc, a, b) _mm512_dpbusd_epi32((acc), (a), (b))
 #define ISTOREU(p, v) _mm512_storeu_si512((void *)(p), (v))
 """
 
@@ -224,7 +225,8 @@ typedef int16_t ib_t;
 static inline __m{bits}i IBCAST(const uint8_t *p) {{
   return {p}_set1_epi32((int32_t)p[0] | ((int32_t)p[1] << 16));
 }}
-#define IDOT(acc, a, pb) {p}_add_epi32((acc), {p}_madd_epi16((a), {p}_loadu_{si}((const void *)(pb))))
+#define ILOADB(pb) {p}_loadu_{si}((const void *)(pb))
+#define IDOT(acc, a, b) {p}_add_epi32((acc), {p}_madd_epi16((a), (b)))
 #define ISTOREU(p, v) {p}_storeu_{si}((void *)(p), (v))
 """
 

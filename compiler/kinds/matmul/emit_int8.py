@@ -53,9 +53,13 @@ _PACKED_ONCE = "  const ib_t *Bp = (const ib_t *)B;"
 def _rows(mr: int, nv: int) -> str:
     """``tc_int8_rows``: rows ``i0 .. i0 + MR`` of C (those below M), panel by panel."""
     acc = [f"c{r}_{v}" for r in range(mr) for v in range(nv)]
-    steps = [f"      const ivec a{r} = IBCAST(a_{r} + g * IGROUP);\n" + "".join(
-        f"      c{r}_{v} = IDOT(c{r}_{v}, a{r}, b + {v} * LANES * IGROUP);\n"
-        for v in range(nv)) for r in range(mr)]
+    # B's vectors once a step, into registers: as memory operands every row would load
+    # them again, and the loads, not the dot products, would bound the loop.
+    loads = "".join(f"      const ivec b{v} = ILOADB(b + {v} * LANES * IGROUP);\n"
+                    for v in range(nv))
+    steps = [loads] + [f"      const ivec a{r} = IBCAST(a_{r} + g * IGROUP);\n" + "".join(
+        f"      c{r}_{v} = IDOT(c{r}_{v}, a{r}, b{v});\n" for v in range(nv))
+        for r in range(mr)]
     stores = "".join(
         f"    if ({r} < rows) {{\n"
         + "".join(f"      ISTOREU(out + {v} * LANES, c{r}_{v});\n" for v in range(nv))
