@@ -4,10 +4,11 @@ Written in the dialect's dot-product vocabulary (``IsaDialect.int8``: VNNI's fou
 elements a step where the CPU has it, 16-bit pairs otherwise, one element portably). Each
 call packs A's rows zero-padded to whole K groups and B into ``[K groups][N padded][IGROUP]``
 (the layout one ``IDOT`` reads for a vector of columns; constant weights are packed once,
-``tc_pack_weights``), then each thread takes row tiles of
-``mr`` rows, sweeping ``nr``-column panels with ``mr x nr / lanes`` accumulators. The tile
-knobs are the float32 schedule's ``mr``, ``nr`` and ``threads``; the cache blocks (``kc``,
-``mc``, ``nc``), A packing, Strassen and loop orders do not apply (``int8_problems``).
+``tc_pack_weights``), then each thread takes row tiles of ``mr`` rows, and for each block of
+``nc`` columns (whose packed B the blocks's row tiles share in L2) sweeps its ``nr``-column
+panels with ``mr x nr / lanes`` accumulators. The knobs are the float32 schedule's ``mr``,
+``nr``, ``nc`` and ``threads``; ``kc``, ``mc``, A packing, Strassen and loop orders do not
+apply (``gemm_problems``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ _BODY = """\
 %s
   BARRIER();
   split_range((M + MR - 1) / MR, TID, NTH, &lo, &hi);
-  for (long tile = lo; tile < hi; tile++) tc_int8_rows(Ap, Bp, (int32_t *)C, tile * MR);
+  for (long j0 = 0; j0 < NP; j0 += NC)
+    for (long tile = lo; tile < hi; tile++)
+      tc_int8_rows(Ap, Bp, (int32_t *)C, tile * MR, j0, MIN(NP, j0 + NC));
 """
 _PACK_PER_CALL = """\
   ib_t *Bp = (ib_t *)(Ap + A_BYTES);
@@ -66,12 +69,13 @@ def _rows(mr: int, nv: int) -> str:
         + f"      memcpy(C + (i0 + {r}) * N + j, out, (size_t)width * sizeof(int32_t));\n    }}\n"
         for r in range(mr))
     return (
-        "static void tc_int8_rows(const uint8_t *Ap, const ib_t *Bp, int32_t *C, long i0) {\n"
+        "static void tc_int8_rows(const uint8_t *Ap, const ib_t *Bp, int32_t *C, long i0,\n"
+        "                         long j0, long j1) {\n"
         "  const long rows = MIN(MR, M - i0);\n"
         + "".join(f"  const uint8_t *a_{r} = Ap + MIN(i0 + {r}, M - 1) * KP;\n"
                   for r in range(mr))
         + "  int32_t out[NR] __attribute__((aligned(64)));\n"
-        "  for (long j = 0; j < NP; j += NR) {\n"
+        "  for (long j = j0; j < j1; j += NR) {\n"
         f"    ivec {', '.join(f'{c} = IZERO()' for c in acc)};\n"
         "    const ib_t *b = Bp + j * IGROUP;\n"
         "    for (long g = 0; g < KG; g++, b += NP * IGROUP) {\n"
@@ -84,8 +88,9 @@ def generate_int8(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     """The int8 kernel of ``op`` under ``s`` in dialect ``d`` (schedule already legal)."""
     nv = s.nr // d.lanes
     m, n, k = op.dim("M"), op.dim("N"), op.dim("K")
-    constants = {"M": m, "N": n, "K": k, "MR": s.mr, "NR": s.nr, "LANES": d.lanes,
-                 "NP": -(-n // s.nr) * s.nr}
+    np_ = -(-n // s.nr) * s.nr
+    constants = {"M": m, "N": n, "K": k, "MR": s.mr, "NR": s.nr, "LANES": d.lanes, "NP": np_,
+                 "NC": min(s.nc, np_)}
     sizes = ("#define KG ((K + IGROUP - 1) / IGROUP)\n#define KP (KG * IGROUP)\n"
              "#define A_BYTES ((M * KP + 63) / 64 * 64)\n"
              "#define B_BYTES (KG * NP * IGROUP * (long)sizeof(ib_t))\n")
