@@ -1,15 +1,16 @@
-"""int8 matmul kernels against onnxruntime's int8 path (MatMulInteger) and float32 (ours and
-onnxruntime's MatMul) on BERT-base's projection shapes (issue 53).
+"""Low-precision matmul kernels (int8 and bf16) against onnxruntime's int8 path
+(MatMulInteger) and float32 (ours and onnxruntime's MatMul) on BERT-base's projection shapes
+(issue 53); onnxruntime's CPU provider has no bf16 MatMul, so bf16 is compared with float32.
 
 Every engine runs in its own process, timed in lockstep rounds (ours, then onnxruntime, per
 round), one or two threads pinned to cores, medians of rounds. Ours: the kernel with its
-weights packed once (as a compiled model runs it), timed inside the shared object; int8 with
-the dialect this machine's spec selects (VNNI where the CPU has it), float32 with the tiler's
-top-1 schedule, untuned. onnxruntime: a one-node model, weights as initializers, all graph
-optimisations, ``intra_op_num_threads`` set. Outputs are checked (int8 exactly against numpy)
-before timing.
+weights packed once (as a compiled model runs it), timed inside the shared object; int8 and
+bf16 with the dialect this machine's spec selects (VNNI, AVX512-BF16 where the CPU has
+them), float32 with the tiler's top-1 schedule, untuned. onnxruntime: a one-node model,
+weights as initializers, all graph optimisations, ``intra_op_num_threads`` set. Outputs are
+checked (int8 exactly against numpy) before timing.
 
-    python benchmarks/int8_matmul.py [--threads 1 2] [--rounds 5] [--no-write]
+    python benchmarks/lowp_matmul.py [--threads 1 2] [--rounds 5] [--no-write]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from tunecache.tuner.search.roller import candidates
 m, n, k, threads, dtype = {m}, {n}, {k}, {threads}, {dtype!r}
 hw = local_spec()
 op = matmul_op(m, n, k, dtype=dtype)
-schedule = (default_schedule(op, hw, threads) if dtype == "int8"
+schedule = (default_schedule(op, hw, threads) if dtype != "float32"
             else candidates(op, hw, k=1, threads=threads)[0].schedule)
 a, b = random_inputs(op, seed=1)
 kernel = compile_kernel(op, schedule, hw).bind_weights(b)
@@ -105,7 +106,8 @@ def _run(template: str, shape: tuple[int, int, int], threads: int, dtype: str) -
 
 def _row(shape: tuple[int, int, int], threads: int, rounds: int) -> dict[str, float]:
     engines = {"ours int8": (_OURS, "int8"), "ort int8": (_ORT, "int8"),
-               "ours f32": (_OURS, "float32"), "ort f32": (_ORT, "float32")}
+               "ours bf16": (_OURS, "bf16"), "ours f32": (_OURS, "float32"),
+               "ort f32": (_ORT, "float32")}
     samples: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(rounds):
         for name, (template, dtype) in engines.items():
@@ -119,15 +121,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    table = ["| M x N x K | threads | ours int8 (ms) | ort int8 (ms) | ours f32 (ms) | "
-             "ort f32 (ms) | int8: ours ÷ ort | ours: int8 ÷ f32 |", "|---" * 8 + "|"]
+    table = ["| M x N x K | threads | ours int8 (ms) | ort int8 (ms) | ours bf16 (ms) | "
+             "ours f32 (ms) | ort f32 (ms) | int8: ours ÷ ort | ours int8 ÷ f32 | "
+             "ours bf16 ÷ f32 |", "|---" * 10 + "|"]
     for shape in SHAPES:
         for threads in args.threads:
             t = _row(shape, threads, args.rounds)
             line = (f"| {'x'.join(map(str, shape))} | {threads} | {t['ours int8']:.3f} | "
-                    f"{t['ort int8']:.3f} | {t['ours f32']:.3f} | {t['ort f32']:.3f} | "
-                    f"{t['ours int8'] / t['ort int8']:.2f} | "
-                    f"{t['ours int8'] / t['ours f32']:.2f} |")
+                    f"{t['ort int8']:.3f} | {t['ours bf16']:.3f} | {t['ours f32']:.3f} | "
+                    f"{t['ort f32']:.3f} | {t['ours int8'] / t['ort int8']:.2f} | "
+                    f"{t['ours int8'] / t['ours f32']:.2f} | "
+                    f"{t['ours bf16'] / t['ours f32']:.2f} |")
             print(line, flush=True)
             table.append(line)
     from tunecache.compiler.hardware import local_spec

@@ -25,12 +25,16 @@ if TYPE_CHECKING:
     from tunecache.compiler.kinds import OpKind
 
 MAX_DIM = 2**31 - 1
-SUPPORTED_DTYPES = ("float32", "int8")
-"""An op's dtype: ``float32``, or ``int8`` (u8 activations times s8 weights, accumulated in
-int32). It is part of the op's text, so float32 op ids stay what they were."""
-DTYPE_BYTES = {"float32": 4, "int8": 1}
-_ITEM_BYTES = {"float32": 4, "uint8": 1, "int8": 1, "int32": 4}
-"""Bytes of each array element dtype a kernel argument may have."""
+SUPPORTED_DTYPES = ("float32", "int8", "bf16")
+"""An op's dtype: ``float32``; ``int8`` (u8 activations times s8 weights, accumulated in
+int32); ``bf16`` (bfloat16 operands, float32 accumulation). It is part of the op's text, so
+float32 op ids stay what they were."""
+DTYPE_BYTES = {"float32": 4, "int8": 1, "bf16": 2}
+ELEMENT_STORAGE = {"float32": "float32", "uint8": "uint8", "int8": "int8", "int32": "int32",
+                   "bfloat16": "uint16"}
+"""The element types a kernel argument may have, and the numpy dtype holding each (numpy
+has no bfloat16: its bit patterns are held as uint16)."""
+_ITEM_BYTES = {"float32": 4, "uint8": 1, "int8": 1, "int32": 4, "bfloat16": 2}
 
 
 @dataclass(frozen=True, slots=True)

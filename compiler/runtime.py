@@ -24,7 +24,7 @@ from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
-from tunecache.compiler.ops import OpSignature, TensorArg
+from tunecache.compiler.ops import ELEMENT_STORAGE, OpSignature, TensorArg
 from tunecache.compiler.schedule import Schedule
 
 Kernel = KernelHandle
@@ -44,7 +44,7 @@ def check_argument(op: OpSignature, name: str, array: object, shape: tuple[int, 
                    writable: bool = False, dtype: str = "float32") -> None:
     """KernelArgumentError unless ``array`` is a C-contiguous, aligned numpy array of
     ``dtype`` and ``shape`` (and writable, for an output), naming what is wrong."""
-    want = np.dtype(dtype)
+    want = storage_dtype(dtype)
     if not isinstance(array, np.ndarray):
         raise KernelArgumentError(
             f"{op.kind} argument {name} must be a numpy array, got {type(array).__name__}")
@@ -83,7 +83,7 @@ def checked_call(op: OpSignature, inputs: tuple[np.ndarray, ...], out: np.ndarra
     for spec, array in zip(specs, inputs, strict=True):
         check_argument(op, spec.name, array, spec.shape, dtype=spec.dtype)
     if out is None:
-        return np.empty(output.shape, dtype=np.dtype(output.dtype))
+        return np.empty(output.shape, dtype=storage_dtype(output.dtype))
     check_argument(op, output.name, out, output.shape, writable=True, dtype=output.dtype)
     for spec, array in zip(specs, inputs, strict=True):
         if np.may_share_memory(out, array):
@@ -123,9 +123,12 @@ def random_inputs(op: OpSignature, seed: int = 0) -> tuple[np.ndarray, ...]:
 
 
 def _random(arg: TensorArg, rng: np.random.Generator) -> np.ndarray:
-    """Standard normal floats, or integers over the element type's whole range."""
-    out = aligned_empty(arg.shape, arg.dtype)
-    if out.dtype.kind == "f":
+    """Standard normal floats (bfloat16 ones rounded to the nearest), or integers over the
+    element type's whole range."""
+    out = aligned_empty(arg.shape, storage_dtype(arg.dtype))
+    if arg.dtype == "bfloat16":
+        out[...] = to_bfloat16(rng.standard_normal(arg.shape, dtype=np.float32))
+    elif out.dtype.kind == "f":
         rng.standard_normal(out=out, dtype=np.float32)
     else:
         info = np.iinfo(out.dtype)
@@ -134,10 +137,33 @@ def _random(arg: TensorArg, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
+def storage_dtype(element: str) -> np.dtype:
+    """The numpy dtype holding arrays of kernel element type ``element``."""
+    return np.dtype(ELEMENT_STORAGE[element])
+
+
+def to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as uint16 bits."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as the float32 values they are."""
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
+
+
+def values(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """``inputs`` as the float64 numbers they hold (bfloat16 bit patterns decoded)."""
+    types = [a.dtype for a in op.arguments() if a.role == "input"]
+    return tuple((from_bfloat16(x) if t == "bfloat16" else x).astype(np.float64)
+                 for x, t in zip(inputs, types, strict=False))
+
+
 def reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     """The op computed by numpy in float64 (its kind's reference): the ground truth kernels
     are checked against."""
-    return op_kind(op.kind).reference(op, tuple(x.astype(np.float64) for x in inputs))
+    return op_kind(op.kind).reference(op, values(op, inputs))
 
 
 def tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, float]:
@@ -152,6 +178,7 @@ def tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, f
     if np.dtype(op.arguments()[-1].dtype).kind in "iu":
         return 0.0, 0.0  # integer accumulation is exact
     k = kind.reduction_length(op)
+    inputs = values(op, inputs)
     scale = float(np.abs(inputs[0]).max()) * float(np.abs(inputs[1]).max()) if len(inputs) > 1 \
         else float(np.abs(inputs[0]).max()) ** 2
     return 1e-4, 1e-6 * k * scale + 1e-6

@@ -1,7 +1,7 @@
-"""int8 matmul (issue 53): u8 activations times s8 weights, accumulated exactly in int32, on
-every ISA level this machine runs (VNNI where the CPU has it, 16-bit pairs on AVX-512 and
-AVX2 without it, portable vectors), checked against integer numpy; float32 ops keep their
-text and ids."""
+"""Low-precision matmul (issue 53) on every ISA level this machine runs: int8 (u8 times s8,
+exact int32; VNNI where the CPU has it, 16-bit pairs without, portable vectors) against
+integer numpy, bf16 (float32 accumulation; AVX512-BF16 pairs where the CPU has them,
+widening FMAs without) within float32's tolerance; float32 ops keep their text and ids."""
 
 from __future__ import annotations
 
@@ -16,7 +16,15 @@ from tunecache.compiler.hardware import HardwareSpec, cpu_features, local_spec, 
 from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
 from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.ops import OpSignature
-from tunecache.compiler.runtime import compile_kernel, random_inputs
+from tunecache.compiler.runtime import (
+    check_result,
+    compile_kernel,
+    from_bfloat16,
+    random_inputs,
+    reference,
+    to_bfloat16,
+    tolerance,
+)
 from tunecache.compiler.schedule import default_schedule, problems
 from tunecache.tuner.measure.runner import Candidate, Runner, TimingConfig
 
@@ -110,3 +118,50 @@ def test_constant_weights_are_packed_once(hw: HardwareSpec) -> None:
     np.testing.assert_array_equal(bound(a), expected)
     again = kernel.bind_packed(bound.packed)
     np.testing.assert_array_equal(again(a), expected)
+
+
+BF16 = "avx512_bf16" in cpu_features()
+
+
+def _close(op: OpSignature, hw: HardwareSpec, threads: int) -> np.ndarray:
+    inputs = random_inputs(op, seed=op.dim("N"))
+    assert all(x.dtype == np.uint16 for x in inputs)
+    out = compile_kernel(op, default_schedule(op, hw, threads), hw)(*inputs)
+    assert out.dtype == np.float32
+    assert check_result(op, inputs, out, reference(op, inputs)) is None
+    return out
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa for s in SPECS])
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_bf16_accumulates_in_float32_on_every_level(hw: HardwareSpec, m: int, n: int,
+                                                    k: int) -> None:
+    _close(matmul_op(m, n, k, dtype="bf16"), hw, 2)
+
+
+@pytest.mark.skipif(not BF16, reason="needs a CPU with AVX512-BF16")
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_bf16_pairs_match_the_widening_path(m: int, n: int, k: int) -> None:
+    op = matmul_op(m, n, k, dtype="bf16")
+    pairs = _close(op, HW.with_isa("avx512"), 1)
+    widened = _close(op, replace(HW.with_isa("avx512"), features=()), 1)
+    rtol, atol = tolerance(op, random_inputs(op, seed=op.dim("N")))
+    np.testing.assert_allclose(pairs, widened, rtol=2 * rtol, atol=2 * atol)
+
+
+def test_bf16_uses_dpbf16_where_the_spec_has_it() -> None:
+    op = matmul_op(16, 32, 64, dtype="bf16")
+    if "avx512" not in runnable_isas(HW):
+        pytest.skip("needs AVX-512 to generate for")
+    plain = replace(HW.with_isa("avx512"), features=())
+    with_bf16 = replace(plain, features=("avx512_bf16",))
+    assert "_mm512_dpbf16_ps" in generate(op, default_schedule(op, with_bf16), with_bf16).code
+    assert "_mm512_dpbf16_ps" not in generate(op, default_schedule(op, plain), plain).code
+
+
+def test_bfloat16_rounds_to_nearest_even() -> None:
+    x = np.array([1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, -2.5, 1e-3, 3.0e38], np.float32)
+    back = from_bfloat16(to_bfloat16(x))
+    assert back.tolist()[:4] == [1.0, 1.0, 1.0 + 2**-6, -2.5]  # ties go to the even mantissa
+    assert np.all(np.abs(back - x) <= np.abs(x) * 2**-8)
+    assert np.array_equal(from_bfloat16(to_bfloat16(back)), back)

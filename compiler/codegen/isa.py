@@ -56,12 +56,15 @@ class IsaDialect:
     the prelude, which every kernel's source and so its build-cache key holds."""
     int8: str = ""
     """C of the u8 x s8 dot-product vocabulary int8 kernels write in (empty: none), after
-    the prelude, over ``ivec`` (``lanes`` int32 lanes): ``IGROUP`` K elements one step
-    consumes per lane; ``ib_t``, the type B is packed as (``IGROUP`` consecutive K
-    elements per lane, lanes side by side); ``IZERO()``; ``IBCAST(p)``, the ``IGROUP``
-    u8 at ``p`` in every lane; ``ILOADB(pb)``, a vector of packed B (``lanes`` groups);
-    ``IDOT(acc, a, b)``, ``acc`` plus per lane the group's products of ``a``'s bytes and
-    ``b``'s, exact in int32; ``ISTOREU(p, v)``."""
+    the prelude: accumulators ``ivec`` (``lanes`` int32 lanes); ``IGROUP`` K elements one
+    step consumes per lane; ``ib_t``, the type B is packed as (``IGROUP`` consecutive K
+    elements per lane, lanes side by side), ``IB_FROM(x)`` one B element as ``ib_t``;
+    ``IZERO()``; ``IBCAST(p)``, the ``IGROUP`` A elements at ``p`` in every lane (an
+    ``ia_t``); ``ILOADB(pb)``, a vector of packed B (an ``ibv_t``); ``IDOT(acc, a, b)``,
+    ``acc`` plus per lane the group's products, exact in int32; ``ISTOREU(p, v)``."""
+    bf16: str = ""
+    """The same vocabulary for bf16 (A and B as bfloat16 bit patterns, ``uint16_t``), over
+    float32 accumulators, exact products summed in float32."""
 
 
 _GENERIC_PRELUDE = """\
@@ -302,6 +305,9 @@ PORTABLE_INT8 = """\
 typedef int32_t ivec __attribute__((vector_size(16)));
 typedef int32_t ivec_u __attribute__((vector_size(16), aligned(4)));
 typedef int32_t ib_t;
+typedef ivec ia_t;
+typedef ivec ibv_t;
+#define IB_FROM(x) ((ib_t)(x))
 #define IGROUP 1
 #define IZERO() ((ivec){0, 0, 0, 0})
 static inline ivec IBCAST(const uint8_t *p) { return (ivec){0, 0, 0, 0} + (int32_t)p[0]; }
@@ -311,10 +317,34 @@ static inline ivec IBCAST(const uint8_t *p) { return (ivec){0, 0, 0, 0} + (int32
 """
 
 
+BF16_BY_FMA = """\
+#include <stdint.h>
+typedef vec ivec;
+typedef vec ia_t;
+typedef vec ibv_t;
+typedef float ib_t;
+#define IGROUP 1
+static inline float tc_bf16_f32(uint16_t h) {
+  const uint32_t x = (uint32_t)h << 16;
+  float f;
+  __builtin_memcpy(&f, &x, 4);
+  return f;
+}
+#define IB_FROM(x) tc_bf16_f32(x)
+#define IZERO() VZERO()
+static inline vec IBCAST(const uint16_t *p) { return VSET1(tc_bf16_f32(p[0])); }
+#define ILOADB(pb) VLOADU(pb)
+#define IDOT(acc, a, b) VFMA((a), (b), (acc))
+#define ISTOREU(p, v) VSTOREU((p), (v))
+"""
+"""bf16 on any dialect: B widened to float32 when packed, A per broadcast, then FMAs."""
+
+
 def portable_dialect(flags: tuple[str, ...], name: str = "generic", extra: str = "") -> IsaDialect:
     """The GCC/Clang vector-extension dialect (16-byte vectors, any target those compilers
     support) with a backend's target ``flags``, named for its ISA level, ``extra`` C after
     the prelude (a target's own spelling of some of its operations)."""
     return IsaDialect(name, 4,
                       _GENERIC_PRELUDE + _GENERIC_MATH + _GENERIC_MORE + TANH_ERF + SCALAR_EXP
-                      + extra, flags, LOG_CONSTANTS + _GENERIC_LOG_SPLIT + LOG, PORTABLE_INT8)
+                      + extra, flags, LOG_CONSTANTS + _GENERIC_LOG_SPLIT + LOG, PORTABLE_INT8,
+                      BF16_BY_FMA)

@@ -8,6 +8,7 @@ import platform
 from dataclasses import replace
 
 from tunecache.compiler.codegen.isa import (
+    BF16_BY_FMA,
     EXP_CONSTANTS,
     LOG,
     LOG_CONSTANTS,
@@ -199,7 +200,10 @@ _AVX512_VNNI_INT8 = """\
 #include <stdint.h>
 #pragma GCC target("avx512vnni")
 typedef __m512i ivec;
+typedef __m512i ia_t;
+typedef __m512i ibv_t;
 typedef int8_t ib_t;
+#define IB_FROM(x) ((ib_t)(x))
 #define IGROUP 4
 #define IZERO() _mm512_setzero_si512()
 static inline __m512i IBCAST(const uint8_t *p) {
@@ -213,13 +217,38 @@ static inline __m512i IBCAST(const uint8_t *p) {
 """
 
 
+# bf16 pairs with AVX512-BF16: vdpbf16ps adds both products of a lane's pair to its float.
+_AVX512_BF16 = """\
+#include <stdint.h>
+#pragma GCC target("avx512bf16")
+typedef __m512 ivec;
+typedef __m512bh ia_t;
+typedef __m512bh ibv_t;
+typedef uint16_t ib_t;
+#define IB_FROM(x) (x)
+#define IGROUP 2
+#define IZERO() _mm512_setzero_ps()
+static inline __m512bh IBCAST(const uint16_t *p) {
+  int32_t x;
+  __builtin_memcpy(&x, p, 4);
+  return (__m512bh)_mm512_set1_epi32(x);
+}
+#define ILOADB(pb) ((__m512bh)_mm512_loadu_si512((const void *)(pb)))
+#define IDOT(acc, a, b) _mm512_dpbf16_ps((acc), (a), (b))
+#define ISTOREU(p, v) _mm512_storeu_ps((p), (v))
+"""
+
+
 def _pairs_int8(bits: int) -> str:
     """The 16-bit multiply-add int8 vocabulary for ``bits``-wide integer vectors."""
     p, si = (f"_mm{bits}" if bits == 256 else "_mm512"), f"si{bits}"
     return f"""\
 #include <stdint.h>
 typedef __m{bits}i ivec;
+typedef __m{bits}i ia_t;
+typedef __m{bits}i ibv_t;
 typedef int16_t ib_t;
+#define IB_FROM(x) ((ib_t)(x))
 #define IGROUP 2
 #define IZERO() {p}_setzero_{si}()
 static inline __m{bits}i IBCAST(const uint8_t *p) {{
@@ -236,22 +265,26 @@ DIALECTS: dict[str, IsaDialect] = {
         "avx512", 16,
         _AVX512_PRELUDE + _AVX512_MATH + _AVX512_MORE + TANH_ERF + SCALAR_EXP,
         ("-march=x86-64-v4", "-mtune=generic", "-mprefer-vector-width=512"),
-        LOG_CONSTANTS + _AVX512_LOG_SPLIT + LOG, _pairs_int8(512),
+        LOG_CONSTANTS + _AVX512_LOG_SPLIT + LOG, _pairs_int8(512), BF16_BY_FMA,
     ),
     "avx2": IsaDialect("avx2", 8,
                        _AVX2_PRELUDE + _AVX2_MATH + _AVX2_MORE + TANH_ERF + SCALAR_EXP,
                        ("-march=x86-64-v3", "-mtune=generic"),
-                       LOG_CONSTANTS + _AVX2_LOG_SPLIT + LOG, _pairs_int8(256)),
+                       LOG_CONSTANTS + _AVX2_LOG_SPLIT + LOG, _pairs_int8(256), BF16_BY_FMA),
     "generic": portable_dialect(_generic_flags()),
 }
 
 
 def dialect_for(isa: str, features: tuple[str, ...] = ()) -> IsaDialect:
-    """The dialect of ``isa`` on a CPU with ``features``: AVX-512's int8 words use VNNI
-    where the CPU has it."""
+    """The dialect of ``isa`` on a CPU with ``features``: AVX-512's int8 words use VNNI and
+    its bf16 words AVX512-BF16 where the CPU has them."""
     base = dialect(isa)
-    if isa == "avx512" and "avx512_vnni" in features:
-        return replace(base, int8=_AVX512_VNNI_INT8)
+    if isa != "avx512":
+        return base
+    if "avx512_vnni" in features:
+        base = replace(base, int8=_AVX512_VNNI_INT8)
+    if "avx512_bf16" in features:
+        base = replace(base, bf16=_AVX512_BF16)
     return base
 
 

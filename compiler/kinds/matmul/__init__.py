@@ -22,7 +22,7 @@ from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.elementwise import KIND as ELEMENTWISE
 from tunecache.compiler.kinds.matmul.emit import generate_matmul
 from tunecache.compiler.kinds.matmul.emit_dot import generate_matmul_dot
-from tunecache.compiler.kinds.matmul.emit_int8 import generate_int8
+from tunecache.compiler.kinds.matmul.emit_lowp import generate_lowp
 from tunecache.compiler.kinds.matmul.emit_strassen import generate_strassen
 from tunecache.compiler.kinds.matmul.space import (
     LOOP_ORDERS,
@@ -39,9 +39,10 @@ __all__ = ["ACTIVATIONS", "LOOP_ORDERS", "PARALLEL_AXES", "MatmulSchedule", "fus
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
 ELEMENT_TYPES = {"float32": ("float32", "float32", "float32"),
-                 "int8": ("uint8", "int8", "int32")}
+                 "int8": ("uint8", "int8", "int32"),
+                 "bf16": ("bfloat16", "bfloat16", "float32")}
 """Per op dtype, the element types of A, B and C (and bias): int8 multiplies u8 activations
-by s8 weights and accumulates exactly in int32."""
+by s8 weights and accumulates exactly in int32, bf16 accumulates in float32."""
 ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh")
 """The epilogue's activations, after ``bias``; an op has at most one."""
 
@@ -101,9 +102,13 @@ def gemm_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
     return epilogue_reference(op.epilogue, np.matmul(a, b), operands)
 
 
+def _a(word: str) -> str:
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
+
+
 def _signature_problems(op: OpSignature) -> list[str]:
-    if op.dtype == "int8" and (op.epilogue or op.trans_a or op.trans_b):
-        return ["an int8 matmul is layout=nn without an epilogue (int32 C, exact) so far"]
+    if op.dtype != "float32" and (op.epilogue or op.trans_a or op.trans_b):
+        return [f"{_a(op.dtype)} matmul is layout=nn without an epilogue so far"]
     found = [step for step in op.epilogue if step in ACTIVATIONS]
     if len(found) > 1:
         return [f"epilogue {'+'.join(op.epilogue)} has {len(found)} activations "
@@ -134,8 +139,8 @@ def strassen_block(op: OpSignature, levels: int = 1) -> OpSignature:
 
 
 def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
-    if op.dtype == "int8":
-        return generate_int8(op, s, d)
+    if op.dtype != "float32":
+        return generate_lowp(op, s, d)
     if s.loop_order == "dot":
         return generate_matmul_dot(op, s, d)
     if s.strassen:
@@ -143,28 +148,29 @@ def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     return generate_matmul(op, s, d)
 
 
-INT8_KNOBS: dict[str, int | str] = {"pack_a": 0, "pack_b": 1, "strassen": 0, "loop_order": "jpi", "unroll": 1,
+LOWP_KNOBS: dict[str, int | str] = {"pack_a": 0, "pack_b": 1, "strassen": 0, "loop_order": "jpi", "unroll": 1,
               "parallel": "m"}
-"""The knobs an int8 kernel has one value of (it packs per call and splits rows)."""
+"""The knobs a low-precision kernel has one value of (it packs per call, splits rows)."""
 
 
 def gemm_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> list[str]:
-    """:func:`matmul_problems`, and for int8 the knobs its kernel has one value of."""
+    """:func:`matmul_problems`, and for int8 and bf16 the knobs their kernel has one value
+    of and its tile's limit."""
     found = matmul_problems(op, s, hw)
-    if op.dtype == "int8":
-        found += [f"an int8 matmul takes {knob}={want!r}, not {getattr(s, knob)!r}"
-                  for knob, want in INT8_KNOBS.items() if getattr(s, knob) != want]
+    if op.dtype != "float32":
+        found += [f"{_a(op.dtype)} matmul takes {knob}={want!r}, not {getattr(s, knob)!r}"
+                  for knob, want in LOWP_KNOBS.items() if getattr(s, knob) != want]
         accumulators = s.mr * (s.nr // hw.lanes)
         if accumulators > hw.vector_registers // 2:
-            found.append(f"an int8 tile {s.mr}x{s.nr} has {accumulators} accumulators; at "
-                         f"most {hw.vector_registers // 2} on {hw.isa}")
+            found.append(f"{_a(op.dtype)} tile {s.mr}x{s.nr} has {accumulators} accumulators; "
+                         f"at most {hw.vector_registers // 2} on {hw.isa}")
     return found
 
 
 def default_gemm_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> MatmulSchedule:
-    """:func:`default_matmul_schedule`, with an int8 kernel's fixed knobs."""
+    """:func:`default_matmul_schedule`, with a low-precision kernel's fixed knobs."""
     s = default_matmul_schedule(op, hw, threads)
-    if op.dtype != "int8":
+    if op.dtype == "float32":
         return s
     # Four rows by 16 accumulators on 32 registers (8 on 16): more spilled on Zen 4 (the
     # 128x768x768 kernel at 14x32 ran 168 GOP/s, at 4x64 438).
@@ -196,7 +202,7 @@ KIND = register(OpKind(
     name="matmul",
     spec=KindSpec(dims=("M", "N", "K"), attrs={"layout": LAYOUTS},
                   epilogues=("bias", *ACTIVATIONS), check=_signature_problems,
-                  dtypes=("float32", "int8")),
+                  dtypes=("float32", "int8", "bf16")),
     arguments=gemm_arguments,
     flops=gemm_flops,
     schedule=MatmulSchedule,

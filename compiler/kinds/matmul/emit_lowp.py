@@ -1,14 +1,16 @@
-"""The int8 matmul kernel: ``C[M,N] (int32) = A[M,K] (u8) @ B[K,N] (s8)``, exact.
+"""Low-precision matmul kernels: ``int8`` (u8 A times s8 B, exact int32 C) and ``bf16``
+(bfloat16 A and B, float32 accumulation and C).
 
-Written in the dialect's dot-product vocabulary (``IsaDialect.int8``: VNNI's four K
-elements a step where the CPU has it, 16-bit pairs otherwise, one element portably). Each
-call packs A's rows zero-padded to whole K groups and B into ``[K groups][N padded][IGROUP]``
-(the layout one ``IDOT`` reads for a vector of columns; constant weights are packed once,
-``tc_pack_weights``), then each thread takes row tiles of ``mr`` rows, and for each block of
-``nc`` columns (whose packed B the blocks's row tiles share in L2) sweeps its ``nr``-column
-panels with ``mr x nr / lanes`` accumulators. The knobs are the float32 schedule's ``mr``,
-``nr``, ``nc`` and ``threads``; ``kc``, ``mc``, A packing, Strassen and loop orders do not
-apply (``gemm_problems``).
+Written in the dialect's dot-product vocabulary for the dtype (``IsaDialect.int8`` or
+``IsaDialect.bf16``; see :mod:`tunecache.compiler.codegen.isa`): VNNI's four K elements a
+step or 16-bit pairs for int8, AVX512-BF16's pairs or widening FMAs for bf16, per the CPU's
+features. Each call packs A's rows zero-padded to whole K groups and B into ``[K groups][N
+padded][IGROUP]`` of the vocabulary's ``ib_t`` (the layout one ``IDOT`` reads for a vector of
+columns; constant weights are packed once, ``tc_pack_weights``), then each thread takes row
+tiles of ``mr`` rows, and for each block of ``nc`` columns (whose packed B the block's row
+tiles share in L2) sweeps its ``nr``-column panels with ``mr x nr / lanes`` accumulators.
+The knobs are the float32 schedule's ``mr``, ``nr``, ``nc`` and ``threads``; ``kc``, ``mc``,
+A packing, Strassen and loop orders do not apply (``gemm_problems``).
 """
 
 from __future__ import annotations
@@ -18,63 +20,65 @@ from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 
+TYPES = {"int8": ("uint8_t", "int8_t", "int32_t"), "bf16": ("uint16_t", "uint16_t", "float")}
+"""C types of A, B (as the caller holds them) and C, per dtype."""
+
 _PACK_B = """\
-/* B (s8, K x N) into [K groups][NP][IGROUP] of ib_t, zero-padded: groups [g0, g1). */
-static void tc_int8_pack_b(const int8_t *Bs, ib_t *Bp, long g0, long g1) {
+/* B (K x N) into [K groups][NP][IGROUP] of ib_t, zero-padded: groups [g0, g1). */
+static void tc_lowp_pack_b(const tb_t *Bs, ib_t *Bp, long g0, long g1) {
   for (long g = g0; g < g1; g++)
     for (long n = 0; n < NP; n++)
       for (long t = 0; t < IGROUP; t++) {
         const long k = g * IGROUP + t;
-        Bp[(g * NP + n) * IGROUP + t] = (k < K && n < N) ? (ib_t)Bs[k * N + n] : 0;
+        Bp[(g * NP + n) * IGROUP + t] = (k < K && n < N) ? IB_FROM(Bs[k * N + n]) : 0;
       }
 }
 """
 
 _BODY = """\
-  uint8_t *Ap = (uint8_t *)ws;
-  const uint8_t *Au = (const uint8_t *)A;
+  ta_t *Ap = (ta_t *)ws;
+  const ta_t *Au = (const ta_t *)A;
   long lo, hi;
   split_range(M, TID, NTH, &lo, &hi);
   for (long i = lo; i < hi; i++) {
-    memcpy(Ap + i * KP, Au + i * K, K);
-    memset(Ap + i * KP + K, 0, KP - K);
+    memcpy(Ap + i * KP, Au + i * K, K * sizeof(ta_t));
+    memset(Ap + i * KP + K, 0, (KP - K) * sizeof(ta_t));
   }
 %s
   BARRIER();
   split_range((M + MR - 1) / MR, TID, NTH, &lo, &hi);
   for (long j0 = 0; j0 < NP; j0 += NC)
     for (long tile = lo; tile < hi; tile++)
-      tc_int8_rows(Ap, Bp, (int32_t *)C, tile * MR, j0, MIN(NP, j0 + NC));
+      tc_lowp_rows(Ap, Bp, (tc_t *)C, tile * MR, j0, MIN(NP, j0 + NC));
 """
 _PACK_PER_CALL = """\
-  ib_t *Bp = (ib_t *)(Ap + A_BYTES);
+  ib_t *Bp = (ib_t *)((char *)ws + A_BYTES);
   split_range(KG, TID, NTH, &lo, &hi);
-  tc_int8_pack_b((const int8_t *)B, Bp, lo, hi);"""
+  tc_lowp_pack_b((const tb_t *)B, Bp, lo, hi);"""
 _PACKED_ONCE = "  const ib_t *Bp = (const ib_t *)B;"
 
 
 def _rows(mr: int, nv: int) -> str:
-    """``tc_int8_rows``: rows ``i0 .. i0 + MR`` of C (those below M), panel by panel."""
+    """``tc_lowp_rows``: rows ``i0 .. i0 + MR`` of C (those below M), panels j0 .. j1."""
     acc = [f"c{r}_{v}" for r in range(mr) for v in range(nv)]
-    # B's vectors once a step, into registers: as memory operands every row would load
-    # them again, and the loads, not the dot products, would bound the loop.
-    loads = "".join(f"      const ivec b{v} = ILOADB(b + {v} * LANES * IGROUP);\n"
+    # B's vectors once a step, into registers, then each row's broadcast against them.
+    loads = "".join(f"      const ibv_t b{v} = ILOADB(b + {v} * LANES * IGROUP);\n"
                     for v in range(nv))
-    steps = [loads] + [f"      const ivec a{r} = IBCAST(a_{r} + g * IGROUP);\n" + "".join(
+    steps = [loads] + [f"      const ia_t a{r} = IBCAST(a_{r} + g * IGROUP);\n" + "".join(
         f"      c{r}_{v} = IDOT(c{r}_{v}, a{r}, b{v});\n" for v in range(nv))
         for r in range(mr)]
     stores = "".join(
         f"    if ({r} < rows) {{\n"
         + "".join(f"      ISTOREU(out + {v} * LANES, c{r}_{v});\n" for v in range(nv))
-        + f"      memcpy(C + (i0 + {r}) * N + j, out, (size_t)width * sizeof(int32_t));\n    }}\n"
+        + f"      memcpy(C + (i0 + {r}) * N + j, out, (size_t)width * sizeof(tc_t));\n    }}\n"
         for r in range(mr))
     return (
-        "static void tc_int8_rows(const uint8_t *Ap, const ib_t *Bp, int32_t *C, long i0,\n"
+        "static void tc_lowp_rows(const ta_t *Ap, const ib_t *Bp, tc_t *C, long i0,\n"
         "                         long j0, long j1) {\n"
         "  const long rows = MIN(MR, M - i0);\n"
-        + "".join(f"  const uint8_t *a_{r} = Ap + MIN(i0 + {r}, M - 1) * KP;\n"
+        + "".join(f"  const ta_t *a_{r} = Ap + MIN(i0 + {r}, M - 1) * KP;\n"
                   for r in range(mr))
-        + "  int32_t out[NR] __attribute__((aligned(64)));\n"
+        + "  tc_t out[NR] __attribute__((aligned(64)));\n"
         "  for (long j = j0; j < j1; j += NR) {\n"
         f"    ivec {', '.join(f'{c} = IZERO()' for c in acc)};\n"
         "    const ib_t *b = Bp + j * IGROUP;\n"
@@ -84,20 +88,23 @@ def _rows(mr: int, nv: int) -> str:
         + stores + "  }\n}\n")
 
 
-def generate_int8(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
-    """The int8 kernel of ``op`` under ``s`` in dialect ``d`` (schedule already legal)."""
+def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
+    """The kernel of a low-precision ``op`` under ``s`` in dialect ``d`` (schedule legal)."""
     nv = s.nr // d.lanes
     m, n, k = op.dim("M"), op.dim("N"), op.dim("K")
     np_ = -(-n // s.nr) * s.nr
     constants = {"M": m, "N": n, "K": k, "MR": s.mr, "NR": s.nr, "LANES": d.lanes, "NP": np_,
                  "NC": min(s.nc, np_)}
-    sizes = ("#define KG ((K + IGROUP - 1) / IGROUP)\n#define KP (KG * IGROUP)\n"
-             "#define A_BYTES ((M * KP + 63) / 64 * 64)\n"
+    ta, tb, tc = TYPES[op.dtype]
+    vocabulary = d.int8 if op.dtype == "int8" else d.bf16
+    sizes = (f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tc} tc_t;\n"
+             "#define KG ((K + IGROUP - 1) / IGROUP)\n#define KP (KG * IGROUP)\n"
+             "#define A_BYTES ((M * KP * (long)sizeof(ta_t) + 63) / 64 * 64)\n"
              "#define B_BYTES (KG * NP * IGROUP * (long)sizeof(ib_t))\n")
     packed = PackedWeights("((B_BYTES + 3) / 4)",
-                           "  tc_int8_pack_b((const int8_t *)weights, (ib_t *)packed, 0, KG);")
+                           "  tc_lowp_pack_b((const tb_t *)weights, (ib_t *)packed, 0, KG);")
     return "\n".join([
-        preamble(d, constants, s.threads), "#include <stdint.h>", d.int8, sizes, _PACK_B,
+        preamble(d, constants, s.threads), "#include <stdint.h>", vocabulary, sizes, _PACK_B,
         _rows(s.mr, nv),
         kernel_entries(op, lambda once: _BODY % (_PACKED_ONCE if once else _PACK_PER_CALL),
                        threads=s.threads, ws_floats="((A_BYTES + B_BYTES + 3) / 4)",
