@@ -120,3 +120,13 @@ def test_int8_matmul_is_exact_under_emulation() -> None:
     a, b = random_inputs(op, seed=2)
     out = compile_kernel(op, default_schedule(op, NEON_HW, 1), NEON_HW)(a, b)
     np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+
+
+@needs_tools
+def test_bf16_matmul_accumulates_in_float32_under_emulation() -> None:
+    from tunecache.compiler.kinds.matmul import matmul_op
+
+    op = matmul_op(9, 20, 13, dtype="bf16")
+    inputs = random_inputs(op, seed=4)
+    out = compile_kernel(op, default_schedule(op, NEON_HW, 1), NEON_HW)(*inputs)
+    assert check_result(op, inputs, out, reference(op, inputs)) is None
