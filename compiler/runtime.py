@@ -153,11 +153,17 @@ def from_bfloat16(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
 
 
+def decoded(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """``inputs`` as arrays of the numbers they hold: bfloat16 bit patterns decoded, the
+    others as they are (no copy)."""
+    types = [a.dtype for a in op.arguments() if a.role == "input"]
+    return tuple(from_bfloat16(x) if t == "bfloat16" else x
+                 for x, t in zip(inputs, types, strict=True))
+
+
 def values(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     """``inputs`` as the float64 numbers they hold (bfloat16 bit patterns decoded)."""
-    types = [a.dtype for a in op.arguments() if a.role == "input"]
-    return tuple((from_bfloat16(x) if t == "bfloat16" else x).astype(np.float64)
-                 for x, t in zip(inputs, types, strict=False))
+    return tuple(x.astype(np.float64) for x in decoded(op, inputs))
 
 
 def reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -178,7 +184,7 @@ def tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, f
     if np.dtype(op.arguments()[-1].dtype).kind in "iu":
         return 0.0, 0.0  # integer accumulation is exact
     k = kind.reduction_length(op)
-    inputs = values(op, inputs)
+    inputs = decoded(op, inputs)
     scale = float(np.abs(inputs[0]).max()) * float(np.abs(inputs[1]).max()) if len(inputs) > 1 \
         else float(np.abs(inputs[0]).max()) ** 2
     return 1e-4, 1e-6 * k * scale + 1e-6

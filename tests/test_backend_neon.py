@@ -130,3 +130,30 @@ def test_bf16_matmul_accumulates_in_float32_under_emulation() -> None:
     inputs = random_inputs(op, seed=4)
     out = compile_kernel(op, default_schedule(op, NEON_HW, 1), NEON_HW)(*inputs)
     assert check_result(op, inputs, out, reference(op, inputs)) is None
+
+
+@pytest.mark.skipif(native(), reason="an aarch64 host runs whole models and probes natively")
+def test_off_aarch64_a_whole_model_and_the_probes_are_refused_by_name() -> None:
+    from tunecache.compiler.errors import BuildError
+
+    backend = backend_for(NEON_HW)
+    with pytest.raises(BuildError, match="runs on an aarch64 machine"):
+        backend.plan_runner()
+    with pytest.raises(BuildError, match="no peak probe"):
+        backend.peak_gflops(NEON_HW)
+    with pytest.raises(BuildError, match="no bandwidth probe"):
+        backend.bandwidth_gbs(NEON_HW)
+
+
+@needs_tools
+@pytest.mark.skipif(native(), reason="on aarch64 kernels load in process, not under emulation")
+def test_an_artifact_without_its_build_record_never_reaches_the_emulator(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tunecache.compiler.backends.neon.emulated import EmulatedKernel
+    from tunecache.compiler.errors import BuildError
+
+    op = OpSignature.parse("matmul(M=8,N=16,K=8)")
+    planted = tmp_path / "kernels" / "ab" / "planted.so"
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(b"\x7fELF not a kernel")
+    with pytest.raises(BuildError, match="does not match the digest"):
+        EmulatedKernel(op, planted)(*random_inputs(op))

@@ -179,7 +179,7 @@ def test_prepacked_timing_is_checked_and_times_the_bound_kernel() -> None:
     # (That packing once makes it faster is a timing claim: benchmarks/conv2d_vs_onnxruntime.)
     path = compile_kernel(op, schedule, HW).path
     timing = {"repeat_s": 0.001, "min_repeats": 1, "min_time_s": 0.0, "max_repeats": 1}
-    answers = [worker._measure_kernel({"op": op.text, "path": str(path), "prepacked": flag,
+    answers = [worker._measure_kernel({"op": op.text, "path": str(path), "backend": "cpu", "prepacked": flag,
                                        "timing": timing}, worker._Inputs())
                for flag in (True, False)]
     assert [r["status"] for r in answers] == ["ok", "ok"]
@@ -197,13 +197,13 @@ def test_constant_weights_are_timed_cold_unless_asked_not_to() -> None:
         schedule = dataclasses.replace(default_schedule(op, HW), pack_b=pack_b)
         path = str(compile_kernel(op, schedule, HW).path)
         for cold_bytes, copies in ((span, min(64, -(-span // (256 * 512 * 4)))), (0, 0)):
-            answer = worker._measure_kernel({"op": op.text, "path": path, "prepacked": True,
+            answer = worker._measure_kernel({"op": op.text, "path": path, "backend": "cpu", "prepacked": True,
                                              "cold_bytes": cold_bytes, "timing": timing},
                                             worker._Inputs())
             assert answer["status"] == "ok" and answer["weight_copies"] == copies
     products = batch_matmul_op(1, 4, 256, 512)
     path = str(compile_kernel(products, default_schedule(products, HW), HW).path)
-    answer = worker._measure_kernel({"op": products.text, "path": path, "prepacked": False,
+    answer = worker._measure_kernel({"op": products.text, "path": path, "backend": "cpu", "prepacked": False,
                                      "cold_bytes": span, "timing": timing}, worker._Inputs())
     assert answer["status"] == "ok" and answer["weight_copies"] == 0
     # the runner asks for twice the L3 for constant weights (kernels and the numpy baseline

@@ -4,8 +4,8 @@ A backend owns everything between "a validated (op, schedule) on a device" and "
 timed kernel": the vocabulary its emitters write in and the flags that build it, the
 toolchain that turns source into a cached artifact, the loader and its kernel handles
 (calling, in-artifact timing, weights packed once, timing on rotated weight copies), the
-native runner a compiled model's plan runs on, the per-process setup its kernels need
-(thread wait policy, and later permissions such as AMX's), the machine probes, and the
+native runner a compiled model's plan runs on (its loader does the per-process setup its
+kernels need: the thread wait policy, later AMX's permission), the machine probes, and the
 architecture constants the analytic estimates use. Generic code (codegen, runtime, the
 measurement runner and worker, deploy, the native program) asks :func:`backend_for` /
 :func:`backend_named` and holds only the protocol types below: no ctypes, compiler flags
@@ -189,9 +189,6 @@ class Backend(Protocol):
 
     def load(self, op: OpSignature, artifact: Path) -> KernelHandle:
         """A callable, timed kernel for ``op`` from a built artifact, verified first."""
-
-    def prepare_process(self) -> None:
-        """Per-process setup before the first kernel loads (idempotent)."""
 
     def worker_environment(self) -> dict[str, str]:
         """Environment a process that times this backend's kernels starts with."""

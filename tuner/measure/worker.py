@@ -93,7 +93,7 @@ def _kernel_timer(req: dict[str, Any], inputs_cache: _Inputs) -> _Timed | dict[s
     """Load, run once (checked against the reference unless ``check`` is false) and wrap
     the kernel of ``req`` in a timer; or the failure's answer."""
     op = OpSignature.parse(req["op"])
-    kernel = backend_named(req.get("backend", "cpu")).load(op, req["path"])
+    kernel = backend_named(req["backend"]).load(op, req["path"])
     check = bool(req.get("check", True))
     inputs, ref = inputs_cache.get(op, int(req.get("seed", 0)), with_reference=check)
     result = op.arguments()[-1]

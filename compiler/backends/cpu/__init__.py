@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tunecache.compiler.backends import ArchConstants, Artifact, register_backend
-from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, DIALECTS, dialect, dialect_for
+from tunecache.compiler.backends.cpu.isa import DIALECTS, dialect, dialect_for, kernel_flags
 from tunecache.compiler.hardware import HardwareSpec, ensure_runnable
 
 if TYPE_CHECKING:
@@ -69,9 +69,7 @@ class CpuBackend:
         return dialect_for(hw.isa, hw.features)
 
     def build_flags(self, hw: HardwareSpec, schedule: Schedule) -> tuple[str, ...]:
-        # OpenMP only where the schedule runs threads: a one-thread kernel links nothing.
-        openmp = ("-fopenmp",) if schedule.threads > 1 else ()
-        return BASE_FLAGS + dialect(hw.isa).flags + openmp
+        return kernel_flags(dialect(hw.isa), schedule.threads)
 
     def ensure_runnable(self, hw: HardwareSpec) -> None:
         ensure_runnable(hw)
@@ -93,11 +91,6 @@ class CpuBackend:
         from tunecache.compiler.backends.cpu.kernel import load_kernel
 
         return load_kernel(op, artifact)
-
-    def prepare_process(self) -> None:
-        from tunecache.compiler.backends.cpu.threads import configure_openmp
-
-        configure_openmp()
 
     def worker_environment(self) -> dict[str, str]:
         # OpenMP threads pinned to cores while timed, unless the user chose otherwise.

@@ -275,6 +275,12 @@ DIALECTS: dict[str, IsaDialect] = {
 }
 
 
+def kernel_flags(d: IsaDialect, threads: int) -> tuple[str, ...]:
+    """What a kernel in dialect ``d`` is built with: the base flags, the dialect's, and
+    OpenMP only where it runs threads (a one-thread kernel links nothing)."""
+    return BASE_FLAGS + d.flags + (("-fopenmp",) if threads > 1 else ())
+
+
 def dialect_for(isa: str, features: tuple[str, ...] = ()) -> IsaDialect:
     """The dialect of ``isa`` on a CPU with ``features``: AVX-512's int8 words use VNNI and
     its bf16 words AVX512-BF16 where the CPU has them."""

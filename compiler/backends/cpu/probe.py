@@ -6,9 +6,9 @@ not read off a spec sheet: AVX-512 on some CPUs runs at a lower clock or on one 
 
 from __future__ import annotations
 
-import ctypes
+import numpy as np
 
-from tunecache.compiler.backends.cpu.build import build_source
+from tunecache.compiler.backends.cpu.clib import c_library
 from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, dialect
 from tunecache.compiler.buffers import aligned_empty
 from tunecache.compiler.hardware import HardwareSpec, isa_level
@@ -60,16 +60,13 @@ double tc_peak(long iters, int threads, double *sink) {{
 def measure_peak_gflops(hw: HardwareSpec, threads: int = 1, seconds: float = 0.3) -> float:
     """Best-of-5 FMA throughput of ``threads`` threads at ``hw``'s ISA level, in GFLOP/s."""
     d = dialect(hw.isa)
-    art = build_source(_source(hw.isa), (*BASE_FLAGS, *d.flags, "-fopenmp"))
-    lib = ctypes.CDLL(str(art.path))
-    fn = lib.tc_peak
-    fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
-    fn.restype = ctypes.c_double
-    sink = ctypes.c_double()
+    fn = c_library(_source(hw.isa), (*BASE_FLAGS, *d.flags, "-fopenmp")).function(
+        "tc_peak", ("long", "int", "ptr"), "double")
+    sink = np.zeros(1)
     iters = 100_000
-    while fn(iters, threads, ctypes.byref(sink)) < seconds / 5:
+    while fn(iters, threads, sink) < seconds / 5:
         iters *= 2
-    best = min(fn(iters, threads, ctypes.byref(sink)) for _ in range(5))
+    best = min(fn(iters, threads, sink) for _ in range(5))
     flops = 2.0 * chains(hw.isa) * d.lanes * iters * threads
     return flops / best / 1e9
 
@@ -113,15 +110,13 @@ def measure_bandwidth_gbs(hw: HardwareSpec, threads: int = 1, mib: int = 128) ->
     and streaming (non-temporal) stores."""
 
     d = dialect(hw.isa)
-    art = build_source(_copy_source(hw.isa), (*BASE_FLAGS, *d.flags, "-fopenmp"))
-    fn = ctypes.CDLL(str(art.path)).tc_copy
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_double
+    fn = c_library(_copy_source(hw.isa), (*BASE_FLAGS, *d.flags, "-fopenmp")).function(
+        "tc_copy", ("ptr", "ptr", "long", "int", "int"), "double")
     n = (mib << 20) // 4 // 16 * 16
     x = aligned_empty(n)
     y = aligned_empty(n)
     x[:] = 1.0
     y[:] = 0.0
-    best = min(fn(x.ctypes.data, y.ctypes.data, n, threads, streaming)
+    best = min(fn(x, y, n, threads, streaming)
                for streaming in (0, 1) for _ in range(5))
     return 8.0 * n / best / 1e9

@@ -23,7 +23,7 @@ from tunecache.compiler.backends import (
     PlanRunner,
     register_backend,
 )
-from tunecache.compiler.backends.cpu.isa import BASE_FLAGS
+from tunecache.compiler.backends.cpu.isa import kernel_flags
 from tunecache.compiler.codegen.isa import IsaDialect, portable_dialect
 from tunecache.compiler.errors import BuildError, HardwareError
 from tunecache.compiler.hardware import HardwareSpec, IsaLevel, register_isa_level
@@ -62,8 +62,7 @@ class NeonBackend:
         return NEON_DIALECT
 
     def build_flags(self, hw: HardwareSpec, schedule: Schedule) -> tuple[str, ...]:
-        openmp = ("-fopenmp",) if schedule.threads > 1 else ()
-        return BASE_FLAGS + NEON_DIALECT.flags + openmp
+        return kernel_flags(NEON_DIALECT, schedule.threads)
 
     def ensure_runnable(self, hw: HardwareSpec) -> None:
         from tunecache.compiler.backends.neon.toolchain import emulator
@@ -100,11 +99,6 @@ class NeonBackend:
         from tunecache.compiler.backends.neon.emulated import EmulatedKernel
 
         return EmulatedKernel(op, Path(artifact))
-
-    def prepare_process(self) -> None:
-        from tunecache.compiler.backends.cpu.threads import configure_openmp
-
-        configure_openmp()
 
     def worker_environment(self) -> dict[str, str]:
         return {}
