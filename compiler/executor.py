@@ -5,7 +5,7 @@ An :class:`Executor` is built once per graph and set of kernels and then run man
 kernel node calls the kernel given for it (a generated kernel from
 :func:`tunecache.compiler.runtime.compile_kernel`, or any callable with the same contract)
 or, when none is given, :func:`numpy_kernel` of its op. Kernel arguments are the node's
-tensors reshaped to ``op.arguments()`` shapes, float32 and C-contiguous (constants are
+tensors reshaped to ``op.arguments()`` shapes and element types, C-contiguous (constants are
 prepared once, at construction; constant weights — conv2d W, matmul B — are packed into the
 kernel's layout once, when the kernel offers ``bind_weights``); the kernel's result is reshaped to the
 node's ONNX output shape. Intermediate tensors are released after their last use.
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler import onnx_ops
+from tunecache.compiler.elements import argument_dtypes, decoded, output_dtype
 from tunecache.compiler.graph import (
-    FLOAT32,
     Graph,
     KernelNode,
     ModelError,
@@ -33,18 +33,20 @@ from tunecache.compiler.ops import OpSignature
 __all__ = ["Executor", "Kernel", "check_inputs", "numpy_kernel"]
 
 Kernel = Callable[..., np.ndarray]
-"""Called with the op's input arrays (``op.arguments()`` order and shapes, float32,
+"""Called with the op's input arrays (``op.arguments()`` order, shapes and element types,
 C-contiguous); returns the output array of the op's output shape."""
 
 _Env = dict[str, Any]
 
 
 def numpy_kernel(op: OpSignature) -> Kernel:
-    """A float32 numpy implementation of a kernel op: its kind's reference."""
+    """A numpy implementation of a kernel op: its kind's reference, returning the op's
+    output element type."""
     reference = op_kind(op.kind).reference
+    dtype = output_dtype(op)
 
     def run(*arrays: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(reference(op, arrays), dtype=FLOAT32)
+        return np.ascontiguousarray(reference(op, decoded(op, arrays)), dtype=dtype)
     return run
 
 
@@ -79,12 +81,13 @@ class Executor:
     def _kernel_step(self, node: KernelNode, kernel: Kernel | None) -> Callable[[_Env], None]:
         fn = kernel if kernel is not None else numpy_kernel(node.op)
         shapes = [a.shape for a in node.op.arguments() if a.role == "input"]
-        # Constant arguments are reshaped and made contiguous float32 once, here.
+        dtypes = argument_dtypes(node.op)
+        # Constant arguments are reshaped and made contiguous once, here.
         fixed: list[np.ndarray | None] = []
-        for name, shape in zip(node.inputs, shapes, strict=True):
+        for name, shape, dtype in zip(node.inputs, shapes, dtypes, strict=True):
             value = self._constants.get(name)
-            fixed.append(None if value is None else _argument(value, shape))
-        plan = list(zip(node.inputs, shapes, fixed, strict=True))
+            fixed.append(None if value is None else _argument(value, shape, dtype))
+        plan = list(zip(node.inputs, shapes, dtypes, fixed, strict=True))
         if len(fixed) > 1 and fixed[1] is not None and getattr(fn, "prepacks_weights", False):
             # Constant weights (conv W, matmul B) go into the kernel's layout once, not per call.
             fn = fn.bind_weights(fixed[1])  # type: ignore[attr-defined]
@@ -93,7 +96,7 @@ class Executor:
         label = f"kernel node {node.name!r} ({node.op.text})"
 
         def run(env: _Env) -> None:
-            args = [f if f is not None else _argument(env[n], s) for n, s, f in plan]
+            args = [f if f is not None else _argument(env[n], s, t) for n, s, t, f in plan]
             try:
                 result = fn(*args)
             except Exception as exc:
@@ -213,9 +216,9 @@ def _shape_text(info: TensorInfo, dim_names: Mapping[str, Sequence[str]] | None)
                            for k, d in enumerate(info.shape)) + "]"
 
 
-def _argument(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    if value.dtype != FLOAT32:
-        value = value.astype(FLOAT32)
+def _argument(value: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if value.dtype != dtype:
+        value = value.astype(dtype)
     return np.ascontiguousarray(value.reshape(shape))
 
 

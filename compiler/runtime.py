@@ -21,10 +21,11 @@ from tunecache.compiler.backends import (
 )
 from tunecache.compiler.buffers import aligned_empty, as_aligned
 from tunecache.compiler.codegen import KernelSource, generate
+from tunecache.compiler.elements import decoded, storage_dtype, to_bfloat16
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
-from tunecache.compiler.ops import ELEMENT_STORAGE, OpSignature, TensorArg
+from tunecache.compiler.ops import OpSignature, TensorArg
 from tunecache.compiler.schedule import Schedule
 
 Kernel = KernelHandle
@@ -135,30 +136,6 @@ def _random(arg: TensorArg, rng: np.random.Generator) -> np.ndarray:
         out[...] = rng.integers(max(info.min, -(1 << 15)), min(info.max, 1 << 15) + 1,
                                 size=arg.shape, dtype=np.int64)
     return out
-
-
-def storage_dtype(element: str) -> np.dtype:
-    """The numpy dtype holding arrays of kernel element type ``element``."""
-    return np.dtype(ELEMENT_STORAGE[element])
-
-
-def to_bfloat16(x: np.ndarray) -> np.ndarray:
-    """float32 values rounded to the nearest bfloat16 (ties to even), as uint16 bits."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bfloat16(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) as the float32 values they are."""
-    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
-
-
-def decoded(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-    """``inputs`` as arrays of the numbers they hold: bfloat16 bit patterns decoded, the
-    others as they are (no copy)."""
-    types = [a.dtype for a in op.arguments() if a.role == "input"]
-    return tuple(from_bfloat16(x) if t == "bfloat16" else x
-                 for x, t in zip(inputs, types, strict=True))
 
 
 def values(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:

@@ -95,7 +95,8 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 24: where memory is exposed, a Strassen schedule also pays for writing a C larger than L2
 #     out of its block buffer and for a row block's A sums that overflow L2, which moves
 #     its analytic columns on that hardware at large M (ARCHITECTURE change 88).
-FEATURE_VERSION = 24
+# 25: the int8 matmul's ``dequant`` epilogue step appends its column (issue 53).
+FEATURE_VERSION = 25
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

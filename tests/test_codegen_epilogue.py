@@ -41,7 +41,10 @@ _POLYNOMIAL = ("silu", "gelu_erf", "gelu_tanh")
 def _numpy(steps: tuple[str, ...], x: np.ndarray, operands: dict[str, np.ndarray]) -> np.ndarray:
     y = x.copy()
     for step in steps:
-        y = _UNARY[step](y) if step in _UNARY else y + operands[step]
+        if step == "dequant":
+            y = y * operands["scale"]
+        else:
+            y = _UNARY[step](y) if step in _UNARY else y + operands[step]
     return y
 
 
@@ -51,12 +54,14 @@ def _elementwise(isa: str) -> CLibrary:
     d = dialect(isa)
     functions = []
     for k, steps in enumerate(EPILOGUES):
-        vector = render(steps, "t", {"bias": "VLOADU(bias + i)", "add": "VLOADU(add + i)"},
-                        vector=True)
-        scalar = render(steps, "v", {"bias": "bias[i]", "add": "add[i]"}, vector=False)
+        vector = render(steps, "t", {"bias": "VLOADU(bias + i)", "add": "VLOADU(add + i)",
+                                     "scale": "VLOADU(scale + i)"}, vector=True)
+        scalar = render(steps, "v", {"bias": "bias[i]", "add": "add[i]", "scale": "scale[i]"},
+                        vector=False)
         functions.append(f"""
-void run_{k}(const float *x, const float *bias, const float *add, float *y, long n) {{
-  (void)bias; (void)add;
+void run_{k}(const float *x, const float *bias, const float *add, const float *scale,
+             float *y, long n) {{
+  (void)bias; (void)add; (void)scale;
   long i = 0;
   for (; i + {d.lanes} <= n; i += {d.lanes}) {{ vec t = VLOADU(x + i); {vector} VSTOREU(y + i, t); }}
   for (; i < n; i++) {{ float v = x[i]; {scalar} y[i] = v; }}
@@ -72,14 +77,15 @@ def test_vector_and_scalar_renderings_match_numpy(isa: str) -> None:
     n = 37  # whole vectors and a scalar tail on every ISA
     x = (4 * rng.standard_normal(n)).astype(np.float32)  # past both of clip6's bounds
     x[:3] = (-100.0, 90.0, 0.0)  # silu where e**-x underflows, saturates, and at 0
-    bias, add = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    bias, add, scale = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     lib = _elementwise(isa)
     for k, steps in enumerate(EPILOGUES):
         y = np.full(n, np.nan, dtype=np.float32)
-        run = lib.function(f"run_{k}", ("ptr", "ptr", "ptr", "ptr", "long"), "void")
-        run(x, bias, add, y, n)
-        expected = _numpy(steps, x, {"bias": bias, "add": add})
-        if set(steps) & set(_POLYNOMIAL):
+        run = lib.function(f"run_{k}", ("ptr", "ptr", "ptr", "ptr", "ptr", "long"), "void")
+        run(x, bias, add, scale, y, n)
+        expected = _numpy(steps, x, {"bias": bias, "add": add, "scale": scale})
+        # dequant's product may fuse with a following add into one FMA (-ffp-contract).
+        if set(steps) & {*_POLYNOMIAL, "dequant"}:
             np.testing.assert_allclose(y, expected, rtol=2e-6, atol=1e-6,
                                        err_msg=f"{isa} {steps}")
         else:
@@ -89,12 +95,14 @@ def test_vector_and_scalar_renderings_match_numpy(isa: str) -> None:
 
 def test_reference_applies_the_steps_in_order() -> None:
     rng = np.random.default_rng(1)
-    x, bias, add = ((4 * rng.standard_normal((3, 5))).astype(np.float32) for _ in range(3))
+    x, bias, add, scale = ((4 * rng.standard_normal((3, 5))).astype(np.float32)
+                           for _ in range(4))
+    operands = {"bias": bias, "add": add, "scale": scale}
     for steps in EPILOGUES:
-        got = reference(steps, x.copy(), {"bias": bias, "add": add})
+        got = reference(steps, x.copy(), operands)
         # the float32 GELU of a large negative x takes 1 + (-1 + tiny): absolute error only
-        atol = 1e-6 if {"gelu_erf", "gelu_tanh"} & set(steps) else 0
-        np.testing.assert_allclose(got, _numpy(steps, x, {"bias": bias, "add": add}),
+        atol = 1e-5 if {"gelu_erf", "gelu_tanh"} & set(steps) else 0
+        np.testing.assert_allclose(got, _numpy(steps, x, operands),
                                    rtol=1e-6, atol=atol, err_msg=str(steps))
     with pytest.raises(ValueError, match="reads tensor 'add', but the reference got only bias"):
         reference(("add",), x.copy(), {"bias": bias})

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tunecache.compiler.codegen import generate
+from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.errors import KernelArgumentError, OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, cpu_features, local_spec, runnable_isas
 from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
@@ -19,10 +20,8 @@ from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import (
     check_result,
     compile_kernel,
-    from_bfloat16,
     random_inputs,
     reference,
-    to_bfloat16,
     tolerance,
 )
 from tunecache.compiler.schedule import default_schedule, problems
@@ -87,8 +86,14 @@ def test_what_int8_does_not_cover_is_refused_by_name() -> None:
     with pytest.raises(OpSignatureError, match="batch_matmul has no int8 kernels; its dtypes: "
                                                "float32"):
         batch_matmul_op(2, 8, 8, 8, dtype="int8")
-    with pytest.raises(OpSignatureError, match="int8 matmul is layout=nn without an epilogue"):
+    with pytest.raises(OpSignatureError, match="int8 matmul's epilogue starts with dequant"):
         matmul_op(8, 8, 8, dtype="int8", epilogue="bias")
+    with pytest.raises(OpSignatureError, match="int8 matmul is layout=nn"):
+        matmul_op(8, 8, 8, dtype="int8", trans_b=True)
+    with pytest.raises(OpSignatureError, match="dequant is an int8 matmul's epilogue step"):
+        matmul_op(8, 8, 8, dtype="bf16", epilogue="dequant")
+    with pytest.raises(OpSignatureError, match="a_type=float32 is for int8 and bf16"):
+        matmul_op(8, 8, 8, a_type="float32")
     op = matmul_op(64, 64, 64, dtype="int8")
     strassen = replace(default_schedule(op, HW), strassen=1)
     assert any("int8 matmul takes strassen=0" in p for p in problems(op, strassen, HW))
@@ -165,3 +170,49 @@ def test_bfloat16_rounds_to_nearest_even() -> None:
     assert back.tolist()[:4] == [1.0, 1.0, 1.0 + 2**-6, -2.5]  # ties go to the even mantissa
     assert np.all(np.abs(back - x) <= np.abs(x) * 2**-8)
     assert np.array_equal(from_bfloat16(to_bfloat16(back)), back)
+
+
+def _quantized_inputs(op: OpSignature, scale: float, zero: float) -> tuple[np.ndarray, ...]:
+    inputs = list(random_inputs(op, seed=op.dim("K")))
+    a = inputs[0]
+    # Exact ties (x / scale = n + 0.5) and both saturations among the values.
+    special = np.array([2.5, -3.5, 1e3, -1e3], np.float32) * np.float32(scale)
+    a.reshape(-1)[:4] = special[:min(4, a.size)]
+    names = [arg.name for arg in op.arguments() if arg.role == "input"]
+    inputs[names.index("qa")][:] = (scale, zero)
+    return tuple(inputs)
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa for s in SPECS])
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_int8_quantizes_float32_a_exactly(hw: HardwareSpec, m: int, n: int, k: int) -> None:
+    op = matmul_op(m, n, k, dtype="int8", a_type="float32")
+    a, b, qa = _quantized_inputs(op, 0.03125, 131.0)
+    out = compile_kernel(op, default_schedule(op, hw, 2), hw)(a, b, qa)
+    q = np.clip(np.rint(a / np.float32(0.03125)) + 131, 0, 255).astype(np.int64)
+    assert q.reshape(-1)[:4].tolist() == [133, 127, 255, 0][:min(4, a.size)]  # ties to even
+    np.testing.assert_array_equal(out, q @ b.astype(np.int64))
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa for s in SPECS])
+@pytest.mark.parametrize("epilogue", ["dequant", "dequant+bias+relu", "dequant+bias+gelu_erf"])
+def test_int8_dequantizes_in_its_epilogue(hw: HardwareSpec, epilogue: str) -> None:
+    op = matmul_op(37, 70, 99, dtype="int8", a_type="float32", epilogue=epilogue)
+    inputs = _quantized_inputs(op, 0.05, 128.0)
+    out = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
+    assert out.dtype == np.float32
+    assert check_result(op, inputs, out, reference(op, inputs)) is None
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa for s in SPECS])
+def test_bf16_rounds_float32_a_and_runs_its_epilogue(hw: HardwareSpec) -> None:
+    op = matmul_op(21, 50, 70, dtype="bf16", a_type="float32", epilogue="bias+gelu_tanh")
+    inputs = random_inputs(op, seed=3)
+    assert [x.dtype for x in inputs] == [np.float32, np.uint16, np.float32]
+    out = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
+    assert check_result(op, inputs, out, reference(op, inputs)) is None
+    # Rounding A is the kernel's job: the same product from A already in bfloat16.
+    plain = matmul_op(21, 50, 70, dtype="bf16", epilogue="bias+gelu_tanh")
+    same = compile_kernel(plain, default_schedule(plain, hw, 2), hw)(
+        to_bfloat16(inputs[0]), inputs[1], inputs[2])
+    np.testing.assert_array_equal(out, same)

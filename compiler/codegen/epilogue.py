@@ -71,6 +71,10 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(x.dtype.type(GELU_TANH_C) * (x + 0.044715 * x * x * x)))
 
 
+def _scale(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.multiply(x, y, out=x)
+
+
 STEPS: Mapping[str, Step] = MappingProxyType({
     "bias": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_add, operand="bias"),
     "add": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_add, operand="add"),
@@ -97,6 +101,10 @@ STEPS: Mapping[str, Step] = MappingProxyType({
         scalar=f"{{x}} = 0.5f * {{x}} * (1.0f + FTANH({GELU_TANH_C}f * ({{x}} + 0.044715f "
                f"* {{x}} * {{x}} * {{x}})));",
         numpy=_gelu_tanh, helpers=("FTANH",)),
+    # An integer accumulator as the float it stands for: times its column's scale (an int8
+    # matmul's A scale times B's per-column scale); zero-point terms are folded into bias.
+    "dequant": Step(vector="VMUL({x}, {y})", scalar="{x} *= {y};", numpy=_scale,
+                    operand="scale"),
 })
 """Every epilogue step a kernel can fuse, by name."""
 

@@ -33,7 +33,7 @@ KIND = register(OpKind(
     name="batch_matmul",
     spec=KindSpec(dims=("B", "M", "N", "K"),
                   attrs={"layout": LAYOUTS, "shared": ("none", "a", "b")},
-                  epilogues=MATMUL.spec.epilogues),
+                  epilogues=tuple(e for e in MATMUL.spec.epilogues if e != "dequant")),
     arguments=MATMUL.arguments,
     flops=MATMUL.flops,
     schedule=MATMUL.schedule,

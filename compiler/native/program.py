@@ -35,6 +35,7 @@ import numpy as np
 from tunecache.compiler import onnx_ops
 from tunecache.compiler.backends import PlanRunner, host_backend
 from tunecache.compiler.buffers import ALIGN, address_of, aligned_copy, aligned_empty
+from tunecache.compiler.elements import argument_dtypes, output_dtype
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.executor import check_inputs, numpy_kernel
 from tunecache.compiler.graph import FLOAT32, VIEW_OPS, Graph, KernelNode, ModelError, OnnxNode
@@ -254,11 +255,16 @@ class NativeProgram:
         if entry is None:  # a numpy reference, or a kernel that runs outside this process
             return None
         shapes = [a.shape for a in node.op.arguments() if a.role == "input"]
+        dtypes = argument_dtypes(node.op)
+        if any(name not in self.graph.constants and name in self._shapes
+               and self._shapes[name][1] != dtype
+               for name, dtype in zip(node.inputs, dtypes, strict=True)):
+            return None  # the bridge converts what the kernel reads in another type
         names = list(node.inputs)
         for i, (name, shape) in enumerate(zip(node.inputs, shapes, strict=True)):
             if name in self.graph.constants:
                 prepared = aligned_copy(
-                    np.asarray(self.graph.constants[name], dtype=FLOAT32).reshape(shape))
+                    np.asarray(self.graph.constants[name], dtype=dtypes[i]).reshape(shape))
                 names[i] = f"const:{node.name}:{i}"
                 self._constants[names[i]] = prepared
         if len(names) > 1 and kernel.prepacks_weights and names[1].startswith("const:"):
@@ -342,8 +348,7 @@ class NativeProgram:
         if root in self._where:
             return self._where[root]
         if root in self.graph.constants:  # a constant reached through a view
-            self._constants[root] = aligned_copy(
-                np.asarray(self.graph.constants[root], dtype=FLOAT32))
+            self._constants[root] = aligned_copy(np.asarray(self.graph.constants[root]))
             self._where[root] = _Where(len(self._bases))
             self._bases.append(address_of(self._constants[root]))
             return self._where[root]
@@ -548,7 +553,7 @@ class NativeProgram:
         """Keep a value computed outside the arena; native calls read it by pointer."""
         region = self._dynamic.get(name)
         if region is not None:
-            value = np.ascontiguousarray(value, dtype=FLOAT32)
+            value = np.ascontiguousarray(value, dtype=self._shapes[name][1])
             self._base_array[region] = address_of(value)
         values[name] = value
 
@@ -620,10 +625,11 @@ def _kernel_function(node: KernelNode, kernel: Any) -> Any:
     count), returning its output in the node's ONNX shape."""
     fn = kernel if kernel is not None else numpy_kernel(node.op)
     shapes = [a.shape for a in node.op.arguments() if a.role == "input"]
+    dtypes = argument_dtypes(node.op)
 
     def run(*values: np.ndarray) -> np.ndarray:
-        args = [np.ascontiguousarray(np.reshape(v, s), dtype=FLOAT32)
-                for v, s in zip(values, shapes, strict=True)]
+        args = [np.ascontiguousarray(np.reshape(v, s), dtype=t)
+                for v, s, t in zip(values, shapes, dtypes, strict=True)]
         return np.reshape(fn(*args), node.output_shape)
     return run
 
@@ -662,7 +668,7 @@ def _static_shapes(graph: Graph, inputs: Mapping[str, np.ndarray]
     shapes.update((n, (tuple(a.shape), a.dtype)) for n, a in inputs.items())
     for step in graph.steps:
         if isinstance(step, KernelNode):
-            shapes[step.output] = (tuple(step.output_shape), FLOAT32)
+            shapes[step.output] = (tuple(step.output_shape), output_dtype(step.op))
         elif any(o and o not in shapes for o in step.outputs):
             return None
     return shapes

@@ -38,20 +38,28 @@ __all__ = ["ACTIVATIONS", "LOOP_ORDERS", "PARALLEL_AXES", "MatmulSchedule", "fus
            "matmul_op", "strassen_block"]
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
+A_TYPES = ("dtype", "float32")
+"""How A arrives: as the op's dtype, or (``a_type=float32``, int8 and bf16 only) as float32
+that the kernel converts while packing it: rounded to bfloat16, or quantized to u8 with the
+``qa`` argument ``[scale, zero point]`` (``rint(a / scale) + zero point``, saturated), so no
+separate quantize pass runs over the activations."""
 ELEMENT_TYPES = {"float32": ("float32", "float32", "float32"),
                  "int8": ("uint8", "int8", "int32"),
                  "bf16": ("bfloat16", "bfloat16", "float32")}
 """Per op dtype, the element types of A, B and C (and bias): int8 multiplies u8 activations
-by s8 weights and accumulates exactly in int32, bf16 accumulates in float32."""
+by s8 weights and accumulates exactly in int32 (a ``dequant`` epilogue makes C float32),
+bf16 accumulates in float32."""
 ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh")
 """The epilogue's activations, after ``bias``; an op has at most one."""
 
 
 def matmul_op(M: int, N: int, K: int, *, trans_a: bool = False, trans_b: bool = False,
-              epilogue: tuple[str, ...] | str = (), dtype: str = "float32") -> OpSignature:
+              epilogue: tuple[str, ...] | str = (), dtype: str = "float32",
+              a_type: str = "dtype") -> OpSignature:
     """``C[M,N] = op(A) @ op(B)``, operands optionally stored transposed."""
     return OpSignature(KIND.name, (("M", M), ("N", N), ("K", K)), dtype,
-                       (("layout", layout_attr(trans_a, trans_b)),), epilogue_tuple(epilogue))
+                       (("layout", layout_attr(trans_a, trans_b)), ("a_type", a_type)),
+                       epilogue_tuple(epilogue))
 
 
 def layout_attr(trans_a: bool, trans_b: bool) -> str:
@@ -64,8 +72,24 @@ def epilogue_tuple(epilogue: tuple[str, ...] | str) -> tuple[str, ...]:
     return tuple(epilogue)
 
 
+def float_a(op: OpSignature) -> bool:
+    """Whether the kernel takes A as float32 and converts it (``a_type=float32``)."""
+    return dict(op.attrs).get("a_type") == "float32"
+
+
+def element_types(op: OpSignature) -> tuple[str, str, str]:
+    """The element types of A, B and C (and bias) of ``op``."""
+    a_type, b_type, c_type = ELEMENT_TYPES[op.dtype]
+    if float_a(op):
+        a_type = "float32"
+    if "dequant" in op.epilogue:
+        c_type = "float32"
+    return a_type, b_type, c_type
+
+
 def gemm_arguments(op: OpSignature) -> tuple[TensorArg, ...]:
-    """A, B[, bias], C; operands without a batch dim when the op has none or shares them."""
+    """A, B[, qa][, scale][, bias], C; operands without a batch dim when the op has none or
+    shares them."""
     d = op.dims_dict
     M, N, K = d["M"], d["N"], d["K"]
     a_shape: tuple[int, ...] = (K, M) if op.trans_a else (M, K)
@@ -78,12 +102,47 @@ def gemm_arguments(op: OpSignature) -> tuple[TensorArg, ...]:
         if op.shared != "b":
             b_shape = (B, *b_shape)
         c_shape = (B, M, N)
-    a_type, b_type, c_type = ELEMENT_TYPES[op.dtype]
+    a_type, b_type, c_type = element_types(op)
     args = [TensorArg("A", a_shape, "input", a_type), TensorArg("B", b_shape, "input", b_type)]
+    if float_a(op) and op.dtype == "int8":
+        args.append(TensorArg("qa", (2,), "input", "float32"))
+    if "dequant" in op.epilogue:
+        args.append(TensorArg("scale", (N,), "input", "float32"))
     if "bias" in op.epilogue:
         args.append(TensorArg("bias", (N,), "input", c_type))
     args.append(TensorArg("C", c_shape, "output", c_type))
     return tuple(args)
+
+
+def quantize_u8(x: np.ndarray, qa: np.ndarray) -> np.ndarray:
+    """``x`` quantized to u8 as an ``a_type=float32`` int8 kernel does: float32 ``x / scale``
+    rounded half to even, plus the zero point, saturated."""
+    scale, zero = np.float32(qa[0]), np.float32(qa[1])
+    q = np.rint(np.asarray(x, dtype=np.float32) / scale) + zero
+    return np.clip(q, 0, 255).astype(np.uint8)
+
+
+def _converted_a(op: OpSignature, a: np.ndarray, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    if not float_a(op):
+        return a
+    if op.dtype == "int8":
+        return quantize_u8(a, inputs[2]).astype(np.float64)
+    bits = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def gemm_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``op(A) @ op(B)`` then the epilogue, in the inputs' dtype (A converted first where
+    the kernel converts it)."""
+    a, b = _converted_a(op, inputs[0], inputs), inputs[1]
+    if op.trans_a:
+        a = np.swapaxes(a, -1, -2)
+    if op.trans_b:
+        b = np.swapaxes(b, -1, -2)
+    names = [arg.name for arg in op.arguments() if arg.role == "input"]
+    operands = {name: inputs[i] for i, name in enumerate(names) if name in ("scale", "bias")}
+    return epilogue_reference(op.epilogue, np.matmul(a, b), operands)
 
 
 def gemm_flops(op: OpSignature) -> int:
@@ -91,29 +150,33 @@ def gemm_flops(op: OpSignature) -> int:
     return 2 * op.batch * d["M"] * d["N"] * d["K"]
 
 
-def gemm_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
-    """``op(A) @ op(B)`` then the epilogue, in the inputs' dtype."""
-    a, b = inputs[0], inputs[1]
-    if op.trans_a:
-        a = np.swapaxes(a, -1, -2)
-    if op.trans_b:
-        b = np.swapaxes(b, -1, -2)
-    operands = {"bias": inputs[2]} if "bias" in op.epilogue else {}
-    return epilogue_reference(op.epilogue, np.matmul(a, b), operands)
-
-
 def _a(word: str) -> str:
     return f"an {word}" if word[0] in "aeiou" else f"a {word}"
 
 
 def _signature_problems(op: OpSignature) -> list[str]:
-    if op.dtype != "float32" and (op.epilogue or op.trans_a or op.trans_b):
-        return [f"{_a(op.dtype)} matmul is layout=nn without an epilogue so far"]
-    found = [step for step in op.epilogue if step in ACTIVATIONS]
-    if len(found) > 1:
-        return [f"epilogue {'+'.join(op.epilogue)} has {len(found)} activations "
-                f"({', '.join(found)}); at most one"]
-    return []
+    found = _lowp_problems(op)
+    acts = [step for step in op.epilogue if step in ACTIVATIONS]
+    if len(acts) > 1:
+        found.append(f"epilogue {'+'.join(op.epilogue)} has {len(acts)} activations "
+                     f"({', '.join(acts)}); at most one")
+    return found
+
+
+def _lowp_problems(op: OpSignature) -> list[str]:
+    found = []
+    if op.dtype != "int8" and "dequant" in op.epilogue:
+        found.append("dequant is an int8 matmul's epilogue step")
+    if op.dtype == "float32":
+        if float_a(op):
+            found.append("a_type=float32 is for int8 and bf16 matmuls")
+        return found
+    if op.trans_a or op.trans_b:
+        found.append(f"{_a(op.dtype)} matmul is layout=nn so far")
+    if op.dtype == "int8" and op.epilogue and op.epilogue[0] != "dequant":
+        found.append(f"an int8 matmul's epilogue starts with dequant (its C is int32 until "
+                     f"then), not {op.epilogue[0]}")
+    return found
 
 
 def fuse_activation(producer: OpSignature, reader: OpSignature) -> OpSignature | None:
@@ -135,7 +198,7 @@ def strassen_block(op: OpSignature, levels: int = 1) -> OpSignature:
     dimension over ``2 ** levels``, rounded up), no epilogue: what its micro-tiles and
     blocks are chosen and estimated for."""
     return matmul_op(*strassen_blocks(op, levels), trans_a=op.trans_a, trans_b=op.trans_b,
-                     dtype=op.dtype)
+                     dtype=op.dtype, a_type=op.attr("a_type"))
 
 
 def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
@@ -200,9 +263,9 @@ def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int | str, ...]
 
 KIND = register(OpKind(
     name="matmul",
-    spec=KindSpec(dims=("M", "N", "K"), attrs={"layout": LAYOUTS},
-                  epilogues=("bias", *ACTIVATIONS), check=_signature_problems,
-                  dtypes=("float32", "int8", "bf16")),
+    spec=KindSpec(dims=("M", "N", "K"), attrs={"layout": LAYOUTS, "a_type": A_TYPES},
+                  epilogues=("dequant", "bias", *ACTIVATIONS), check=_signature_problems,
+                  dtypes=("float32", "int8", "bf16"), omit_default=frozenset({"a_type"})),
     arguments=gemm_arguments,
     flops=gemm_flops,
     schedule=MatmulSchedule,

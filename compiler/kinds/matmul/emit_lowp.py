@@ -9,6 +9,10 @@ padded][IGROUP]`` of the vocabulary's ``ib_t`` (the layout one ``IDOT`` reads fo
 columns; constant weights are packed once, ``tc_pack_weights``), then each thread takes row
 tiles of ``mr`` rows, and for each block of ``nc`` columns (whose packed B the block's row
 tiles share in L2) sweeps its ``nr``-column panels with ``mr x nr / lanes`` accumulators.
+With ``a_type=float32`` the A packing converts float32 rows (quantizing to u8 with ``qa``,
+or rounding to bfloat16), so the activations are read once, as they are; the epilogue
+(``dequant``, ``bias``, an activation) runs on each tile row's accumulators once, as scalar
+C over a row of ``nr`` that the compiler vectorises.
 The knobs are the float32 schedule's ``mr``, ``nr``, ``nc`` and ``threads``; ``kc``, ``mc``,
 A packing, Strassen and loop orders do not apply (``gemm_problems``).
 """
@@ -16,12 +20,30 @@ A packing, Strassen and loop orders do not apply (``gemm_problems``).
 from __future__ import annotations
 
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamble
+from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 
 TYPES = {"int8": ("uint8_t", "int8_t", "int32_t"), "bf16": ("uint16_t", "uint16_t", "float")}
-"""C types of A, B (as the caller holds them) and C, per dtype."""
+"""C types of A (as packed), B (as the caller holds it) and the accumulators, per dtype."""
+
+_COPY_ROW = """    memcpy(Ap + i * KP, (const ta_t *)A + i * K, K * sizeof(ta_t));"""
+_QUANTIZE_ROW = """    const float *x = (const float *)A + i * K;
+    for (long k = 0; k < K; k++)
+      Ap[i * KP + k] = (ta_t)fminf(fmaxf(nearbyintf(x[k] / qa[0]) + qa[1], 0.0f), 255.0f);"""
+_ROUND_ROW = """    const uint32_t *x = (const uint32_t *)A + i * K;
+    for (long k = 0; k < K; k++)
+      Ap[i * KP + k] = (ta_t)((x[k] + 0x7FFFu + ((x[k] >> 16) & 1u)) >> 16);"""
+_PACK_A = """/* A's rows [lo, hi) into KP-element rows, zero-padded past K. */
+static void tc_lowp_pack_a(const void *A, const float *qa, ta_t *Ap, long lo, long hi) {
+  (void)qa;
+  for (long i = lo; i < hi; i++) {
+%s
+    memset(Ap + i * KP + K, 0, (KP - K) * sizeof(ta_t));
+  }
+}
+"""
 
 _PACK_B = """\
 /* B (K x N) into [K groups][NP][IGROUP] of ib_t, zero-padded: groups [g0, g1). */
@@ -37,25 +59,37 @@ static void tc_lowp_pack_b(const tb_t *Bs, ib_t *Bp, long g0, long g1) {
 
 _BODY = """\
   ta_t *Ap = (ta_t *)ws;
-  const ta_t *Au = (const ta_t *)A;
   long lo, hi;
   split_range(M, TID, NTH, &lo, &hi);
-  for (long i = lo; i < hi; i++) {
-    memcpy(Ap + i * KP, Au + i * K, K * sizeof(ta_t));
-    memset(Ap + i * KP + K, 0, (KP - K) * sizeof(ta_t));
-  }
+  tc_lowp_pack_a(A, qa, Ap, lo, hi);
 %s
   BARRIER();
   split_range((M + MR - 1) / MR, TID, NTH, &lo, &hi);
   for (long j0 = 0; j0 < NP; j0 += NC)
     for (long tile = lo; tile < hi; tile++)
-      tc_lowp_rows(Ap, Bp, (tc_t *)C, tile * MR, j0, MIN(NP, j0 + NC));
+      tc_lowp_rows(Ap, Bp, (tc_t *)C, scale, bias, tile * MR, j0, MIN(NP, j0 + NC));
 """
 _PACK_PER_CALL = """\
   ib_t *Bp = (ib_t *)((char *)ws + A_BYTES);
   split_range(KG, TID, NTH, &lo, &hi);
   tc_lowp_pack_b((const tb_t *)B, Bp, lo, hi);"""
 _PACKED_ONCE = "  const ib_t *Bp = (const ib_t *)B;"
+
+
+def _finish(op: OpSignature) -> str:
+    """``tc_lowp_finish``: one tile row's accumulators, epilogue applied, into C."""
+    if not op.epilogue:
+        return ("static inline void tc_lowp_finish(const tacc_t *acc, tc_t *c, long j, "
+                "long width, const float *scale, const float *bias) {\n"
+                "  (void)j; (void)scale; (void)bias;\n"
+                "  memcpy(c, acc, (size_t)width * sizeof(tc_t));\n}\n")
+    steps = render(op.epilogue, "v", {"scale": "scale[j + t]", "bias": "bias[j + t]"},
+                   vector=False)
+    return ("static inline void tc_lowp_finish(const tacc_t *acc, tc_t *c, long j, "
+            "long width, const float *scale, const float *bias) {\n"
+            "  (void)scale; (void)bias;\n"
+            "  for (long t = 0; t < width; t++) {\n"
+            f"    float v = (float)acc[t];\n    {steps}\n    c[t] = v;\n  }}\n}}\n")
 
 
 def _rows(mr: int, nv: int) -> str:
@@ -70,15 +104,15 @@ def _rows(mr: int, nv: int) -> str:
     stores = "".join(
         f"    if ({r} < rows) {{\n"
         + "".join(f"      ISTOREU(out + {v} * LANES, c{r}_{v});\n" for v in range(nv))
-        + f"      memcpy(C + (i0 + {r}) * N + j, out, (size_t)width * sizeof(tc_t));\n    }}\n"
+        + f"      tc_lowp_finish(out, C + (i0 + {r}) * N + j, j, width, scale, bias);\n    }}\n"
         for r in range(mr))
     return (
-        "static void tc_lowp_rows(const ta_t *Ap, const ib_t *Bp, tc_t *C, long i0,\n"
-        "                         long j0, long j1) {\n"
+        "static void tc_lowp_rows(const ta_t *Ap, const ib_t *Bp, tc_t *C, const float *scale,\n"
+        "                         const float *bias, long i0, long j0, long j1) {\n"
         "  const long rows = MIN(MR, M - i0);\n"
         + "".join(f"  const ta_t *a_{r} = Ap + MIN(i0 + {r}, M - 1) * KP;\n"
                   for r in range(mr))
-        + "  tc_t out[NR] __attribute__((aligned(64)));\n"
+        + "  tacc_t out[NR] __attribute__((aligned(64)));\n"
         "  for (long j = j0; j < j1; j += NR) {\n"
         f"    ivec {', '.join(f'{c} = IZERO()' for c in acc)};\n"
         "    const ib_t *b = Bp + j * IGROUP;\n"
@@ -95,18 +129,29 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     np_ = -(-n // s.nr) * s.nr
     constants = {"M": m, "N": n, "K": k, "MR": s.mr, "NR": s.nr, "LANES": d.lanes, "NP": np_,
                  "NC": min(s.nc, np_)}
-    ta, tb, tc = TYPES[op.dtype]
+    ta, tb, tacc = TYPES[op.dtype]
+    tc = "float" if "dequant" in op.epilogue else tacc
     vocabulary = d.int8 if op.dtype == "int8" else d.bf16
-    sizes = (f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tc} tc_t;\n"
+    sizes = (f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tacc} tacc_t;\n"
+             f"typedef {tc} tc_t;\n"
              "#define KG ((K + IGROUP - 1) / IGROUP)\n#define KP (KG * IGROUP)\n"
              "#define A_BYTES ((M * KP * (long)sizeof(ta_t) + 63) / 64 * 64)\n"
              "#define B_BYTES (KG * NP * IGROUP * (long)sizeof(ib_t))\n")
     packed = PackedWeights("((B_BYTES + 3) / 4)",
                            "  tc_lowp_pack_b((const tb_t *)weights, (ib_t *)packed, 0, KG);")
     return "\n".join([
-        preamble(d, constants, s.threads), "#include <stdint.h>", vocabulary, sizes, _PACK_B,
-        _rows(s.mr, nv),
+        preamble(d, constants, s.threads), "#include <stdint.h>\n#include <math.h>",
+        vocabulary, sizes, scalar_helpers(op.epilogue), _PACK_A % _a_row(op), _PACK_B,
+        _finish(op), _rows(s.mr, nv),
         kernel_entries(op, lambda once: _BODY % (_PACKED_ONCE if once else _PACK_PER_CALL),
                        threads=s.threads, ws_floats="((A_BYTES + B_BYTES + 3) / 4)",
-                       packed=packed, packed_ws_floats="((A_BYTES + 3) / 4)"),
+                       packed=packed, packed_ws_floats="((A_BYTES + 3) / 4)",
+                       optional=("qa", "scale", "bias")),
     ])
+
+
+def _a_row(op: OpSignature) -> str:
+    """C copying (or, for ``a_type=float32``, converting) A's row ``i`` into ``Ap``."""
+    if dict(op.attrs).get("a_type") != "float32":
+        return _COPY_ROW
+    return _QUANTIZE_ROW if op.dtype == "int8" else _ROUND_ROW
