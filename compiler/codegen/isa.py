@@ -65,6 +65,9 @@ class IsaDialect:
     bf16: str = ""
     """The same vocabulary for bf16 (A and B as bfloat16 bit patterns, ``uint16_t``), over
     float32 accumulators, exact products summed in float32."""
+    native: frozenset[str] = frozenset()
+    """The low-precision dtypes whose vocabulary is the hardware's own dot product (VNNI,
+    AVX512-BF16), not a widening emulation: what a precision policy may choose for speed."""
 
 
 _GENERIC_PRELUDE = """\

@@ -16,6 +16,7 @@ from tunecache.compiler import frontend
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.native.profile import ProgramProfile
+from tunecache.compiler.precision import PRECISIONS
 from tunecache.tuner.cli.common import (
     emit_json,
     hardware_option,
@@ -33,6 +34,7 @@ from tunecache.tuner.cli.shapes import (
     resolve_shapes,
 )
 from tunecache.tuner.deploy import POLICIES, CompiledModel, compile_model
+from tunecache.tuner.deploy.compile import sample_inputs
 
 
 def _common(func: Any) -> Any:
@@ -44,6 +46,11 @@ def _common(func: Any) -> Any:
                      show_default=True, help="Calls the deployment expects (weighs tuning)."),
         click.option("--deadline", default=None, metavar="DURATION",
                      help="Compile-time budget for measuring misses (e.g. 30s)."),
+        click.option("--precision", type=click.Choice(PRECISIONS), default="fp32",
+                     show_default=True,
+                     help="bf16: products with constant weights (MatMul, Gemm) in bf16 "
+                          "with float32 accumulation, where the CPU has bf16 dot products; "
+                          "the plan reports the error against fp32."),
         input_shape_option,
         root_option,
         hardware_option,
@@ -56,7 +63,8 @@ def _common(func: Any) -> Any:
 
 def _compile(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
              input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
-             inputs: Inputs | None = None, threads: int | None = None) -> CompiledModel:
+             precision: str, inputs: Inputs | None = None,
+             threads: int | None = None) -> CompiledModel:
     # Warnings (a store that cannot be read or written, …) become one `warning:` line each.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -68,7 +76,8 @@ def _compile(model_path: Path, policy: str, expected_calls: int, deadline: str |
             return compile_model(
                 source, store=Store(root), policy=policy, expected_calls=expected_calls,
                 deadline_s=parse_duration(deadline) if deadline else None,
-                hw=local_spec(hardware), input_shapes=shapes, threads=threads)
+                hw=local_spec(hardware), input_shapes=shapes, threads=threads,
+                precision=precision)
         finally:
             for message in dict.fromkeys(" ".join(str(w.message).split()) for w in caught):
                 click.echo(f"warning: {message}", err=True)
@@ -77,12 +86,12 @@ def _compile(model_path: Path, policy: str, expected_calls: int, deadline: str |
 @click.command("compile")
 @_common
 def compile_command(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
-                    input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
-                    as_json: bool) -> None:
+                    precision: str, input_shapes: tuple[str, ...], root: str | None,
+                    hardware: Path | None, as_json: bool) -> None:
     """Compile an ONNX model against the cache and print the plan: per kernel node the op,
     the decision and why, the expected latency and where the schedule came from."""
     compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
-                        hardware)
+                        hardware, precision)
     if as_json:
         emit_json(compiled.summary())
         return
@@ -102,6 +111,18 @@ def compile_command(model_path: Path, policy: str, expected_calls: int, deadline
     click.echo("decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["actions"].items())))
     click.echo("schedules: " + ", ".join(f"{v} {k}" for k, v in sorted(
         summary["served"].items(), key=lambda kv: -kv[1])))
+    _echo_precision(compiled)
+
+
+def _echo_precision(compiled: CompiledModel) -> None:
+    plan = compiled.precision
+    if plan.requested == "fp32":
+        return
+    line = f"precision: {plan.used} for {plan.nodes} kernel node(s)"
+    if compiled.accuracy is not None:
+        line += (f", error against fp32 {compiled.accuracy['max_rel_to_range']:.2e} of the "
+                 "outputs' range (random input)")
+    click.echo(line + (f"; {plan.note}" if plan.note else ""))
 
 
 def _planned(compiled: CompiledModel) -> bool:
@@ -111,14 +132,7 @@ def _planned(compiled: CompiledModel) -> bool:
 
 
 def _random_inputs(compiled: CompiledModel, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = {}
-    for info in compiled.graph.inputs:
-        if np.issubdtype(info.dtype, np.floating):
-            out[info.name] = rng.standard_normal(info.shape).astype(info.dtype)
-        else:
-            out[info.name] = rng.integers(0, 2, size=info.shape).astype(info.dtype)
-    return out
+    return sample_inputs(compiled.graph.inputs, seed)
 
 
 def _load_inputs(path: Path) -> dict[str, np.ndarray]:
@@ -158,15 +172,16 @@ def _time(fn: Any, repeat: int) -> list[float]:
                    f"(default {PROFILE_TOP}); --json has every step.")
 @threads_option_with("Threads for our kernels and for onnxruntime alike (default: every core).")
 def run_command(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
-                input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
-                as_json: bool, inputs_path: Path | None, compare: str | None, repeat: int,
-                profile_top: int | None, threads: int | None) -> None:
+                precision: str, input_shapes: tuple[str, ...], root: str | None,
+                hardware: Path | None, as_json: bool, inputs_path: Path | None,
+                compare: str | None, repeat: int, profile_top: int | None,
+                threads: int | None) -> None:
     """Compile and run an ONNX model; with --compare onnxruntime, check and time it against
     onnxruntime on the same inputs and thread count; with --profile, say where its time
     goes."""
     given = Inputs(inputs_path, _load_inputs(inputs_path)) if inputs_path else None
     compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
-                        hardware, given, threads)
+                        hardware, precision, given, threads)
     if given is None and not _planned(compiled):
         assert compiled.info is not None
         raise InputShapeError(open_inputs(compiled.info))
@@ -178,7 +193,10 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
         "compile_s": compiled.timings["total_s"], "latency_ms": statistics.median(ours) * 1e3,
         "outputs": {k: list(v.shape) for k, v in outputs.items()},
         "shapes": [s.to_dict() for s in compiled.shape_stats()],
+        "precision": compiled.precision.to_dict(),
     }
+    if compiled.accuracy is not None:
+        report["accuracy"] = compiled.accuracy
     if compare == "onnxruntime":
         try:
             import onnxruntime as ort
@@ -211,6 +229,7 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
         return
     click.echo(f"{model_path.name}: compiled in {report['compile_s']:.2f} s, latency "
                f"{report['latency_ms']:.3f} ms (median of {repeat})")
+    _echo_precision(compiled)
     if compare:
         ort_report = report["onnxruntime"]
         click.echo(f"onnxruntime ({ort_report['threads']} threads): "

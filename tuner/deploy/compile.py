@@ -38,13 +38,14 @@ from tunecache.compiler.backends import backend_for
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError, TunecacheError
 from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
-from tunecache.compiler.graph import Graph, ModelError
+from tunecache.compiler.graph import Graph, ModelError, TensorInfo
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.native.profile import ProgramProfile
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.passes import plan_graph
+from tunecache.compiler.precision import PRECISIONS, PrecisionPlan, apply_precision
 from tunecache.compiler.schedule import Schedule, default_schedule, in_model, problems
 from tunecache.costmodel.analytic import estimate
 from tunecache.tuner.deploy.policy import Decision, Policy, PolicyConfig
@@ -130,6 +131,11 @@ class CompiledModel:
     threads: int | None = None
     """The compile's thread bound (None: ``hw.cores``): kernels' schedules keep to it, and
     so do the native program's own copies."""
+    precision: PrecisionPlan = field(default_factory=lambda: PrecisionPlan("fp32", "fp32", 0))
+    """What the precision policy did (:mod:`tunecache.compiler.precision`)."""
+    accuracy: dict[str, Any] | None = None
+    """With a precision below fp32: the outputs' error against the float32 graph on the
+    compile's sample input (seeded random), per output and worst."""
     _executor: Executor | None = field(default=None, init=False, repr=False)
     _program: NativeProgram | None = field(default=None, init=False, repr=False)
     _run_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -262,7 +268,10 @@ class CompiledModel:
             served[key] = served.get(key, 0) + 1
         out = {"model": self.graph.name, "hw_id": self.hw.hw_id, "kernel_nodes": len(self.plan),
                "actions": actions, "served": served, "timings_s": self.timings,
-               "plan": [e.to_dict() for e in self.plan]}
+               "plan": [e.to_dict() for e in self.plan],
+               "precision": self.precision.to_dict()}
+        if self.accuracy is not None:
+            out["accuracy"] = self.accuracy
         if self.info is not None:
             out["dynamic"] = self.info.dynamic
             out["inputs"] = {i.name: self.info.describe(i.name) for i in self.info.inputs}
@@ -395,6 +404,7 @@ def compile_model(
     max_shapes: int = DEFAULT_MAX_SHAPES,
     threads: int | None = None,
     blocked_layouts: bool = True,
+    precision: str = "fp32",
 ) -> CompiledModel:
     """Compile the ONNX model at ``path`` (or read by :func:`frontend.read_model`) against
     ``store``'s cache (see the module doc).
@@ -406,7 +416,12 @@ def compile_model(
     ``threads``, no kernel uses more threads than that (schedules with more are re-fitted).
     ``blocked_layouts`` keeps activations channel-blocked between the kernels that take them
     (:mod:`tunecache.compiler.layout_plan`); off, every kernel reads and writes NCHW.
+    ``precision`` (:data:`~tunecache.compiler.precision.PRECISIONS`) lets products with
+    constant weights run in bf16 where the hardware has bf16 dot products; the compiled
+    model then reports what changed (``precision``) and what it cost (``accuracy``).
     """
+    if precision not in PRECISIONS:
+        raise ModelError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     t0 = time.perf_counter()
     hw = hw or local_spec()
     store = store if isinstance(store, Store) else Store(store)
@@ -428,7 +443,7 @@ def compile_model(
         return _compile_shape(label, source, concrete, store=store, config=config, hw=hw,
                               model=model, clock=clock, record_wanted=record_wanted,
                               threads=threads, blocked_layouts=blocked_layouts,
-                              siblings=siblings)
+                              siblings=siblings, precision=precision)
 
     if shapes is None:
         interface = Graph(info.name, info.opset, info.inputs, info.outputs,
@@ -449,14 +464,16 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                    config: PolicyConfig, hw: HardwareSpec, model: Ranker | None,
                    clock: Callable[[], float], record_wanted: bool,
                    threads: int | None = None, blocked_layouts: bool = True,
-                   siblings: Mapping[str, Schedule] | None = None) -> CompiledModel:
+                   siblings: Mapping[str, Schedule] | None = None,
+                   precision: str = "fp32") -> CompiledModel:
     """Plan and build one concrete input shape: plan layouts, look every kernel op up,
     decide each miss, record the misses as wanted, build the kernels. ``siblings``: per
     node, its schedule at another planned shape of the same model (see
     :func:`_sharing_packed`)."""
     t0 = time.perf_counter()
-    graph = plan_graph(frontend.load_graph(source, input_shapes), hw,
-                       blocked_layouts=blocked_layouts)
+    full = plan_graph(frontend.load_graph(source, input_shapes), hw,
+                      blocked_layouts=blocked_layouts)
+    graph, lowered = apply_precision(full, hw, precision)
     t_load = time.perf_counter()
     view = _cache_view(store, hw)
     # A run bounded to fewer threads ranks its guesses for them: a top-1 ranked for every
@@ -501,10 +518,45 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                                    for op, count in misses.items()])
     kernels = _build_kernels(plan, hw)
     t_build = time.perf_counter()
-    compiled = CompiledModel(graph, plan, kernels, hw, threads=threads)
+    compiled = CompiledModel(graph, plan, kernels, hw, threads=threads, precision=lowered)
+    if lowered.nodes:
+        compiled.accuracy = precision_error(compiled, full)
     compiled.timings = {"load_s": t_load - t0, "decide_s": t_decide - t_load,
-                        "build_s": t_build - t_decide, "total_s": t_build - t0}
+                        "build_s": t_build - t_decide, "total_s": time.perf_counter() - t0}
     return compiled
+
+
+def precision_error(compiled: CompiledModel, reference: Graph, seed: int = 0
+                    ) -> dict[str, Any]:
+    """Each output's error, ``compiled`` against the float32 ``reference`` graph run by the
+    numpy executor, on seeded random inputs: the largest absolute error and that relative
+    to the output's largest magnitude."""
+    inputs = sample_inputs(compiled.graph.inputs, seed)
+    ours = compiled.run(inputs)
+    theirs = Executor(reference).run(inputs)
+    outputs = {}
+    for name, value in ours.items():
+        ref = np.asarray(theirs[name], dtype=np.float64)
+        diff = np.abs(np.asarray(value, dtype=np.float64) - ref)
+        worst = float(diff.max()) if diff.size else 0.0
+        scale = float(np.abs(ref).max()) if ref.size else 0.0
+        outputs[name] = {"max_abs": worst, "max_rel_to_range": worst / scale if scale else 0.0}
+    return {"against": "fp32", "input": f"random (seed {seed})", "outputs": outputs,
+            "max_rel_to_range": max((o["max_rel_to_range"] for o in outputs.values()),
+                                    default=0.0)}
+
+
+def sample_inputs(infos: Sequence[TensorInfo], seed: int) -> dict[str, np.ndarray]:
+    """Seeded inputs for ``infos``: standard normal floats, integers 0 or 1 (token ids,
+    masks)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for info in infos:
+        if np.issubdtype(info.dtype, np.floating):
+            out[info.name] = rng.standard_normal(info.shape).astype(info.dtype)
+        else:
+            out[info.name] = rng.integers(0, 2, size=info.shape).astype(info.dtype)
+    return out
 
 
 SHARE_PACKED_TOLERANCE = 0.05

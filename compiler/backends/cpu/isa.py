@@ -288,9 +288,9 @@ def dialect_for(isa: str, features: tuple[str, ...] = ()) -> IsaDialect:
     if isa != "avx512":
         return base
     if "avx512_vnni" in features:
-        base = replace(base, int8=_AVX512_VNNI_INT8)
+        base = replace(base, int8=_AVX512_VNNI_INT8, native=base.native | {"int8"})
     if "avx512_bf16" in features:
-        base = replace(base, bf16=_AVX512_BF16)
+        base = replace(base, bf16=_AVX512_BF16, native=base.native | {"bf16"})
     return base
 
 

@@ -77,19 +77,25 @@ _PACKED_ONCE = "  const ib_t *Bp = (const ib_t *)B;"
 
 
 def _finish(op: OpSignature) -> str:
-    """``tc_lowp_finish``: one tile row's accumulators, epilogue applied, into C."""
+    """``tc_lowp_finish``: one tile row's accumulators, epilogue applied, into C: whole
+    vectors of the accumulators as floats through the vector epilogue, then a scalar tail."""
+    head = ("static inline void tc_lowp_finish(const tacc_t *acc, tc_t *c, long j, "
+            "long width, const float *scale, const float *bias) {\n")
     if not op.epilogue:
-        return ("static inline void tc_lowp_finish(const tacc_t *acc, tc_t *c, long j, "
-                "long width, const float *scale, const float *bias) {\n"
-                "  (void)j; (void)scale; (void)bias;\n"
+        return (head + "  (void)j; (void)scale; (void)bias;\n"
                 "  memcpy(c, acc, (size_t)width * sizeof(tc_t));\n}\n")
-    steps = render(op.epilogue, "v", {"scale": "scale[j + t]", "bias": "bias[j + t]"},
-                   vector=False)
-    return ("static inline void tc_lowp_finish(const tacc_t *acc, tc_t *c, long j, "
-            "long width, const float *scale, const float *bias) {\n"
-            "  (void)scale; (void)bias;\n"
-            "  for (long t = 0; t < width; t++) {\n"
-            f"    float v = (float)acc[t];\n    {steps}\n    c[t] = v;\n  }}\n}}\n")
+    vector = render(op.epilogue, "v", {"scale": "VLOADU(scale + j + t)",
+                                       "bias": "VLOADU(bias + j + t)"}, vector=True)
+    scalar = render(op.epilogue, "v", {"scale": "scale[j + t]", "bias": "bias[j + t]"},
+                    vector=False)
+    return (head + "  (void)scale; (void)bias;\n"
+            "  float f[NR] __attribute__((aligned(64)));\n"
+            "  for (long t = 0; t < NR; t++) f[t] = (float)acc[t];\n"
+            "  long t = 0;\n"
+            f"  for (; t + LANES <= width; t += LANES) {{\n    vec v = VLOAD(f + t);\n"
+            f"    {vector}\n    VSTOREU(c + t, v);\n  }}\n"
+            f"  for (; t < width; t++) {{\n    float v = f[t];\n    {scalar}\n    c[t] = v;\n"
+            "  }\n}\n")
 
 
 def _rows(mr: int, nv: int) -> str:

@@ -1,0 +1,95 @@
+"""The compile-time precision policy (issue 53): ``precision="bf16"`` runs the products with
+constant weights as bf16 kernels where the CPU has bf16 dot products, reports the error
+against fp32, and keeps fp32 (saying why) where it has none."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx_support import bert_layer_model, mlp_model
+from test_cli_compiler import tunecache
+
+from tunecache.compiler import frontend
+from tunecache.compiler.graph import Graph, ModelError
+from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.passes import plan_graph
+from tunecache.compiler.precision import apply_precision
+from tunecache.tuner.deploy import compile_model
+
+HW = local_spec()
+BF16 = "avx512_bf16" in HW.features
+WITH_BF16 = replace(HW.with_isa("avx512"), features=("avx512_bf16",)) \
+    if "avx512" in HW.isa else None
+
+
+def _graph(model: onnx.ModelProto) -> Graph:
+    return plan_graph(frontend.load_graph(model), HW)
+
+
+def test_fp32_changes_nothing() -> None:
+    graph = _graph(bert_layer_model())
+    same, plan = apply_precision(graph, HW, "fp32")
+    assert same is graph and plan.used == "fp32" and plan.nodes == 0
+
+
+def test_a_machine_without_bf16_dot_products_compiles_fp32_and_says_so() -> None:
+    plain = replace(HW, features=())
+    graph = _graph(bert_layer_model())
+    same, plan = apply_precision(graph, plain, "bf16")
+    assert same is graph
+    assert (plan.requested, plan.used, plan.nodes) == ("bf16", "fp32", 0)
+    assert "no bf16 dot product" in plan.note
+
+
+@pytest.mark.skipif(WITH_BF16 is None, reason="needs AVX-512 to generate bf16 kernels for")
+def test_products_with_constant_weights_become_bf16() -> None:
+    assert WITH_BF16 is not None
+    graph = _graph(bert_layer_model())
+    lowered, plan = apply_precision(graph, WITH_BF16, "bf16")
+    kinds = [(n.op.kind, n.op.dtype) for n in lowered.kernel_nodes]
+    # The six projections (QKV, output, both FFN matmuls); attention stays float32.
+    assert kinds.count(("matmul", "bf16")) == 6 == plan.nodes
+    assert ("attention", "float32") in kinds
+    for node in lowered.kernel_nodes:
+        if node.op.dtype == "bf16":
+            assert node.op.attr("a_type") == "float32"
+            assert lowered.constants[node.inputs[1]].dtype == np.uint16
+    with pytest.raises(ModelError, match="precision 'int4' is not one of fp32, bf16"):
+        apply_precision(graph, HW, "int4")
+
+
+@pytest.mark.skipif(not BF16, reason="needs a CPU with AVX512-BF16 to run bf16 kernels")
+def test_a_bf16_model_reports_its_error_against_fp32(tmp_path: Path) -> None:
+    path = tmp_path / "bert.onnx"
+    onnx.save(bert_layer_model(), path)
+    compiled = compile_model(path, store=tmp_path / "store", policy="analytic",
+                             precision="bf16")
+    assert compiled.precision.used == "bf16" and compiled.precision.nodes == 6
+    assert compiled.accuracy is not None
+    # bfloat16 keeps 8 bits of mantissa: a K=32..128 product errs by well under 1%.
+    assert 0 < compiled.accuracy["max_rel_to_range"] < 2e-2
+    fp32 = compile_model(path, store=tmp_path / "store", policy="analytic")
+    feeds = {i.name: np.random.default_rng(5).standard_normal(i.shape).astype(np.float32)
+             for i in fp32.graph.inputs}
+    ours, exact = compiled.run(feeds), fp32.run(feeds)
+    for name, value in exact.items():
+        assert np.abs(ours[name] - value).max() <= 2e-2 * np.abs(value).max()
+
+
+def test_the_cli_takes_a_precision_and_reports_it(tmp_path: Path) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(), path)
+    result = tunecache("compile", str(path), "--precision", "bf16", "--policy", "analytic",
+                       "--root", str(tmp_path / "store"), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["precision"]["requested"] == "bf16"
+    assert report["precision"]["used"] == ("bf16" if BF16 else "fp32")
+    assert ("accuracy" in report) == BF16
+    bad = tunecache("compile", str(path), "--precision", "fp8")
+    assert bad.returncode == 2 and "'fp8' is not one of 'fp32', 'bf16'" in bad.stderr
