@@ -35,7 +35,14 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from tunecache.compiler import onnx_ops
-from tunecache.compiler.graph import FLOAT32, Graph, ModelError, Step, TensorInfo
+from tunecache.compiler.graph import (
+    FLOAT32,
+    Graph,
+    ModelError,
+    QuantizedConstant,
+    Step,
+    TensorInfo,
+)
 from tunecache.compiler.lowering.driver import lower_nodes
 from tunecache.compiler.memo import IdentityMemo
 from tunecache.compiler.onnx_nodes import (
@@ -304,6 +311,7 @@ class _Loader:
         self.constants: dict[str, np.ndarray] = {}
         self.shapes: dict[str, tuple[int | None, ...]] = {}
         self.dtypes: dict[str, np.dtype] = {}
+        self.quantized: dict[str, QuantizedConstant] = {}
 
     # -- the pipeline ---------------------------------------------------------------------
 
@@ -366,7 +374,7 @@ class _Loader:
         nodes = elide(live(nodes, names), names, self.dtypes)
         nodes = deduplicate(nodes, names, self.constants)
         steps = lower_nodes(nodes, {o.name for o in outputs}, self.opset, self.constants,
-                            self.shapes, self.dtypes, self.source.derived)
+                            self.shapes, self.dtypes, self.source.derived, self.quantized)
         self._drop_unread_constants(steps, {o.name for o in outputs})
         for array in self.constants.values():
             array.flags.writeable = False
@@ -647,7 +655,22 @@ class _Loader:
             for name, value in zip(node.outputs, values, strict=False):
                 if name:
                     self._set_constant(name, np.asarray(value))
+            if node.op_type == "DequantizeLinear" and not node.domain:
+                self._record_quantized(node)
         return kept
+
+    def _record_quantized(self, node: ReadNode) -> None:
+        """Remember the integer weights a folded ``DequantizeLinear`` read (lowerings run
+        them as they are); per-tensor or per-axis int8/uint8 only."""
+        values = self.constants[node.inputs[0]]
+        scale = self.constants[node.inputs[1]]
+        zero = self.constants[node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] \
+            else np.zeros(1, values.dtype)
+        if values.dtype not in (np.int8, np.uint8) or int(node.attrs.get("block_size", 0)):
+            return
+        axis = int(node.attrs.get("axis", 1))
+        self.quantized[node.outputs[0]] = QuantizedConstant(
+            values, scale, zero, axis + values.ndim if axis < 0 else axis)
 
     def _foldable(self, node: ReadNode) -> bool:
         return (not node.domain and node.op_type not in NONDETERMINISTIC

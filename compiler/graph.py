@@ -24,8 +24,8 @@ from tunecache.compiler.errors import TunecacheError
 if TYPE_CHECKING:
     from tunecache.compiler.ops import OpSignature
 
-__all__ = ["FLOAT32", "VIEW_OPS", "Graph", "KernelNode", "ModelError", "OnnxNode", "Step",
-           "TensorInfo"]
+__all__ = ["FLOAT32", "VIEW_OPS", "Graph", "KernelNode", "ModelError", "OnnxNode",
+           "QuantizedConstant", "Step", "TensorInfo"]
 
 FLOAT32 = np.dtype(np.float32)
 
@@ -44,6 +44,30 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedConstant:
+    """Where a float32 constant came from when the loader folded a ``DequantizeLinear`` of
+    integer constants: ``values`` (int8 or uint8), ``scale`` and ``zero_point`` (one
+    element, or one per index of ``axis``), so a lowering can run the integer weights."""
+
+    values: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int
+
+    def along(self, axis: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(scale, zero point)`` as vectors over ``axis`` of :attr:`values` (a per-tensor
+        one broadcast), or None when they vary along another axis."""
+        size = self.values.shape[axis]
+        if self.scale.size == 1:
+            return (np.full(size, self.scale.reshape(-1)[0], np.float32),
+                    np.full(size, self.zero_point.reshape(-1)[0], np.int32))
+        if self.axis != axis:
+            return None
+        return (self.scale.astype(np.float32).reshape(-1),
+                self.zero_point.astype(np.int32).reshape(-1))
 
 
 @dataclass(frozen=True)

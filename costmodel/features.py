@@ -96,7 +96,9 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 #     out of its block buffer and for a row block's A sums that overflow L2, which moves
 #     its analytic columns on that hardware at large M (ARCHITECTURE change 88).
 # 25: the int8 matmul's ``dequant`` epilogue step appends its column (issue 53).
-FEATURE_VERSION = 25
+# 26: the elementwise kind's max, min, erf and qround steps append their columns (a
+#     quantize-dequantize pair runs as an element-wise chain, issue 53).
+FEATURE_VERSION = 26
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

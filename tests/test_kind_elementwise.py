@@ -69,6 +69,8 @@ MATH: dict[str, Callable[..., float]] = {
                                                       * (v + 0.044715 * v ** 3))),
     "silu": lambda v: v * _sigmoid(v), "exp": math.exp, "neg": lambda v: -v, "abs": abs,
     "sqrt": math.sqrt, "clip6": lambda v: min(max(v, 0.0), 6.0),
+    "max": max, "min": min, "erf": math.erf,
+    "qround": lambda v: float(np.rint(min(max(v, -2.0**22), 2.0**22))),
 }
 
 
@@ -309,8 +311,10 @@ def test_a_column_operand_follows_its_tensor_into_a_blocked_layout() -> None:
 
 @st.composite
 def chains(draw: st.DrawFn) -> OpSignature:
-    # sqrt only on an abs (no NaN), never after a sum whose cancellation it would magnify.
-    steps = [s for s in STEPS if s != "sqrt"]
+    # sqrt only on an abs (no NaN), never after a sum whose cancellation it would magnify;
+    # no qround, whose jumps turn float32's rounding of earlier steps into whole units
+    # (test_qround_is_exact checks it on its own).
+    steps = [s for s in STEPS if s not in ("sqrt", "qround")]
     chain = draw(st.lists(st.sampled_from(steps), min_size=1, max_size=4))
     if draw(st.booleans()):
         chain = ["abs", "sqrt", *chain]
@@ -400,3 +404,32 @@ def test_examples_with_default_schedules_compute_the_reference() -> None:
         assert OpSignature.parse(op.text) == op and op.flops > 0
         cases.append((op, default_elementwise_schedule(op, HW, threads=T2), HW))
     _run(cases)
+
+
+def _run_on(isa: str, op: OpSignature, *arrays: np.ndarray) -> np.ndarray:
+    hw = HW.with_isa(isa)
+    return load_kernel(op, build(generate(op, ElementwiseSchedule(), hw)))(*arrays)
+
+
+@pytest.mark.parametrize("isa", runnable_isas(HW))
+def test_qround_is_exact(isa: str) -> None:
+    # Ties go to even, saturation at 2**22 (both signs), large and infinite values.
+    values = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 1e-8, 0.49999997, 254.5, -127.5, 3e6 + 0.5,
+              5e6, -9e6, 1e30, -np.inf, np.inf, 0.0, -0.0]
+    x = np.array(values * 3, dtype=np.float32)[:50].reshape(2, 25)
+    got = _run_on(isa, elementwise_op(2, 25, "qround"), x)
+    expected = np.rint(np.clip(x.astype(np.float64), -2.0**22, 2.0**22))
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("isa", runnable_isas(HW))
+def test_a_quantize_dequantize_pair_lands_on_onnxruntime_grid(isa: str) -> None:
+    # div s, max lo-z, min hi-z, qround, mul s: QuantizeLinear then DequantizeLinear (u8).
+    scale, zero = np.float32(0.02), 117.0
+    op = elementwise_op(3, 40, "div+max+min+qround+mul", operand="scalar")
+    x = (np.random.default_rng(0).standard_normal((3, 40)) * 3).astype(np.float32)
+    x[0, :4] = np.array([2.5, 3.5, -2.5, 100.0], np.float32) * scale
+    operands = [np.array([v], np.float32) for v in (scale, -zero, 255 - zero, scale)]
+    got = _run_on(isa, op, x, *operands)
+    q = np.clip(np.rint(x / scale) + zero, 0, 255)
+    np.testing.assert_array_equal(got, ((q - zero) * scale).astype(np.float32))

@@ -6,10 +6,13 @@ Design:
   its shape so that broadcast operands line up: e.g. NCHW with a per-channel operand is
   ``M = N*C`` rows of ``N = H*W``).
 * the steps are the op's ``epilogue``, a chain (any order, repeats allowed:
-  ``KindSpec.epilogue_chain``) from a fixed vocabulary: binary ``add, sub, mul, div``
-  (``v = v op B``, each consuming the next extra operand ``B1, B2, ...``) and unary
-  ``relu, sigmoid, tanh, gelu_erf, gelu_tanh, silu, exp, neg, abs, sqrt, clip6``
-  (``clip6`` is ReLU6, ``min(max(v, 0), 6)``). An empty chain copies X (``epilogue=none``).
+  ``KindSpec.epilogue_chain``) from a fixed vocabulary: binary ``add, sub, mul, div, max,
+  min`` (``v = v op B``, each consuming the next extra operand ``B1, B2, ...``) and unary
+  ``relu, sigmoid, tanh, gelu_erf, gelu_tanh, silu, exp, neg, abs, sqrt, clip6, erf,
+  qround`` (``clip6`` is ReLU6, ``min(max(v, 0), 6)``; ``qround`` a quantizer's rounding,
+  :data:`QROUND_LIMIT`). An empty chain copies X (``epilogue=none``). A quantize-dequantize
+  pair with scale ``s`` and zero point ``z`` over ``[lo, hi]`` is ``div s, max lo-z,
+  min hi-z, qround, mul s``.
 * attribute ``operand``: how every extra operand broadcasts: ``full`` (``[M,N]``), ``row``
   (``[N]``, one value per column, like a bias), ``col`` (``[M]``, one value per row) or
   ``scalar`` (``[1]``), or ``col8`` / ``col16`` (``[M*x]``: element ``(r, j)`` reads
@@ -59,9 +62,13 @@ from tunecache.compiler.schedule import ScheduleData, threads_problem
 __all__ = ["BINARY_STEPS", "OPERANDS", "UNARY_STEPS", "ElementwiseSchedule", "elementwise_op",
            "step_c"]
 
-BINARY_STEPS = ("add", "sub", "mul", "div")
+BINARY_STEPS = ("add", "sub", "mul", "div", "max", "min")
 UNARY_STEPS = ("relu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh", "silu", "exp", "neg", "abs",
-               "sqrt", "clip6")
+               "sqrt", "clip6", "erf", "qround")
+QROUND_LIMIT = float(1 << 22)
+"""``qround(v)`` rounds ``v`` saturated to ±2**22 to the nearest integer, ties to even: the
+rounding of a quantizer, whose results saturate far inside that range anyway (exact there by
+one add and subtract of 1.5 * 2**23)."""
 OPERANDS = ("full", "row", "col", "scalar", *(f"col{channel_block(b)}" for b in BLOCKED))
 MAX_STEPS = 16
 _SHARED = tuple(step for step in UNARY_STEPS if step in EPILOGUE_STEPS)
@@ -149,9 +156,12 @@ _UNARY_NP: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "neg": lambda v: np.negative(v, out=v),
     "abs": lambda v: np.abs(v, out=v),
     "sqrt": lambda v: np.sqrt(v, out=v),
+    "erf": lambda v: special.erf(v, out=v),
+    "qround": lambda v: np.rint(np.clip(v, -QROUND_LIMIT, QROUND_LIMIT, out=v), out=v),
 }
 _BINARY_NP: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "max": np.maximum, "min": np.minimum,
 }
 
 
@@ -226,8 +236,12 @@ _UNARY_C = {
     "neg": "VNEG(u)",
     "abs": "VABS(u)",
     "sqrt": "VSQRT(u)",
+    "erf": "VERF(u)",
+    "qround": "VSUB(VADD(VMIN(VMAX(u, VSET1(-4194304.0f)), VSET1(4194304.0f)), "
+              "VSET1(12582912.0f)), VSET1(12582912.0f))",
 }
-_BINARY_C = {"add": "VADD(u, b)", "sub": "VSUB(u, b)", "mul": "VMUL(u, b)", "div": "VDIV(u, b)"}
+_BINARY_C = {"add": "VADD(u, b)", "sub": "VSUB(u, b)", "mul": "VMUL(u, b)", "div": "VDIV(u, b)",
+             "max": "VMAX(u, b)", "min": "VMIN(u, b)"}
 
 
 def step_c(step: str, value: str, operand: str | None = None) -> str:

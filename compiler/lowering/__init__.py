@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from tunecache.compiler.errors import OpSignatureError
-from tunecache.compiler.graph import FLOAT32
+from tunecache.compiler.graph import FLOAT32, QuantizedConstant
 
 if TYPE_CHECKING:
     from tunecache.compiler.ops import OpSignature
@@ -77,6 +77,13 @@ class FusionContext(Protocol):
 
     def add_constant(self, base: str, array: np.ndarray) -> str:
         """A new float32 constant named after ``base``; returns its name."""
+
+    def add_typed_constant(self, base: str, array: np.ndarray) -> str:
+        """A new constant named after ``base`` keeping ``array``'s dtype (integer weights,
+        bfloat16 bits); returns its name."""
+
+    def quantized(self, name: str) -> QuantizedConstant | None:
+        """The integer weights a float32 constant was dequantized from, or None."""
 
     def add_node(self, op_type: str, inputs: list[str], attrs: dict[str, Any],
                  shape: tuple[int, ...]) -> str:
@@ -204,12 +211,14 @@ def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | Non
     return [position, mul]
 
 BUILTIN_LOWERINGS = ("attention", "rowwise", "rmsnorm", "pool", "lrn", "rotary",
-                     "elementwise", "batchnorm", "split", "conv", "matmul")
+                     "elementwise", "batchnorm", "split", "quantized", "conv", "matmul")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried
 in: attention first (its scaling Mul and mask Add would otherwise start a scaled softmax or
 an element-wise chain), then the residual-Add + LayerNormalization pattern, the RMSNorm chain
 and the rotary embedding before an element-wise chain claims their Add, Sqrt, Neg or Mul;
-the plain Conv and MatMul/Gemm kernels last, after every pattern starting at such a node."""
+the quantized MatMul/Gemm (integer kernels where the operands are dequantized, before the
+float32 mapping would take them); the plain Conv and MatMul/Gemm kernels last, after every
+pattern starting at such a node."""
 
 
 def register_lowering(*op_types: str, explains: bool = False

@@ -14,13 +14,20 @@ have of the graph (:class:`~tunecache.compiler.lowering.FusionContext`,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
-from tunecache.compiler.graph import FLOAT32, KernelNode, ModelError, OnnxNode, Step
+from tunecache.compiler.graph import (
+    FLOAT32,
+    KernelNode,
+    ModelError,
+    OnnxNode,
+    QuantizedConstant,
+    Step,
+)
 from tunecache.compiler.lowering import (
     explains,
     lowerings_for,
@@ -50,13 +57,15 @@ class SourceNode(Protocol):
 def lower_nodes(nodes: Sequence[SourceNode], outputs: set[str], opset: int,
                 constants: dict[str, np.ndarray],
                 shapes: dict[str, tuple[int | None, ...]], dtypes: dict[str, np.dtype],
-                derived: IdentityMemo[np.ndarray]) -> list[Step]:
+                derived: IdentityMemo[np.ndarray],
+                quantized: Mapping[str, QuantizedConstant] | None = None) -> list[Step]:
     """The steps for ``nodes`` (folded, in execution order; ``outputs`` the graph's outputs):
     lowered onto kernels where a registered lowering applies, then rewritten by the step
     passes. ``constants``, ``shapes`` and ``dtypes`` are the model's, updated in place with
     the constants and helper tensors the lowerings add; ``derived`` keeps constants computed
-    from others for the model's next load."""
-    lowerer = Lowerer(nodes, outputs, opset, constants, shapes, dtypes, derived)
+    from others for the model's next load; ``quantized`` says which float32 constants were
+    dequantized integers."""
+    lowerer = Lowerer(nodes, outputs, opset, constants, shapes, dtypes, derived, quantized)
     steps = lowerer.fuse()
     for rewrite in step_passes():
         steps = rewrite(steps, lowerer)
@@ -69,8 +78,10 @@ class Lowerer:
     def __init__(self, nodes: Sequence[SourceNode], outputs: set[str], opset: int,
                  constants: dict[str, np.ndarray],
                  shapes: dict[str, tuple[int | None, ...]], dtypes: dict[str, np.dtype],
-                 derived: IdentityMemo[np.ndarray]) -> None:
+                 derived: IdentityMemo[np.ndarray],
+                 quantized: Mapping[str, QuantizedConstant] | None = None) -> None:
         self.nodes = nodes
+        self._quantized = dict(quantized or {})
         self.graph_outputs = outputs
         self.opset = opset
         self.constants = constants
@@ -160,6 +171,14 @@ class Lowerer:
         name = self._fresh_name(base)
         self._set_constant(name, np.ascontiguousarray(array, dtype=FLOAT32))
         return name
+
+    def add_typed_constant(self, base: str, array: np.ndarray) -> str:
+        name = self._fresh_name(base)
+        self._set_constant(name, np.ascontiguousarray(array))
+        return name
+
+    def quantized(self, name: str) -> QuantizedConstant | None:
+        return self._quantized.get(name)
 
     def is_graph_output(self, name: str) -> bool:
         return name in self.graph_outputs

@@ -34,9 +34,10 @@ from tunecache.compiler.lowering import (
     scalar_constant,
     silu_nodes,
 )
+from tunecache.compiler.lowering.quantized import quantize_pair
 
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Neg": "neg",
-         "Abs": "abs", "Sqrt": "sqrt"}
+         "Abs": "abs", "Sqrt": "sqrt", "Erf": "erf"}
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
 _SQRT2 = math.sqrt(2.0)
 _GELU_TANH_C = math.sqrt(2.0 / math.pi)
@@ -333,11 +334,36 @@ def _tanh_core_of(ctx: FusionContext, tensor: str | None, value: str) -> list[in
     return None
 
 
-def _step(ctx: FusionContext, grower: _Grower, position: int, value: str
+def _fake_quant(ctx: FusionContext, grower: _Grower, position: int, value: str,
+                first: bool) -> tuple[list[str], list[int]] | None:
+    """A quantize-dequantize pair on the running value as five steps. Not inside a chain
+    whose value a product reads quantized: an int8 kernel reads that value itself (see
+    :mod:`.quantized`), so it must stay a tensor, and the chain starts at the pair instead."""
+    pair = quantize_pair(ctx, position, value)
+    if pair is None or (not first and _feeds_product(ctx, pair.output)):
+        return None
+    base = ctx.nodes[position].name
+    operands = [(f"{base}/scale", pair.scale), (f"{base}/low", pair.low),
+                (f"{base}/high", pair.high), (f"{base}/scale", pair.scale)]
+    if not all(grower.constant(name, np.array(v, np.float32)) for name, v in operands):
+        return None
+    return ["div", "max", "min", "qround", "mul"], list(pair.positions)
+
+
+def _feeds_product(ctx: FusionContext, tensor: str) -> bool:
+    readers = ctx.consumers(tensor)
+    return readers is None or any(ctx.nodes[p].op_type in ("MatMul", "Gemm", "Conv")
+                                  for p in readers)
+
+
+def _step(ctx: FusionContext, grower: _Grower, position: int, value: str, first: bool = False
           ) -> tuple[list[str], list[int]] | None:
     """The steps and node positions of the pattern starting at ``position`` applied to the
-    running ``value``, or None when it does not continue the chain."""
+    running ``value`` (``first``: the chain's first node), or None when it does not continue
+    the chain."""
     node = ctx.nodes[position]
+    if node.op_type == "QuantizeLinear":
+        return _fake_quant(ctx, grower, position, value, first)
     if (fused := _gelu(ctx, position, value)) is not None:
         return ["gelu_erf"], fused
     if (fused := _gelu_tanh(ctx, position, value)) is not None:
@@ -426,7 +452,7 @@ def _grow(ctx: FusionContext, grower: _Grower, position: int, first_input: str, 
     while at is not None and len(chain.steps) < MAX_STEPS - 1:
         if ctx.shape(ctx.nodes[at].outputs[0]) != chain.shape:
             break
-        found = _step(ctx, grower, at, current)
+        found = _step(ctx, grower, at, current, first=at == position and not chain.steps)
         if found is None:
             break
         steps, fused = found
@@ -446,5 +472,6 @@ def _grow(ctx: FusionContext, grower: _Grower, position: int, first_input: str, 
                       current)
 
 
-for _op_type in (*UNARY, *BINARY, "Clip", "Pow"):  # Pow: where GELU's tanh form starts
+# Pow: where GELU's tanh form starts; QuantizeLinear: a quantize-dequantize pair.
+for _op_type in (*UNARY, *BINARY, "Clip", "Pow", "QuantizeLinear"):
     register_lowering(_op_type)(lower_chain)

@@ -61,7 +61,7 @@ def _matmul(ctx: FusionContext, position: int) -> Any:
             return dims
         m, nn, k, batch, shared = dims
     # With a 1-D B the output has no N axis, so a following Add is not a bias over N.
-    fused, out, bias, relu = _followers(ctx, position, nn, bias, len(b_shape) != 1)
+    fused, out, bias, relu = matmul_followers(ctx, position, nn, bias, len(b_shape) != 1)
     epilogue = tuple(e for e, on in (("bias", bias is not None), ("relu", relu)) if on)
     if shared == "plain" and b in ctx.constants:
         sig = matmul_op(m, nn, k, trans_a=trans_a, trans_b=trans_b, epilogue=epilogue)
@@ -101,7 +101,7 @@ def _matmul_dims(node: GraphNode, a_shape: tuple[int, ...], b_shape: tuple[int, 
             "(kernels need equal batch dimensions or one 2-D operand)")
 
 
-def _followers(ctx: FusionContext, position: int, n: int, bias: str | None, bias_ok: bool
+def matmul_followers(ctx: FusionContext, position: int, n: int, bias: str | None, bias_ok: bool
                ) -> tuple[list[int], str, str | None, bool]:
     """The positions fused after the product at ``position`` (itself first), the tensor the
     kernel writes, its bias and whether a ReLU ends it: bias ``Add`` s (when ``bias_ok``),

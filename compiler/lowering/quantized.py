@@ -1,0 +1,241 @@
+"""Statically quantized ``MatMul`` and ``Gemm`` (QDQ graphs) onto int8 ``matmul`` kernels.
+
+The pattern, as ``onnxruntime.quantization``, NNCF and torch's exporters write it::
+
+    x (float32) -> QuantizeLinear(s, z) -> DequantizeLinear(s, z) -> MatMul <- W
+
+where ``W`` is a ``DequantizeLinear`` of int8 (or uint8) constants, which the loader folded
+into float32 and remembered (:class:`~tunecache.compiler.graph.QuantizedConstant`). It runs
+as one int8 kernel reading ``x`` itself (``a_type=float32``: the kernel quantizes it with
+``[s, z]`` while packing A, so the quantize/dequantize pair of numpy passes disappears when
+nothing else reads it), the int8 weights packed once, and a ``dequant+bias`` epilogue: with
+``S[n] = s * s_w[n]`` and ``acc = Σ q_x · q_w``,
+
+    y[m, n] = S[n] * (acc[m, n] - z * Σ_k q_w[k, n]) + bias[n]
+
+so the zero-point term is folded into the bias at compile time. int8 activations (zero
+point in -128..127) are shifted to uint8 by adding 128 to the zero point, which quantizes
+to the same integers plus 128; uint8 weights with zero point 128 become int8 ones by
+subtracting it. A bias ``Add`` and a ``Relu`` after the product fuse in as they do for the
+float32 kernel. Anything else (a weight zero point that is not the type's midpoint, scales
+per row of A, a ``transA``) leaves the node to the float32 mapping, which multiplies the
+dequantized weights: the same numbers, more slowly.
+
+The step pass :func:`drop_unread` then removes numpy steps nothing reads any more (the
+quantize/dequantize pairs the kernels made redundant).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tunecache.compiler.graph import OnnxNode, QuantizedConstant
+from tunecache.compiler.kinds.matmul import matmul_op
+from tunecache.compiler.lowering import (
+    FusionContext,
+    GraphNode,
+    StepContext,
+    readers,
+    register_lowering,
+    register_step_pass,
+    scalar_constant,
+)
+from tunecache.compiler.lowering.matmul import matmul_followers
+
+__all__ = ["QuantizePair", "drop_unread", "lower_quantized_matmul", "per_tensor_params",
+           "quantize_pair"]
+
+
+@dataclass(frozen=True)
+class _Activation:
+    """The float32 tensor a quantized operand was quantized from, and how: ``zero`` is the
+    uint8 zero point (an int8 one plus 128)."""
+
+    source: str
+    scale: float
+    zero: float
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """int8 ``[K, N]`` weights with their per-column scales (zero points all zero)."""
+
+    values: np.ndarray
+    scale: np.ndarray
+
+
+@register_lowering("MatMul", "Gemm")
+def lower_quantized_matmul(ctx: FusionContext, position: int) -> Any:
+    """The int8 kernel for a MatMul or Gemm whose A is quantized-then-dequantized float32
+    and whose B is dequantized int8 constants, or why not."""
+    node = ctx.nodes[position]
+    act = _activation(ctx, node.inputs[0])
+    if isinstance(act, str):
+        return act
+    gemm = _gemm_form(ctx, node)
+    if isinstance(gemm, str):
+        return gemm
+    trans_b, alpha, bias = gemm
+    weights = _weights(ctx.quantized(node.inputs[1]), trans_b)
+    if isinstance(weights, str):
+        return weights
+    a_shape = ctx.shape(act.source)
+    k, n = weights.values.shape
+    if a_shape is None or not a_shape or a_shape[-1] != k or (
+            node.op_type == "Gemm" and len(a_shape) != 2):
+        return "A's shape does not fit the weights"
+    m = math.prod(a_shape[:-1])
+    fused, out, bias, relu = matmul_followers(ctx, position, n, bias, True)
+    if bias is not None and bias not in ctx.constants:
+        return "a bias that is not a constant"
+    scale = (np.float64(act.scale) * alpha) * weights.scale.astype(np.float64)
+    folded = _folded_bias(ctx, bias, n, scale, act.zero, weights.values)
+    sig = matmul_op(m, n, k, dtype="int8", a_type="float32",
+                    epilogue=("dequant", "bias", "relu") if relu else ("dequant", "bias"))
+    base = node.name
+    inputs = [act.source, ctx.add_typed_constant(f"{base}/B_int8", weights.values),
+              ctx.add_constant(f"{base}/qa", np.array([act.scale, act.zero])),
+              ctx.add_constant(f"{base}/scale", scale), ctx.add_constant(f"{base}/bias", folded)]
+    return ctx.finish(position, fused, sig, inputs, out)
+
+
+def _activation(ctx: FusionContext, name: str) -> _Activation | str:
+    """How ``name`` (a MatMul's A) was quantized: it must be ``DequantizeLinear`` of a
+    ``QuantizeLinear`` of float32, both per tensor with the same constant parameters."""
+    dq = _producer(ctx, name, "DequantizeLinear")
+    q = _producer(ctx, dq.inputs[0], "QuantizeLinear") if dq is not None else None
+    if dq is None or q is None:
+        return "A is not a quantized activation"
+    params = [per_tensor_params(ctx, n) for n in (dq, q)]
+    if params[0] is None or params[0] != params[1] or not ctx.is_float32(q.inputs[0]):
+        return "A's quantize and dequantize differ, or are not per tensor"
+    scale, zero, signed = params[0]
+    if not scale > 0.0:
+        return "A's scale is not positive"
+    return _Activation(q.inputs[0], scale, zero + 128.0 if signed else zero)
+
+
+def _producer(ctx: FusionContext, name: str, op_type: str) -> GraphNode | None:
+    position = ctx.producer(name)
+    if position is None or ctx.nodes[position].op_type != op_type:
+        return None
+    node = ctx.nodes[position]
+    return node if int(node.attrs.get("block_size", 0)) == 0 else None
+
+
+def per_tensor_params(ctx: FusionContext, node: GraphNode) -> tuple[float, float, bool] | None:
+    """``(scale, zero point, signed)`` of a per-tensor (de)quantize node with constant
+    parameters and an 8-bit type, else None."""
+    scale = scalar_constant(ctx, node.inputs[1])
+    zero_name = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+    zero_array = ctx.constants.get(zero_name) if zero_name else None
+    if scale is None or (zero_name and (zero_array is None or zero_array.size != 1)):
+        return None
+    dtype = zero_array.dtype if zero_array is not None else np.dtype(np.uint8)
+    target = node.attrs.get("output_dtype", 0)
+    if dtype not in (np.uint8, np.int8) or target not in (0, 2, 3):
+        return None
+    zero = float(zero_array.reshape(-1)[0]) if zero_array is not None else 0.0
+    return scale, zero, dtype == np.int8
+
+
+@dataclass(frozen=True)
+class QuantizePair:
+    """A ``QuantizeLinear`` read only by a ``DequantizeLinear`` with the same per-tensor
+    parameters: float32 in, float32 on the quantization grid out. ``low``/``high`` are the
+    integer type's range less the zero point (the saturation bounds of ``x / scale``)."""
+
+    positions: tuple[int, int]
+    output: str
+    scale: float
+    low: float
+    high: float
+
+
+def quantize_pair(ctx: FusionContext, position: int, value: str) -> QuantizePair | None:
+    """The quantize-dequantize pair starting at ``position`` applied to ``value``, or None."""
+    q = ctx.nodes[position]
+    if q.op_type != "QuantizeLinear" or q.inputs[0] != value or \
+            int(q.attrs.get("block_size", 0)):
+        return None
+    after = ctx.sole_consumer(q.outputs[0])
+    if after is None:
+        return None
+    dq = ctx.nodes[after]
+    if dq.op_type != "DequantizeLinear" or dq.inputs[0] != q.outputs[0]:
+        return None
+    params = per_tensor_params(ctx, q)
+    if params is None or params != per_tensor_params(ctx, dq) or not params[0] > 0.0:
+        return None
+    scale, zero, signed = params
+    low, high = (-128.0, 127.0) if signed else (0.0, 255.0)
+    return QuantizePair((position, after), dq.outputs[0], scale, low - zero, high - zero)
+
+
+def _gemm_form(ctx: FusionContext, node: GraphNode) -> tuple[bool, float, str | None] | str:
+    """``(transB, alpha, bias)`` of a Gemm, its constant ``beta * C`` as a new bias
+    constant (a MatMul: no transpose, 1, no bias)."""
+    if node.op_type != "Gemm":
+        return False, 1.0, None
+    if int(node.attrs.get("transA", 0)):
+        return "a Gemm with transA"
+    trans_b, alpha = bool(node.attrs.get("transB", 0)), float(node.attrs.get("alpha", 1.0))
+    c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+    if c is None:
+        return trans_b, alpha, None
+    value = ctx.constants.get(c)
+    b_shape = ctx.shape(node.inputs[1])
+    n = (b_shape[0] if trans_b else b_shape[-1]) if b_shape else 0
+    if value is None or value.size not in (1, n):
+        return "a Gemm whose C is not a constant bias vector"
+    beta = float(node.attrs.get("beta", 1.0))
+    vector = np.broadcast_to(value.astype(np.float64).reshape(-1), (n,)) * beta
+    return trans_b, alpha, ctx.add_constant(f"{node.name}/bias_in", vector)
+
+
+def _weights(origin: QuantizedConstant | None, trans_b: bool) -> _Weights | str:
+    """The int8 ``[K, N]`` weights and per-column scales of a dequantized constant B."""
+    if origin is None or origin.values.ndim != 2:
+        return "B is not a dequantized 2-D integer constant"
+    params = origin.along(0 if trans_b else 1)
+    if params is None:
+        return "B's scales vary along K"
+    scale, zero = params
+    midpoint = 128 if origin.values.dtype == np.uint8 else 0
+    if np.any(zero != midpoint):
+        return f"B's zero points are not all {midpoint}"
+    values = origin.values.T if trans_b else origin.values
+    if midpoint:
+        values = (values.astype(np.int16) - 128).astype(np.int8)
+    return _Weights(np.ascontiguousarray(values, dtype=np.int8), scale)
+
+
+def _folded_bias(ctx: FusionContext, bias: str | None, n: int, scale: np.ndarray,
+                 zero: float, values: np.ndarray) -> np.ndarray:
+    """``bias[n] - scale[n] * zero * Σ_k values[k, n]``: the activation zero point's term."""
+    column_sums = values.astype(np.int64).sum(axis=0).astype(np.float64)
+    base = np.zeros(n) if bias is None else np.broadcast_to(
+        ctx.constants[bias].astype(np.float64).reshape(-1), (n,))
+    return base - scale * zero * column_sums
+
+
+def _written(step: Any) -> tuple[str, ...]:
+    return tuple(o for o in step.outputs if o) if isinstance(step, OnnxNode) else (step.output,)
+
+
+@register_step_pass
+def drop_unread(steps: list[Any], ctx: StepContext) -> list[Any]:
+    """The steps without those whose outputs no step reads and the graph does not return
+    (a quantize-dequantize pair whose readers became kernels reading its input): every
+    step is a pure function of its inputs."""
+    while True:
+        read = readers(steps)
+        kept = [s for s in steps if any(o in read or ctx.is_graph_output(o)
+                                        for o in _written(s))]
+        if len(kept) == len(steps):
+            return kept
+        steps = kept

@@ -1,0 +1,118 @@
+"""Statically quantized (QDQ) models from onnxruntime's quantizer run their MatMul and Gemm
+nodes as int8 kernels reading the float32 activations, and agree with onnxruntime running
+the same file to within one quantization step of each output's scale (issue 53)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tunecache.compiler import frontend
+from tunecache.compiler.graph import Graph, KernelNode
+from tunecache.tuner.deploy import compile_model
+
+ort = pytest.importorskip("onnxruntime")
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+ROWS, FEATURES, HIDDEN, OUT = 8, 64, 96, 24
+
+
+def _mlp(path: Path) -> Path:
+    """x -> MatMul W1 -> Add b1 -> Relu -> Gemm(W2 stored [OUT, HIDDEN], transB, bias)."""
+    rng = np.random.default_rng(0)
+
+    def init(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(
+            (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32), name)
+
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [ROWS, FEATURES])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [ROWS, OUT])],
+        [init("w1", FEATURES, HIDDEN), init("b1", HIDDEN), init("w2", OUT, HIDDEN),
+         init("b2", OUT)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+class _Calibration(quantization.CalibrationDataReader):  # type: ignore[misc]
+    def __init__(self) -> None:
+        rng = np.random.default_rng(1)
+        self.feeds = iter([{"x": rng.standard_normal((ROWS, FEATURES)).astype(np.float32)}
+                           for _ in range(8)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self.feeds, None)
+
+
+def _quantized(tmp_path: Path, activations: str, weights: str, per_channel: bool) -> Path:
+    out = tmp_path / f"mlp.{activations}.{weights}.{int(per_channel)}.onnx"
+    quantization.quantize_static(
+        str(_mlp(tmp_path / "mlp.onnx")), str(out), _Calibration(),
+        quant_format=quantization.QuantFormat.QDQ, per_channel=per_channel,
+        activation_type=getattr(quantization.QuantType, activations),
+        weight_type=getattr(quantization.QuantType, weights))
+    return out
+
+
+def _output_scale(path: Path) -> float:
+    model = onnx.load(path)
+    last = next(n for n in model.graph.node if n.output[0] == "y")
+    assert last.op_type == "DequantizeLinear"
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return float(inits[last.input[1]])
+
+
+def _int8_nodes(graph: Graph) -> list[KernelNode]:
+    return [n for n in graph.kernel_nodes if n.op.dtype == "int8"]
+
+
+@pytest.mark.parametrize(("activations", "weights", "per_channel"), [
+    ("QUInt8", "QInt8", True), ("QUInt8", "QInt8", False), ("QInt8", "QInt8", True)])
+def test_qdq_matmul_and_gemm_run_as_int8_kernels(tmp_path: Path, activations: str,
+                                                 weights: str, per_channel: bool) -> None:
+    path = _quantized(tmp_path, activations, weights, per_channel)
+    graph = frontend.load_graph(path)
+    kernels = _int8_nodes(graph)
+    assert [n.op.attr("a_type") for n in kernels] == ["float32", "float32"]
+    assert all(n.op.epilogue[:2] == ("dequant", "bias") for n in kernels)
+    # The quantize/dequantize pair in front of each product is gone: the kernel reads x.
+    assert kernels[0].inputs[0] == "x"
+    # Every other pair runs inside an element-wise kernel; none is left to numpy.
+    assert not [s.op_type for s in graph.onnx_nodes if "Quantize" in s.op_type]
+    assert any("qround" in n.op.epilogue for n in graph.kernel_nodes)
+    compiled = compile_model(path, store=tmp_path / "store", policy="analytic")
+    x = np.random.default_rng(2).standard_normal((ROWS, FEATURES)).astype(np.float32)
+    ours = compiled.run({"x": x})["y"]
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    steps = np.abs(ours - theirs) / _output_scale(path)
+    assert steps.max() <= 1.0 + 1e-4, f"{steps.max():.3f} quantization steps apart"
+    assert np.mean(steps > 0.5) < 0.05  # nearly every output on onnxruntime's grid point
+
+
+def test_weights_the_int8_kernel_cannot_take_run_dequantized(tmp_path: Path) -> None:
+    # Asymmetric uint8 weights (zero points other than 128) stay float32 products of the
+    # dequantized weights: the same numbers, no int8 kernel.
+    path = _quantized(tmp_path, "QUInt8", "QUInt8", False)
+    graph = frontend.load_graph(path)
+    origin = onnx.load(path)
+    zero_points = [numpy_helper.to_array(i) for i in origin.graph.initializer
+                   if i.name.endswith("zero_point") and i.name.startswith("w")]
+    if all(int(z) == 128 for z in zero_points):
+        pytest.skip("the quantizer chose the midpoint: these weights are int8-compatible")
+    assert not _int8_nodes(graph)
+    assert [n.op.kind for n in graph.kernel_nodes].count("matmul") == 2
+    compiled = compile_model(path, store=tmp_path / "store", policy="analytic")
+    x = np.random.default_rng(3).standard_normal((ROWS, FEATURES)).astype(np.float32)
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    steps = np.abs(compiled.run({"x": x})["y"] - theirs) / _output_scale(path)
+    assert steps.max() <= 1.0 + 1e-4
