@@ -104,6 +104,7 @@ class _Grower:
         shape = ctx.shape(node.outputs[0])
         self.chain = _Chain(shape) if shape is not None else None
         self.constants: list[tuple[int, np.ndarray]] = []  # (operand index, value)
+        self.scalars = 0  # constants of one element among them
 
     def operand(self, name: str) -> bool:
         """Add an operand if it fits the chain's broadcast so far."""
@@ -116,8 +117,8 @@ class _Grower:
         if shape is None or not ctx.is_float32(name):
             return False
         how = _broadcast(shape, chain.shape)
-        if how is None:
-            return False
+        if how is None or (how[0] == "full" and self.scalars):
+            return False  # no scalar streamed as a whole tensor (a quantizer's, say)
         kind, split = how
         if chain.kind is not None and (kind, split) != (chain.kind, chain.split) and not (
                 kind == chain.kind and split is None):
@@ -134,6 +135,7 @@ class _Grower:
         assert chain is not None
         if value.dtype != np.float32 or not self._constant_fits(value):
             return False
+        self.scalars += value.size == 1
         self.constants.append((len(chain.operands), value))
         chain.operands.append(name)
         return True
@@ -340,7 +342,10 @@ def _fake_quant(ctx: FusionContext, grower: _Grower, position: int, value: str,
     whose value a product reads quantized: an int8 kernel reads that value itself (see
     :mod:`.quantized`), so it must stay a tensor, and the chain starts at the pair instead."""
     pair = quantize_pair(ctx, position, value)
-    if pair is None or (not first and _feeds_product(ctx, pair.output)):
+    assert grower.chain is not None
+    # Its four scalars would be streamed as whole tensors in a chain of full operands.
+    if pair is None or (not first and _feeds_product(ctx, pair.output)) or \
+            len(grower.chain.steps) + 5 > MAX_STEPS or grower.chain.kind == "full":
         return None
     base = ctx.nodes[position].name
     operands = [(f"{base}/scale", pair.scale), (f"{base}/low", pair.low),

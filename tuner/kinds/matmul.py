@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterator
 
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds.matmul import strassen_block
+from tunecache.compiler.kinds.matmul import lowp_column_block, strassen_block
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MAX_MR, MAX_NR_VECTORS, Schedule, problems
@@ -102,8 +102,11 @@ def mc_candidates(op: OpSignature, hw: HardwareSpec, mr: int, kc: int, threads: 
 
 
 def nc_candidates(op: OpSignature, hw: HardwareSpec, nr: int, kc: int) -> list[int]:
-    """N blocks: the packed B block in a share of L3 (or all of N when it fits)."""
+    """N blocks: the packed B block in a share of L3 (or all of N when it fits); for int8
+    and bf16, whose row tiles sweep the block's panels from L2, the block L2 holds."""
     N = op.dim("N")
+    if op.dtype != "float32":
+        return [lowp_column_block(op, hw, nr)]
     share = hw.l3_bytes // max(1, hw.l3_shared_by)
     cols = max(nr, (share // 2) // (kc * 4) // nr * nr)
     return [balanced(N, min(cols, 8192 // nr * nr), nr)]

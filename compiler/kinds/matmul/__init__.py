@@ -241,9 +241,14 @@ def default_gemm_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -
     # tile then reads from L2: 128x3072x768 swept whole ran 1.54 ms, in 640-column blocks
     # 1.40 (320: 1.64; 1280: 1.49; one thread, Zen 4).
     nr = (4 if hw.vector_registers >= 32 else 2) * hw.lanes
-    nc = max(nr, min(4096, hw.l2_bytes // (2 * op.dim("K"))) // nr * nr)
-    return replace(s, mr=4, nr=nr, nc=nc, mc=max(4, s.mc // 4 * 4), pack_a=0, pack_b=1,
-                   strassen=0, loop_order="jpi", unroll=1, parallel="m")
+    return replace(s, mr=4, nr=nr, nc=lowp_column_block(op, hw, nr), mc=max(4, s.mc // 4 * 4),
+                   pack_a=0, pack_b=1, strassen=0, loop_order="jpi", unroll=1, parallel="m")
+
+
+def lowp_column_block(op: OpSignature, hw: HardwareSpec, nr: int) -> int:
+    """A low-precision kernel's ``nc``: the most ``nr``-column panels whose packed B (up to
+    two bytes an element) fills half of L2, at most 4096 columns."""
+    return max(nr, min(4096, hw.l2_bytes // (2 * op.dim("K"))) // nr * nr)
 
 
 def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int | str, ...]:

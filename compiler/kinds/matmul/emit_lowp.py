@@ -29,12 +29,25 @@ TYPES = {"int8": ("uint8_t", "int8_t", "int32_t"), "bf16": ("uint16_t", "uint16_
 """C types of A (as packed), B (as the caller holds it) and the accumulators, per dtype."""
 
 _COPY_ROW = """    memcpy(Ap + i * KP, (const ta_t *)A + i * K, K * sizeof(ta_t));"""
-_QUANTIZE_ROW = """    const float *x = (const float *)A + i * K;
+_QUANTIZE_ROW = """\
+    /* Saturate x / scale to [-z, 255 - z] (NaN to -z), round half to even by adding and
+       taking away 1.5 * 2**23, add z: whole vectors, no libm call (restrict: the uint8
+       stores could alias anything). */
+    const float *restrict x = (const float *)A + i * K;
+    ta_t *restrict row = Ap + i * KP;
+    const float scale = qa[0], z = qa[1], lo = -z, hi = 255.0f - z;
+    for (long k = 0; k < K; k++) {
+      float v = x[k] / scale;
+      v = v >= lo ? v : lo;
+      v = v <= hi ? v : hi;
+      v = (v + 12582912.0f) - 12582912.0f;
+      row[k] = (ta_t)(int)(v + z);
+    }"""
+_ROUND_ROW = """\
+    const uint32_t *restrict x = (const uint32_t *)A + i * K;
+    ta_t *restrict row = Ap + i * KP;
     for (long k = 0; k < K; k++)
-      Ap[i * KP + k] = (ta_t)fminf(fmaxf(nearbyintf(x[k] / qa[0]) + qa[1], 0.0f), 255.0f);"""
-_ROUND_ROW = """    const uint32_t *x = (const uint32_t *)A + i * K;
-    for (long k = 0; k < K; k++)
-      Ap[i * KP + k] = (ta_t)((x[k] + 0x7FFFu + ((x[k] >> 16) & 1u)) >> 16);"""
+      row[k] = (ta_t)((x[k] + 0x7FFFu + ((x[k] >> 16) & 1u)) >> 16);"""
 _PACK_A = """/* A's rows [lo, hi) into KP-element rows, zero-padded past K. */
 static void tc_lowp_pack_a(const void *A, const float *qa, ta_t *Ap, long lo, long hi) {
   (void)qa;
