@@ -15,7 +15,8 @@ from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.errors import KernelArgumentError, OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, cpu_features, local_spec, runnable_isas
 from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
-from tunecache.compiler.kinds.matmul import matmul_op
+from tunecache.compiler.kinds.matmul import dynamic_params, matmul_op
+from tunecache.compiler.onnx_ops import OPS
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import (
     check_result,
@@ -92,7 +93,7 @@ def test_what_int8_does_not_cover_is_refused_by_name() -> None:
         matmul_op(8, 8, 8, dtype="int8", trans_b=True)
     with pytest.raises(OpSignatureError, match="dequant is an int8 matmul's epilogue step"):
         matmul_op(8, 8, 8, dtype="bf16", epilogue="dequant")
-    with pytest.raises(OpSignatureError, match="a_type=float32 is for int8 and bf16"):
+    with pytest.raises(OpSignatureError, match="a_type=float32 is for low-precision matmuls"):
         matmul_op(8, 8, 8, a_type="float32")
     op = matmul_op(64, 64, 64, dtype="int8")
     strassen = replace(default_schedule(op, HW), strassen=1)
@@ -216,3 +217,27 @@ def test_bf16_rounds_float32_a_and_runs_its_epilogue(hw: HardwareSpec) -> None:
     same = compile_kernel(plain, default_schedule(plain, hw, 2), hw)(
         to_bfloat16(inputs[0]), inputs[1], inputs[2])
     np.testing.assert_array_equal(out, same)
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa for s in SPECS])
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_int8_quantizes_a_with_its_own_range(hw: HardwareSpec, m: int, n: int, k: int) -> None:
+    # DynamicQuantizeLinear's parameters, then an exact product: scale 1 and no zero-point
+    # term leave C = acc * s_a, one float32 product per element.
+    op = matmul_op(m, n, k, dtype="int8", a_type="dynamic", epilogue="dequant+bias")
+    a, b, _, _, _ = random_inputs(op, seed=k)
+    ones, zeros = np.ones(n, np.float32), np.zeros(n, np.float32)
+    out = compile_kernel(op, default_schedule(op, hw, 2), hw)(a, b, ones, zeros, zeros)
+    dql = OPS["DynamicQuantizeLinear"]([a], {}, 13)
+    np.testing.assert_array_equal(dynamic_params(a), [dql[1], dql[2]])
+    acc = dql[0].astype(np.int64) @ b.astype(np.int64)
+    np.testing.assert_array_equal(out, acc.astype(np.float32) * np.float32(dql[1]))
+
+
+def test_a_dynamic_kernel_checks_against_its_reference_with_an_activation() -> None:
+    op = matmul_op(45, 70, 130, dtype="int8", a_type="dynamic", epilogue="dequant+bias+relu")
+    inputs = random_inputs(op, seed=9)
+    out = compile_kernel(op, default_schedule(op, HW, 2), HW)(*inputs)
+    assert check_result(op, inputs, out, reference(op, inputs)) is None
+    with pytest.raises(OpSignatureError, match="a_type=dynamic is for int8 matmuls"):
+        matmul_op(8, 8, 8, dtype="int8", a_type="dynamic", epilogue="dequant")

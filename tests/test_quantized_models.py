@@ -116,3 +116,22 @@ def test_weights_the_int8_kernel_cannot_take_run_dequantized(tmp_path: Path) -> 
         None, {"x": x})[0]
     steps = np.abs(compiled.run({"x": x})["y"] - theirs) / _output_scale(path)
     assert steps.max() <= 1.0 + 1e-4
+
+
+def test_dynamic_quantization_runs_as_int8_kernels_quantizing_their_own_input(
+        tmp_path: Path) -> None:
+    source = _mlp(tmp_path / "mlp.onnx")
+    path = tmp_path / "mlp.dyn.onnx"
+    quantization.quantize_dynamic(str(source), str(path),
+                                  weight_type=quantization.QuantType.QInt8)
+    graph = frontend.load_graph(path)
+    kernels = _int8_nodes(graph)
+    assert kernels and all(n.op.attr("a_type") == "dynamic" for n in kernels)
+    assert kernels[0].inputs[0] == "x"
+    assert not [s.op_type for s in graph.onnx_nodes
+                if s.op_type in ("DynamicQuantizeLinear", "MatMulInteger")]
+    compiled = compile_model(path, store=tmp_path / "store", policy="analytic")
+    x = np.random.default_rng(4).standard_normal((ROWS, FEATURES)).astype(np.float32)
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], theirs, rtol=1e-5, atol=1e-5)

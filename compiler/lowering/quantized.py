@@ -239,3 +239,79 @@ def drop_unread(steps: list[Any], ctx: StepContext) -> list[Any]:
         if len(kept) == len(steps):
             return kept
         steps = kept
+
+
+@register_lowering("MatMulInteger")
+def lower_dynamic_matmul(ctx: FusionContext, position: int) -> Any:
+    """Dynamic quantization as ``onnxruntime.quantization.quantize_dynamic`` writes it::
+
+        DynamicQuantizeLinear(x) -> (q, s, z);  S = Mul(s, w_scale)
+        MatMulInteger(q, W, z, w_zero) -> Cast(float) -> Mul(S) [-> Add bias] [-> Relu]
+
+    as one int8 kernel that quantizes ``x`` with its own range (``a_type=dynamic``), or why
+    not."""
+    node = ctx.nodes[position]
+    dql = _producer(ctx, node.inputs[0], "DynamicQuantizeLinear")
+    if dql is None or len(node.inputs) < 3 or node.inputs[2] != dql.outputs[2] or \
+            not ctx.is_float32(dql.inputs[0]):
+        return "A is not DynamicQuantizeLinear's output with its zero point"
+    weights = _integer_weights(ctx, node)
+    if isinstance(weights, str):
+        return weights
+    chain = _dequantizing_chain(ctx, position, dql.outputs[1], weights.shape[1])
+    if isinstance(chain, str):
+        return chain
+    fused, w_scale = chain
+    k, n = weights.shape
+    fused_all, out, bias, relu = matmul_followers(ctx, fused[-1], n, None, True)
+    if bias is not None and bias not in ctx.constants:
+        return "a bias that is not a constant"
+    x_shape = ctx.shape(dql.inputs[0])
+    if x_shape is None or not x_shape or x_shape[-1] != k:
+        return "A's shape does not fit the weights"
+    sums = weights.astype(np.int64).sum(axis=0).astype(np.float64)
+    vector = np.zeros(n) if bias is None else np.broadcast_to(
+        ctx.constants[bias].astype(np.float64).reshape(-1), (n,))
+    sig = matmul_op(math.prod(x_shape[:-1]), n, k, dtype="int8", a_type="dynamic",
+                    epilogue=("dequant", "bias", "relu") if relu else ("dequant", "bias"))
+    base = node.name
+    inputs = [dql.inputs[0], ctx.add_typed_constant(f"{base}/B_int8", weights),
+              ctx.add_constant(f"{base}/scale", w_scale),
+              ctx.add_constant(f"{base}/zsum", w_scale * sums),
+              ctx.add_constant(f"{base}/bias", vector)]
+    return ctx.finish(position, [position, *fused, *fused_all[1:]], sig, inputs, out)
+
+
+def _integer_weights(ctx: FusionContext, node: GraphNode) -> np.ndarray | str:
+    """MatMulInteger's constant B as int8 ``[K, N]`` (uint8 ones with zero point 128 moved
+    down by 128), or why not."""
+    values = ctx.constants.get(node.inputs[1])
+    if values is None or values.ndim != 2 or values.dtype not in (np.int8, np.uint8):
+        return "B is not a 2-D 8-bit constant"
+    midpoint = 128 if values.dtype == np.uint8 else 0
+    zero_name = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
+    zero = ctx.constants.get(zero_name) if zero_name else np.array(0)
+    if zero is None or np.any(zero.astype(np.int32) != midpoint):
+        return f"B's zero points are not all {midpoint}"
+    return np.ascontiguousarray((values.astype(np.int16) - midpoint).astype(np.int8))
+
+
+def _dequantizing_chain(ctx: FusionContext, position: int, a_scale: str, n: int
+                        ) -> tuple[list[int], np.ndarray] | str:
+    """The ``Cast`` to float and the ``Mul`` by ``a_scale * w_scale`` after the MatMulInteger
+    at ``position``: their positions and ``w_scale`` over N, or why not."""
+    cast = ctx.sole_consumer(ctx.nodes[position].outputs[0])
+    if cast is None or ctx.nodes[cast].op_type != "Cast" or \
+            int(ctx.nodes[cast].attrs.get("to", 0)) != 1:
+        return "the product is not cast to float"
+    mul = ctx.sole_consumer(ctx.nodes[cast].outputs[0])
+    if mul is None or ctx.nodes[mul].op_type != "Mul":
+        return "the product is not scaled"
+    factor = [t for t in ctx.nodes[mul].inputs if t != ctx.nodes[cast].outputs[0]]
+    scaler = _producer(ctx, factor[0], "Mul") if len(factor) == 1 else None
+    if scaler is None or a_scale not in scaler.inputs:
+        return "the product is not scaled by A's scale times B's"
+    w_scale = ctx.constants.get(next(t for t in scaler.inputs if t != a_scale), None)
+    if w_scale is None or w_scale.size not in (1, n):
+        return "B's scale is not a constant per tensor or per column"
+    return [cast, mul], np.broadcast_to(w_scale.astype(np.float64).reshape(-1), (n,)).copy()

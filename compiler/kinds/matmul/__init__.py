@@ -38,11 +38,15 @@ __all__ = ["ACTIVATIONS", "LOOP_ORDERS", "PARALLEL_AXES", "MatmulSchedule", "fus
            "matmul_op", "strassen_block"]
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
-A_TYPES = ("dtype", "float32")
+A_TYPES = ("dtype", "float32", "dynamic")
 """How A arrives: as the op's dtype, or (``a_type=float32``, int8 and bf16 only) as float32
 that the kernel converts while packing it: rounded to bfloat16, or quantized to u8 with the
 ``qa`` argument ``[scale, zero point]`` (``rint(a / scale) + zero point``, saturated), so no
-separate quantize pass runs over the activations."""
+separate quantize pass runs over the activations. ``a_type=dynamic`` (int8, epilogue
+``dequant+bias``...) quantizes float32 A with the scale and zero point of its own range, as
+ONNX ``DynamicQuantizeLinear`` does (:func:`dynamic_params`): then ``scale`` holds B's
+per-column scales, ``zsum`` their products with B's column sums, and the kernel scales both
+by A's parameters (the zero point's term ``- s_a * z_a * zsum[n]`` joins the bias)."""
 ELEMENT_TYPES = {"float32": ("float32", "float32", "float32"),
                  "int8": ("uint8", "int8", "int32"),
                  "bf16": ("bfloat16", "bfloat16", "float32")}
@@ -73,8 +77,14 @@ def epilogue_tuple(epilogue: tuple[str, ...] | str) -> tuple[str, ...]:
 
 
 def float_a(op: OpSignature) -> bool:
-    """Whether the kernel takes A as float32 and converts it (``a_type=float32``)."""
-    return dict(op.attrs).get("a_type") == "float32"
+    """Whether the kernel takes A as float32 and converts it (``a_type`` float32 or
+    dynamic)."""
+    return dict(op.attrs).get("a_type") in ("float32", "dynamic")
+
+
+def dynamic_a(op: OpSignature) -> bool:
+    """Whether the kernel quantizes A with parameters of A's own range (``a_type=dynamic``)."""
+    return dict(op.attrs).get("a_type") == "dynamic"
 
 
 def element_types(op: OpSignature) -> tuple[str, str, str]:
@@ -104,10 +114,12 @@ def gemm_arguments(op: OpSignature) -> tuple[TensorArg, ...]:
         c_shape = (B, M, N)
     a_type, b_type, c_type = element_types(op)
     args = [TensorArg("A", a_shape, "input", a_type), TensorArg("B", b_shape, "input", b_type)]
-    if float_a(op) and op.dtype == "int8":
+    if float_a(op) and op.dtype == "int8" and not dynamic_a(op):
         args.append(TensorArg("qa", (2,), "input", "float32"))
     if "dequant" in op.epilogue:
         args.append(TensorArg("scale", (N,), "input", "float32"))
+    if dynamic_a(op):
+        args.append(TensorArg("zsum", (N,), "input", "float32"))
     if "bias" in op.epilogue:
         args.append(TensorArg("bias", (N,), "input", c_type))
     args.append(TensorArg("C", c_shape, "output", c_type))
@@ -122,9 +134,23 @@ def quantize_u8(x: np.ndarray, qa: np.ndarray) -> np.ndarray:
     return np.clip(q, 0, 255).astype(np.uint8)
 
 
+def dynamic_params(a: np.ndarray) -> np.ndarray:
+    """``[scale, zero point]`` of ``DynamicQuantizeLinear`` for ``a``, in float32 as the
+    kernel computes them: its range widened to hold 0 mapped onto [0, 255] (scale 1 for a
+    range of 0 alone), the zero point ``rint(clip(-min / scale, 0, 255))``."""
+    f = np.float32
+    a32 = np.asarray(a, dtype=np.float32)
+    lo = f(min(0.0, float(a32.min()))) if a32.size else f(0)
+    hi = f(max(0.0, float(a32.max()))) if a32.size else f(0)
+    scale = f(1) if hi == lo else f((hi - lo) / f(255))
+    return np.array([scale, np.rint(np.clip(f(0) - lo / scale, f(0), f(255)))], np.float32)
+
+
 def _converted_a(op: OpSignature, a: np.ndarray, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     if not float_a(op):
         return a
+    if dynamic_a(op):
+        return quantize_u8(a, dynamic_params(a)).astype(np.float64)
     if op.dtype == "int8":
         return quantize_u8(a, inputs[2]).astype(np.float64)
     bits = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
@@ -142,6 +168,11 @@ def gemm_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
         b = np.swapaxes(b, -1, -2)
     names = [arg.name for arg in op.arguments() if arg.role == "input"]
     operands = {name: inputs[i] for i, name in enumerate(names) if name in ("scale", "bias")}
+    if dynamic_a(op):
+        scale, zero = (float(v) for v in dynamic_params(inputs[0]))
+        zsum = inputs[names.index("zsum")]
+        operands = {"scale": scale * operands["scale"],
+                    "bias": operands["bias"] - scale * zero * zsum}
     return epilogue_reference(op.epilogue, np.matmul(a, b), operands)
 
 
@@ -169,8 +200,11 @@ def _lowp_problems(op: OpSignature) -> list[str]:
         found.append("dequant is an int8 matmul's epilogue step")
     if op.dtype == "float32":
         if float_a(op):
-            found.append("a_type=float32 is for int8 and bf16 matmuls")
+            found.append(f"a_type={op.attr('a_type')} is for low-precision matmuls")
         return found
+    if dynamic_a(op) and (op.dtype != "int8" or op.epilogue[:2] != ("dequant", "bias")):
+        found.append("a_type=dynamic is for int8 matmuls whose epilogue starts with "
+                     "dequant+bias (the zero point's term joins the bias)")
     if op.trans_a or op.trans_b:
         found.append(f"{_a(op.dtype)} matmul is layout=nn so far")
     if op.dtype == "int8" and op.epilogue and op.epilogue[0] != "dequant":

@@ -74,16 +74,67 @@ _BODY = """\
   ta_t *Ap = (ta_t *)ws;
   long lo, hi;
   split_range(M, TID, NTH, &lo, &hi);
-  tc_lowp_pack_a(A, qa, Ap, lo, hi);
-%s
+{prepare}
+{weights}
   BARRIER();
   split_range((M + MR - 1) / MR, TID, NTH, &lo, &hi);
   for (long j0 = 0; j0 < NP; j0 += NC)
     for (long tile = lo; tile < hi; tile++)
-      tc_lowp_rows(Ap, Bp, (tc_t *)C, scale, bias, tile * MR, j0, MIN(NP, j0 + NC));
+      tc_lowp_rows(Ap, Bp, (tc_t *)C, {scale}, {bias}, tile * MR, j0, MIN(NP, j0 + NC));
+"""
+_PREPARE = "  tc_lowp_pack_a(A, qa, Ap, lo, hi);"
+_PREPARE_DYNAMIC = """\
+  /* A's range over every thread's rows, then its parameters, its rows quantized with them
+     and the epilogue's per-column scale and bias scaled by them. */
+  float *part = (float *)((char *)ws + A_BYTES), *dq = part + 2 * TEAM;
+  tc_lowp_range((const float *)A, lo, hi, part + 2 * TID);
+  BARRIER();
+  float dqa[2];
+  tc_lowp_dynamic(part, NTH, dqa);
+  tc_lowp_pack_a(A, dqa, Ap, lo, hi);
+  {
+    long c0, c1;
+    split_range(N, TID, NTH, &c0, &c1);
+    for (long n = c0; n < c1; n++) {
+      dq[n] = dqa[0] * scale[n];
+      dq[N + n] = bias[n] - dqa[0] * dqa[1] * zsum[n];
+    }
+  }"""
+_DYNAMIC = """\
+/* The smallest and largest of A's rows [lo, hi) and 0, into out[0], out[1]. */
+static void tc_lowp_range(const float *A, long lo, long hi, float *out) {
+  vec mn = VZERO(), mx = VZERO();
+  long i = lo * K;
+  for (; i + LANES <= hi * K; i += LANES) {
+    const vec v = VLOADU(A + i);
+    mn = VMIN(mn, v);
+    mx = VMAX(mx, v);
+  }
+  float fmn = -VHMAX(VNEG(mn)), fmx = VHMAX(mx);
+  for (; i < hi * K; i++) {
+    fmn = A[i] < fmn ? A[i] : fmn;
+    fmx = A[i] > fmx ? A[i] : fmx;
+  }
+  out[0] = fmn;
+  out[1] = fmx;
+}
+
+/* DynamicQuantizeLinear's scale and zero point from the threads' ranges. */
+static void tc_lowp_dynamic(const float *part, int nth, float *out) {
+  float lo = 0.0f, hi = 0.0f;
+  for (int t = 0; t < nth; t++) {
+    lo = part[2 * t] < lo ? part[2 * t] : lo;
+    hi = part[2 * t + 1] > hi ? part[2 * t + 1] : hi;
+  }
+  const float scale = hi == lo ? 1.0f : (hi - lo) / 255.0f;
+  float z = 0.0f - lo / scale;
+  z = z > 0.0f ? (z < 255.0f ? z : 255.0f) : 0.0f;
+  out[0] = scale;
+  out[1] = (z + 12582912.0f) - 12582912.0f;
+}
 """
 _PACK_PER_CALL = """\
-  ib_t *Bp = (ib_t *)((char *)ws + A_BYTES);
+  ib_t *Bp = (ib_t *)((char *)ws + A_BYTES + DYN_BYTES);
   split_range(KG, TID, NTH, &lo, &hi);
   tc_lowp_pack_b((const tb_t *)B, Bp, lo, hi);"""
 _PACKED_ONCE = "  const ib_t *Bp = (const ib_t *)B;"
@@ -147,7 +198,8 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     m, n, k = op.dim("M"), op.dim("N"), op.dim("K")
     np_ = -(-n // s.nr) * s.nr
     constants = {"M": m, "N": n, "K": k, "MR": s.mr, "NR": s.nr, "LANES": d.lanes, "NP": np_,
-                 "NC": min(s.nc, np_)}
+                 "NC": min(s.nc, np_), "TEAM": s.threads}
+    dynamic = dict(op.attrs).get("a_type") == "dynamic"
     ta, tb, tacc = TYPES[op.dtype]
     tc = "float" if "dequant" in op.epilogue else tacc
     vocabulary = d.int8 if op.dtype == "int8" else d.bf16
@@ -155,22 +207,31 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
              f"typedef {tc} tc_t;\n"
              "#define KG ((K + IGROUP - 1) / IGROUP)\n#define KP (KG * IGROUP)\n"
              "#define A_BYTES ((M * KP * (long)sizeof(ta_t) + 63) / 64 * 64)\n"
-             "#define B_BYTES (KG * NP * IGROUP * (long)sizeof(ib_t))\n")
+             "#define B_BYTES (KG * NP * IGROUP * (long)sizeof(ib_t))\n"
+             "#define DYN_BYTES " + ("(((2 * TEAM + 2 * N) * 4 + 63) / 64 * 64)\n"
+                                     if dynamic else "0\n"))
     packed = PackedWeights("((B_BYTES + 3) / 4)",
                            "  tc_lowp_pack_b((const tb_t *)weights, (ib_t *)packed, 0, KG);")
+
+    def body(once: bool) -> str:
+        return _BODY.format(prepare=_PREPARE_DYNAMIC if dynamic else _PREPARE,
+                            weights=_PACKED_ONCE if once else _PACK_PER_CALL,
+                            scale="dq" if dynamic else "scale",
+                            bias="dq + N" if dynamic else "bias")
+
     return "\n".join([
         preamble(d, constants, s.threads), "#include <stdint.h>\n#include <math.h>",
         vocabulary, sizes, scalar_helpers(op.epilogue), _PACK_A % _a_row(op), _PACK_B,
-        _finish(op), _rows(s.mr, nv),
-        kernel_entries(op, lambda once: _BODY % (_PACKED_ONCE if once else _PACK_PER_CALL),
-                       threads=s.threads, ws_floats="((A_BYTES + B_BYTES + 3) / 4)",
-                       packed=packed, packed_ws_floats="((A_BYTES + 3) / 4)",
-                       optional=("qa", "scale", "bias")),
+        _DYNAMIC if dynamic else "", _finish(op), _rows(s.mr, nv),
+        kernel_entries(op, body, threads=s.threads,
+                       ws_floats="((A_BYTES + DYN_BYTES + B_BYTES + 3) / 4)",
+                       packed=packed, packed_ws_floats="((A_BYTES + DYN_BYTES + 3) / 4)",
+                       optional=("qa", "scale", "bias", "zsum")),
     ])
 
 
 def _a_row(op: OpSignature) -> str:
-    """C copying (or, for ``a_type=float32``, converting) A's row ``i`` into ``Ap``."""
-    if dict(op.attrs).get("a_type") != "float32":
+    """C copying (or, for float32 A, converting) A's row ``i`` into ``Ap``."""
+    if dict(op.attrs).get("a_type") not in ("float32", "dynamic"):
         return _COPY_ROW
     return _QUANTIZE_ROW if op.dtype == "int8" else _ROUND_ROW
