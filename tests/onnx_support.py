@@ -149,20 +149,30 @@ def mobilenet_model(opset: int = 13) -> onnx.ModelProto:
 
 
 def bert_layer_model(opset: int = 17, layer_norm_op: bool = True, batch: int = 2, seq: int = 8,
-                     hidden: int = 32, heads: int = 4) -> onnx.ModelProto:
-    """A BERT encoder layer: QKV projections, multi-head attention with an additive mask,
-    softmax, output projection, residual + layer norm, GELU (Erf) feed-forward, residual +
-    layer norm. ``layer_norm_op`` uses LayerNormalization (opset >= 17), else the
-    ReduceMean/Sub/Pow/Sqrt/Div decomposition exporters emit for older opsets."""
+                     hidden: int = 32, heads: int = 4, layers: int = 1) -> onnx.ModelProto:
+    """A BERT encoder layer (``layers`` of them in a row: a BERT encoder): QKV projections,
+    multi-head attention with an additive mask, softmax, output projection, residual +
+    layer norm, GELU (Erf) feed-forward, residual + layer norm. ``layer_norm_op`` uses
+    LayerNormalization (opset >= 17), else the ReduceMean/Sub/Pow/Sqrt/Div decomposition
+    exporters emit for older opsets. The first layer's nodes are named ``query``, ``ln1``...;
+    later layers' add ``_<layer>``."""
     b = Builder(opset, seed=3)
-    dh = hidden // heads
     x = b.input("hidden", [batch, seq, hidden])
     mask = b.input("mask", [batch, 1, 1, seq])
+    out = x
+    for layer in range(layers):
+        out = _bert_layer(b, out, mask, hidden, heads, layer_norm_op, f"_{layer}" if layer else "")
+    return b.model([out], "bert_layer" if layers == 1 else f"bert_{layers}_layers")
+
+
+def _bert_layer(b: Builder, x: str, mask: str, hidden: int, heads: int, layer_norm_op: bool,
+                suffix: str) -> str:
+    opset, dh = b.opset, hidden // heads
 
     def linear(t: str, n_in: int, n_out: int, name: str) -> str:
-        mm = b.node("MatMul", [t, b.weight(n_in, n_out)], name=name)
+        mm = b.node("MatMul", [t, b.weight(n_in, n_out)], name=name + suffix)
         bias = b.const((0.1 * b.rng.standard_normal(n_out)).astype(np.float32), f"{name}_bias")
-        return b.node("Add", [mm, bias], name=f"{name}_add")
+        return b.node("Add", [mm, bias], name=f"{name}_add{suffix}")
 
     # [batch, -1, heads, dh] from the input's batch size (a Shape/Gather/Concat chain, folded)
     batch_dim = b.unsqueeze(b.node("Gather", [b.node("Shape", [x]),
@@ -175,11 +185,11 @@ def bert_layer_model(opset: int = 17, layer_norm_op: bool = True, batch: int = 2
     q = heads_of(linear(x, hidden, hidden, "query"), [0, 2, 1, 3])
     k = heads_of(linear(x, hidden, hidden, "key"), [0, 2, 3, 1])
     v = heads_of(linear(x, hidden, hidden, "value"), [0, 2, 1, 3])
-    scores = b.node("MatMul", [q, k], name="scores")
+    scores = b.node("MatMul", [q, k], name="scores" + suffix)
     scores = b.node("Div", [scores, b.const(np.float32(math.sqrt(dh)))])
     scores = b.node("Add", [scores, mask])
     probs = b.node("Softmax", [scores], axis=3 if opset < 13 else -1)
-    ctx = b.node("MatMul", [probs, v], name="context")
+    ctx = b.node("MatMul", [probs, v], name="context" + suffix)
     ctx = b.node("Transpose", [ctx], perm=[0, 2, 1, 3])
     ctx = b.node("Reshape", [ctx, b.node("Shape", [x])])
 
@@ -187,21 +197,21 @@ def bert_layer_model(opset: int = 17, layer_norm_op: bool = True, batch: int = 2
         gamma = b.const((1 + 0.1 * b.rng.standard_normal(hidden)).astype(np.float32), "ln_g")
         beta = b.const((0.1 * b.rng.standard_normal(hidden)).astype(np.float32), "ln_b")
         if layer_norm_op:
-            return b.node("LayerNormalization", [t, gamma, beta], name=name, axis=-1,
+            return b.node("LayerNormalization", [t, gamma, beta], name=name + suffix, axis=-1,
                           epsilon=1e-12)
         mean = b.reduce_mean(t, [-1])
         d = b.node("Sub", [t, mean])
         var = b.reduce_mean(b.node("Pow", [d, b.const(np.float32(2.0))]), [-1])
         std = b.node("Sqrt", [b.node("Add", [var, b.const(np.float32(1e-12))])])
-        return b.node("Add", [b.node("Mul", [b.node("Div", [d, std]), gamma]), beta], name=name)
+        return b.node("Add", [b.node("Mul", [b.node("Div", [d, std]), gamma]), beta],
+                      name=name + suffix)
 
     attn = layer_norm(b.node("Add", [linear(ctx, hidden, hidden, "attn_out"), x]), "ln1")
     h = linear(attn, hidden, 4 * hidden, "ffn_in")
     gelu = b.node("Mul", [b.node("Mul", [h, b.const(np.float32(0.5))]),
                           b.node("Add", [b.const(np.float32(1.0)), b.node(
                               "Erf", [b.node("Div", [h, b.const(np.float32(math.sqrt(2)))])])])])
-    out = layer_norm(b.node("Add", [linear(gelu, 4 * hidden, hidden, "ffn_out"), attn]), "ln2")
-    return b.model([out], "bert_layer")
+    return layer_norm(b.node("Add", [linear(gelu, 4 * hidden, hidden, "ffn_out"), attn]), "ln2")
 
 
 def mlp_model(opset: int = 9) -> onnx.ModelProto:
