@@ -450,6 +450,12 @@ class _Loader:
         if node.op_type == "Pad" and node.attrs.get("mode", "constant") not in (
                 "constant", "reflect", "edge", "wrap"):
             raise ModelError(f"{where}: mode {node.attrs['mode']!r} is not supported")
+        if node.op_type == "Cast" and int(node.attrs.get("to", 1)) not in onnx_ops.ONNX_DTYPES:
+            to = int(node.attrs.get("to", 0))
+            name = self.onnx.helper.tensor_dtype_to_string(to) if to else "an unknown type"
+            raise ModelError(f"{where}: casts to {name}, which tunecache does not run yet; "
+                             "supported element types: " + ", ".join(
+                                 str(t) for t in onnx_ops.ONNX_DTYPES.values()))
         if node.op_type == "Split" and "num_outputs" not in node.attrs:
             # Without `split`, the outputs split the axis evenly; the implementation needs
             # their count.

@@ -193,3 +193,14 @@ def test_failing_kernel_and_step_name_the_node() -> None:
     executor = Executor(load_graph(b.model([y])))
     with pytest.raises(ModelError, match=r"node 'reshape_it' \(Reshape\) failed: ValueError"):
         executor.run({"x": np.zeros((2, 3), np.float32), "s": np.array([4, 4], np.int64)})
+
+
+def test_a_cast_to_bfloat16_is_refused_by_node_not_a_crash() -> None:
+    b = models.Builder(17)
+    x = b.input("x", [2, 3])
+    b.nodes.append(helper.make_node("Cast", [x], ["h"], name="to_bf16",
+                                    to=onnx.TensorProto.BFLOAT16))
+    b.nodes.append(helper.make_node("Cast", ["h"], ["y"], name="back", to=onnx.TensorProto.FLOAT))
+    with pytest.raises(ModelError, match=r"node 'to_bf16' \(Cast\): casts to "
+                                         r"TensorProto.BFLOAT16, which tunecache does not run"):
+        load_graph(b.model(["y"]))
