@@ -5,7 +5,8 @@ Models (batch 1, random weights from fixed seeds): a BERT-base encoder (12 layer
 layer), ResNet-50 and MobileNet-v2 (``benchmarks/cnn_zoo.py``, 224x224). Each is measured as
 the float32 file, and quantized by ``onnxruntime.quantization`` the usual way: static QDQ
 (u8 activations, s8 per-channel weights, calibrated on four seeded random inputs) and, for
-BERT, dynamic (MatMulInteger, s8 weights).
+BERT, dynamic (MatMulInteger, s8 weights); and as float16 (onnxruntime's float16
+converter, float16 inputs and outputs).
 
 Engines, each in its own process, every process open at once and timed in lockstep rounds
 (``model_zoo_latency.py``'s ``_Server`` and ``_wait_idle``; the order rotates):
@@ -108,6 +109,19 @@ def _quantized(key: str, feeds: Feeds, work: Path) -> list[str]:
     for k in keys:
         np.savez(work / f"{k}-feeds.npz", **feeds)
     return keys
+
+
+def _float16(key: str, feeds: Feeds, work: Path) -> list[str]:
+    """Write ``{key}.fp16.onnx`` (onnxruntime's float16 converter, float16 inputs and
+    outputs); returns its key."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(work / f"{key}.onnx"), keep_io_types=False)
+    onnx.save(model, work / f"{key}.fp16.onnx")
+    np.savez(work / f"{key}.fp16-feeds.npz",
+             **{name: v.astype(np.float16) for name, v in feeds.items()})
+    return [f"{key}.fp16"]
 
 
 # -- child processes -------------------------------------------------------------------------
@@ -260,7 +274,7 @@ def _measure(keys: Sequence[str], threads: Sequence[int], repeat: int, work: Pat
         print(f"{key}: preparing", file=sys.stderr, flush=True)
         feeds = _float_model(key, work)
         np.savez(work / f"{key}-feeds.npz", **feeds)
-        for variant in [key, *_quantized(key, feeds, work)]:
+        for variant in [key, *_quantized(key, feeds, work), *_float16(key, feeds, work)]:
             engines = FLOAT_ENGINES if variant == key else QUANT_ENGINES
             for n in threads:
                 m = _lockstep(engines, variant, n, repeat, work)
@@ -280,7 +294,8 @@ def _report(rows: Sequence[str], repeat: int, versions: str) -> str:
         f"Revision `{git_revision()}`. {versions}. Batch 1; BERT-base encoder (12 layers, "
         "sequence 128), ResNet-50 and MobileNet-v2 at 224x224, random weights; `.int8` = "
         "static QDQ by onnxruntime.quantization (u8 activations, s8 per-channel weights), "
-        "`.dyn` = dynamic (MatMulInteger). Every engine in its own process, all open at "
+        "`.dyn` = dynamic (MatMulInteger), `.fp16` = onnxruntime's float16 converter "
+        "(ours computes it in float32). Every engine in its own process, all open at "
         f"once, {repeat} lockstep rounds; ours untuned (analytic, shipped seed). Ratio = "
         "median over rounds of ours ÷ the fastest peer in the same round on the same file: "
         "ours f32 against onnxruntime and OpenVINO f32, ours `--precision bf16` against "

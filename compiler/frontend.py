@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from tunecache.compiler import onnx_ops
+from tunecache.compiler.float16 import holds_float16, widen_float16
 from tunecache.compiler.graph import (
     FLOAT32,
     Graph,
@@ -196,7 +197,17 @@ def read_model(path: str | Path) -> ModelSource:
     except Exception as exc:
         raise ModelError(f"cannot read ONNX model {str(path)!r}: not a valid ONNX protobuf "
                          f"({type(exc).__name__}: {exc})") from exc
+    _float32_compute(onnx, model, str(path.parent))
     return ModelSource(model, str(path.parent), path.stem, owned=True)
+
+
+def _float32_compute(onnx: Any, model: Any, base_dir: str) -> None:
+    """A float16 model as the same graph in float32 (:mod:`tunecache.compiler.float16`)."""
+    try:
+        widen_float16(onnx, model, base_dir)
+    except Exception as exc:
+        raise ModelError(f"cannot read the float16 tensors of model {model.graph.name!r}: "
+                         f"{exc}") from exc
 
 
 def _source(path_or_model: str | Path | onnx.ModelProto | ModelSource) -> ModelSource:
@@ -206,7 +217,12 @@ def _source(path_or_model: str | Path | onnx.ModelProto | ModelSource) -> ModelS
     if isinstance(path_or_model, (str, Path)):
         return read_model(path_or_model)
     if isinstance(path_or_model, onnx.ModelProto):
-        return ModelSource(path_or_model, "", "model")
+        model = path_or_model
+        if model.HasField("graph") and holds_float16(model.graph):
+            model = onnx.ModelProto()
+            model.CopyFrom(path_or_model)  # the caller's proto stays as it was
+            _float32_compute(onnx, model, "")
+        return ModelSource(model, "", "model")
     raise ModelError(f"load_graph needs a path or an onnx.ModelProto, got "
                      f"{type(path_or_model).__name__}")
 
