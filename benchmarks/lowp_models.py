@@ -161,8 +161,7 @@ def _open_openvino_default(path: Path, feeds: Feeds, threads: int) -> mzl.Opened
     compiled = core.compile_model(core.read_model(str(path)), "CPU", {
         "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
     hint = compiled.get_property("INFERENCE_PRECISION_HINT")
-    precision = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}.get(
-        getattr(hint, "type_name", None) or str(hint), str(hint))
+    precision = getattr(hint, "type_name", None) or str(hint)  # "bf16", "f32"
     request = compiled.create_infer_request()
 
     def output() -> np.ndarray:
