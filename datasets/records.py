@@ -73,6 +73,7 @@ class Record:
     source: str | None = None
     predicted: float | None = None
     model_version: str | None = None
+    op_dtype: str | None = None
     columns: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -159,6 +160,7 @@ class Record:
             op_kind=op.kind,
             op_id=op.op_id,
             op_text=op.text,
+            op_dtype=op.dtype,
             status=status,
             runtimes_s=runtimes,
             median_s=median_s,

@@ -121,11 +121,19 @@ V1_COLUMNS: tuple[pa.Field, ...] = (
 )
 """The version 1 columns, frozen: their names, order and types never change."""
 
+ADDED_FIXED_COLUMNS: tuple[pa.Field, ...] = (
+    # The op's dtype (float32, int8, bf16; issue 53), for analysts: null in files written
+    # before it, whose ops were all float32 (the readers fill that in).
+    pa.field("op_dtype", _S),
+)
+"""Fixed columns added since version 1, after the version 1 columns, in the order added."""
+
 FIXED_COLUMNS: tuple[str, ...] = (
     "record_id", "timestamp", "schema_version", "hw_id", "hw_isa", "hw_cores", "hw_cpu_model",
     "hw_json", "op_kind", "op_id", "op_text", "schedule_json", "schedule_id", "compiler",
     "flags", "codegen_version", "source_hash", "status", "error", "runtimes_s", "median_s",
     "min_s", "gflops", "compile_s", "job_id", "host", "source", "predicted", "model_version",
+    *(f.name for f in ADDED_FIXED_COLUMNS),
 )
 """Columns every kind fills the same way (in schema order); all others are derived."""
 
@@ -177,7 +185,8 @@ def _same_sort(a: pa.DataType, b: pa.DataType) -> bool:
 
 
 def build_layout(kinds: Iterable[OpKind]) -> RecordLayout:
-    """The record schema for ``kinds``: :data:`V1_COLUMNS`, then the new derived columns.
+    """The record schema for ``kinds``: :data:`V1_COLUMNS`, the fixed columns added since
+    (:data:`ADDED_FIXED_COLUMNS`), then the new derived columns.
 
     Raises :class:`SchemaError` when two kinds give a column different meanings or types,
     or a derived column is named like a fixed one or clashes with a version 1 column's type.
@@ -190,8 +199,9 @@ def build_layout(kinds: Iterable[OpKind]) -> RecordLayout:
         if old is not None and not _same_sort(old.type, type_):
             raise SchemaError(f"{owner} needs {role} column {column!r} as {type_}, but the "
                               f"record schema has it as {old.type}")
-    fields = [*V1_COLUMNS, *(pa.field(column, type_) for column, (_, _, type_)
-                             in claims.items() if column not in v1)]
+    fields = [*V1_COLUMNS, *ADDED_FIXED_COLUMNS,
+              *(pa.field(column, type_) for column, (_, _, type_) in claims.items()
+                if column not in v1)]
     schema = pa.schema(fields, metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()})
     roles = {column: role for column, (role, _, _) in claims.items()}
     return RecordLayout(
@@ -231,11 +241,16 @@ def file_schema_version(metadata: dict[bytes, bytes] | None) -> int | None:
         return None
 
 
+COLUMN_DEFAULTS: dict[str, str] = {"op_dtype": "float32"}
+"""What a column added later holds in rows written before it: every op was float32."""
+
+
 def conform(table: pa.Table, schema: pa.Schema = SCHEMA) -> pa.Table:
     """Return ``table`` with exactly ``schema``'s columns, in order and with its types.
 
-    Missing nullable columns become nulls (older files), unknown columns are dropped (newer
-    files), other types are cast safely. Raises :class:`SchemaError` when a required column is
+    Missing nullable columns become nulls (older files; those with a
+    :data:`COLUMN_DEFAULTS` value read as it), unknown columns are dropped (newer files),
+    other types are cast safely. Raises :class:`SchemaError` when a required column is
     missing or null, or a column cannot be cast.
     """
     columns: list[pa.ChunkedArray | pa.Array] = []
@@ -243,9 +258,13 @@ def conform(table: pa.Table, schema: pa.Schema = SCHEMA) -> pa.Table:
         if field.name not in table.column_names:
             if not field.nullable:
                 raise SchemaError(f"required column {field.name!r} is missing")
-            columns.append(pa.nulls(table.num_rows, field.type))
+            default = COLUMN_DEFAULTS.get(field.name)
+            columns.append(pa.nulls(table.num_rows, field.type) if default is None
+                           else pa.array([default] * table.num_rows, field.type))
             continue
         column = table.column(field.name)
+        if field.name in COLUMN_DEFAULTS and column.null_count:
+            column = pc.fill_null(column, COLUMN_DEFAULTS[field.name])
         if not field.nullable and column.null_count:
             raise SchemaError(f"required column {field.name!r} has {column.null_count} null(s)")
         if column.type != field.type:

@@ -27,7 +27,7 @@ from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import KindSpec, OpSignature
 from tunecache.compiler.schedule import ScheduleData, knob_types
 from tunecache.datasets import SchemaError
-from tunecache.datasets.io import dedup
+from tunecache.datasets.io import dedup, load
 from tunecache.datasets.paths import new_fragment_name, partition_dir
 from tunecache.datasets.records import Record, records_from_table, records_to_table
 from tunecache.datasets.schema import (
@@ -242,6 +242,7 @@ def test_v1_fragments_of_real_measurements_still_load_and_publish(tmp_path):
     assert table.schema.equals(SCHEMA)
     assert table.num_rows == dedup(fixture).num_rows
     assert set(table["schema_version"].to_pylist()) == {1}
+    assert set(table["op_dtype"].to_pylist()) == {"float32"}  # every op was, then
     by_id = {r["record_id"]: r for r in fixture.to_pylist()}
     for row in table.slice(0, 500).to_pylist():
         old = by_id[row["record_id"]]
@@ -354,3 +355,13 @@ def test_index_and_verify_read_a_v1_snapshot_with_typed_knob_columns(tmp_path):
     assert index.lookup(CONV).schedule == CONV_S  # type: ignore[union-attr]
     assert store.read_snapshot(HW.hw_id).column_names == snapshot.column_names
     assert store.verify().ok
+
+
+def test_the_op_dtype_is_a_column_for_analysts(tmp_path):
+    int8 = matmul_op(16, 32, 64, dtype="int8")
+    store = Store(tmp_path)
+    store.append([Record.create(op=int8, hw=HW, status="ok", runtimes_s=[1e-5]),
+                  Record.create(op=MM, hw=HW, status="ok", runtimes_s=[1e-5])])
+    frame = load(tmp_path)
+    assert sorted(frame["op_dtype"].tolist()) == ["float32", "int8"]
+    assert frame.loc[frame["op_dtype"] == "int8", "op_text"].tolist() == [int8.text]
