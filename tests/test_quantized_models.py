@@ -135,3 +135,60 @@ def test_dynamic_quantization_runs_as_int8_kernels_quantizing_their_own_input(
     theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
         None, {"x": x})[0]
     np.testing.assert_allclose(compiled.run({"x": x})["y"], theirs, rtol=1e-5, atol=1e-5)
+
+
+def _cnn(path: Path) -> Path:
+    """x[1,16,12,12] -> Conv 3x3 (32) -> Relu -> Conv 1x1 stride 2 (24) -> Relu."""
+    rng = np.random.default_rng(5)
+
+    def init(name: str, *shape: int) -> onnx.TensorProto:
+        scale = 1 / np.sqrt(np.prod(shape[1:])) if len(shape) > 1 else 0.1
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32),
+                                       name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], strides=[2, 2]),
+             helper.make_node("Relu", ["c2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 6, 6])],
+        [init("w1", 32, 16, 3, 3), init("b1", 32), init("w2", 24, 32, 1, 1), init("b2", 24)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+class _ImageCalibration(quantization.CalibrationDataReader):  # type: ignore[misc]
+    def __init__(self) -> None:
+        rng = np.random.default_rng(6)
+        self.feeds = iter([{"x": rng.standard_normal((1, 16, 12, 12)).astype(np.float32)}
+                           for _ in range(6)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self.feeds, None)
+
+
+def test_qdq_convolutions_run_as_int8_kernels(tmp_path: Path) -> None:
+    path = tmp_path / "cnn.int8.onnx"
+    quantization.quantize_static(
+        str(_cnn(tmp_path / "cnn.onnx")), str(path), _ImageCalibration(),
+        quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+        activation_type=quantization.QuantType.QUInt8,
+        weight_type=quantization.QuantType.QInt8)
+    graph = frontend.load_graph(path)
+    convs = [n for n in graph.kernel_nodes if n.op.kind == "conv2d"]
+    assert [n.op.dtype for n in convs] == ["int8", "int8"]
+    assert convs[0].inputs[0] == "x"
+    compiled = compile_model(path, store=tmp_path / "store", policy="analytic")
+    x = np.random.default_rng(7).standard_normal((1, 16, 12, 12)).astype(np.float32)
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    steps = np.abs(compiled.run({"x": x})["y"] - theirs) / _output_scale_of(path, "y")
+    assert steps.max() <= 1.0 + 1e-4, f"{steps.max():.3f} quantization steps apart"
+
+
+def _output_scale_of(path: Path, output: str) -> float:
+    model = onnx.load(path)
+    last = next(n for n in model.graph.node if n.output[0] == output)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return float(inits[last.input[1]])

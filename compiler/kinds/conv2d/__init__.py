@@ -20,8 +20,15 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
+from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
+from tunecache.compiler.kinds.conv2d.int8 import (
+    default_int8_schedule,
+    int8_problems,
+    int8_reference,
+    int8_signature_problems,
+)
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
     conv2d_blocks,
@@ -103,16 +110,26 @@ def _signature_problems(op: OpSignature) -> list[str]:
         found.append(f"input channels C={d['C']} are not divisible by groups={g}")
     if d["F"] % g:
         found.append(f"output channels F={d['F']} are not divisible by groups={g}")
+    if op.dtype == "int8":
+        found += int8_signature_problems(op)
+    elif "dequant" in op.epilogue:
+        found.append("dequant is an int8 conv2d's epilogue step")
     return found + kernel_extent_problems(op)
 
 
 def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     d = op.dims_dict
     out_shape = tensor_shape(d["N"], d["F"], op.out_h, op.out_w, op.attr("out_layout"))
+    int8 = op.dtype == "int8"
     args = [
         TensorArg("X", tensor_shape(d["N"], d["C"], d["H"], d["W"], op.attr("layout")), "input"),
-        TensorArg("W", (d["F"], d["C"] // d["groups"], d["R"], d["S"]), "input"),
+        TensorArg("W", (d["F"], d["C"] // d["groups"], d["R"], d["S"]), "input",
+                  "int8" if int8 else "float32"),
     ]
+    if int8:
+        args.append(TensorArg("qa", (2,), "input"))
+    if "dequant" in op.epilogue:
+        args.append(TensorArg("scale", (d["F"],), "input"))
     if "bias" in op.epilogue:
         args.append(TensorArg("bias", (d["F"],), "input"))
     if "add" in op.epilogue:
@@ -164,6 +181,8 @@ def conv2d_nchw(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stride: t
 
 
 def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    if op.dtype == "int8":
+        return int8_reference(op, inputs)
     d = op.dims_dict
     has_bias = "bias" in op.epilogue
     out_layout = op.attr("out_layout")
@@ -180,17 +199,33 @@ def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
 
 
 def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
-    """Standard normal inputs, as for every kind; blocked tensors get zero padding lanes."""
+    """Standard normal inputs, as for every kind; blocked tensors get zero padding lanes.
+    An int8 conv2d's weights are integers over int8's range, its ``qa`` ``[1/32, 128]``
+    (standard normal X spans most of uint8)."""
     d = op.dims_dict
     out: list[np.ndarray] = [random_tensor(rng, d["N"], d["C"], d["H"], d["W"],
                                            op.attr("layout"))]
     for arg in op.arguments()[1:-1]:
-        if arg.name == "add":
+        if arg.dtype == "int8":
+            out.append(rng.integers(-128, 128, size=arg.shape).astype(np.int8))
+        elif arg.name == "qa":
+            out.append(np.array([1 / 32, 128], np.float32))
+        elif arg.name == "add":
             out.append(random_tensor(rng, d["N"], d["F"], op.out_h, op.out_w,
                                      op.attr("out_layout")))
         else:
             out.append(rng.standard_normal(arg.shape, dtype=np.float32))
     return tuple(out)
+
+
+def _problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
+    return int8_problems(op, s, hw) if op.dtype == "int8" else conv2d_problems(op, s, hw)
+
+
+def _default_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> Conv2dSchedule:
+    if op.dtype == "int8":
+        return default_int8_schedule(op, hw, threads)
+    return default_conv2d_schedule(op, hw, threads)
 
 
 def _layout_slots(op: OpSignature) -> tuple[str | None, ...]:
@@ -217,7 +252,7 @@ KIND = register(OpKind(
     spec=KindSpec(
         dims=("N", "C", "H", "W", "F", "R", "S"),
         attrs={"layout": LAYOUTS, "out_layout": LAYOUTS},
-        epilogues=("bias", "add", *ACTIVATIONS),
+        epilogues=("dequant", "bias", "add", *ACTIVATIONS),
         params={
             "stride_h": (1, 1), "stride_w": (1, 1),
             "pad_t": (0, 0), "pad_l": (0, 0), "pad_b": (0, 0), "pad_r": (0, 0),
@@ -225,12 +260,13 @@ KIND = register(OpKind(
         },
         check=_signature_problems,
         omit_default=frozenset({"out_layout"}),
+        dtypes=("float32", "int8"),
     ),
     arguments=_arguments,
     flops=_flops,
     schedule=Conv2dSchedule,
-    problems=conv2d_problems,
-    default_schedule=default_conv2d_schedule,
+    problems=_problems,
+    default_schedule=_default_schedule,
     in_model=local_split,
     emit=generate_conv2d,
     reference=_reference,

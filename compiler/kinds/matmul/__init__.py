@@ -232,7 +232,7 @@ def strassen_block(op: OpSignature, levels: int = 1) -> OpSignature:
     dimension over ``2 ** levels``, rounded up), no epilogue: what its micro-tiles and
     blocks are chosen and estimated for."""
     return matmul_op(*strassen_blocks(op, levels), trans_a=op.trans_a, trans_b=op.trans_b,
-                     dtype=op.dtype, a_type=op.attr("a_type"))
+                     dtype=op.dtype)
 
 
 def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:

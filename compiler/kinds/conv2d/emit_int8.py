@@ -1,0 +1,211 @@
+"""C code of the int8 conv2d kernel (``dtype=int8``, a ``direct`` schedule).
+
+Dense convolutions (one group, no dilation) of float32 activations: each call quantizes X
+with ``qa = [scale, zero point]`` into ``Xq[N][CB][Hp][Wp][16]`` (uint8, 16 channels a
+pixel, the border and the channels past C filled with the zero point, which the zero-point
+term of the bias already accounts for), then each thread takes (image, ``oc_block`` tile,
+output row) items: a register tile of ``ow_block`` pixels x ``oc_block / lanes`` vectors of
+int32 accumulators sums, for every 16-channel block, tap and ``IGROUP`` of channels, the
+dialect's dot product of the pixel's ``IGROUP`` broadcast channels with a vector of packed
+weights (``IsaDialect.int8``: ``vpdpbusd`` with VNNI). The weights (int8 ``[F][C][R][S]``)
+are packed once into ``[F/oc_block][CB][R][S][16/IGROUP][oc_block][IGROUP]``. The epilogue
+(``dequant`` per-channel scales, ``bias``, a residual ``add``, an activation) runs on whole
+vectors of output channels into Y in its layout. ``ic_block``, ``loop_order`` and
+``parallel`` do not apply (``int8_problems``).
+"""
+
+from __future__ import annotations
+
+from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamble
+from tunecache.compiler.codegen.epilogue import render, scalar_helpers
+from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.kinds.conv2d.common import shape_constants
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
+from tunecache.compiler.kinds.layouts import channel_block
+from tunecache.compiler.ops import OpSignature
+
+CB_LANES = 16
+"""Channels a packed input pixel holds (a multiple of every vocabulary's ``IGROUP``)."""
+
+_TYPES = """\
+typedef uint8_t ta_t;
+typedef int8_t tb_t;
+#define CB ((C + 15) / 16)
+#define GPB (16 / IGROUP)
+#define FT ((FOUT + OCB - 1) / OCB)  /* FOUT: F, or a blocked Y's F with its spare lanes */
+/* a row narrower than a tile reads past its end: slack for the last row */
+#define XQ_BYTES (((long)NB * CB * HP * WP * 16 + OWB * SW * 16 + 63) / 64 * 64)
+#define WQ_ITEMS ((long)FT * CB * R * S * GPB * OCB * IGROUP)
+"""
+
+_PACK_W = """\
+/* W (F x C x R x S, int8) into [FT][CB][R][S][GPB][OCB][IGROUP] of ib_t, zero-padded. */
+static void tc_q_pack_w(const tb_t *w, ib_t *wp) {
+  long i = 0;
+  for (long t = 0; t < FT; t++)
+    for (long cb = 0; cb < CB; cb++)
+      for (long r = 0; r < R; r++)
+        for (long s = 0; s < S; s++)
+          for (long g = 0; g < GPB; g++)
+            for (long o = 0; o < OCB; o++)
+              for (long e = 0; e < IGROUP; e++, i++) {
+                const long f = t * OCB + o, c = cb * 16 + g * IGROUP + e;
+                wp[i] = (f < F && c < C) ? IB_FROM(w[((f * C + c) * R + r) * S + s]) : 0;
+              }
+}
+"""
+
+_PACK_X = """\
+/* X's rows [lo, hi) of (n, cb, hp) into Xq, quantized: saturate x / scale to [-z, 255 - z],
+   round half to even (add and take away 1.5 * 2**23), add z; the border and the channels
+   past C (zeros in X) are z. X_AT reads channel cb * 16 + k of pixel (h, w). */
+static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
+  const float scale = qa[0], z = qa[1], low = -z, high = 255.0f - z;
+  const ta_t zq = (ta_t)(int)z;
+  for (long item = lo; item < hi; item++) {
+    const long hp = item % HP, cb = item / HP % CB, n = item / HP / CB, h = hp - PT;
+    ta_t *restrict row = Xq + item * WP * 16;
+    if (h < 0 || h >= H) {
+      memset(row, zq, WP * 16);
+      continue;
+    }
+    memset(row, zq, PL * 16);
+    memset(row + (PL + W) * 16, zq, (WP - PL - W) * 16);
+    for (long w = 0; w < W; w++) {
+      ta_t *restrict out = row + (PL + w) * 16;
+      for (long k = 0; k < 16; k++) {
+        float v = X_AT / scale;
+        v = v >= low ? v : low;
+        v = v <= high ? v : high;
+        out[k] = (ta_t)(int)((v + 12582912.0f) - 12582912.0f + z);
+      }
+    }
+  }
+}
+"""
+_BODY = """\
+  ta_t *Xq = (ta_t *)ws;
+  long lo, hi;
+  split_range((long)NB * CB * HP, TID, NTH, &lo, &hi);
+  tc_q_pack_x((const float *)X, qa, Xq, lo, hi);
+%s
+  BARRIER();
+  split_range((long)NB * FT * P, TID, NTH, &lo, &hi);
+  for (long item = lo; item < hi; item++)
+    tc_q_row(Xq, Wq, scale, bias, add, Y, item / P / FT, item / P %% FT, item %% P);
+"""
+_PACK_PER_CALL = """\
+  ib_t *Wq = (ib_t *)((char *)ws + XQ_BYTES);
+  if (TID == 0) tc_q_pack_w((const tb_t *)Wt, Wq);"""
+_PACKED_ONCE = "  const ib_t *Wq = (const ib_t *)Wt;"
+
+
+def _x_index(op: OpSignature) -> str:
+    """X's element for channel ``cb * 16 + k`` of pixel (n, h, w), 0 past C: 16 contiguous
+    floats a pixel when X is ``nchw16c``."""
+    x, c = channel_block(op.attr("layout")), op.dim("C")
+    if x == 16:
+        return f"X[(((n * {-(-c // 16)} + cb) * H + h) * W + w) * 16 + k]"
+    if x:
+        return (f"(cb * 16 + k < {-(-c // x) * x} ? X[(((n * {-(-c // x)} + (cb * 16 + k) / {x})"
+                f" * H + h) * W + w) * {x} + k % {x}] : 0.0f)")
+    return "(cb * 16 + k < C ? X[((n * C + cb * 16 + k) * H + h) * W + w] : 0.0f)"
+
+
+def _y_index(op: OpSignature) -> str:
+    """Y's element (n, f, oh, ow) in its layout, and whether a vector of LANES consecutive
+    channels is contiguous there."""
+    x = channel_block(op.attr("out_layout"))
+    if not x:
+        return "((n * F + f) * P + oh) * Q + ow"
+    return f"(((n * {-(-op.dim('F') // x)} + f / {x}) * P + oh) * Q + ow) * {x} + f % {x}"
+
+
+def _finish(op: OpSignature, d: IsaDialect) -> str:
+    """``tc_q_store``: one pixel's ``OCB`` accumulators (channels ``f0..``), epilogue
+    applied, into Y: whole vectors where Y holds ``LANES`` channels contiguously."""
+    operands = {"scale": "VLOADU(scale + f)", "bias": "VLOADU(bias + f)",
+                "add": "VLOADU(add + at)"}
+    vector = render(op.epilogue, "v", operands, vector=True)
+    scalar = render(op.epilogue, "u", {"scale": "scale[f]", "bias": "bias[f]",
+                                       "add": "add[at]"}, vector=False)
+    contiguous = channel_block(op.attr("out_layout")) % d.lanes == 0 and \
+        channel_block(op.attr("out_layout")) > 0 and op.dim("F") % d.lanes == 0
+    whole = (f"    if (f + LANES <= F) {{\n      vec v = VCVTI(acc + j);\n      {vector}\n"
+             "      VSTOREU(Y + at, v);\n      continue;\n    }\n") if contiguous else ""
+    padded = "FOUT"  # a blocked Y's channels past F are zeros, as every kernel leaves them
+    return ("static inline void tc_q_store(const int32_t *acc, const float *scale,\n"
+            "    const float *bias, const float *add, float *Y, long n, long f0, long oh,\n"
+            "    long ow) {\n  (void)add;\n"
+            f"  for (long j = 0; j < OCB && f0 + j < {padded}; j += LANES) {{\n"
+            "    long f = f0 + j, at = " + _y_index(op) + ";\n" + whole
+            + f"    for (long k = 0; k < LANES && f0 + j + k < {padded}; k++) {{\n"
+              "      f = f0 + j + k;\n      at = " + _y_index(op) + ";\n"
+              "      if (f >= F) {\n        Y[at] = 0.0f;\n        continue;\n      }\n"
+              f"      float u = (float)acc[j + k];\n      {scalar}\n      Y[at] = u;\n"
+              "    }\n  }\n}\n")
+
+
+def _row(nv: int, owb: int) -> str:
+    """``tc_q_row``: output row ``oh`` of channel tile ``t`` of image ``n``, in tiles of
+    ``OWB`` pixels; the last tile ends at the row's end (overlapping the one before, whose
+    pixels it does not store again), so every tile is whole."""
+    acc = [f"c{p}_{v}" for p in range(owb) for v in range(nv)]
+    loads = "".join(f"            const ibv_t b{v} = ILOADB(w + {v} * LANES * IGROUP);\n"
+                    for v in range(nv))
+    steps = "".join(
+        f"            {{ const ia_t a = IBCAST(x + {p} * SW * 16);\n"
+        + "".join(f"              c{p}_{v} = IDOT(c{p}_{v}, a, b{v});\n" for v in range(nv))
+        + "            }\n" for p in range(owb))
+    stores = "".join(
+        f"    if (first + {p} >= ow0 && first + {p} < Q) {{\n"
+        + "".join(f"      ISTOREU(out + {v} * LANES, c{p}_{v});\n" for v in range(nv))
+        + f"      tc_q_store(out, scale, bias, add, Y, n, t * OCB, oh, first + {p});\n    }}\n"
+        for p in range(owb))
+    return (
+        "static void tc_q_row(const ta_t *Xq, const ib_t *Wq, const float *scale,\n"
+        "    const float *bias, const float *add, float *Y, long n, long t, long oh) {\n"
+        "  int32_t out[OCB] __attribute__((aligned(64)));\n"
+        "  for (long ow0 = 0; ow0 < Q; ow0 += OWB) {\n"
+        "    const long first = Q >= OWB ? MIN(ow0, Q - OWB) : 0;\n"
+        f"    ivec {', '.join(f'{c} = IZERO()' for c in acc)};\n"
+        "    const ib_t *w = Wq + t * CB * R * S * GPB * OCB * IGROUP;\n"
+        "    for (long cb = 0; cb < CB; cb++)\n"
+        "      for (long r = 0; r < R; r++)\n"
+        "        for (long s = 0; s < S; s++) {\n"
+        "          const ta_t *xs = Xq + (((n * CB + cb) * HP + oh * SH + r) * WP\n"
+        "                                 + first * SW + s) * 16;\n"
+        "          for (long g = 0; g < GPB; g++, w += OCB * IGROUP) {\n"
+        "            const ta_t *x = xs + g * IGROUP;\n"
+        + loads + steps + "          }\n        }\n"
+        + stores + "  }\n}\n")
+
+
+def generate_int8(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
+    """The int8 kernel of ``op`` under the (legal) direct schedule ``s`` in dialect ``d``."""
+    x = channel_block(op.attr("out_layout"))
+    constants = {**shape_constants(op), "OCB": s.oc_block, "OWB": s.ow_block,
+                 "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F")}
+    packed = PackedWeights("((WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
+                           "  tc_q_pack_w((const tb_t *)weights, (ib_t *)packed);")
+    body = _BODY
+    return "\n".join([
+        preamble(d, constants, s.threads), "#include <stdint.h>\n#include <string.h>", d.int8, _TYPES,
+        "#define VCVTI(p) tc_cvt_i32(p)\n" + _CVT,
+        scalar_helpers(op.epilogue), _PACK_W, _PACK_X.replace("X_AT", _x_index(op)),
+        _finish(op, d), _row(s.oc_block // d.lanes, s.ow_block),
+        kernel_entries(op, lambda once: body % (_PACKED_ONCE if once else _PACK_PER_CALL),
+                       threads=s.threads, rename={"W": "Wt"}, optional=("add",),
+                       ws_floats="((XQ_BYTES + WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
+                       packed=packed, packed_ws_floats="((XQ_BYTES + 3) / 4)"),
+    ])
+
+
+_CVT = """\
+/* LANES int32 accumulators as a float vector. */
+static inline vec tc_cvt_i32(const int32_t *p) {
+  float f[LANES] __attribute__((aligned(64)));
+  for (int i = 0; i < LANES; i++) f[i] = (float)p[i];
+  return VLOAD(f);
+}
+"""

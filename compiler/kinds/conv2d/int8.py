@@ -1,0 +1,88 @@
+"""What the int8 conv2d (``dtype=int8``) adds to the kind: its signature's rules, the knobs
+its kernel has (``emit_int8.py``), its default schedule and its numpy reference.
+
+An int8 conv2d is dense (one group), undilated, takes float32 X with ``qa = [scale, zero
+point]`` (quantized to uint8 inside the kernel, the padding at the zero point), int8 W
+``[F,C,R,S]`` and an epilogue that starts ``dequant+bias``: per-output-channel scales, then
+the bias that holds the zero point's term, then ``add`` and an activation as for float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
+from tunecache.compiler.kinds.layouts import from_layout, to_layout
+from tunecache.compiler.kinds.matmul import quantize_u8
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.schedule import threads_problem
+
+__all__ = ["default_int8_schedule", "int8_problems", "int8_reference", "int8_signature_problems"]
+
+INT8_KNOBS: dict[str, int | str] = {"algorithm": "direct", "pack_w": 1, "oh_block": 1,
+                                    "loop_order": "fp", "unroll_kw": 0}
+"""The knobs the int8 kernel has one value of."""
+MAX_VECTORS = 4
+
+
+def int8_signature_problems(op: OpSignature) -> list[str]:
+    """Why an int8 conv2d signature has no kernel (empty when it has)."""
+    d = op.dims_dict
+    found = []
+    if d["groups"] != 1:
+        found.append(f"an int8 conv2d is dense (groups=1) so far, not groups={d['groups']}")
+    if d["dil_h"] != 1 or d["dil_w"] != 1:
+        found.append("an int8 conv2d has no dilation so far")
+    if op.epilogue[:2] != ("dequant", "bias"):
+        found.append("an int8 conv2d's epilogue starts with dequant+bias (the zero point's "
+                     f"term is in the bias), not {'+'.join(op.epilogue) or 'none'}")
+    return found
+
+
+def int8_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
+    """Every reason ``s`` is illegal for the int8 conv2d ``op`` on ``hw``."""
+    found = [f"an int8 conv2d takes {knob}={want!r}, not {getattr(s, knob)!r}"
+             for knob, want in INT8_KNOBS.items() if getattr(s, knob) != want]
+    lanes = hw.lanes
+    if s.oc_block < lanes or s.oc_block % lanes or s.oc_block > MAX_VECTORS * lanes:
+        found.append(f"oc_block={s.oc_block} must be 1 to {MAX_VECTORS} vectors of {lanes}")
+    elif s.ow_block < 1 or s.ow_block * (s.oc_block // lanes) > hw.vector_registers // 2:
+        found.append(f"an int8 tile of {s.ow_block} pixels x {s.oc_block} channels needs "
+                     f"more than {hw.vector_registers // 2} accumulators on {hw.isa}")
+    return found + threads_problem(s.threads, hw)
+
+
+def default_int8_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> Conv2dSchedule:
+    """Two vectors of channels (one on 16 registers or for few channels), as many pixels as
+    half the registers hold, at most the row."""
+    nv = 2 if op.dim("F") >= 2 * hw.lanes and hw.vector_registers >= 32 else 1
+    width = max(1, min(hw.vector_registers // 2 // nv, op.out_w, 14))
+    return Conv2dSchedule(oc_block=nv * hw.lanes, ow_block=width, ic_block=16,
+                          threads=threads)
+
+
+def int8_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    """X quantized as the kernel does, padded with the zero point, the integer convolution,
+    then the epilogue."""
+    d = op.dims_dict
+    names = [a.name for a in op.arguments() if a.role == "input"]
+    args = dict(zip(names, inputs, strict=True))
+    x = quantize_u8(from_layout(args["X"], op.attr("layout"), d["C"]), args["qa"])
+    zero = int(np.float32(args["qa"][1]))
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (d["pad_t"], d["pad_b"]),
+                                           (d["pad_l"], d["pad_r"])), constant_values=zero)
+    w = np.asarray(args["W"], dtype=np.float64)
+    p, q = op.out_h, op.out_w
+    acc = np.zeros((d["N"], d["F"], p, q))
+    for r in range(d["R"]):
+        for s in range(d["S"]):
+            patch = padded[:, :, r:r + d["stride_h"] * (p - 1) + 1:d["stride_h"],
+                           s:s + d["stride_w"] * (q - 1) + 1:d["stride_w"]]
+            acc += np.einsum("nchw,fc->nfhw", patch, w[:, :, r, s])
+    operands = {"scale": args["scale"].reshape(1, -1, 1, 1),
+                "bias": args["bias"].reshape(1, -1, 1, 1)}
+    if "add" in args:
+        operands["add"] = from_layout(args["add"], op.attr("out_layout"), d["F"])
+    return to_layout(epilogue_reference(op.epilogue, acc, operands), op.attr("out_layout"))

@@ -1,0 +1,94 @@
+"""int8 conv2d (issue 53): float32 X quantized in the kernel, int8 weights packed once, int32
+accumulation in the dialect's dot products (VNNI where the spec has it, 16-bit pairs or
+portable vectors elsewhere), a dequantizing epilogue; against integer numpy, on every ISA
+level this machine runs and in every layout."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tunecache.compiler.errors import OpSignatureError
+from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.layouts import from_layout, to_layout
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.runtime import check_result, compile_kernel, random_inputs, reference
+from tunecache.compiler.schedule import default_schedule, problems
+
+HW = local_spec()
+SPECS = [*(replace(HW.with_isa(isa), features=()) for isa in runnable_isas(HW))]
+if HW.features:
+    SPECS.append(HW.with_isa(HW.isa))  # with VNNI, where the CPU has it
+CASES = [
+    dict(N=1, C=16, H=8, W=8, F=32, R=3, S=3, pads=1),
+    dict(N=2, C=20, H=7, W=9, F=24, R=3, S=3, pads=(1, 0, 1, 2), stride=2),
+    dict(N=1, C=64, H=6, W=6, F=48, R=1, S=1),
+]
+LAYOUTS = ["nchw", "nchw16c", "nchw8c"]
+
+
+def _op(case: dict[str, object], layout: str, epilogue: str) -> OpSignature:
+    kw = dict(case)
+    dims = [int(kw.pop(k)) for k in ("N", "C", "H", "W", "F", "R", "S")]  # type: ignore[call-overload]
+    return conv2d_op(*dims, **kw, dtype="int8", epilogue=epilogue,  # type: ignore[arg-type]
+                     layout=layout, out_layout=layout)
+
+
+def _name(spec: HardwareSpec) -> str:
+    return spec.isa + ("+" + "+".join(spec.features) if spec.features else "")
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[_name(s) for s in SPECS])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_int8_conv2d_matches_its_reference(hw: HardwareSpec, case: int, layout: str) -> None:
+    op = _op(CASES[case], layout, "dequant+bias+add+relu")
+    inputs = random_inputs(op, seed=case)
+    for threads in (1, 2):
+        out = compile_kernel(op, default_schedule(op, hw, threads), hw)(*inputs)
+        assert check_result(op, inputs, out, reference(op, inputs)) is None
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[_name(s) for s in SPECS])
+def test_int8_conv2d_accumulates_exactly(hw: HardwareSpec) -> None:
+    # Scale 1 and bias 0 leave the integer accumulator itself (exact in float32 here).
+    op = _op(CASES[1], "nchw16c", "dequant+bias")
+    x, w, qa, _, _ = random_inputs(op, seed=5)
+    f = op.dim("F")
+    out = compile_kernel(op, default_schedule(op, hw, 2), hw)(
+        x, w, qa, np.ones(f, np.float32), np.zeros(f, np.float32))
+    plain = from_layout(x, "nchw16c", op.dim("C"))
+    q = np.clip(np.rint(plain / np.float32(qa[0])) + qa[1], 0, 255)
+    padded = np.pad(q, ((0, 0), (0, 0), (1, 1), (0, 2)), constant_values=qa[1])
+    acc = np.zeros((2, f, op.out_h, op.out_w))
+    for r in range(3):
+        for s in range(3):
+            patch = padded[:, :, r:r + 2 * (op.out_h - 1) + 1:2, s:s + 2 * (op.out_w - 1) + 1:2]
+            acc += np.einsum("nchw,fc->nfhw", patch, w[:, :, r, s].astype(np.float64))
+    np.testing.assert_array_equal(out, to_layout(acc.astype(np.float32), "nchw16c"))
+
+
+def test_constant_weights_are_packed_once() -> None:
+    op = _op(CASES[0], "nchw16c", "dequant+bias")
+    inputs = random_inputs(op, seed=2)
+    kernel = compile_kernel(op, default_schedule(op, HW, 2), HW)
+    assert kernel.prepacks_weights
+    bound = kernel.bind_weights(inputs[1])
+    np.testing.assert_array_equal(bound(inputs[0], *inputs[2:]), kernel(*inputs))
+
+
+def test_what_int8_convolutions_do_not_cover_is_refused_by_name() -> None:
+    with pytest.raises(OpSignatureError, match="int8 conv2d is dense"):
+        conv2d_op(1, 16, 8, 8, 16, 3, 3, groups=16, dtype="int8", epilogue="dequant+bias")
+    with pytest.raises(OpSignatureError, match="no dilation"):
+        conv2d_op(1, 16, 8, 8, 16, 3, 3, dilation=2, dtype="int8", epilogue="dequant+bias")
+    with pytest.raises(OpSignatureError, match="starts with dequant\\+bias"):
+        conv2d_op(1, 16, 8, 8, 16, 3, 3, dtype="int8", epilogue="bias")
+    with pytest.raises(OpSignatureError, match="dequant is an int8 conv2d's epilogue step"):
+        conv2d_op(1, 16, 8, 8, 16, 3, 3, epilogue="dequant+bias")
+    op = _op(CASES[0], "nchw16c", "dequant+bias")
+    gemm = replace(default_schedule(op, HW), algorithm="gemm")
+    assert any("int8 conv2d takes algorithm='direct'" in p for p in problems(op, gemm, HW))
