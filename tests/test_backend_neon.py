@@ -132,6 +132,19 @@ def test_bf16_matmul_accumulates_in_float32_under_emulation() -> None:
     assert check_result(op, inputs, out, reference(op, inputs)) is None
 
 
+@needs_tools
+@pytest.mark.parametrize("text", [
+    "matmul(M=7,N=20,K=13,dtype=int8,a_type=dynamic,epilogue=dequant+bias+relu)",
+    "conv2d(N=1,C=20,H=5,W=6,F=24,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,dtype=int8,"
+    "epilogue=dequant+bias+relu)"])
+def test_int8_kernels_with_float32_inputs_compute_the_reference_under_emulation(
+        text: str) -> None:
+    op = OpSignature.parse(text)
+    inputs = random_inputs(op, seed=6)
+    out = compile_kernel(op, default_schedule(op, NEON_HW, 1), NEON_HW)(*inputs)
+    assert check_result(op, inputs, out, reference(op, inputs)) is None
+
+
 @pytest.mark.skipif(native(), reason="an aarch64 host runs whole models and probes natively")
 def test_off_aarch64_a_whole_model_and_the_probes_are_refused_by_name() -> None:
     from tunecache.compiler.errors import BuildError
