@@ -1,12 +1,13 @@
 """The compile-time precision policy: which float32 products run in a lower precision.
 
 ``fp32`` (the default) runs every kernel as the model says. ``bf16`` runs the products with
-constant weights (the ``matmul`` nodes ONNX ``MatMul`` and ``Gemm`` became) as bf16 kernels
-with float32 accumulation, what OpenVINO's CPU plugin does by default on hardware with
-bf16 dot products: the weights are rounded to bfloat16 once, here, and the kernel rounds
-its float32 activations while packing them (``a_type=float32``), so the graph around it
-is unchanged. Products of two activations (attention) and convolutions stay float32 (no
-bf16 kernels for them yet). On hardware whose dialect has no bf16 dot product (no
+constant weights (the ``matmul`` nodes ONNX ``MatMul`` and ``Gemm`` became, and dense,
+undilated ``conv2d`` nodes) as bf16 kernels with float32 accumulation, what OpenVINO's CPU
+plugin does by default on hardware with bf16 dot products: the weights are rounded to
+bfloat16 once, here, and the kernel rounds its float32 activations while packing them, so
+the graph around it is unchanged. Products of two activations (attention) and grouped or
+depthwise convolutions stay float32 (no bf16 kernels for them yet). On hardware whose
+dialect has no bf16 dot product (no
 AVX512-BF16 or AMX-BF16) the policy keeps float32 and says so: the widening emulation
 would be slower than float32.
 """
@@ -23,10 +24,14 @@ from tunecache.compiler.elements import to_bfloat16
 from tunecache.compiler.graph import Graph, KernelNode, ModelError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.matmul import ACTIVATIONS, matmul_op
+from tunecache.compiler.ops import OpSignature
 
 __all__ = ["PRECISIONS", "PrecisionPlan", "apply_precision"]
 
 PRECISIONS = ("fp32", "bf16")
+MIN_BF16_CHANNELS = 8
+"""Convolutions of fewer input channels (an RGB stem) stay float32: the kernel packs
+channels in groups of 16."""
 """The precisions a model can be compiled at."""
 
 
@@ -64,9 +69,11 @@ def apply_precision(graph: Graph, hw: HardwareSpec, precision: str) -> tuple[Gra
 
 
 def _bf16_node(node: KernelNode, constants: dict[str, np.ndarray]) -> KernelNode:
-    """``node`` as a bf16 kernel when it is a float32 matmul with constant weights and an
-    epilogue the bf16 kernel has (bias, one activation); else ``node`` itself."""
+    """``node`` as a bf16 kernel when it is a float32 matmul or dense conv2d with constant
+    weights and an epilogue the bf16 kernel has; else ``node`` itself."""
     op = node.op
+    if op.kind == "conv2d" and op.dtype == "float32":
+        return _bf16_conv(node, constants)
     if op.kind != "matmul" or op.dtype != "float32" or op.trans_a:
         return node
     weights = constants.get(node.inputs[1])
@@ -81,4 +88,20 @@ def _bf16_node(node: KernelNode, constants: dict[str, np.ndarray]) -> KernelNode
         constants[name] = bits
     sig = matmul_op(d["M"], d["N"], d["K"], epilogue=op.epilogue, dtype="bf16",
                     a_type="float32")
+    return replace(node, op=sig, inputs=(node.inputs[0], name, *node.inputs[2:]))
+
+
+def _bf16_conv(node: KernelNode, constants: dict[str, np.ndarray]) -> KernelNode:
+    op = node.op
+    d = op.dims_dict
+    weights = constants.get(node.inputs[1])
+    if weights is None or d["groups"] != 1 or (d["dil_h"], d["dil_w"]) != (1, 1) or \
+            d["C"] < MIN_BF16_CHANNELS:
+        return node
+    name = f"{node.inputs[1]}/bf16"
+    if name not in constants:
+        bits = to_bfloat16(weights)
+        bits.flags.writeable = False
+        constants[name] = bits
+    sig = OpSignature(op.kind, op.dims, "bf16", op.attrs, op.epilogue)
     return replace(node, op=sig, inputs=(node.inputs[0], name, *node.inputs[2:]))

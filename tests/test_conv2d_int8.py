@@ -1,7 +1,8 @@
-"""int8 conv2d (issue 53): float32 X quantized in the kernel, int8 weights packed once, int32
-accumulation in the dialect's dot products (VNNI where the spec has it, 16-bit pairs or
-portable vectors elsewhere), a dequantizing epilogue; against integer numpy, on every ISA
-level this machine runs and in every layout."""
+"""int8 and bf16 conv2d (issue 53): float32 X quantized (or rounded to bfloat16) in the
+kernel, weights packed once, int32 (float32) accumulation in the dialect's dot products
+(VNNI / AVX512-BF16 where the spec has them, 16-bit pairs, widening FMAs or portable
+vectors elsewhere), a dequantizing epilogue for int8; against numpy, on every ISA level this
+machine runs and in every layout."""
 
 from __future__ import annotations
 
@@ -91,4 +92,18 @@ def test_what_int8_convolutions_do_not_cover_is_refused_by_name() -> None:
         conv2d_op(1, 16, 8, 8, 16, 3, 3, epilogue="dequant+bias")
     op = _op(CASES[0], "nchw16c", "dequant+bias")
     gemm = replace(default_schedule(op, HW), algorithm="gemm")
-    assert any("int8 conv2d takes algorithm='direct'" in p for p in problems(op, gemm, HW))
+    assert any("low-precision conv2d takes algorithm='direct'" in p for p in problems(op, gemm, HW))
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[_name(s) for s in SPECS])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_bf16_conv2d_accumulates_in_float32(hw: HardwareSpec, case: int) -> None:
+    # X rounded to bfloat16 in the kernel, bfloat16 weights, float32 accumulators.
+    kw = dict(CASES[case])
+    dims = [int(kw.pop(k)) for k in ("N", "C", "H", "W", "F", "R", "S")]  # type: ignore[call-overload]
+    op = conv2d_op(*dims, **kw, dtype="bf16", epilogue="bias+add+relu",  # type: ignore[arg-type]
+                   layout="nchw16c", out_layout="nchw16c")
+    inputs = random_inputs(op, seed=case)
+    assert [x.dtype for x in inputs[:2]] == [np.float32, np.uint16]
+    out = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
+    assert check_result(op, inputs, out, reference(op, inputs)) is None

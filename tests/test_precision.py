@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx_support import bert_layer_model, mlp_model
+from onnx_support import bert_layer_model, mlp_model, resnet_model
 from test_cli_compiler import tunecache
 
 from tunecache.compiler import frontend
@@ -93,3 +93,15 @@ def test_the_cli_takes_a_precision_and_reports_it(tmp_path: Path) -> None:
     assert ("accuracy" in report) == BF16
     bad = tunecache("compile", str(path), "--precision", "fp8")
     assert bad.returncode == 2 and "'fp8' is not one of 'fp32', 'bf16'" in bad.stderr
+
+
+@pytest.mark.skipif(WITH_BF16 is None, reason="needs AVX-512 to generate bf16 kernels for")
+def test_dense_convolutions_become_bf16_and_rgb_stems_stay_float32() -> None:
+    assert WITH_BF16 is not None
+    graph = _graph(resnet_model())
+    lowered, plan = apply_precision(graph, WITH_BF16, "bf16")
+    convs = [n.op for n in lowered.kernel_nodes if n.op.kind == "conv2d"]
+    assert {op.dtype for op in convs if op.dim("C") >= 8} == {"bf16"}
+    assert {op.dtype for op in convs if op.dim("C") < 8} == {"float32"}
+    assert plan.nodes == sum(op.dtype == "bf16" for op in convs) + sum(
+        n.op.dtype == "bf16" for n in lowered.kernel_nodes if n.op.kind == "matmul")

@@ -20,6 +20,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
+from tunecache.compiler.elements import to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
@@ -110,7 +111,7 @@ def _signature_problems(op: OpSignature) -> list[str]:
         found.append(f"input channels C={d['C']} are not divisible by groups={g}")
     if d["F"] % g:
         found.append(f"output channels F={d['F']} are not divisible by groups={g}")
-    if op.dtype == "int8":
+    if op.dtype != "float32":
         found += int8_signature_problems(op)
     elif "dequant" in op.epilogue:
         found.append("dequant is an int8 conv2d's epilogue step")
@@ -124,7 +125,7 @@ def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     args = [
         TensorArg("X", tensor_shape(d["N"], d["C"], d["H"], d["W"], op.attr("layout")), "input"),
         TensorArg("W", (d["F"], d["C"] // d["groups"], d["R"], d["S"]), "input",
-                  "int8" if int8 else "float32"),
+                  {"int8": "int8", "bf16": "bfloat16"}.get(op.dtype, "float32")),
     ]
     if int8:
         args.append(TensorArg("qa", (2,), "input"))
@@ -181,7 +182,7 @@ def conv2d_nchw(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stride: t
 
 
 def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
-    if op.dtype == "int8":
+    if op.dtype != "float32":
         return int8_reference(op, inputs)
     d = op.dims_dict
     has_bias = "bias" in op.epilogue
@@ -208,6 +209,8 @@ def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarra
     for arg in op.arguments()[1:-1]:
         if arg.dtype == "int8":
             out.append(rng.integers(-128, 128, size=arg.shape).astype(np.int8))
+        elif arg.dtype == "bfloat16":
+            out.append(to_bfloat16(rng.standard_normal(arg.shape, dtype=np.float32)))
         elif arg.name == "qa":
             out.append(np.array([1 / 32, 128], np.float32))
         elif arg.name == "add":
@@ -219,11 +222,11 @@ def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarra
 
 
 def _problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
-    return int8_problems(op, s, hw) if op.dtype == "int8" else conv2d_problems(op, s, hw)
+    return conv2d_problems(op, s, hw) if op.dtype == "float32" else int8_problems(op, s, hw)
 
 
 def _default_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> Conv2dSchedule:
-    if op.dtype == "int8":
+    if op.dtype != "float32":
         return default_int8_schedule(op, hw, threads)
     return default_conv2d_schedule(op, hw, threads)
 
@@ -260,7 +263,7 @@ KIND = register(OpKind(
         },
         check=_signature_problems,
         omit_default=frozenset({"out_layout"}),
-        dtypes=("float32", "int8"),
+        dtypes=("float32", "int8", "bf16"),
     ),
     arguments=_arguments,
     flops=_flops,

@@ -38,7 +38,7 @@ from tunecache.compiler.kinds.conv2d.direct_plan import flattened, reduces_in_ch
 from tunecache.compiler.kinds.conv2d.direct_tile import blocked_store, direct_ukr
 from tunecache.compiler.kinds.conv2d.emit_direct import generate_direct
 from tunecache.compiler.kinds.conv2d.emit_gemm import generate_gemm
-from tunecache.compiler.kinds.conv2d.emit_int8 import generate_int8
+from tunecache.compiler.kinds.conv2d.emit_int8 import generate_lowp_conv
 from tunecache.compiler.kinds.conv2d.emit_plane import generate_plane
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, flat_pixels
 from tunecache.compiler.kinds.conv2d.winograd import generate_winograd
@@ -49,8 +49,8 @@ __all__ = ["blocked_store", "direct_ukr", "generate_conv2d", "reduces_in_chunks"
 
 def generate_conv2d(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     """The C translation unit for the conv2d ``op`` under ``s`` (validated by the caller)."""
-    if op.dtype == "int8":
-        return generate_int8(op, s, d)
+    if op.dtype != "float32":
+        return generate_lowp_conv(op, s, d)
     if s.algorithm == "gemm":
         return generate_gemm(op, s, d)
     if s.algorithm == "winograd":

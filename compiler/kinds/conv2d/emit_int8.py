@@ -1,13 +1,15 @@
-"""C code of the int8 conv2d kernel (``dtype=int8``, a ``direct`` schedule).
+"""C code of the int8 and bf16 conv2d kernels (``dtype=int8|bf16``, a ``direct`` schedule).
 
 Dense convolutions (one group, no dilation) of float32 activations: each call quantizes X
 with ``qa = [scale, zero point]`` into ``Xq[N][CB][Hp][Wp][16]`` (uint8, 16 channels a
 pixel, the border and the channels past C filled with the zero point, which the zero-point
-term of the bias already accounts for), then each thread takes (image, ``oc_block`` tile,
+term of the bias already accounts for) — for bf16, rounds X to bfloat16 there, the border
+and spare channels zero — then each thread takes (image, ``oc_block`` tile,
 output row) items: a register tile of ``ow_block`` pixels x ``oc_block / lanes`` vectors of
 int32 accumulators sums, for every 16-channel block, tap and ``IGROUP`` of channels, the
 dialect's dot product of the pixel's ``IGROUP`` broadcast channels with a vector of packed
-weights (``IsaDialect.int8``: ``vpdpbusd`` with VNNI). The weights (int8 ``[F][C][R][S]``)
+weights (``IsaDialect.int8``: ``vpdpbusd`` with VNNI; ``IsaDialect.bf16``: ``vdpbf16ps`` with
+AVX512-BF16, float32 accumulators). The weights (int8 or bfloat16 ``[F][C][R][S]``)
 are packed once into ``[F/oc_block][CB][R][S][16/IGROUP][oc_block][IGROUP]``. The epilogue
 (``dequant`` per-channel scales, ``bias``, a residual ``add``, an activation) runs on whole
 vectors of output channels into Y in its layout. ``ic_block``, ``loop_order`` and
@@ -27,19 +29,20 @@ from tunecache.compiler.ops import OpSignature
 CB_LANES = 16
 """Channels a packed input pixel holds (a multiple of every vocabulary's ``IGROUP``)."""
 
+TYPES = {"int8": ("uint8_t", "int8_t", "int32_t"), "bf16": ("uint16_t", "uint16_t", "float")}
+"""C types of the packed input, the weights as given and the accumulators, per dtype."""
+
 _TYPES = """\
-typedef uint8_t ta_t;
-typedef int8_t tb_t;
 #define CB ((C + 15) / 16)
 #define GPB (16 / IGROUP)
 #define FT ((FOUT + OCB - 1) / OCB)  /* FOUT: F, or a blocked Y's F with its spare lanes */
 /* a row narrower than a tile reads past its end: slack for the last row */
-#define XQ_BYTES (((long)NB * CB * HP * WP * 16 + OWB * SW * 16 + 63) / 64 * 64)
+#define XQ_BYTES ((((long)NB * CB * HP * WP + OWB * SW) * 16 * (long)sizeof(ta_t) + 63) / 64 * 64)
 #define WQ_ITEMS ((long)FT * CB * R * S * GPB * OCB * IGROUP)
 """
 
 _PACK_W = """\
-/* W (F x C x R x S, int8) into [FT][CB][R][S][GPB][OCB][IGROUP] of ib_t, zero-padded. */
+/* W (F x C x R x S) into [FT][CB][R][S][GPB][OCB][IGROUP] of ib_t, zero-padded. */
 static void tc_q_pack_w(const tb_t *w, ib_t *wp) {
   long i = 0;
   for (long t = 0; t < FT; t++)
@@ -83,6 +86,33 @@ static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long
   }
 }
 """
+_ROUND_X = """\
+/* X's rows [lo, hi) of (n, cb, hp) into Xq as bfloat16 (nearest, ties to even); the border
+   and the channels past C (zeros in X) are zero. */
+static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
+  (void)qa;
+  for (long item = lo; item < hi; item++) {
+    const long hp = item % HP, cb = item / HP % CB, n = item / HP / CB, h = hp - PT;
+    ta_t *restrict row = Xq + item * WP * 16;
+    if (h < 0 || h >= H) {
+      memset(row, 0, WP * 16 * sizeof(ta_t));
+      continue;
+    }
+    memset(row, 0, PL * 16 * sizeof(ta_t));
+    memset(row + (PL + W) * 16, 0, (WP - PL - W) * 16 * sizeof(ta_t));
+    for (long w = 0; w < W; w++) {
+      ta_t *restrict out = row + (PL + w) * 16;
+      for (long k = 0; k < 16; k++) {
+        const float v = X_AT;
+        uint32_t b;
+        memcpy(&b, &v, sizeof b);
+        out[k] = (ta_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+      }
+    }
+  }
+}
+"""
+
 _BODY = """\
   ta_t *Xq = (ta_t *)ws;
   long lo, hi;
@@ -134,7 +164,7 @@ def _finish(op: OpSignature, d: IsaDialect) -> str:
     whole = (f"    if (f + LANES <= F) {{\n      vec v = VCVTI(acc + j);\n      {vector}\n"
              "      VSTOREU(Y + at, v);\n      continue;\n    }\n") if contiguous else ""
     padded = "FOUT"  # a blocked Y's channels past F are zeros, as every kernel leaves them
-    return ("static inline void tc_q_store(const int32_t *acc, const float *scale,\n"
+    return ("static inline void tc_q_store(const tacc_t *acc, const float *scale,\n"
             "    const float *bias, const float *add, float *Y, long n, long f0, long oh,\n"
             "    long ow) {\n  (void)add;\n"
             f"  for (long j = 0; j < OCB && f0 + j < {padded}; j += LANES) {{\n"
@@ -165,7 +195,7 @@ def _row(nv: int, owb: int) -> str:
     return (
         "static void tc_q_row(const ta_t *Xq, const ib_t *Wq, const float *scale,\n"
         "    const float *bias, const float *add, float *Y, long n, long t, long oh) {\n"
-        "  int32_t out[OCB] __attribute__((aligned(64)));\n"
+        "  tacc_t out[OCB] __attribute__((aligned(64)));\n"
         "  for (long ow0 = 0; ow0 < Q; ow0 += OWB) {\n"
         "    const long first = Q >= OWB ? MIN(ow0, Q - OWB) : 0;\n"
         f"    ivec {', '.join(f'{c} = IZERO()' for c in acc)};\n"
@@ -181,21 +211,28 @@ def _row(nv: int, owb: int) -> str:
         + stores + "  }\n}\n")
 
 
-def generate_int8(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
-    """The int8 kernel of ``op`` under the (legal) direct schedule ``s`` in dialect ``d``."""
+def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
+    """The int8 or bf16 kernel of ``op`` under the (legal) direct schedule ``s`` in dialect
+    ``d``."""
     x = channel_block(op.attr("out_layout"))
     constants = {**shape_constants(op), "OCB": s.oc_block, "OWB": s.ow_block,
                  "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F")}
     packed = PackedWeights("((WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
                            "  tc_q_pack_w((const tb_t *)weights, (ib_t *)packed);")
     body = _BODY
+    ta, tb, tacc = TYPES[op.dtype]
+    int8 = op.dtype == "int8"
     return "\n".join([
-        preamble(d, constants, s.threads), "#include <stdint.h>\n#include <string.h>", d.int8, _TYPES,
-        "#define VCVTI(p) tc_cvt_i32(p)\n" + _CVT,
-        scalar_helpers(op.epilogue), _PACK_W, _PACK_X.replace("X_AT", _x_index(op)),
+        preamble(d, constants, s.threads), "#include <stdint.h>\n#include <string.h>",
+        d.int8 if int8 else d.bf16,
+        f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tacc} tacc_t;\n" + _TYPES,
+        "#define VCVTI(p) tc_cvt_i32(p)\n" + _CVT if int8 else "#define VCVTI(p) VLOAD(p)\n",
+        scalar_helpers(op.epilogue), _PACK_W,
+        (_PACK_X if int8 else _ROUND_X).replace("X_AT", _x_index(op)),
         _finish(op, d), _row(s.oc_block // d.lanes, s.ow_block),
         kernel_entries(op, lambda once: body % (_PACKED_ONCE if once else _PACK_PER_CALL),
-                       threads=s.threads, rename={"W": "Wt"}, optional=("add",),
+                       threads=s.threads, rename={"W": "Wt"},
+                       optional=("qa", "scale", "add"),
                        ws_floats="((XQ_BYTES + WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
                        packed=packed, packed_ws_floats="((XQ_BYTES + 3) / 4)"),
     ])

@@ -1,10 +1,13 @@
-"""What the int8 conv2d (``dtype=int8``) adds to the kind: its signature's rules, the knobs
-its kernel has (``emit_int8.py``), its default schedule and its numpy reference.
+"""What the int8 and bf16 conv2d (``dtype=int8|bf16``) add to the kind: their signatures'
+rules, the knobs their kernel has (``emit_int8.py``), its default schedule and the numpy
+reference.
 
-An int8 conv2d is dense (one group), undilated, takes float32 X with ``qa = [scale, zero
-point]`` (quantized to uint8 inside the kernel, the padding at the zero point), int8 W
+Both are dense (one group), undilated and take float32 X. An int8 conv2d has ``qa = [scale,
+zero point]`` (X quantized to uint8 inside the kernel, the padding at the zero point), int8 W
 ``[F,C,R,S]`` and an epilogue that starts ``dequant+bias``: per-output-channel scales, then
-the bias that holds the zero point's term, then ``add`` and an activation as for float32.
+the bias that holds the zero point's term, then ``add`` and an activation as for float32. A
+bf16 conv2d rounds X to bfloat16 inside the kernel, takes bfloat16 W and accumulates in
+float32; its epilogue is float32's.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
+from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import from_layout, to_layout
@@ -28,14 +32,18 @@ MAX_VECTORS = 4
 
 
 def int8_signature_problems(op: OpSignature) -> list[str]:
-    """Why an int8 conv2d signature has no kernel (empty when it has)."""
+    """Why an int8 or bf16 conv2d signature has no kernel (empty when it has)."""
     d = op.dims_dict
     found = []
+    a = f"an {op.dtype}" if op.dtype[0] in "aeiou" else f"a {op.dtype}"
     if d["groups"] != 1:
-        found.append(f"an int8 conv2d is dense (groups=1) so far, not groups={d['groups']}")
+        found.append(f"{a} conv2d is dense (groups=1) so far, not groups={d['groups']}")
     if d["dil_h"] != 1 or d["dil_w"] != 1:
-        found.append("an int8 conv2d has no dilation so far")
-    if op.epilogue[:2] != ("dequant", "bias"):
+        found.append(f"{a} conv2d has no dilation so far")
+    if op.dtype == "bf16":
+        if "dequant" in op.epilogue:
+            found.append("dequant is an int8 conv2d's epilogue step")
+    elif op.epilogue[:2] != ("dequant", "bias"):
         found.append("an int8 conv2d's epilogue starts with dequant+bias (the zero point's "
                      f"term is in the bias), not {'+'.join(op.epilogue) or 'none'}")
     return found
@@ -43,13 +51,13 @@ def int8_signature_problems(op: OpSignature) -> list[str]:
 
 def int8_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
     """Every reason ``s`` is illegal for the int8 conv2d ``op`` on ``hw``."""
-    found = [f"an int8 conv2d takes {knob}={want!r}, not {getattr(s, knob)!r}"
+    found = [f"a low-precision conv2d takes {knob}={want!r}, not {getattr(s, knob)!r}"
              for knob, want in INT8_KNOBS.items() if getattr(s, knob) != want]
     lanes = hw.lanes
     if s.oc_block < lanes or s.oc_block % lanes or s.oc_block > MAX_VECTORS * lanes:
         found.append(f"oc_block={s.oc_block} must be 1 to {MAX_VECTORS} vectors of {lanes}")
     elif s.ow_block < 1 or s.ow_block * (s.oc_block // lanes) > hw.vector_registers // 2:
-        found.append(f"an int8 tile of {s.ow_block} pixels x {s.oc_block} channels needs "
+        found.append(f"a {op.dtype} tile of {s.ow_block} pixels x {s.oc_block} channels needs "
                      f"more than {hw.vector_registers // 2} accumulators on {hw.isa}")
     return found + threads_problem(s.threads, hw)
 
@@ -65,12 +73,17 @@ def default_int8_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -
 
 def int8_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     """X quantized as the kernel does, padded with the zero point, the integer convolution,
-    then the epilogue."""
+    then the epilogue (bf16: X rounded to bfloat16, padded with zeros, W's values)."""
     d = op.dims_dict
     names = [a.name for a in op.arguments() if a.role == "input"]
     args = dict(zip(names, inputs, strict=True))
-    x = quantize_u8(from_layout(args["X"], op.attr("layout"), d["C"]), args["qa"])
-    zero = int(np.float32(args["qa"][1]))
+    plain = from_layout(args["X"], op.attr("layout"), d["C"])
+    if op.dtype == "int8":
+        x = quantize_u8(plain, args["qa"])
+        zero = int(np.float32(args["qa"][1]))
+    else:
+        x = from_bfloat16(to_bfloat16(np.asarray(plain, dtype=np.float32)))
+        zero = 0
     padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (d["pad_t"], d["pad_b"]),
                                            (d["pad_l"], d["pad_r"])), constant_values=zero)
     w = np.asarray(args["W"], dtype=np.float64)
@@ -81,8 +94,8 @@ def int8_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
             patch = padded[:, :, r:r + d["stride_h"] * (p - 1) + 1:d["stride_h"],
                            s:s + d["stride_w"] * (q - 1) + 1:d["stride_w"]]
             acc += np.einsum("nchw,fc->nfhw", patch, w[:, :, r, s])
-    operands = {"scale": args["scale"].reshape(1, -1, 1, 1),
-                "bias": args["bias"].reshape(1, -1, 1, 1)}
+    operands: dict[str, np.ndarray] = {name: args[name].reshape(1, -1, 1, 1)
+                                       for name in ("scale", "bias") if name in args}
     if "add" in args:
         operands["add"] = from_layout(args["add"], op.attr("out_layout"), d["F"])
     return to_layout(epilogue_reference(op.epilogue, acc, operands), op.attr("out_layout"))
