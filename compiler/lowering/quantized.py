@@ -204,17 +204,25 @@ def _weights(origin: QuantizedConstant | None, trans_b: bool) -> _Weights | str:
     """The int8 ``[K, N]`` weights and per-column scales of a dequantized constant B."""
     if origin is None or origin.values.ndim != 2:
         return "B is not a dequantized 2-D integer constant"
-    params = origin.along(0 if trans_b else 1)
+    found = _int8_weights(origin, 0 if trans_b else 1, "B")
+    if isinstance(found, str):
+        return found
+    values, scale = found
+    return _Weights(np.ascontiguousarray(values.T if trans_b else values), scale)
+
+
+def _int8_weights(origin: QuantizedConstant, axis: int, what: str
+                  ) -> tuple[np.ndarray, np.ndarray] | str:
+    """``origin``'s values as int8 (uint8 ones with zero point 128 moved down by 128) and
+    their scales along ``axis``, or why not (scales along another axis, other zero points)."""
+    params = origin.along(axis)
     if params is None:
-        return "B's scales vary along K"
+        return f"{what}'s scales vary along another axis"
     scale, zero = params
     midpoint = 128 if origin.values.dtype == np.uint8 else 0
     if np.any(zero != midpoint):
-        return f"B's zero points are not all {midpoint}"
-    values = origin.values.T if trans_b else origin.values
-    if midpoint:
-        values = (values.astype(np.int16) - 128).astype(np.int8)
-    return _Weights(np.ascontiguousarray(values, dtype=np.int8), scale)
+        return f"{what}'s zero points are not all {midpoint}"
+    return (origin.values.astype(np.int16) - midpoint).astype(np.int8), scale
 
 
 def _folded_bias(ctx: FusionContext, bias: str | None, n: int, scale: np.ndarray,
@@ -368,15 +376,7 @@ def lower_quantized_conv(ctx: FusionContext, position: int) -> Any:
 
 def _conv_weights(origin: QuantizedConstant) -> tuple[np.ndarray, np.ndarray] | str:
     """int8 ``[F, C, R, S]`` weights and their per-output-channel scales."""
-    params = origin.along(0)
-    if params is None:
-        return "the weights' scales vary along another axis than the output channels"
-    scale, zero = params
-    midpoint = 128 if origin.values.dtype == np.uint8 else 0
-    if np.any(zero != midpoint):
-        return f"the weights' zero points are not all {midpoint}"
-    values = (origin.values.astype(np.int16) - midpoint).astype(np.int8)
-    return np.ascontiguousarray(values), scale
+    return _int8_weights(origin, 0, "the weights")
 
 
 def _conv_activation(ctx: FusionContext, position: int) -> tuple[list[int], str, tuple[str, ...]]:
