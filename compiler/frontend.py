@@ -263,19 +263,22 @@ def inspect_model(path_or_model: str | Path | onnx.ModelProto | ModelSource,
 
 def kernel_ops(path: str | Path | onnx.ModelProto,
                input_shapes: Mapping[str, Sequence[int]] | None = None,
-               hw: HardwareSpec | None = None) -> list[tuple[OpSignature, int, str]]:
+               hw: HardwareSpec | None = None,
+               precision: str = "fp32") -> list[tuple[OpSignature, int, str]]:
     """The distinct kernel ops of a model: ``(op, count, label)`` in first-use order.
 
     ``label`` names the kernel nodes using the op (the first few, then how many more).
-    With ``hw``, the ops a model compiled for ``hw`` runs: the graph passes run first
-    (:func:`tunecache.compiler.passes.plan_graph`: activations' layouts planned, reorders
-    included, then kernel pairs fused).
+    With ``hw``, the ops a model compiled for ``hw`` at ``precision`` runs: the graph passes
+    run first (:func:`tunecache.compiler.passes.plan_graph`: activations' layouts planned,
+    reorders included, then kernel pairs fused; then the precision policy,
+    :func:`tunecache.compiler.precision.apply_precision`).
     """
     graph = load_graph(path, input_shapes)
     if hw is not None:
         from tunecache.compiler.passes import plan_graph
+        from tunecache.compiler.precision import apply_precision
 
-        graph = plan_graph(graph, hw)
+        graph, _ = apply_precision(plan_graph(graph, hw), hw, precision)
     users: dict[OpSignature, list[str]] = {}
     for node in graph.kernel_nodes:
         users.setdefault(node.op, []).append(node.name)

@@ -105,3 +105,20 @@ def test_dense_convolutions_become_bf16_and_rgb_stems_stay_float32() -> None:
     assert {op.dtype for op in convs if op.dim("C") < 8} == {"float32"}
     assert plan.nodes == sum(op.dtype == "bf16" for op in convs) + sum(
         n.op.dtype == "bf16" for n in lowered.kernel_nodes if n.op.kind == "matmul")
+
+
+@pytest.mark.skipif(not BF16, reason="needs a CPU with AVX512-BF16 to run bf16 kernels")
+def test_tuning_a_model_at_bf16_tunes_the_kernels_it_will_run(tmp_path: Path) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(), path)
+    ops = [op for op, _, _ in frontend.kernel_ops(path, hw=HW, precision="bf16")]
+    assert any(op.dtype == "bf16" for op in ops)
+    result = tunecache("tune", "--model", str(path), "--precision", "bf16", "--trials", "2",
+                       "--no-refine", "--no-baseline", "--publish", "--root",
+                       str(tmp_path / "store"), "--json")
+    assert result.returncode == 0, result.stderr
+    tuned = {op["op"] for op in json.loads(result.stdout)["ops"] if op["status"] == "tuned"}
+    assert {op.text for op in ops if op.dtype == "bf16"} <= tuned
+    compiled = tunecache("compile", str(path), "--precision", "bf16", "--policy", "cache-only",
+                         "--root", str(tmp_path / "store"), "--json")
+    assert json.loads(compiled.stdout)["actions"] == {"cache": len(ops)}

@@ -12,6 +12,7 @@ import click
 from tunecache.cache.store import Store
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.precision import PRECISIONS
 from tunecache.datasets.suites import SUITES, Workload
 from tunecache.tuner.cli.common import (
     emit_json,
@@ -114,6 +115,9 @@ def _print_summary(summary: JobSummary) -> None:
 @click.option("--model", "models", multiple=True, type=click.Path(path_type=Path),
               help="An ONNX model: every kernel-worthy node, counted. Repeatable.")
 @input_shape_option
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+              help="With --model: tune the kernels the model runs when compiled at this "
+                   "precision (compile --precision bf16).")
 @click.option("--wanted", is_flag=True, help="The ops deployments missed in the cache.")
 @click.option("--budget", default=None, metavar="DURATION",
               help="Wall time for the whole job, split by benefit: 600, 90s, 15m, 1h, 1.5h, "
@@ -137,7 +141,8 @@ def _print_summary(summary: JobSummary) -> None:
 @hardware_option
 @json_option
 def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Path, ...],
-                 input_shapes: tuple[str, ...], wanted: bool, budget: str | None, trials: int,
+                 input_shapes: tuple[str, ...], precision: str, wanted: bool,
+                 budget: str | None, trials: int,
                  explore: int, retune: bool, no_refine: bool,
                  threads: int | None, no_baseline: bool, publish: bool, train: bool,
                  root: str | None, job_id: str | None, ray_address: str | None, quiet: bool,
@@ -156,7 +161,8 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
     store = Store(root)
     workloads, more = collect_workloads(suites=suites, ops=ops,
                                         models=[m for m in models if str(m) in shapes],
-                                        wanted=wanted, store=store, hw=hw, model_shapes=shapes)
+                                        wanted=wanted, store=store, hw=hw, model_shapes=shapes,
+                                        precision=precision)
     problems += more
     for problem in problems:
         click.echo(f"warning: {problem}", err=True)

@@ -180,12 +180,14 @@ def collect_workloads(
     store: Store | None = None,
     hw: HardwareSpec | None = None,
     model_shapes: Mapping[str, Mapping[str, Sequence[int]] | None] | None = None,
+    precision: str = "fp32",
 ) -> tuple[list[Workload], list[str]]:
     """Workloads from every source, and one message per source that could not be used.
 
     A bad source (unknown suite, malformed op text, unreadable model) is reported and
     skipped; the others are still used. ``model_shapes`` fixes dynamic input shapes per
-    model (keyed by the model's path as given).
+    model (keyed by the model's path as given); ``precision`` is the one the models will be
+    compiled at (their kernels at it are tuned).
     """
     found: list[Workload] = []
     problems: list[str] = []
@@ -203,7 +205,7 @@ def collect_workloads(
             problems.append(str(exc))
     for path in models:
         try:
-            found += model_workloads(path, hw, (model_shapes or {}).get(str(path)))
+            found += model_workloads(path, hw, (model_shapes or {}).get(str(path)), precision)
         except TunecacheError as exc:
             problems.append(f"model {path}: {exc}")
     if wanted:
@@ -219,14 +221,16 @@ def collect_workloads(
 
 
 def model_workloads(path: str | Path, hw: HardwareSpec | None = None,
-                    input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[Workload]:
+                    input_shapes: Mapping[str, Sequence[int]] | None = None,
+                    precision: str = "fp32") -> list[Workload]:
     """The kernel ops of an ONNX model, counted: with ``hw``, the ops (layouts and
-    reorders included) that the model compiled for ``hw`` runs; ``input_shapes`` fixes
-    its dynamic inputs (a transformer export's batch and sequence)."""
+    reorders included) that the model compiled for ``hw`` at ``precision`` runs;
+    ``input_shapes`` fixes its dynamic inputs (a transformer export's batch and sequence)."""
     from tunecache.compiler import frontend
 
     return [Workload(op, count, f"{Path(path).name}: {label}")
-            for op, count, label in frontend.kernel_ops(path, input_shapes, hw=hw)]
+            for op, count, label in frontend.kernel_ops(path, input_shapes, hw=hw,
+                                                        precision=precision)]
 
 
 # -- the job -------------------------------------------------------------------------------
