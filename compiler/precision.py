@@ -1,8 +1,8 @@
 """The compile-time precision policy: which float32 products run in a lower precision.
 
 ``fp32`` (the default) runs every kernel as the model says. ``bf16`` runs the products with
-constant weights (the ``matmul`` nodes ONNX ``MatMul`` and ``Gemm`` became, and dense,
-undilated ``conv2d`` nodes) as bf16 kernels with float32 accumulation, what OpenVINO's CPU
+constant weights whose kind has a bf16 kernel for them (``OpKind.bf16_variant``: matmuls,
+dense undilated convolutions) as bf16 kernels with float32 accumulation, what OpenVINO's CPU
 plugin does by default on hardware with bf16 dot products: the weights are rounded to
 bfloat16 once, here, and the kernel rounds its float32 activations while packing them, so
 the graph around it is unchanged. Products of two activations (attention) and grouped or
@@ -23,15 +23,11 @@ from tunecache.compiler.backends import backend_for
 from tunecache.compiler.elements import to_bfloat16
 from tunecache.compiler.graph import Graph, KernelNode, ModelError
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds.matmul import ACTIVATIONS, matmul_op
-from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.kinds import op_kind
 
 __all__ = ["PRECISIONS", "PrecisionPlan", "apply_precision"]
 
 PRECISIONS = ("fp32", "bf16")
-MIN_BF16_CHANNELS = 8
-"""Convolutions of fewer input channels (an RGB stem) stay float32: the kernel packs
-channels in groups of 16."""
 """The precisions a model can be compiled at."""
 
 
@@ -69,39 +65,19 @@ def apply_precision(graph: Graph, hw: HardwareSpec, precision: str) -> tuple[Gra
 
 
 def _bf16_node(node: KernelNode, constants: dict[str, np.ndarray]) -> KernelNode:
-    """``node`` as a bf16 kernel when it is a float32 matmul or dense conv2d with constant
-    weights and an epilogue the bf16 kernel has; else ``node`` itself."""
-    op = node.op
-    if op.kind == "conv2d" and op.dtype == "float32":
-        return _bf16_conv(node, constants)
-    if op.kind != "matmul" or op.dtype != "float32" or op.trans_a:
+    """``node`` as its kind's bf16 kernel (``OpKind.bf16_variant``) when it has one and
+    constant weights, those rounded to bfloat16 once (per weights and orientation); else
+    ``node`` itself."""
+    variant = op_kind(node.op.kind).bf16_variant
+    found = variant(node.op) if variant is not None else None
+    weights = constants.get(node.inputs[1]) if found is not None else None
+    if found is None or weights is None:
         return node
-    weights = constants.get(node.inputs[1])
-    if weights is None or any(step not in ("bias", *ACTIVATIONS) for step in op.epilogue):
-        return node
-    d = op.dims_dict
-    b = weights.reshape((d["N"], d["K"]) if op.trans_b else (d["K"], d["N"]))
-    name = f"{node.inputs[1]}/bf16" + ("t" if op.trans_b else "")
+    sig, transposed = found
+    name = f"{node.inputs[1]}/bf16" + ("t" if transposed else "")
     if name not in constants:
-        bits = to_bfloat16(b.T if op.trans_b else b)
+        shaped = weights.reshape(node.op.arguments()[1].shape)
+        bits = to_bfloat16(shaped.T if transposed else shaped)
         bits.flags.writeable = False
         constants[name] = bits
-    sig = matmul_op(d["M"], d["N"], d["K"], epilogue=op.epilogue, dtype="bf16",
-                    a_type="float32")
-    return replace(node, op=sig, inputs=(node.inputs[0], name, *node.inputs[2:]))
-
-
-def _bf16_conv(node: KernelNode, constants: dict[str, np.ndarray]) -> KernelNode:
-    op = node.op
-    d = op.dims_dict
-    weights = constants.get(node.inputs[1])
-    if weights is None or d["groups"] != 1 or (d["dil_h"], d["dil_w"]) != (1, 1) or \
-            d["C"] < MIN_BF16_CHANNELS:
-        return node
-    name = f"{node.inputs[1]}/bf16"
-    if name not in constants:
-        bits = to_bfloat16(weights)
-        bits.flags.writeable = False
-        constants[name] = bits
-    sig = OpSignature(op.kind, op.dims, "bf16", op.attrs, op.epilogue)
     return replace(node, op=sig, inputs=(node.inputs[0], name, *node.inputs[2:]))

@@ -24,11 +24,13 @@ from tunecache.compiler.elements import to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
-from tunecache.compiler.kinds.conv2d.int8 import (
-    default_int8_schedule,
-    int8_problems,
-    int8_reference,
-    int8_signature_problems,
+from tunecache.compiler.kinds.conv2d.lowp import (
+    MIN_LOWP_CHANNELS,
+    bf16_variant,
+    default_lowp_schedule,
+    lowp_problems,
+    lowp_reference,
+    lowp_signature_problems,
 )
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
@@ -58,7 +60,7 @@ from tunecache.compiler.ops import (
     window_params,
 )
 
-__all__ = ["ACTIVATIONS", "Conv2dSchedule", "conv2d_blocks", "conv2d_nchw", "conv2d_op",
+__all__ = ["ACTIVATIONS", "MIN_LOWP_CHANNELS", "Conv2dSchedule", "conv2d_blocks", "conv2d_nchw", "conv2d_op",
            "is_depthwise", "nchw_conv2d", "plane_buffer_floats"]
 
 
@@ -112,7 +114,7 @@ def _signature_problems(op: OpSignature) -> list[str]:
     if d["F"] % g:
         found.append(f"output channels F={d['F']} are not divisible by groups={g}")
     if op.dtype != "float32":
-        found += int8_signature_problems(op)
+        found += lowp_signature_problems(op)
     elif "dequant" in op.epilogue:
         found.append("dequant is an int8 conv2d's epilogue step")
     return found + kernel_extent_problems(op)
@@ -183,7 +185,7 @@ def conv2d_nchw(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stride: t
 
 def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     if op.dtype != "float32":
-        return int8_reference(op, inputs)
+        return lowp_reference(op, inputs)
     d = op.dims_dict
     has_bias = "bias" in op.epilogue
     out_layout = op.attr("out_layout")
@@ -222,12 +224,12 @@ def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarra
 
 
 def _problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
-    return conv2d_problems(op, s, hw) if op.dtype == "float32" else int8_problems(op, s, hw)
+    return conv2d_problems(op, s, hw) if op.dtype == "float32" else lowp_problems(op, s, hw)
 
 
 def _default_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> Conv2dSchedule:
     if op.dtype != "float32":
-        return default_int8_schedule(op, hw, threads)
+        return default_lowp_schedule(op, hw, threads)
     return default_conv2d_schedule(op, hw, threads)
 
 
@@ -285,6 +287,7 @@ KIND = register(OpKind(
     random_inputs=_random_inputs,
     layout_slots=_layout_slots,
     relayout=_relayout,
+    bf16_variant=bf16_variant,
     examples=("conv2d(N=1,C=64,H=56,W=56,F=64,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,"
               "epilogue=bias+relu)",
               "conv2d(N=1,C=32,H=28,W=28,F=32,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,"

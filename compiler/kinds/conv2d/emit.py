@@ -38,7 +38,7 @@ from tunecache.compiler.kinds.conv2d.direct_plan import flattened, reduces_in_ch
 from tunecache.compiler.kinds.conv2d.direct_tile import blocked_store, direct_ukr
 from tunecache.compiler.kinds.conv2d.emit_direct import generate_direct
 from tunecache.compiler.kinds.conv2d.emit_gemm import generate_gemm
-from tunecache.compiler.kinds.conv2d.emit_int8 import generate_lowp_conv
+from tunecache.compiler.kinds.conv2d.emit_lowp import generate_lowp_conv
 from tunecache.compiler.kinds.conv2d.emit_plane import generate_plane
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, flat_pixels
 from tunecache.compiler.kinds.conv2d.winograd import generate_winograd

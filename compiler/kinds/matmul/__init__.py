@@ -227,6 +227,17 @@ def fuse_activation(producer: OpSignature, reader: OpSignature) -> OpSignature |
     return replace(producer, epilogue=producer.epilogue + reader.epilogue)
 
 
+def bf16_variant(op: OpSignature) -> tuple[OpSignature, bool] | None:
+    """``OpKind.bf16_variant``: a float32 matmul (A stored as written) whose epilogue the bf16
+    kernel has, as that kernel rounding float32 A itself; its B transposed when stored so."""
+    if op.dtype != "float32" or op.trans_a or \
+            any(step not in ("bias", *ACTIVATIONS) for step in op.epilogue):
+        return None
+    variant = matmul_op(op.dim("M"), op.dim("N"), op.dim("K"), epilogue=op.epilogue,
+                        dtype="bf16", a_type="float32")
+    return variant, op.trans_b
+
+
 def strassen_block(op: OpSignature, levels: int = 1) -> OpSignature:
     """The block product ``levels`` of Strassen run ``7 ** levels`` times for ``op`` (each
     dimension over ``2 ** levels``, rounded up), no epilogue: what its micro-tiles and
@@ -320,6 +331,7 @@ KIND = register(OpKind(
     prepacked_timing=True,
     packed_weights_layout=packed_b_layout,
     fuses=fuse_activation,
+    bf16_variant=bf16_variant,
     examples=("matmul(M=128,N=768,K=768,epilogue=bias)", "matmul(M=1,N=1000,K=2048,layout=nt)",
               "matmul(M=97,N=13,K=511,layout=tn,epilogue=bias+relu)",
               "matmul(M=128,N=3072,K=768,epilogue=bias+gelu_erf)"),

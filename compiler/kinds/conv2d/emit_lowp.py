@@ -13,7 +13,7 @@ AVX512-BF16, float32 accumulators). The weights (int8 or bfloat16 ``[F][C][R][S]
 are packed once into ``[F/oc_block][CB][R][S][16/IGROUP][oc_block][IGROUP]``. The epilogue
 (``dequant`` per-channel scales, ``bias``, a residual ``add``, an activation) runs on whole
 vectors of output channels into Y in its layout. ``ic_block``, ``loop_order`` and
-``parallel`` do not apply (``int8_problems``).
+``parallel`` do not apply (``lowp_problems``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ from tunecache.compiler.kinds.conv2d.common import shape_constants
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import channel_block
 from tunecache.compiler.ops import OpSignature
-
-CB_LANES = 16
-"""Channels a packed input pixel holds (a multiple of every vocabulary's ``IGROUP``)."""
 
 TYPES = {"int8": ("uint8_t", "int8_t", "int32_t"), "bf16": ("uint16_t", "uint16_t", "float")}
 """C types of the packed input, the weights as given and the accumulators, per dtype."""
@@ -219,7 +216,6 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
                  "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F")}
     packed = PackedWeights("((WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
                            "  tc_q_pack_w((const tb_t *)weights, (ib_t *)packed);")
-    body = _BODY
     ta, tb, tacc = TYPES[op.dtype]
     int8 = op.dtype == "int8"
     return "\n".join([
@@ -230,7 +226,7 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
         scalar_helpers(op.epilogue), _PACK_W,
         (_PACK_X if int8 else _ROUND_X).replace("X_AT", _x_index(op)),
         _finish(op, d), _row(s.oc_block // d.lanes, s.ow_block),
-        kernel_entries(op, lambda once: body % (_PACKED_ONCE if once else _PACK_PER_CALL),
+        kernel_entries(op, lambda once: _BODY % (_PACKED_ONCE if once else _PACK_PER_CALL),
                        threads=s.threads, rename={"W": "Wt"},
                        optional=("qa", "scale", "add"),
                        ws_floats="((XQ_BYTES + WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
