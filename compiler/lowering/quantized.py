@@ -21,8 +21,8 @@ float32 kernel. Anything else (a weight zero point that is not the type's midpoi
 per row of A, a ``transA``) leaves the node to the float32 mapping, which multiplies the
 dequantized weights: the same numbers, more slowly.
 
-The step pass :func:`drop_unread` then removes numpy steps nothing reads any more (the
-quantize/dequantize pairs the kernels made redundant).
+The quantize-dequantize pairs the kernels made redundant are left unread, and
+:mod:`.dead` drops them.
 """
 
 from __future__ import annotations
@@ -33,23 +33,20 @@ from typing import Any
 
 import numpy as np
 
-from tunecache.compiler.graph import OnnxNode, QuantizedConstant
-from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.graph import QuantizedConstant
+from tunecache.compiler.kinds.conv2d import MIN_LOWP_CHANNELS, conv2d_op
 from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.lowering import (
     FusionContext,
     GraphNode,
-    StepContext,
     clip_step,
-    readers,
     register_lowering,
-    register_step_pass,
     scalar_constant,
 )
 from tunecache.compiler.lowering.matmul import matmul_followers
 from tunecache.compiler.onnx_ops.kernel_ops import conv_params
 
-__all__ = ["QuantizePair", "drop_unread", "lower_dynamic_matmul", "lower_quantized_conv",
+__all__ = ["QuantizePair", "lower_dynamic_matmul", "lower_quantized_conv",
            "lower_quantized_matmul", "per_tensor_params", "quantize_pair"]
 
 
@@ -234,24 +231,6 @@ def _folded_bias(ctx: FusionContext, bias: str | None, n: int, scale: np.ndarray
     return base - scale * zero * column_sums
 
 
-def _written(step: Any) -> tuple[str, ...]:
-    return tuple(o for o in step.outputs if o) if isinstance(step, OnnxNode) else (step.output,)
-
-
-@register_step_pass
-def drop_unread(steps: list[Any], ctx: StepContext) -> list[Any]:
-    """The steps without those whose outputs no step reads and the graph does not return
-    (a quantize-dequantize pair whose readers became kernels reading its input): every
-    step is a pure function of its inputs."""
-    while True:
-        read = readers(steps)
-        kept = [s for s in steps if any(o in read or ctx.is_graph_output(o)
-                                        for o in _written(s))]
-        if len(kept) == len(steps):
-            return kept
-        steps = kept
-
-
 @register_lowering("MatMulInteger")
 def lower_dynamic_matmul(ctx: FusionContext, position: int) -> Any:
     """Dynamic quantization as ``onnxruntime.quantization.quantize_dynamic`` writes it::
@@ -328,11 +307,6 @@ def _dequantizing_chain(ctx: FusionContext, position: int, a_scale: str, n: int
     return [cast, mul], np.broadcast_to(w_scale.astype(np.float64).reshape(-1), (n,)).copy()
 
 
-MIN_INT8_CHANNELS = 8
-"""Fewer input channels than this (an RGB image's stem) stay a float32 convolution: the int8
-kernel pads them to 16, and ResNet-50's stem ran 2.0 ms in int8 against 1.0 in float32."""
-
-
 @register_lowering("Conv")
 def lower_quantized_conv(ctx: FusionContext, position: int) -> Any:
     """The int8 conv2d for a statically quantized Conv (quantize-dequantize of float32 X,
@@ -357,7 +331,7 @@ def lower_quantized_conv(ctx: FusionContext, position: int) -> Any:
         return "a bias that is not a constant"
     values, w_scale = weights
     f, c, r, s = values.shape
-    if c < MIN_INT8_CHANNELS:
+    if c < MIN_LOWP_CHANNELS:
         return (f"{c} input channels (an int8 convolution packs them in groups of 16; the "
                 "float32 kernel is faster)")
     scale = np.float64(act.scale) * w_scale.astype(np.float64)
