@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tunecache.compiler import frontend
+from tunecache.compiler.graph import ModelError
 from tunecache.tuner.deploy import compile_model
 
 ort = pytest.importorskip("onnxruntime")
@@ -58,3 +59,14 @@ def test_a_float16_proto_given_in_memory_is_left_as_it_was() -> None:
     graph = frontend.load_graph(model)
     assert model.SerializeToString() == before
     assert graph.kernel_nodes[0].op.dtype == "float32"
+
+
+def test_unreadable_float16_weights_are_one_model_error(tmp_path: Path) -> None:
+    model = _fp16_cnn()
+    broken = model.graph.initializer[0]
+    broken.ClearField("raw_data")
+    broken.raw_data = b"\x00\x01\x02"  # three bytes for 16*8*3*3 halves
+    path = tmp_path / "broken.onnx"
+    onnx.save(model, path)
+    with pytest.raises(ModelError, match="cannot read the float16 tensors of model"):
+        frontend.load_graph(path)
