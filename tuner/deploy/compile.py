@@ -439,11 +439,12 @@ def compile_model(
         model = usable_model(store.location, hw)
 
     def specialise(concrete: Mapping[str, tuple[int, ...]],
-                   siblings: Mapping[str, Schedule] | None = None) -> CompiledModel:
+                   siblings: Mapping[str, Schedule] | None = None,
+                   accuracy: bool = False) -> CompiledModel:
         return _compile_shape(label, source, concrete, store=store, config=config, hw=hw,
                               model=model, clock=clock, record_wanted=record_wanted,
                               threads=threads, blocked_layouts=blocked_layouts,
-                              siblings=siblings, precision=precision)
+                              siblings=siblings, precision=precision, accuracy=accuracy)
 
     if shapes is None:
         interface = Graph(info.name, info.opset, info.inputs, info.outputs,
@@ -451,7 +452,7 @@ def compile_model(
         compiled = CompiledModel(interface, [], {}, hw)
         compiled.timings = {"load_s": time.perf_counter() - t0}
     else:
-        compiled = specialise(shapes)
+        compiled = specialise(shapes, accuracy=True)
     compiled.timings["total_s"] = time.perf_counter() - t0
     compiled.info = info
     compiled.specialise = specialise if info.dynamic else None
@@ -465,9 +466,11 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                    clock: Callable[[], float], record_wanted: bool,
                    threads: int | None = None, blocked_layouts: bool = True,
                    siblings: Mapping[str, Schedule] | None = None,
-                   precision: str = "fp32") -> CompiledModel:
+                   precision: str = "fp32", accuracy: bool = False) -> CompiledModel:
     """Plan and build one concrete input shape: plan layouts, look every kernel op up,
-    decide each miss, record the misses as wanted, build the kernels. ``siblings``: per
+    decide each miss, record the misses as wanted, build the kernels; with ``accuracy`` and
+    a precision below fp32, measure its error (the compile's shape only: a shape planned on
+    its first run does not pay a numpy run of the model). ``siblings``: per
     node, its schedule at another planned shape of the same model (see
     :func:`_sharing_packed`)."""
     t0 = time.perf_counter()
@@ -519,7 +522,7 @@ def _compile_shape(label: str, source: frontend.ModelSource,
     kernels = _build_kernels(plan, hw)
     t_build = time.perf_counter()
     compiled = CompiledModel(graph, plan, kernels, hw, threads=threads, precision=lowered)
-    if lowered.nodes:
+    if accuracy and lowered.nodes:
         compiled.accuracy = precision_error(compiled, full)
     compiled.timings = {"load_s": t_load - t0, "decide_s": t_decide - t_load,
                         "build_s": t_build - t_decide, "total_s": time.perf_counter() - t0}
