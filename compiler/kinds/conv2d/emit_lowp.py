@@ -140,8 +140,7 @@ def _x_index(op: OpSignature) -> str:
 
 
 def _y_index(op: OpSignature) -> str:
-    """Y's element (n, f, oh, ow) in its layout, and whether a vector of LANES consecutive
-    channels is contiguous there."""
+    """Y's element (n, f, oh, ow) in its layout, as C."""
     x = channel_block(op.attr("out_layout"))
     if not x:
         return "((n * F + f) * P + oh) * Q + ow"

@@ -22,7 +22,7 @@ from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.elementwise import KIND as ELEMENTWISE
 from tunecache.compiler.kinds.matmul.emit import generate_matmul
 from tunecache.compiler.kinds.matmul.emit_dot import generate_matmul_dot
-from tunecache.compiler.kinds.matmul.emit_lowp import generate_lowp
+from tunecache.compiler.kinds.matmul.emit_lowp import dynamic_a, float_a, generate_lowp
 from tunecache.compiler.kinds.matmul.emit_strassen import generate_strassen
 from tunecache.compiler.kinds.matmul.space import (
     LOOP_ORDERS,
@@ -74,17 +74,6 @@ def epilogue_tuple(epilogue: tuple[str, ...] | str) -> tuple[str, ...]:
     if isinstance(epilogue, str):
         return () if epilogue in ("", "none") else tuple(epilogue.split("+"))
     return tuple(epilogue)
-
-
-def float_a(op: OpSignature) -> bool:
-    """Whether the kernel takes A as float32 and converts it (``a_type`` float32 or
-    dynamic)."""
-    return dict(op.attrs).get("a_type") in ("float32", "dynamic")
-
-
-def dynamic_a(op: OpSignature) -> bool:
-    """Whether the kernel quantizes A with parameters of A's own range (``a_type=dynamic``)."""
-    return dict(op.attrs).get("a_type") == "dynamic"
 
 
 def element_types(op: OpSignature) -> tuple[str, str, str]:

@@ -25,6 +25,18 @@ from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 
+
+def float_a(op: OpSignature) -> bool:
+    """Whether the kernel takes A as float32 and converts it (``a_type`` float32 or
+    dynamic)."""
+    return dict(op.attrs).get("a_type") in ("float32", "dynamic")
+
+
+def dynamic_a(op: OpSignature) -> bool:
+    """Whether the kernel quantizes A with parameters of A's own range (``a_type=dynamic``)."""
+    return dict(op.attrs).get("a_type") == "dynamic"
+
+
 TYPES = {"int8": ("uint8_t", "int8_t", "int32_t"), "bf16": ("uint16_t", "uint16_t", "float")}
 """C types of A (as packed), B (as the caller holds it) and the accumulators, per dtype."""
 
@@ -199,7 +211,7 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     np_ = -(-n // s.nr) * s.nr
     constants = {"M": m, "N": n, "K": k, "MR": s.mr, "NR": s.nr, "LANES": d.lanes, "NP": np_,
                  "NC": min(s.nc, np_), "TEAM": s.threads}
-    dynamic = dict(op.attrs).get("a_type") == "dynamic"
+    dynamic = dynamic_a(op)
     ta, tb, tacc = TYPES[op.dtype]
     tc = "float" if "dequant" in op.epilogue else tacc
     vocabulary = d.int8 if op.dtype == "int8" else d.bf16
@@ -232,6 +244,6 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
 
 def _a_row(op: OpSignature) -> str:
     """C copying (or, for float32 A, converting) A's row ``i`` into ``Ap``."""
-    if dict(op.attrs).get("a_type") not in ("float32", "dynamic"):
+    if not float_a(op):
         return _COPY_ROW
     return _QUANTIZE_ROW if op.dtype == "int8" else _ROUND_ROW
