@@ -44,6 +44,9 @@ POLICIES: dict[str, dict[str, str]] = {
     "spin 10k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "10000"},
     "spin 30k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "30000"},
     "spin 100k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "100000"},
+    "spin 1M": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "1000000"},
+    "spin 300k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "300000"},
+    "spin 3M": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "3000000"},
     "tunecache default": {},
 }
 MODELS = ("bert", "mobilenet_v2")
@@ -88,7 +91,7 @@ def child(key: str, engine: str, threads: int, repeat: int, work: Path, gap_ms: 
         emit.DYNAMIC_SPLIT = engine == DYNAMIC_ENGINE
 
         compiled = compile_model(path, store=Store(work / "store"), policy="analytic",
-                                 record_wanted=False)
+                                 record_wanted=False, threads=threads)
         def run() -> object:
             return compiled.run(feeds)
     ms = median_ms(run, repeat, gap_ms / 1e3)
