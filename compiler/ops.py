@@ -47,7 +47,10 @@ class KindSpec:
     ``epilogues`` the allowed epilogue steps in their fixed order; ``check`` an optional
     semantic check run after the structural one, returning problems as messages.
     ``epilogue_chain`` makes the epilogue a chain instead: any of the allowed steps, in any
-    order, repeats allowed (the ``elementwise`` kind). ``omit_default`` names attributes and
+    order, repeats allowed (the ``elementwise`` kind). ``epilogue_tail``: steps that may
+    follow the ordered ones as such a chain (an element-wise chain folded into a producer,
+    :data:`~tunecache.compiler.codegen.epilogue.CHAIN_STEPS`); the tail starts at its first
+    step that is not one of ``epilogues``. ``omit_default`` names attributes and
     params the canonical text leaves out while they hold their default: those added to a
     kind after its op texts were stored, so those texts (and their op ids) stay the same.
     """
@@ -58,6 +61,7 @@ class KindSpec:
     params: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     check: Callable[[OpSignature], list[str]] | None = None
     epilogue_chain: bool = False
+    epilogue_tail: tuple[str, ...] = ()
     omit_default: frozenset[str] = frozenset()
     dtypes: tuple[str, ...] = ("float32",)
     """The dtypes the kind has kernels for."""
@@ -138,7 +142,8 @@ class OpSignature:
                     f"{self.kind} {name}={choice!r} is not supported; expected one of "
                     f"{', '.join(spec.attrs[name])}"
                 )
-        _check_epilogue(self.kind, self.epilogue, spec.epilogues, spec.epilogue_chain)
+        _check_epilogue(self.kind, self.epilogue, spec.epilogues, spec.epilogue_chain,
+                        spec.epilogue_tail)
         if spec.check is not None:
             found = spec.check(self)
             if found:
@@ -363,9 +368,15 @@ def _epilogue_tuple(epilogue: tuple[str, ...] | str) -> tuple[str, ...]:
 
 
 def _check_epilogue(kind: str, epilogue: tuple[str, ...], allowed: tuple[str, ...],
-                    chain: bool = False) -> None:
+                    chain: bool = False, tail: tuple[str, ...] = ()) -> None:
     # Epilogues are applied in a fixed order (the order of `allowed`); requiring that order in
     # the signature keeps one canonical text per computation. A chain is its own order.
+    start = next((i for i, step in enumerate(epilogue) if step in tail and step not in allowed),
+                 len(epilogue))
+    if start < len(epilogue):
+        _check_epilogue(kind, epilogue[:start], allowed)
+        _check_epilogue(kind, epilogue[start:], tail, chain=True)
+        return
     if chain:
         unknown = [step for step in epilogue if step not in allowed]
         if unknown:

@@ -11,6 +11,7 @@ import pytest
 from tunecache.compiler.backends.cpu.clib import CLibrary, c_library
 from tunecache.compiler.backends.cpu.isa import BASE_FLAGS, dialect
 from tunecache.compiler.codegen.epilogue import (
+    CHANNEL_STEPS,
     STEPS,
     operand_tensors,
     reference,
@@ -21,8 +22,11 @@ from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kern
 from tunecache.compiler.hardware import local_spec, runnable_isas
 
 ISAS = runnable_isas(local_spec())
-# Every ordered subsequence of the steps, as an op's epilogue is.
-EPILOGUES = [combo for n in range(len(STEPS) + 1) for combo in itertools.combinations(STEPS, n)]
+# Every ordered subsequence of the steps, as an op's epilogue is; the chain steps that follow
+# them (channel rows, the quantizer's rounding) have their own test.
+ORDERED = tuple(step for step in STEPS if step not in (*CHANNEL_STEPS, "qround"))
+EPILOGUES = [combo for n in range(len(ORDERED) + 1)
+             for combo in itertools.combinations(ORDERED, n)]
 
 
 _ERF = np.vectorize(math.erf)
@@ -90,7 +94,38 @@ def test_vector_and_scalar_renderings_match_numpy(isa: str) -> None:
                                        err_msg=f"{isa} {steps}")
         else:
             assert np.array_equal(y, expected), (isa, steps)
-    assert len(EPILOGUES) == 2 ** len(STEPS)
+    assert len(EPILOGUES) == 2 ** len(ORDERED)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_chain_steps_render_like_numpy_and_agree_on_nan(isa: str) -> None:
+    # A quantize-dequantize pair and a BatchNormalization, each step its own row; ties of
+    # the rounding (x / s = k + 0.5) go to even in C as in numpy; a NaN meets max/min the way
+    # the vector instruction does in both renderings (the row's value, as the elementwise
+    # kind's max/min, so folding a chain changes no result).
+    steps = ("cdiv", "cmax", "cmin", "qround", "cmul", "cmul", "cadd", "csub")
+    d, n = dialect(isa), 37
+    rows = np.array([0.5, -8.0, 7.0, 0.5, 1.5, 0.25, 3.0], np.float32)[:, None].repeat(n, 1)
+    x = np.concatenate([np.arange(-6, 6) * 0.25, 8 * np.random.default_rng(2).standard_normal(
+        n - 13), [np.nan]]).astype(np.float32)
+    chan = np.ascontiguousarray(rows)
+    vector = render(steps, "t", {"chan": "VLOADU(chan + {i} * n + i)"}, vector=True)
+    scalar = render(steps, "v", {"chan": "chan[{i} * n + i]"}, vector=False)
+    code = d.prelude + f"""
+void run(const float *x, const float *chan, float *y, long n, long split) {{
+  long i = 0;
+  for (; i + {d.lanes} <= split; i += {d.lanes}) {{ vec t = VLOADU(x + i); {vector} VSTOREU(y + i, t); }}
+  for (; i < n; i++) {{ float v = x[i]; {scalar} y[i] = v; }}
+}}
+"""
+    run = c_library(code, BASE_FLAGS + d.flags).function(
+        "run", ("ptr", "ptr", "ptr", "long", "long"), "void")
+    want = reference(steps, x.copy(), {"chan": chan}).copy()
+    want[-1] = -8.0 * 0.5 * 1.5 + 0.25 - 3.0  # NaN clamped to cmax's row, as VMAX does
+    for split in (0, n):  # all scalar, then all vector (a masked tail is the emitters' own)
+        y = np.full(n, np.nan, np.float32)
+        run(x, chan, y, n, split - split % d.lanes)
+        np.testing.assert_allclose(y, want, rtol=1e-6, err_msg=f"{isa} split {split}")
 
 
 def test_reference_applies_the_steps_in_order() -> None:

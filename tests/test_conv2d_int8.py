@@ -13,7 +13,7 @@ import pytest
 
 from tunecache.compiler.errors import OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
-from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.conv2d import MIN_LOWP_FILL, block_fill, conv2d_op
 from tunecache.compiler.kinds.layouts import from_layout, to_layout
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, compile_kernel, random_inputs, reference
@@ -107,3 +107,27 @@ def test_bf16_conv2d_accumulates_in_float32(hw: HardwareSpec, case: int) -> None
     assert [x.dtype for x in inputs[:2]] == [np.float32, np.uint16]
     out = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
     assert check_result(op, inputs, out, reference(op, inputs)) is None
+
+
+WIDE = [  # few channels: a row's taps folded into the packed pixel's 16 channels
+    dict(N=1, C=3, H=23, W=21, F=32, R=7, S=7, pads=3, stride=2),  # ResNet's stem, smaller
+    dict(N=2, C=4, H=9, W=10, F=24, R=3, S=3, pads=(1, 0, 1, 2)),
+]
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[_name(s) for s in SPECS])
+@pytest.mark.parametrize("case", range(len(WIDE)))
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+def test_few_channel_convolutions_fold_taps_into_the_pixel(hw: HardwareSpec, case: int,
+                                                          dtype: str) -> None:
+    kw = dict(WIDE[case])
+    dims = [int(kw.pop(k)) for k in ("N", "C", "H", "W", "F", "R", "S")]  # type: ignore[call-overload]
+    epilogue = "dequant+bias+relu" if dtype == "int8" else "bias+relu"
+    for layout in ("nchw", "nchw16c"):
+        op = conv2d_op(*dims, **kw, dtype=dtype, epilogue=epilogue,  # type: ignore[arg-type]
+                       layout=layout, out_layout="nchw16c")
+        assert block_fill(op) >= MIN_LOWP_FILL
+        inputs = random_inputs(op, seed=case)
+        for threads in (1, 2):
+            out = compile_kernel(op, default_schedule(op, hw, threads), hw)(*inputs)
+            assert check_result(op, inputs, out, reference(op, inputs)) is None

@@ -18,6 +18,12 @@ register tiles (vector C), edge and merge loops (scalar C) and elementwise kerne
 The activations ``relu``, ``clip6`` (ReLU6), ``silu`` (``x * sigmoid(x)``) and the two
 GELUs (``gelu_erf``, ``gelu_tanh``) are the ``elementwise`` kind's steps of the same names
 too: that kind takes their vector and numpy forms from here, so each is defined once.
+The **channel chain** steps ``cadd, csub, cmul, cdiv, cmax, cmin`` (``v = v op c``, with
+``c`` one value per output channel) and ``qround`` (a quantizer's rounding) are an
+element-wise chain (the ``elementwise`` kind's steps of the same names without the ``c``)
+folded into a producer's epilogue (:mod:`tunecache.compiler.lowering.chains`): every
+channel step reads its own row of the one operand tensor ``chan`` (``[steps, channels]``),
+in order, so the caller gives ``chan`` as a template with ``{i}`` for the row.
 Adding a step is one entry here (plus any vector helper it needs in ``isa.py``, any scalar
 one in ``isa.SCALAR_MATH`` named in ``helpers``, and the step in the kind's
 ``KindSpec.epilogues``); a step reading a tensor names it in ``operand``, the kind's
@@ -35,7 +41,8 @@ from scipy import special
 
 from tunecache.compiler.codegen.isa import SCALAR_MATH
 
-__all__ = ["STEPS", "Step", "operand_tensors", "reference", "render", "scalar_helpers"]
+__all__ = ["CHAIN_STEPS", "CHANNEL_OPERAND", "CHANNEL_STEPS", "STEPS", "Step", "chain_rows",
+           "operand_tensors", "reference", "render", "scalar_helpers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,31 @@ def _scale(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.multiply(x, y, out=x)
 
 
+def _binary(ufunc: np.ufunc) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    return lambda x, y: ufunc(x, y, out=x)
+
+
+QROUND_LIMIT = float(1 << 22)
+"""``qround(v)`` rounds ``v`` saturated to ±2**22 to the nearest integer, ties to even: the
+rounding of a quantizer, whose results saturate far inside that range anyway (exact there by
+one add and subtract of 1.5 * 2**23)."""
+CHANNEL_OPERAND = "chan"
+"""The operand tensor of the channel chain steps: one row per step, one value per channel."""
+_CHANNEL = {"cadd": ("VADD({x}, {y})", "{x} += {y};", np.add),
+            "csub": ("VSUB({x}, {y})", "{x} -= {y};", np.subtract),
+            "cmul": ("VMUL({x}, {y})", "{x} *= {y};", np.multiply),
+            "cdiv": ("VDIV({x}, {y})", "{x} /= {y};", np.divide),
+            # As the vector max/min: the second operand where the comparison fails (NaN).
+            "cmax": ("VMAX({x}, {y})", "{x} = {x} > {y} ? {x} : {y};", np.maximum),
+            "cmin": ("VMIN({x}, {y})", "{x} = {x} < {y} ? {x} : {y};", np.minimum)}
+CHANNEL_STEPS = tuple(_CHANNEL)
+"""The steps reading a row of :data:`CHANNEL_OPERAND`."""
+CHAIN_STEPS = MappingProxyType({"add": "cadd", "sub": "csub", "mul": "cmul", "div": "cdiv",
+                                "max": "cmax", "min": "cmin", "qround": "qround",
+                                "relu": "relu", "clip6": "clip6"})
+"""The element-wise chain steps a producer's epilogue can take, by their chain name."""
+
+
 STEPS: Mapping[str, Step] = MappingProxyType({
     "bias": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_add, operand="bias"),
     "add": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_add, operand="add"),
@@ -105,6 +137,14 @@ STEPS: Mapping[str, Step] = MappingProxyType({
     # matmul's A scale times B's per-column scale); zero-point terms are folded into bias.
     "dequant": Step(vector="VMUL({x}, {y})", scalar="{x} *= {y};", numpy=_scale,
                     operand="scale"),
+    "qround": Step(
+        vector="VSUB(VADD(VMIN(VMAX({x}, VSET1(-4194304.0f)), VSET1(4194304.0f)), "
+               "VSET1(12582912.0f)), VSET1(12582912.0f))",
+        scalar="{x} = ({x} < -4194304.0f ? -4194304.0f : ({x} > 4194304.0f ? 4194304.0f : "
+               "{x})) + 12582912.0f - 12582912.0f;",
+        numpy=lambda x: np.rint(np.clip(x, -QROUND_LIMIT, QROUND_LIMIT, out=x), out=x)),
+    **{name: Step(vector=v, scalar=c, numpy=_binary(f), operand=CHANNEL_OPERAND)
+       for name, (v, c, f) in _CHANNEL.items()},
 })
 """Every epilogue step a kernel can fuse, by name."""
 
@@ -124,8 +164,15 @@ def scalar_helpers(steps: Sequence[str]) -> str:
 
 
 def operand_tensors(steps: Sequence[str]) -> tuple[str, ...]:
-    """The tensors ``steps`` read, in step order: the operands :func:`render` needs."""
-    return tuple(op for op in (_step(name).operand for name in steps) if op is not None)
+    """The tensors ``steps`` read, in step order (each once): the operands :func:`render`
+    needs."""
+    return tuple(dict.fromkeys(op for op in (_step(name).operand for name in steps)
+                               if op is not None))
+
+
+def chain_rows(steps: Sequence[str]) -> int:
+    """How many rows of :data:`CHANNEL_OPERAND` ``steps`` read (one per channel step)."""
+    return sum(_step(name).operand == CHANNEL_OPERAND for name in steps)
 
 
 def render(steps: Sequence[str], value: str, operands: Mapping[str, str], *,
@@ -139,6 +186,7 @@ def render(steps: Sequence[str], value: str, operands: Mapping[str, str], *,
     pass every operand it knows.
     """
     out = []
+    row = 0
     for name in steps:
         step = _step(name)
         y = ""
@@ -147,6 +195,8 @@ def render(steps: Sequence[str], value: str, operands: Mapping[str, str], *,
                 raise ValueError(f"epilogue step {name!r} reads tensor {step.operand!r}, but the "
                                  f"emitter gave only {', '.join(operands) or 'no operands'}")
             y = operands[step.operand]
+            if step.operand == CHANNEL_OPERAND:
+                y, row = y.replace("{i}", str(row)), row + 1
         if vector:
             out.append(f"{value} = {step.vector.format(x=value, y=y)};")
         else:
@@ -157,7 +207,9 @@ def render(steps: Sequence[str], value: str, operands: Mapping[str, str], *,
 def reference(steps: Sequence[str], value: np.ndarray,
               operands: Mapping[str, np.ndarray]) -> np.ndarray:
     """``steps`` applied in order to the float array ``value`` in numpy (in place where the
-    dtype allows); ``operands`` maps a tensor name to an array broadcasting to ``value``."""
+    dtype allows); ``operands`` maps a tensor name to an array broadcasting to ``value``
+    (:data:`CHANNEL_OPERAND`: its rows, in a leading axis, each broadcasting to ``value``)."""
+    row = 0
     for name in steps:
         step = _step(name)
         if step.operand is None:
@@ -165,6 +217,8 @@ def reference(steps: Sequence[str], value: np.ndarray,
         elif step.operand not in operands:
             raise ValueError(f"epilogue step {name!r} reads tensor {step.operand!r}, but the "
                              f"reference got only {', '.join(operands) or 'no operands'}")
+        elif step.operand == CHANNEL_OPERAND:
+            value, row = step.numpy(value, operands[step.operand][row]), row + 1
         else:
             value = step.numpy(value, operands[step.operand])
     return value

@@ -41,6 +41,30 @@ Emit = Callable[["OpSignature", Any, "IsaDialect"], str]
 """An emitter: (op, validated schedule, dialect) -> the kernel's source body."""
 
 
+@dataclass(frozen=True, slots=True)
+class ChannelView:
+    """A kernel's output seen as the ``elementwise`` kind's ``rows x cols``, where an operand
+    holding one value per channel broadcasts as ``per_channel`` (an operand mode of that
+    kind: ``col``, one value per row, or ``row``, one per column) over ``channels``."""
+
+    rows: int
+    cols: int
+    per_channel: str
+    channels: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChainView:
+    """An element-wise chain: ``steps`` over ``rows x cols``, every binary step reading the
+    next extra input, broadcast as ``operand`` (an operand mode of the ``elementwise``
+    kind)."""
+
+    rows: int
+    cols: int
+    operand: str
+    steps: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class OpKind:
     """What the compiler knows about one op kind (all of it, in one value).
@@ -91,6 +115,11 @@ class OpKind:
       input), the same computation as a bf16 kernel reading the float32 activations, and
       whether it reads those weights transposed (2-D); None where the kind has no such
       kernel for ``op``. The precision policy (:mod:`tunecache.compiler.precision`) asks it.
+    * ``channel_view(op)`` — optional: how ``op``'s output lines up with an element-wise chain
+      that could follow in its epilogue (``codegen.epilogue.CHAIN_STEPS`` in its spec's
+      ``epilogue_tail``), or None where its kernel has no such epilogue for ``op``.
+    * ``chain_view(op)`` — optional: ``op`` as an element-wise chain such an epilogue can
+      take, or None (:mod:`tunecache.compiler.lowering.chains` asks both).
     """
 
     name: str
@@ -115,6 +144,8 @@ class OpKind:
     fuses: Callable[[OpSignature, OpSignature], OpSignature | None] | None = None
     in_model: Callable[[OpSignature, Any], Any] | None = None
     bf16_variant: Callable[[OpSignature], tuple[OpSignature, bool] | None] | None = None
+    channel_view: Callable[[OpSignature], ChannelView | None] | None = None
+    chain_view: Callable[[OpSignature], ChainView | None] | None = None
 
 
 _KINDS: dict[str, OpKind] = {}

@@ -10,9 +10,9 @@ Design:
   min`` (``v = v op B``, each consuming the next extra operand ``B1, B2, ...``) and unary
   ``relu, sigmoid, tanh, gelu_erf, gelu_tanh, silu, exp, neg, abs, sqrt, clip6, erf,
   qround`` (``clip6`` is ReLU6, ``min(max(v, 0), 6)``; ``qround`` a quantizer's rounding,
-  :data:`QROUND_LIMIT`). An empty chain copies X (``epilogue=none``). A quantize-dequantize
-  pair with scale ``s`` and zero point ``z`` over ``[lo, hi]`` is ``div s, max lo-z,
-  min hi-z, qround, mul s``.
+  :data:`~tunecache.compiler.codegen.epilogue.QROUND_LIMIT`). An empty chain copies X
+  (``epilogue=none``). A quantize-dequantize pair with scale ``s`` and zero point ``z`` over
+  ``[lo, hi]`` is ``div s, max lo-z, min hi-z, qround, mul s``.
 * attribute ``operand``: how every extra operand broadcasts: ``full`` (``[M,N]``), ``row``
   (``[N]``, one value per column, like a bias), ``col`` (``[M]``, one value per row) or
   ``scalar`` (``[1]``), or ``col8`` / ``col16`` (``[M*x]``: element ``(r, j)`` reads
@@ -51,10 +51,11 @@ import numpy as np
 from scipy import special
 
 from tunecache.compiler.codegen.abi import HEADER, TIMER, WORKSPACE, parallel_entry
+from tunecache.compiler.codegen.epilogue import CHAIN_STEPS
 from tunecache.compiler.codegen.epilogue import STEPS as EPILOGUE_STEPS
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.kinds import ChainView, OpKind, register
 from tunecache.compiler.kinds.layouts import BLOCKED, NCHW, channel_block
 from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg
 from tunecache.compiler.schedule import ScheduleData, threads_problem
@@ -65,10 +66,6 @@ __all__ = ["BINARY_STEPS", "OPERANDS", "UNARY_STEPS", "ElementwiseSchedule", "el
 BINARY_STEPS = ("add", "sub", "mul", "div", "max", "min")
 UNARY_STEPS = ("relu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh", "silu", "exp", "neg", "abs",
                "sqrt", "clip6", "erf", "qround")
-QROUND_LIMIT = float(1 << 22)
-"""``qround(v)`` rounds ``v`` saturated to ±2**22 to the nearest integer, ties to even: the
-rounding of a quantizer, whose results saturate far inside that range anyway (exact there by
-one add and subtract of 1.5 * 2**23)."""
 OPERANDS = ("full", "row", "col", "scalar", *(f"col{channel_block(b)}" for b in BLOCKED))
 MAX_STEPS = 16
 _SHARED = tuple(step for step in UNARY_STEPS if step in EPILOGUE_STEPS)
@@ -111,6 +108,18 @@ def operand_block(op: OpSignature) -> int:
     """``x`` of a ``col{x}`` operand (a per-channel operand of blocked rows), else 0."""
     mode = op.attr("operand")
     return int(mode[3:]) if mode.startswith("col") and mode != "col" else 0
+
+
+def _chain_view(op: OpSignature) -> ChainView | None:
+    """``OpKind.chain_view``: a float32 chain of the steps a producer's epilogue can take
+    (:data:`~tunecache.compiler.codegen.epilogue.CHAIN_STEPS`) with ``scalar``, ``row`` or
+    ``col`` operands (or none)."""
+    mode = op.attr("operand")
+    if op.dtype != "float32" or not op.epilogue or \
+            any(step not in CHAIN_STEPS for step in op.epilogue) or \
+            (mode not in ("scalar", "row", "col") and binary_count(op)):
+        return None
+    return ChainView(op.dim("M"), op.dim("N"), op.attr("operand"), op.epilogue)
 
 
 def _signature_problems(op: OpSignature) -> list[str]:
@@ -157,7 +166,6 @@ _UNARY_NP: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "abs": lambda v: np.abs(v, out=v),
     "sqrt": lambda v: np.sqrt(v, out=v),
     "erf": lambda v: special.erf(v, out=v),
-    "qround": lambda v: np.rint(np.clip(v, -QROUND_LIMIT, QROUND_LIMIT, out=v), out=v),
 }
 _BINARY_NP: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
@@ -237,8 +245,6 @@ _UNARY_C = {
     "abs": "VABS(u)",
     "sqrt": "VSQRT(u)",
     "erf": "VERF(u)",
-    "qround": "VSUB(VADD(VMIN(VMAX(u, VSET1(-4194304.0f)), VSET1(4194304.0f)), "
-              "VSET1(12582912.0f)), VSET1(12582912.0f))",
 }
 _BINARY_C = {"add": "VADD(u, b)", "sub": "VSUB(u, b)", "mul": "VMUL(u, b)", "div": "VDIV(u, b)",
              "max": "VMAX(u, b)", "min": "VMIN(u, b)"}
@@ -481,6 +487,7 @@ KIND = register(OpKind(
     random_inputs=_random_inputs,
     layout_slots=_layout_slots,
     relayout=_relayout,
+    chain_view=_chain_view,
     examples=(
         "elementwise(M=128,N=3072,operand=row,epilogue=add+gelu_erf)",  # BERT FFN bias + GELU
         "elementwise(M=256,N=3136,operand=full,epilogue=add+relu)",  # ResNet residual add

@@ -460,8 +460,9 @@ def generate_pwdw(op: OpSignature, s: PwdwSchedule, d: IsaDialect) -> str:
 
 
 def _pointwise(op: OpSignature) -> bool:
-    """A plain 1x1 conv2d (no stride, padding, groups or residual) writing a blocked tensor."""
-    if op.kind != CONV2D.name:
+    """A plain float32 1x1 conv2d (no stride, padding, groups or residual) writing a blocked
+    tensor."""
+    if op.kind != CONV2D.name or op.dtype != "float32":
         return False
     d = op.dims_dict
     return ((d["R"], d["S"], d["stride_h"], d["stride_w"]) == (1, 1, 1, 1)

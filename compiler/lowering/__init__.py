@@ -211,14 +211,16 @@ def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | Non
     return [position, mul]
 
 BUILTIN_LOWERINGS = ("attention", "rowwise", "rmsnorm", "pool", "lrn", "rotary",
-                     "elementwise", "batchnorm", "split", "quantized", "conv", "matmul", "dead")
+                     "elementwise", "batchnorm", "split", "quantized", "conv", "matmul", "chains",
+                     "dead")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried
 in: attention first (its scaling Mul and mask Add would otherwise start a scaled softmax or
 an element-wise chain), then the residual-Add + LayerNormalization pattern, the RMSNorm chain
 and the rotary embedding before an element-wise chain claims their Add, Sqrt, Neg or Mul;
 the quantized MatMul/Gemm (integer kernels where the operands are dequantized, before the
 float32 mapping would take them); the plain Conv and MatMul/Gemm kernels last, after every
-pattern starting at such a node; ``dead`` holds only the step pass that drops unread
+pattern starting at such a node; ``chains`` holds the step pass folding element-wise chains
+into the kernels they follow; ``dead`` holds only the step pass that drops unread
 steps, which runs after every other."""
 
 

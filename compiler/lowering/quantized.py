@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler.graph import QuantizedConstant
-from tunecache.compiler.kinds.conv2d import MIN_LOWP_CHANNELS, conv2d_op
+from tunecache.compiler.kinds.conv2d import MIN_LOWP_FILL, block_fill, conv2d_op
 from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.lowering import (
     FusionContext,
@@ -331,15 +331,15 @@ def lower_quantized_conv(ctx: FusionContext, position: int) -> Any:
         return "a bias that is not a constant"
     values, w_scale = weights
     f, c, r, s = values.shape
-    if c < MIN_LOWP_CHANNELS:
-        return (f"{c} input channels (an int8 convolution packs them in groups of 16; the "
-                "float32 kernel is faster)")
-    scale = np.float64(act.scale) * w_scale.astype(np.float64)
-    sums = values.astype(np.int64).reshape(f, -1).sum(axis=1).astype(np.float64)
-    base = np.zeros(f) if bias is None else ctx.constants[bias].astype(np.float64).reshape(-1)
     fused, out, epilogue = _conv_activation(ctx, position)
     sig = conv2d_op(*x_shape, f, r, s, stride=p.stride, pads=p.pads, dtype="int8",
                     epilogue=("dequant", "bias", *epilogue))
+    if block_fill(sig) < MIN_LOWP_FILL:
+        return (f"{c} input channels of {s} taps fill {block_fill(sig):.0%} of an int8 "
+                "convolution's 16-channel pixels; the float32 kernel is faster")
+    scale = np.float64(act.scale) * w_scale.astype(np.float64)
+    sums = values.astype(np.int64).reshape(f, -1).sum(axis=1).astype(np.float64)
+    base = np.zeros(f) if bias is None else ctx.constants[bias].astype(np.float64).reshape(-1)
     name = node.name
     inputs = [act.source, ctx.add_typed_constant(f"{name}/W_int8", values),
               ctx.add_constant(f"{name}/qa", np.array([act.scale, act.zero])),

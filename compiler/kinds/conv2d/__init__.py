@@ -8,6 +8,9 @@ asymmetric as ONNX ``pads`` gives them), ``dil_h, dil_w`` (default 1) and ``grou
 Epilogue: ``bias`` adds ``bias[F]``, ``add`` a residual tensor of the output's shape, then
 at most one activation (:data:`ACTIVATIONS`): ``relu`` clamps at zero, ``clip6`` at 0 and 6
 (ReLU6), ``silu`` is ``x * sigmoid(x)`` (the steps of :mod:`~tunecache.compiler.codegen.epilogue`).
+An int8 or bf16 conv2d's epilogue may go on with an element-wise chain over its channels
+(``CHAIN_STEPS``, reading ``chan[steps, F]``): quantize-dequantize pairs, an unfolded
+BatchNormalization and a Clip after a quantized convolution (:func:`channel_view`).
 Attributes: ``layout`` (X's layout) and ``out_layout`` (Y's and
 ``add``'s; left out of the text while ``nchw``), each ``nchw`` or a channel-blocked
 ``nchw{x}c`` (:mod:`tunecache.compiler.kinds.layouts`). Schedules: ``space.py``; kernels:
@@ -19,14 +22,16 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from tunecache.compiler.codegen.epilogue import CHAIN_STEPS, CHANNEL_OPERAND, chain_rows
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.elements import to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.kinds import ChannelView, OpKind, register
 from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
 from tunecache.compiler.kinds.conv2d.lowp import (
-    MIN_LOWP_CHANNELS,
+    MIN_LOWP_FILL,
     bf16_variant,
+    block_fill,
     default_lowp_schedule,
     lowp_problems,
     lowp_reference,
@@ -60,8 +65,8 @@ from tunecache.compiler.ops import (
     window_params,
 )
 
-__all__ = ["ACTIVATIONS", "MIN_LOWP_CHANNELS", "Conv2dSchedule", "conv2d_blocks", "conv2d_nchw", "conv2d_op",
-           "is_depthwise", "nchw_conv2d", "plane_buffer_floats"]
+__all__ = ["ACTIVATIONS", "MIN_LOWP_FILL", "Conv2dSchedule", "block_fill", "conv2d_blocks",
+           "conv2d_nchw", "conv2d_op", "is_depthwise", "nchw_conv2d", "plane_buffer_floats"]
 
 
 ACTIVATIONS = ("relu", "clip6", "silu")
@@ -117,6 +122,9 @@ def _signature_problems(op: OpSignature) -> list[str]:
         found += lowp_signature_problems(op)
     elif "dequant" in op.epilogue:
         found.append("dequant is an int8 conv2d's epilogue step")
+    elif chain_rows(op.epilogue) or "qround" in op.epilogue:
+        found.append("an element-wise chain (cadd, cmul, qround, ...) follows an int8 or bf16 "
+                     "conv2d's epilogue, not a float32 one's")
     return found + kernel_extent_problems(op)
 
 
@@ -137,8 +145,20 @@ def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
         args.append(TensorArg("bias", (d["F"],), "input"))
     if "add" in op.epilogue:
         args.append(TensorArg("add", out_shape, "input"))
+    if chain_rows(op.epilogue):
+        args.append(TensorArg(CHANNEL_OPERAND, (chain_rows(op.epilogue), d["F"]), "input"))
     args.append(TensorArg("Y", out_shape, "output"))
     return tuple(args)
+
+
+def channel_view(op: OpSignature) -> ChannelView | None:
+    """``OpKind.channel_view``: an int8 or bf16 conv2d writing NCHW takes a chain over its
+    channels (``M = N*F`` rows of ``P*Q``, a per-channel operand one value per row)."""
+    if op.dtype == "float32" or op.attr("out_layout") != NCHW:
+        return None
+    d = op.dims_dict
+    return ChannelView(rows=d["N"] * d["F"], cols=op.out_h * op.out_w, per_channel="col",
+                       channels=d["F"])
 
 
 def _flops(op: OpSignature) -> int:
@@ -258,6 +278,7 @@ KIND = register(OpKind(
         dims=("N", "C", "H", "W", "F", "R", "S"),
         attrs={"layout": LAYOUTS, "out_layout": LAYOUTS},
         epilogues=("dequant", "bias", "add", *ACTIVATIONS),
+        epilogue_tail=tuple(CHAIN_STEPS.values()),
         params={
             "stride_h": (1, 1), "stride_w": (1, 1),
             "pad_t": (0, 0), "pad_l": (0, 0), "pad_b": (0, 0), "pad_r": (0, 0),
@@ -288,6 +309,7 @@ KIND = register(OpKind(
     layout_slots=_layout_slots,
     relayout=_relayout,
     bf16_variant=bf16_variant,
+    channel_view=channel_view,
     examples=("conv2d(N=1,C=64,H=56,W=56,F=64,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,"
               "epilogue=bias+relu)",
               "conv2d(N=1,C=32,H=28,W=28,F=32,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,"

@@ -19,9 +19,10 @@ vectors of output channels into Y in its layout. ``ic_block``, ``loop_order`` an
 from __future__ import annotations
 
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamble
-from tunecache.compiler.codegen.epilogue import render, scalar_helpers
+from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.conv2d.common import shape_constants
+from tunecache.compiler.kinds.conv2d.lowp import packed_channels
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import channel_block
 from tunecache.compiler.ops import OpSignature
@@ -30,27 +31,31 @@ TYPES = {"int8": ("uint8_t", "int8_t", "int32_t"), "bf16": ("uint16_t", "uint16_
 """C types of the packed input, the weights as given and the accumulators, per dtype."""
 
 _TYPES = """\
-#define CB ((C + 15) / 16)
+/* Xq's pixels: KC channels (C, or the S taps of C channels when WIDE), KS taps a row loop
+   walks, KSW columns between output pixels, KWP columns a row. */
+#define CB ((KC + 15) / 16)
 #define GPB (16 / IGROUP)
 #define FT ((FOUT + OCB - 1) / OCB)  /* FOUT: F, or a blocked Y's F with its spare lanes */
 /* a row narrower than a tile reads past its end: slack for the last row */
-#define XQ_BYTES ((((long)NB * CB * HP * WP + OWB * SW) * 16 * (long)sizeof(ta_t) + 63) / 64 * 64)
-#define WQ_ITEMS ((long)FT * CB * R * S * GPB * OCB * IGROUP)
+#define XQ_BYTES ((((long)NB * CB * HP * KWP + OWB * KSW) * 16 * (long)sizeof(ta_t) + 63) / 64 * 64)
+#define WQ_ITEMS ((long)FT * CB * R * KS * GPB * OCB * IGROUP)
 """
 
 _PACK_W = """\
-/* W (F x C x R x S) into [FT][CB][R][S][GPB][OCB][IGROUP] of ib_t, zero-padded. */
+/* W (F x C x R x S) into [FT][CB][R][KS][GPB][OCB][IGROUP] of ib_t, zero-padded; a WIDE
+   pixel's channel k is tap k / C of channel k % C. */
 static void tc_q_pack_w(const tb_t *w, ib_t *wp) {
   long i = 0;
   for (long t = 0; t < FT; t++)
     for (long cb = 0; cb < CB; cb++)
       for (long r = 0; r < R; r++)
-        for (long s = 0; s < S; s++)
+        for (long s = 0; s < KS; s++)
           for (long g = 0; g < GPB; g++)
             for (long o = 0; o < OCB; o++)
               for (long e = 0; e < IGROUP; e++, i++) {
-                const long f = t * OCB + o, c = cb * 16 + g * IGROUP + e;
-                wp[i] = (f < F && c < C) ? IB_FROM(w[((f * C + c) * R + r) * S + s]) : 0;
+                const long f = t * OCB + o, k = cb * 16 + g * IGROUP + e;
+                const long c = WIDE ? k % C : k, tap = WIDE ? k / C : s;
+                wp[i] = (f < F && k < KC) ? IB_FROM(w[((f * C + c) * R + r) * S + tap]) : 0;
               }
 }
 """
@@ -110,6 +115,47 @@ static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long
 }
 """
 
+_WIDE_X = """\
+/* WIDE: X's rows [lo, hi) of (n, cb, hp) into Xq, output column q's pixel holding the S
+   taps of the C channels it reads (channel k: tap k / C of channel k %% C). Row h of every
+   channel is converted once into qrow (C x WP, the border at the fill; C < 16 here), then
+   each pixel gathers its bytes; channels past S * C hold the fill. */
+%s
+static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
+  %s
+  ta_t qrow[C * WP];
+  for (long item = lo; item < hi; item++) {
+    const long hp = item %% HP, cb = item / HP %% CB, n = item / HP / CB, h = hp - PT;
+    ta_t *restrict row = Xq + item * KWP * 16;
+    for (long i = 0; i < C * WP; i++) qrow[i] = fill;
+    if (h >= 0 && h < H)
+      for (long c = 0; c < C; c++)
+        for (long w = 0; w < W; w++) qrow[c * WP + PL + w] = %s;
+    long at[16];
+    for (long k = 0; k < 16; k++) {
+      const long kc = cb * 16 + k;
+      at[k] = kc < KC ? (kc %% C) * WP + kc / C : -1;
+    }
+    for (long q = 0; q < KWP; q++)
+      for (long k = 0; k < 16; k++) row[q * 16 + k] = at[k] < 0 ? fill : qrow[at[k] + q * SW];
+  }
+}
+"""
+_WIDE_U8 = ("""\
+static inline ta_t tc_q_u8(float x, float scale, float z) {
+  float v = x / scale;
+  v = v >= -z ? v : -z;
+  v = v <= 255.0f - z ? v : 255.0f - z;
+  return (ta_t)(int)((v + 12582912.0f) - 12582912.0f + z);
+}""", "const float scale = qa[0], z = qa[1];\n  const ta_t fill = (ta_t)(int)z;",
+            "tc_q_u8(X_AT, scale, z)")
+_WIDE_BF16 = ("""\
+static inline ta_t tc_q_bf16(float v) {
+  uint32_t b;
+  memcpy(&b, &v, sizeof b);
+  return (ta_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}""", "(void)qa;\n  const ta_t fill = 0;", "tc_q_bf16(X_AT)")
+
 _BODY = """\
   ta_t *Xq = (ta_t *)ws;
   long lo, hi;
@@ -119,12 +165,28 @@ _BODY = """\
   BARRIER();
   split_range((long)NB * FT * P, TID, NTH, &lo, &hi);
   for (long item = lo; item < hi; item++)
-    tc_q_row(Xq, Wq, scale, bias, add, Y, item / P / FT, item / P %% FT, item %% P);
+    tc_q_row(Xq, Wq, scale, bias, add, chan, Y, item / P / FT, item / P %% FT, item %% P);
 """
 _PACK_PER_CALL = """\
   ib_t *Wq = (ib_t *)((char *)ws + XQ_BYTES);
   if (TID == 0) tc_q_pack_w((const tb_t *)Wt, Wq);"""
 _PACKED_ONCE = "  const ib_t *Wq = (const ib_t *)Wt;"
+
+
+def _x_channel(op: OpSignature) -> str:
+    """X's element for channel ``c`` (below C) of pixel (n, h, w), in X's layout, as C."""
+    x = channel_block(op.attr("layout"))
+    if not x:
+        return "X[((n * C + c) * H + h) * W + w]"
+    return f"X[(((n * {-(-op.dim('C') // x)} + c / {x}) * H + h) * W + w) * {x} + c % {x}]"
+
+
+def _pack_x(op: OpSignature) -> str:
+    """``tc_q_pack_x`` for ``op``: whole 16-channel blocks of X's pixels, or WIDE pixels."""
+    if packed_channels(op.dim("C"), op.dim("S")) != (op.dim("C"), op.dim("S")):
+        helper, setup, one = _WIDE_U8 if op.dtype == "int8" else _WIDE_BF16
+        return _WIDE_X % (helper, setup, one.replace("X_AT", _x_channel(op)))
+    return (_PACK_X if op.dtype == "int8" else _ROUND_X).replace("X_AT", _x_index(op))
 
 
 def _x_index(op: OpSignature) -> str:
@@ -151,18 +213,27 @@ def _finish(op: OpSignature, d: IsaDialect) -> str:
     """``tc_q_store``: one pixel's ``OCB`` accumulators (channels ``f0..``), epilogue
     applied, into Y: whole vectors where Y holds ``LANES`` channels contiguously."""
     operands = {"scale": "VLOADU(scale + f)", "bias": "VLOADU(bias + f)",
-                "add": "VLOADU(add + at)"}
+                "add": "VLOADU(add + at)", CHANNEL_OPERAND: "VLOADU(chan + {i} * F + f)"}
     vector = render(op.epilogue, "v", operands, vector=True)
     scalar = render(op.epilogue, "u", {"scale": "scale[f]", "bias": "bias[f]",
-                                       "add": "add[at]"}, vector=False)
-    contiguous = channel_block(op.attr("out_layout")) % d.lanes == 0 and \
-        channel_block(op.attr("out_layout")) > 0 and op.dim("F") % d.lanes == 0
+                                       "add": "add[at]", CHANNEL_OPERAND: "chan[{i} * F + f]"},
+                    vector=False)
+    part = render(op.epilogue, "v", {
+        "scale": "VLOADU_PART(scale + f, m)", "bias": "VLOADU_PART(bias + f, m)",
+        "add": "VLOADU(add + at)", CHANNEL_OPERAND: "VLOADU_PART(chan + {i} * F + f, m)"},
+        vector=True)
+    blocked = channel_block(op.attr("out_layout")) % d.lanes == 0 and \
+        channel_block(op.attr("out_layout")) > 0
+    # A blocked Y holds LANES channels contiguously; its last block's lanes past F are zero.
     whole = (f"    if (f + LANES <= F) {{\n      vec v = VCVTI(acc + j);\n      {vector}\n"
-             "      VSTOREU(Y + at, v);\n      continue;\n    }\n") if contiguous else ""
+             "      VSTOREU(Y + at, v);\n      continue;\n    }\n"
+             f"    if (f < F) {{\n      const int m = (int)(F - f);\n      vec v = VCVTI(acc + j);\n"
+             f"      {part}\n      VSTOREU(Y + at, VFILL_PART(v, m, 0.0f));\n      continue;\n"
+             "    }\n") if blocked else ""
     padded = "FOUT"  # a blocked Y's channels past F are zeros, as every kernel leaves them
     return ("static inline void tc_q_store(const tacc_t *acc, const float *scale,\n"
-            "    const float *bias, const float *add, float *Y, long n, long f0, long oh,\n"
-            "    long ow) {\n  (void)add;\n"
+            "    const float *bias, const float *add, const float *chan, float *Y, long n,\n"
+            "    long f0, long oh, long ow) {\n  (void)add; (void)chan;\n"
             f"  for (long j = 0; j < OCB && f0 + j < {padded}; j += LANES) {{\n"
             "    long f = f0 + j, at = " + _y_index(op) + ";\n" + whole
             + f"    for (long k = 0; k < LANES && f0 + j + k < {padded}; k++) {{\n"
@@ -180,27 +251,29 @@ def _row(nv: int, owb: int) -> str:
     loads = "".join(f"            const ibv_t b{v} = ILOADB(w + {v} * LANES * IGROUP);\n"
                     for v in range(nv))
     steps = "".join(
-        f"            {{ const ia_t a = IBCAST(x + {p} * SW * 16);\n"
+        f"            {{ const ia_t a = IBCAST(x + {p} * KSW * 16);\n"
         + "".join(f"              c{p}_{v} = IDOT(c{p}_{v}, a, b{v});\n" for v in range(nv))
         + "            }\n" for p in range(owb))
     stores = "".join(
         f"    if (first + {p} >= ow0 && first + {p} < Q) {{\n"
         + "".join(f"      ISTOREU(out + {v} * LANES, c{p}_{v});\n" for v in range(nv))
-        + f"      tc_q_store(out, scale, bias, add, Y, n, t * OCB, oh, first + {p});\n    }}\n"
+        + f"      tc_q_store(out, scale, bias, add, chan, Y, n, t * OCB, oh, first + {p});\n"
+        "    }\n"
         for p in range(owb))
     return (
         "static void tc_q_row(const ta_t *Xq, const ib_t *Wq, const float *scale,\n"
-        "    const float *bias, const float *add, float *Y, long n, long t, long oh) {\n"
+        "    const float *bias, const float *add, const float *chan, float *Y, long n, long t,\n"
+        "    long oh) {\n"
         "  tacc_t out[OCB] __attribute__((aligned(64)));\n"
         "  for (long ow0 = 0; ow0 < Q; ow0 += OWB) {\n"
         "    const long first = Q >= OWB ? MIN(ow0, Q - OWB) : 0;\n"
         f"    ivec {', '.join(f'{c} = IZERO()' for c in acc)};\n"
-        "    const ib_t *w = Wq + t * CB * R * S * GPB * OCB * IGROUP;\n"
+        "    const ib_t *w = Wq + t * CB * R * KS * GPB * OCB * IGROUP;\n"
         "    for (long cb = 0; cb < CB; cb++)\n"
         "      for (long r = 0; r < R; r++)\n"
-        "        for (long s = 0; s < S; s++) {\n"
-        "          const ta_t *xs = Xq + (((n * CB + cb) * HP + oh * SH + r) * WP\n"
-        "                                 + first * SW + s) * 16;\n"
+        "        for (long s = 0; s < KS; s++) {\n"
+        "          const ta_t *xs = Xq + (((n * CB + cb) * HP + oh * SH + r) * KWP\n"
+        "                                 + first * KSW + s) * 16;\n"
         "          for (long g = 0; g < GPB; g++, w += OCB * IGROUP) {\n"
         "            const ta_t *x = xs + g * IGROUP;\n"
         + loads + steps + "          }\n        }\n"
@@ -211,8 +284,12 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
     """The int8 or bf16 kernel of ``op`` under the (legal) direct schedule ``s`` in dialect
     ``d``."""
     x = channel_block(op.attr("out_layout"))
+    kc, ks = packed_channels(op.dim("C"), op.dim("S"))
+    wide = ks != op.dim("S")
     constants = {**shape_constants(op), "OCB": s.oc_block, "OWB": s.ow_block,
-                 "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F")}
+                 "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F"),
+                 "KC": kc, "KS": ks, "WIDE": int(wide), "KSW": 1 if wide else op.dim("stride_w"),
+                 "KWP": op.out_w if wide else "WP"}
     packed = PackedWeights("((WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
                            "  tc_q_pack_w((const tb_t *)weights, (ib_t *)packed);")
     ta, tb, tacc = TYPES[op.dtype]
@@ -223,11 +300,11 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
         f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tacc} tacc_t;\n" + _TYPES,
         "#define VCVTI(p) tc_cvt_i32(p)\n" + _CVT if int8 else "#define VCVTI(p) VLOAD(p)\n",
         scalar_helpers(op.epilogue), _PACK_W,
-        (_PACK_X if int8 else _ROUND_X).replace("X_AT", _x_index(op)),
+        _pack_x(op),
         _finish(op, d), _row(s.oc_block // d.lanes, s.ow_block),
         kernel_entries(op, lambda once: _BODY % (_PACKED_ONCE if once else _PACK_PER_CALL),
                        threads=s.threads, rename={"W": "Wt"},
-                       optional=("qa", "scale", "add"),
+                       optional=("qa", "scale", "add", CHANNEL_OPERAND),
                        ws_floats="((XQ_BYTES + WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
                        packed=packed, packed_ws_floats="((XQ_BYTES + 3) / 4)"),
     ])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
@@ -23,14 +24,37 @@ from tunecache.compiler.kinds.matmul import quantize_u8
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import threads_problem
 
-__all__ = ["MIN_LOWP_CHANNELS", "bf16_variant", "default_lowp_schedule", "lowp_problems",
-           "lowp_reference", "lowp_signature_problems"]
+__all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "bf16_variant", "block_fill", "default_lowp_schedule",
+           "lowp_problems", "lowp_reference", "lowp_signature_problems", "packed_channels"]
 
 LOWP_KNOBS: dict[str, int | str] = {"algorithm": "direct", "pack_w": 1, "oh_block": 1,
                                     "loop_order": "fp", "unroll_kw": 0}
 """The knobs the int8 kernel has one value of."""
 MAX_VECTORS = 4
-MIN_LOWP_CHANNELS = 8
+MIN_LOWP_FILL = 0.5
+"""The least share of a packed pixel's 16 channels a low-precision conv2d must fill to beat
+the float32 kernel (8 of 16: the int8 dot product does four times the float32 FMA's work a
+cycle, but a 16-channel block of 3 channels wastes 13)."""
+
+
+MIN_BF16_CHANNELS = 8
+"""The fewest input channels a bf16 conv2d takes. A bf16 dot product does only twice the
+float32 FMA's work: ResNet-50's 3-channel stem with its taps folded ran 2.09 ms against 2.12
+in float32 (Zen 4), so RGB stems stay float32 under ``--precision bf16``."""
+
+
+def packed_channels(c: int, s: int) -> tuple[int, int]:
+    """``(channels of a packed pixel, taps a row loop walks)`` for C channels and S taps a
+    row: the S taps folded into the pixel (channel ``k`` is tap ``k // C`` of channel
+    ``k % C``) where that takes fewer 16-channel blocks (a 3-channel 7x7 stem: 2 blocks, not
+    7), else C and S."""
+    return (s * c, 1) if -(-s * c // 16) < s * -(-c // 16) else (c, s)
+
+
+def block_fill(op: OpSignature) -> float:
+    """The share of the 16-channel blocks of ``op``'s packed pixels that hold channels."""
+    kc, _ = packed_channels(op.dim("C"), op.dim("S"))
+    return kc / (16 * -(-kc // 16))
 """Convolutions of fewer input channels (an RGB stem) stay float32: the kernel packs them in
 groups of 16, and ResNet-50's stem ran 2.0 ms in int8 against 1.0 in float32."""
 
@@ -55,10 +79,10 @@ def lowp_signature_problems(op: OpSignature) -> list[str]:
 
 def bf16_variant(op: OpSignature) -> tuple[OpSignature, bool] | None:
     """``OpKind.bf16_variant``: a dense, undilated float32 conv2d of at least
-    :data:`MIN_LOWP_CHANNELS` input channels as the bf16 kernel (weights as they are)."""
+    :data:`MIN_BF16_CHANNELS` input channels as the bf16 kernel (weights as they are)."""
     d = op.dims_dict
     if op.dtype != "float32" or d["groups"] != 1 or (d["dil_h"], d["dil_w"]) != (1, 1) or \
-            d["C"] < MIN_LOWP_CHANNELS:
+            d["C"] < MIN_BF16_CHANNELS:
         return None
     return OpSignature(op.kind, op.dims, "bf16", op.attrs, op.epilogue), False
 
@@ -110,6 +134,8 @@ def lowp_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
             acc += np.einsum("nchw,fc->nfhw", patch, w[:, :, r, s])
     operands: dict[str, np.ndarray] = {name: args[name].reshape(1, -1, 1, 1)
                                        for name in ("scale", "bias") if name in args}
+    if CHANNEL_OPERAND in args:
+        operands[CHANNEL_OPERAND] = args[CHANNEL_OPERAND].reshape(-1, 1, d["F"], 1, 1)
     if "add" in args:
         operands["add"] = from_layout(args["add"], op.attr("out_layout"), d["F"])
     return to_layout(epilogue_reference(op.epilogue, acc, operands), op.attr("out_layout"))

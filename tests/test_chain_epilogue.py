@@ -1,0 +1,136 @@
+"""Element-wise chains over a quantized convolution's channels, folded into its epilogue
+(issue 53): the channel steps (``cadd ... cmin``, ``qround``) rendered with one operand row
+each, run by the int8 and bf16 conv2d kernels on every ISA level this machine runs, and the
+step pass that folds an unfolded BatchNormalization and its quantize-dequantize pairs into
+the convolution of an onnxruntime-quantized model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tunecache.compiler import frontend
+from tunecache.compiler.codegen.epilogue import chain_rows, reference, render
+from tunecache.compiler.errors import OpSignatureError
+from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
+from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.runtime import compile_kernel, random_inputs
+from tunecache.compiler.runtime import reference as op_reference
+from tunecache.compiler.schedule import default_schedule
+from tunecache.tuner.deploy import compile_model
+
+HW = local_spec()
+SPECS = [*(replace(HW.with_isa(isa), features=()) for isa in runnable_isas(HW))]
+if HW.features:
+    SPECS.append(HW.with_isa(HW.isa))
+QDQ_BN = "dequant+bias+cdiv+cmax+cmin+qround+cmul+cmul+cadd"
+
+
+def test_channel_steps_read_one_operand_row_each() -> None:
+    steps = ("cmul", "qround", "cadd", "cmax")
+    assert chain_rows(steps) == 3
+    c = render(steps, "v", {"chan": "VLOADU(chan + {i} * F + f)"}, vector=True)
+    assert [f"chan + {i} * F" in c for i in range(3)] == [True] * 3
+    rows = np.array([[2.0], [0.5], [1.0]])
+    out = reference(steps, np.array([1.2, -1.3, 0.26]), {"chan": rows})
+    np.testing.assert_array_equal(out, [2.5, 1.0, 1.5])  # 2.4 -> 2, -2.6 -> -3, .52 -> 1
+
+
+def test_only_low_precision_convolutions_take_a_chain() -> None:
+    conv2d_op(1, 16, 8, 8, 32, 3, 3, pads=1, dtype="int8", epilogue=QDQ_BN)
+    conv2d_op(1, 16, 8, 8, 32, 3, 3, pads=1, dtype="bf16", epilogue="bias+cmul+qround")
+    with pytest.raises(OpSignatureError, match="int8 or bf16"):
+        conv2d_op(1, 16, 8, 8, 32, 3, 3, pads=1, epilogue="bias+cmul")
+    with pytest.raises(OpSignatureError, match="'bias' is not supported"):
+        conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="int8", epilogue="dequant+cmul+bias")
+
+
+def _exact_inputs(op: object, seed: int) -> tuple[np.ndarray, ...]:
+    """Inputs whose every epilogue step is exact in float32 (unit scales, integer bias,
+    power-of-two chain constants): kernel and reference must agree bit for bit, ties of the
+    rounding included."""
+    x, w, qa, scale, *_ = random_inputs(op, seed=seed)  # type: ignore[arg-type]
+    rng = np.random.default_rng(seed)
+    f = scale.size
+    rows = [np.full(f, 4.0), np.full(f, -40.0), np.full(f, 40.0),  # /4, clamp to +-40
+            np.full(f, 0.5), rng.choice([0.25, 2.0, -1.0], f), rng.integers(-3, 4, f) + 0.5]
+    return (x, w, qa, np.ones(f, np.float32), rng.integers(-20, 20, f).astype(np.float32),
+            np.stack(rows).astype(np.float32))
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa + "+".join(("", *s.features)) for s in SPECS])
+@pytest.mark.parametrize("layout", ["nchw", "nchw16c"])
+def test_int8_convolution_applies_the_chain_exactly(hw: HardwareSpec, layout: str) -> None:
+    op = conv2d_op(1, 20, 9, 7, 40, 3, 3, pads=1, dtype="int8", epilogue=QDQ_BN,
+                   layout=layout, out_layout=layout)
+    inputs = _exact_inputs(op, seed=3)
+    want = op_reference(op, inputs)
+    assert np.unique(want).size > 20  # the chain is not all clamped away
+    for threads in (1, 2):
+        got = compile_kernel(op, default_schedule(op, hw, threads), hw)(*inputs)
+        np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def _bn_cnn(path: Path) -> Path:
+    """x -> Conv 3x3 (32) -> BatchNormalization -> Clip(0, 6) -> Conv 1x1 (24): a network
+    whose BatchNormalization was not folded before quantization."""
+    rng = np.random.default_rng(11)
+
+    def init(name: str, array: np.ndarray) -> onnx.TensorProto:
+        return numpy_helper.from_array(array.astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c1", "g", "beta", "mu", "var"], ["n1"]),
+             helper.make_node("Clip", ["n1", "lo", "hi"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"])]
+    inits = [init("w1", rng.standard_normal((32, 16, 3, 3)) / 12), init("b1", rng.random(32)),
+             init("g", 0.5 + rng.random(32)), init("beta", rng.standard_normal(32) * 0.1),
+             init("mu", rng.standard_normal(32) * 0.1), init("var", 0.5 + rng.random(32)),
+             init("lo", np.array(0.0)), init("hi", np.array(6.0)),
+             init("w2", rng.standard_normal((24, 32, 1, 1)) / 6), init("b2", rng.random(24))]
+    graph = helper.make_graph(
+        nodes, "bn_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 10, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 10, 10])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_quantized_batchnorm_chain_joins_the_convolution(tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    rng = np.random.default_rng(12)
+
+    class Calibration(quantization.CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.feeds = iter([{"x": rng.standard_normal((1, 16, 10, 10)).astype(np.float32)}
+                               for _ in range(4)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    path = tmp_path / "bn_cnn.int8.onnx"
+    quantization.quantize_static(
+        str(_bn_cnn(tmp_path / "bn_cnn.onnx")), str(path), Calibration(),
+        quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+        activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8)
+    graph = frontend.load_graph(path)
+    first = graph.kernel_nodes[0]
+    assert (first.op.kind, first.op.dtype) == ("conv2d", "int8")
+    assert chain_rows(first.op.epilogue) >= 6  # pair, BatchNormalization, pair, Clip, pair
+    assert not [n for n in graph.kernel_nodes if n.op.kind == "elementwise"
+                and graph.kernel_nodes.index(n) < 2]
+    x = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    theirs = ort.InferenceSession(str(path), options,
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ours = compile_model(path, store=tmp_path / "store", policy="analytic").run({"x": x})["y"]
+    scale = {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+    last = next(n for n in onnx.load(path).graph.node if n.output[0] == "y")
+    steps = np.abs(ours - theirs) / float(scale[last.input[1]])
+    assert steps.max() <= 1.0 + 1e-4, f"{steps.max():.3f} quantization steps apart"
