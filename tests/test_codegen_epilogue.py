@@ -81,6 +81,7 @@ def test_vector_and_scalar_renderings_match_numpy(isa: str) -> None:
     n = 37  # whole vectors and a scalar tail on every ISA
     x = (4 * rng.standard_normal(n)).astype(np.float32)  # past both of clip6's bounds
     x[:3] = (-100.0, 90.0, 0.0)  # silu where e**-x underflows, saturates, and at 0
+    x[[5, n - 1]] = np.nan  # NaN stays NaN through every step, vector and scalar tail
     bias, add, scale = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     lib = _elementwise(isa)
     for k, steps in enumerate(EPILOGUES):
@@ -93,7 +94,8 @@ def test_vector_and_scalar_renderings_match_numpy(isa: str) -> None:
             np.testing.assert_allclose(y, expected, rtol=2e-6, atol=1e-6,
                                        err_msg=f"{isa} {steps}")
         else:
-            assert np.array_equal(y, expected), (isa, steps)
+            assert np.array_equal(y, expected, equal_nan=True), (isa, steps)
+        assert np.isnan(y[[5, n - 1]]).all(), (isa, steps)
     assert len(EPILOGUES) == 2 ** len(ORDERED)
 
 

@@ -110,10 +110,11 @@ CHAIN_STEPS = MappingProxyType({"add": "cadd", "sub": "csub", "mul": "cmul", "di
 STEPS: Mapping[str, Step] = MappingProxyType({
     "bias": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_add, operand="bias"),
     "add": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_add, operand="add"),
-    # Scalar relu keeps -0.0 and NaN as the kernels always have (the vector max does not).
+    # NaN stays NaN (as in onnxruntime's Relu and Clip): the vector max and min return their
+    # second operand when either is NaN, so the value goes second.
     "relu": Step(vector="VRELU({x})", scalar="if ({x} < 0.0f) {x} = 0.0f;",
                  numpy=lambda x: np.maximum(x, 0, out=x)),
-    "clip6": Step(vector="VMIN(VMAX({x}, VZERO()), VSET1(6.0f))",
+    "clip6": Step(vector="VMIN(VSET1(6.0f), VMAX(VZERO(), {x}))",
                   scalar="{x} = {x} < 0.0f ? 0.0f : ({x} > 6.0f ? 6.0f : {x});",
                   numpy=lambda x: np.clip(x, 0, 6, out=x)),
     # x / (1 + e**-x): one division, no separate sigmoid; FEXP is VEXP's scalar twin.

@@ -13,7 +13,7 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
   ``p + n``), ``VSTOREU_PART(p, v, n)`` (the first ``n`` lanes only); ``0 <= n <= lanes``;
 * arithmetic: ``VZERO``, ``VSET1``, ``VADD``, ``VSUB``, ``VMUL``, ``VDIV``, ``VFMA(a, b, c)``
   (``a*b + c``), ``VMAX``, ``VMIN`` (both return ``b`` when either is NaN, like x86
-  ``maxps``), ``VRELU``;
+  ``maxps``), ``VRELU`` (``VMAX(VZERO(), a)``: NaN stays NaN, as onnxruntime's Relu keeps it);
 * lanes: ``VFILL_PART(v, n, x)`` (lanes from ``n`` on set to the float ``x``),
   ``VHSUM(v)``, ``VHMAX(v)`` (horizontal sum / max, a float);
 * ``VEXP(v)``: e**v per lane, within 2 ulp (about 1.5e-7 relative) for
@@ -82,7 +82,7 @@ typedef int vec_i __attribute__((vector_size(16)));
 #define VSET1(x) ((vec){0.0f, 0.0f, 0.0f, 0.0f} + (x))
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #define VADD(a, b) ((a) + (b))
-static inline vec VRELU(vec a) { return (vec)((vec_i)a & (a > VZERO())); }
+static inline vec VRELU(vec a) { return (vec)(~(VZERO() > a) & (vec_i)a); }
 """
 
 

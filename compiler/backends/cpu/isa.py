@@ -39,7 +39,7 @@ typedef __m512 vec;
 #define VSET1(x) _mm512_set1_ps(x)
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VADD(a, b) _mm512_add_ps((a), (b))
-#define VRELU(a) _mm512_max_ps((a), _mm512_setzero_ps())
+#define VRELU(a) _mm512_max_ps(_mm512_setzero_ps(), (a))
 """
 
 _AVX2_PRELUDE = """\
@@ -53,7 +53,7 @@ typedef __m256 vec;
 #define VSET1(x) _mm256_set1_ps(x)
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VADD(a, b) _mm256_add_ps((a), (b))
-#define VRELU(a) _mm256_max_ps((a), _mm256_setzero_ps())
+#define VRELU(a) _mm256_max_ps(_mm256_setzero_ps(), (a))
 """
 
 _AVX512_MATH = EXP_CONSTANTS + """\
