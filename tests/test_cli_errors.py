@@ -184,3 +184,26 @@ def test_export_failure_leaves_no_partial_file(tmp_path: Path) -> None:
     assert export.returncode == 0
     assert dest.read_bytes() != b"previous export"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_warning_is_one_line_without_its_source(tmp_path: Path) -> None:
+    # A damaged CURRENT pointer: the next publish replaces it and warns (issue 55's probe saw
+    # Python's file:line and the source line of warnings.warn here).
+    from tunecache.cache.store import Store
+    from tunecache.compiler.hardware import local_spec
+    from tunecache.compiler.kinds.matmul import matmul_op
+    from tunecache.compiler.kinds.matmul.space import MatmulSchedule
+    from tunecache.datasets.records import Record
+
+    hw, root = local_spec(), tmp_path / "store"
+    schedule = MatmulSchedule(mr=4, nr=16, kc=64, mc=64, nc=64)
+    Store(root).append([Record.create(op=matmul_op(16, 16, 16), hw=hw, schedule=schedule,
+                                      status="ok", runtimes_s=[1e-3])])
+    assert tunecache("cache", "publish", "--root", str(root)).returncode == 0
+    pointer = root / "published" / hw.hw_id / "CURRENT"
+    pointer.write_text("{not json")
+    out = tunecache("cache", "publish", "--root", str(root))
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("warning: "), out.stderr
+    assert "damaged pointer" in lines[0] and "UserWarning" not in out.stderr

@@ -5,7 +5,8 @@ something takes ``--json``. Every failure prints exactly one line ``error: ...``
 never a traceback, and exits with 2 when the input was wrong (a bad argument, op text,
 schedule, file content) or 1 when the environment failed (a file system or memory error, a
 missing C compiler, an unreachable store). ``--debug`` (or ``TUNECACHE_DEBUG=1``) adds the
-traceback. Each command group lives in a module here that lists its commands in
+traceback. A warning is one ``warning: ...`` line, without Python's source location. Each
+command group lives in a module here that lists its commands in
 ``COMMANDS``; options several commands share are written once in
 :mod:`tunecache.tuner.cli.common`. ``python -m tunecache.tuner.cli`` runs it too.
 """
@@ -16,6 +17,7 @@ import errno
 import os
 import sys
 import traceback
+import warnings
 import zipfile
 from collections.abc import Sequence
 from typing import Any
@@ -41,6 +43,13 @@ _INPUT_ERRORS: tuple[type[BaseException], ...] = (RecursionError, UnicodeError,
 def _one_line(text: str) -> str:
     """``text`` as one line: its lines joined by `` | ``, blank ones dropped."""
     return " | ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _warning_line(message: Warning | str, category: type[Warning], filename: str,
+                  lineno: int, file: Any = None, line: str | None = None) -> None:
+    """``warnings.showwarning`` for the CLI: one ``warning:`` line on stderr, no source
+    location or source line (a user reads it, not a developer)."""
+    click.echo(f"warning: {_one_line(str(message))}", err=True)
 
 
 def _describe(exc: BaseException) -> tuple[str, int]:
@@ -107,7 +116,10 @@ class _Group(click.Group):
             return super().main(args, prog_name, complete_var, False, **extra)
         argv = list(sys.argv[1:] if args is None else args)
         try:
-            code = super().main(argv, prog_name or PROG_NAME, complete_var, False, **extra)
+            with warnings.catch_warnings():
+                warnings.showwarning = _warning_line
+                code = super().main(argv, prog_name or PROG_NAME, complete_var, False,
+                                    **extra)
         except Exception as exc:  # the one place every failure is reported
             sys.exit(self._report(exc, _debug_requested(argv)))
         except KeyboardInterrupt as exc:
