@@ -421,7 +421,10 @@ class Store:
 
     def current(self, hw_id: str) -> Pointer | None:
         """The current snapshot pointer of ``hw_id`` (None if nothing was published)."""
-        data = fs.read_bytes(self.location, paths.pointer_path(hw_id))
+        try:
+            data = fs.read_bytes(self.location, paths.pointer_path(hw_id))
+        except fs.UnreadableFile as exc:
+            raise SnapshotError(f"its CURRENT pointer {exc.strerror}") from None
         return None if data is None else Pointer.from_json(data)
 
     def snapshots(self, hw_id: str) -> list[str]:

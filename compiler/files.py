@@ -6,6 +6,7 @@ size, written before the file is renamed into place) that a reader checks it aga
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -17,6 +18,17 @@ from pathlib import Path
 
 RECORD_SUFFIX = ".json"
 RECORD_MAX_BYTES = 4096
+
+
+def open_regular(path: Path | str) -> int:
+    """A read-only descriptor of the regular file ``path``: never blocks (a FIFO planted in a
+    shared folder would hang an ``open`` for reading until a writer came), never follows a
+    symbolic link in its last component; :class:`OSError` naming the path otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
 
 
 def writable_by_all(folder: Path) -> bool:
@@ -120,7 +132,7 @@ def record_path(artifact: Path) -> Path:
 def recorded(artifact: Path) -> tuple[str, int] | None:
     """(sha256, size) from ``artifact``'s record, or None if it is missing or malformed."""
     try:
-        with record_path(artifact).open("rb") as handle:
+        with os.fdopen(open_regular(record_path(artifact)), "rb") as handle:
             raw = handle.read(RECORD_MAX_BYTES + 1)
     except OSError:
         return None
@@ -150,7 +162,7 @@ def fd_matches(artifact: Path, fd: int) -> str | None:
 def matching_digest(artifact: Path) -> str | None:
     """The digest of ``artifact`` if its bytes match its record, else None."""
     try:
-        fd = os.open(artifact, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(artifact)
     except OSError:
         return None
     try:

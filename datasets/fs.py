@@ -10,6 +10,7 @@ final key is written directly. Readers ignore names starting with ``.`` or ``_``
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 import uuid
@@ -17,6 +18,7 @@ import uuid
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from tunecache.compiler.files import open_regular
 from tunecache.datasets.location import Location
 
 TEMP_SUFFIX = ".tmp"
@@ -60,17 +62,51 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+MAX_READ_BYTES = 256 << 20
+"""The largest file :func:`read_bytes` reads (pointers, hardware specs, wanted lists and
+cost models are kilobytes to a few megabytes): a file grown past it is refused, not read
+until memory runs out."""
+
+
+class UnreadableFile(OSError):
+    """A file :func:`read_bytes` refuses to read: not a regular file, or too large."""
+
+
 def read_bytes(loc: Location, relative: str) -> bytes | None:
-    """The content of ``relative``, or None when it does not exist."""
+    """The content of ``relative``, or None when it does not exist. On a local store it must
+    be a regular file (a FIFO would block the reader forever; :func:`open_regular`); on any
+    store, at most :data:`MAX_READ_BYTES`."""
     try:
+        if isinstance(loc.fs, pafs.LocalFileSystem):
+            return _read_local(loc.path(relative))
         with loc.fs.open_input_stream(loc.path(relative)) as handle:
-            return bytes(handle.read())
+            data = bytes(handle.read(MAX_READ_BYTES + 1))
+        return _bounded(data, loc.path(relative))
     except FileNotFoundError:
         return None
+    except UnreadableFile:
+        raise
     except OSError:
         if not exists(loc, relative):
             return None
         raise
+
+
+def _read_local(path: str) -> bytes:
+    try:
+        fd = open_regular(path)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise UnreadableFile(errno.EINVAL, "is not a regular file", path) from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        return _bounded(handle.read(MAX_READ_BYTES + 1), path)
+
+
+def _bounded(data: bytes, path: str) -> bytes:
+    if len(data) > MAX_READ_BYTES:
+        raise UnreadableFile(errno.EFBIG, f"is larger than {MAX_READ_BYTES >> 20} MiB", path)
+    return data
 
 
 def exists(loc: Location, relative: str) -> bool:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +143,30 @@ def test_new_cache_folders_are_not_world_writable(tmp_path: Path) -> None:
     assert not (art.path.parent.stat().st_mode & 0o002)
     assert not ((tmp_path / "fresh").stat().st_mode & 0o002)
     assert np.isfinite(load_kernel(OP, art)(*random_inputs(OP))).all()
+
+
+@pytest.mark.parametrize("planted", ["record", "object"])
+def test_a_fifo_in_place_of_a_kernel_file_neither_hangs_nor_loads(tmp_path: Path,
+                                                                    planted: str) -> None:
+    # Opening a FIFO for reading waits for a writer: a planted one hung `tunecache run`
+    # (issue 55). In a child process, so a regression fails on its timeout, not forever.
+    cold = build(kernel(), cache_dir=tmp_path / "cache")
+    target = cold.path.with_suffix(".json") if planted == "record" else cold.path
+    target.unlink()
+    os.mkfifo(target)
+    script = (
+        "from pathlib import Path\n"
+        "from tunecache.compiler.backends.cpu.build import build\n"
+        "from tunecache.compiler.codegen import generate\n"
+        "from tunecache.compiler.hardware import local_spec\n"
+        "from tunecache.compiler.kinds.matmul import matmul_op\n"
+        "from tunecache.compiler.schedule import default_schedule\n"
+        "op, hw = matmul_op(16, 24, 8), local_spec()\n"
+        f"cache = Path({str(tmp_path / 'cache')!r})\n"
+        "art = build(generate(op, default_schedule(op, hw), hw), cache_dir=cache)\n"
+        "print(art.path)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    rebuilt = Path(out.stdout.strip())
+    assert rebuilt.is_file() and runs_correctly(build(kernel(), cache_dir=tmp_path / "cache"))

@@ -434,3 +434,20 @@ def test_compile_on_a_damaged_store_warns_and_goes_on(one_matmul: Path, tmp_path
     warnings = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
     assert any("damaged snapshot pointer" in w for w in warnings)
     assert any("wanted list" in w for w in warnings)
+
+
+def test_a_fifo_in_place_of_current_is_damage_not_a_hang(tmp_path: Path) -> None:
+    # Opening a FIFO for reading waits for a writer: one planted as CURRENT hung `cache
+    # verify`, `cache publish` and `compile` (issue 55). Now it is a damaged pointer.
+    root = tmp_path / "store"
+    Store(root).append([rec(OP, A, 1e-3)])
+    Store(root).publish()
+    pointer = root / "published" / HW.hw_id / "CURRENT"
+    pointer.unlink()
+    os.mkfifo(pointer)
+    verify = tunecache("cache", "verify", "--root", str(root))
+    assert verify.returncode == 1 and "CURRENT pointer is not a regular file" in verify.stdout
+    publish = tunecache("cache", "publish", "--root", str(root))
+    assert publish.returncode == 0, publish.stderr
+    assert "replacing a damaged pointer" in publish.stderr
+    assert pointer.is_file() and Store(root).current(HW.hw_id) is not None

@@ -42,6 +42,7 @@ from tunecache.compiler.files import (
     fd_matches,
     folder_lock,
     matching_digest,
+    open_regular,
     publish_recorded,
     publish_text,
     temp_path,
@@ -245,6 +246,6 @@ def _same_file(fd: int, path: Path) -> bool:
 
 def _open_artifact(path: Path) -> int:
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return open_regular(path)
     except OSError as exc:
         raise BuildError(f"cannot open kernel artifact {path}: {exc.strerror}") from None
