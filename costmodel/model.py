@@ -38,6 +38,7 @@ from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
 from tunecache.costmodel import features as F
 from tunecache.costmodel import metrics as M
+from tunecache.costmodel.model_check import model_problems
 
 META_FORMAT = 1
 MODEL_FILE = "model.json"
@@ -525,6 +526,7 @@ class CostModel:
                 f"{where}: model.json does not match meta.json (hash differs): damaged or "
                 "replaced; retrain or restore it"
             )
+        _check_structure(model, where)
         import xgboost as xgb
 
         try:
@@ -553,6 +555,18 @@ class CostModel:
                 raise ModelLoadError(f"{base}: {name} is missing; not a complete model "
                                      "directory") from None
         return cls.from_bytes(files[MODEL_FILE], files[META_FILE], str(base))
+
+
+def _check_structure(model: bytes, where: str) -> None:
+    """Refuse a ``model.json`` whose trees XGBoost would walk out of bounds
+    (:mod:`tunecache.costmodel.model_check`)."""
+    try:
+        data = json.loads(model)
+    except (ValueError, RecursionError):
+        raise ModelLoadError(f"{where}: model.json is not JSON") from None
+    problems = model_problems(data, len(F.FEATURE_NAMES))
+    if problems:
+        raise ModelLoadError(f"{where}: model.json is malformed: {problems[0]}")
 
 
 # -- cross-validation -----------------------------------------------------------------------
