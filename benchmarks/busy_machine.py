@@ -45,7 +45,6 @@ POLICIES: dict[str, dict[str, str]] = {
     "spin 30k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "30000"},
     "spin 100k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "100000"},
     "spin 1M": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "1000000"},
-    "spin 300k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "300000"},
     "spin 3M": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "3000000"},
     "tunecache default": {},
 }

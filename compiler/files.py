@@ -20,14 +20,19 @@ RECORD_SUFFIX = ".json"
 RECORD_MAX_BYTES = 4096
 
 
+class UnreadableFile(OSError):
+    """A file tunecache refuses to read: not a regular file, or larger than its limit."""
+
+
 def open_regular(path: Path | str) -> int:
     """A read-only descriptor of the regular file ``path``: never blocks (a FIFO planted in a
     shared folder would hang an ``open`` for reading until a writer came), never follows a
-    symbolic link in its last component; :class:`OSError` naming the path otherwise."""
+    symbolic link in its last component; :class:`UnreadableFile` naming the path for
+    anything but a regular file."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
+        raise UnreadableFile(errno.EINVAL, "is not a regular file", str(path))
     return fd
 
 

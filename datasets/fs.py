@@ -18,7 +18,7 @@ import uuid
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from tunecache.compiler.files import open_regular
+from tunecache.compiler.files import UnreadableFile, open_regular
 from tunecache.datasets.location import Location
 
 TEMP_SUFFIX = ".tmp"
@@ -68,14 +68,10 @@ cost models are kilobytes to a few megabytes): a file grown past it is refused, 
 until memory runs out."""
 
 
-class UnreadableFile(OSError):
-    """A file :func:`read_bytes` refuses to read: not a regular file, or too large."""
-
-
 def read_bytes(loc: Location, relative: str) -> bytes | None:
     """The content of ``relative``, or None when it does not exist. On a local store it must
     be a regular file (a FIFO would block the reader forever; :func:`open_regular`); on any
-    store, at most :data:`MAX_READ_BYTES`."""
+    store, at most :data:`MAX_READ_BYTES`; :class:`UnreadableFile` otherwise."""
     try:
         if isinstance(loc.fs, pafs.LocalFileSystem):
             return _read_local(loc.path(relative))
@@ -93,13 +89,7 @@ def read_bytes(loc: Location, relative: str) -> bytes | None:
 
 
 def _read_local(path: str) -> bytes:
-    try:
-        fd = open_regular(path)
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:
-            raise UnreadableFile(errno.EINVAL, "is not a regular file", path) from None
-        raise
-    with os.fdopen(fd, "rb") as handle:
+    with os.fdopen(open_regular(path), "rb") as handle:
         return _bounded(handle.read(MAX_READ_BYTES + 1), path)
 
 

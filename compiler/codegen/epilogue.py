@@ -62,8 +62,9 @@ class Step:
     """Scalar C functions the scalar form calls that the prelude lacks (``isa.SCALAR_MATH``)."""
 
 
-def _add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.add(x, y, out=x)
+def _binary(ufunc: np.ufunc) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """``ufunc(x, y)`` written into ``x``."""
+    return lambda x, y: ufunc(x, y, out=x)
 
 
 SQRT1_2 = 0.7071067811865476
@@ -76,14 +77,6 @@ def _gelu_erf(x: np.ndarray) -> np.ndarray:
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(x.dtype.type(GELU_TANH_C) * (x + 0.044715 * x * x * x)))
-
-
-def _scale(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.multiply(x, y, out=x)
-
-
-def _binary(ufunc: np.ufunc) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    return lambda x, y: ufunc(x, y, out=x)
 
 
 QROUND_LIMIT = float(1 << 22)
@@ -108,8 +101,10 @@ CHAIN_STEPS = MappingProxyType({"add": "cadd", "sub": "csub", "mul": "cmul", "di
 
 
 STEPS: Mapping[str, Step] = MappingProxyType({
-    "bias": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_add, operand="bias"),
-    "add": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_add, operand="add"),
+    "bias": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_binary(np.add),
+                 operand="bias"),
+    "add": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_binary(np.add),
+                operand="add"),
     # NaN stays NaN (as in onnxruntime's Relu and Clip): the vector max and min return their
     # second operand when either is NaN, so the value goes second.
     "relu": Step(vector="VRELU({x})", scalar="if ({x} < 0.0f) {x} = 0.0f;",
@@ -136,8 +131,8 @@ STEPS: Mapping[str, Step] = MappingProxyType({
         numpy=_gelu_tanh, helpers=("FTANH",)),
     # An integer accumulator as the float it stands for: times its column's scale (an int8
     # matmul's A scale times B's per-column scale); zero-point terms are folded into bias.
-    "dequant": Step(vector="VMUL({x}, {y})", scalar="{x} *= {y};", numpy=_scale,
-                    operand="scale"),
+    "dequant": Step(vector="VMUL({x}, {y})", scalar="{x} *= {y};",
+                    numpy=_binary(np.multiply), operand="scale"),
     "qround": Step(
         vector="VSUB(VADD(VMIN(VMAX({x}, VSET1(-4194304.0f)), VSET1(4194304.0f)), "
                "VSET1(12582912.0f)), VSET1(12582912.0f))",

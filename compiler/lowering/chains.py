@@ -36,18 +36,17 @@ __all__ = ["fold_chains"]
 @register_step_pass
 def fold_chains(steps: list[Any], ctx: StepContext) -> list[Any]:
     """``steps`` with every foldable chain joined to the kernel it reads."""
-    steps = list(steps)
-    while True:
+    steps, read, position = list(steps), readers(steps), 0
+    while position < len(steps):
+        folded = _fold(steps[position], steps, read, ctx)
+        if folded is None:
+            position += 1
+            continue
+        # The folded kernel stays at ``position`` and may take the next chain too.
+        steps[position], reader = folded
+        del steps[reader]
         read = readers(steps)
-        for position, step in enumerate(steps):
-            folded = _fold(step, steps, read, ctx)
-            if folded is not None:
-                node, reader = folded
-                steps[position] = node
-                del steps[reader]
-                break
-        else:
-            return steps
+    return steps
 
 
 def _fold(step: Any, steps: list[Any], read: dict[str, list[int]],

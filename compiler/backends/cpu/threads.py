@@ -13,9 +13,9 @@ its partner waits for a core, and a BERT layer's run grew 2-6x where the short s
 2.4x (MobileNet-v2's small kernels grew alike). Deploy hosts idle between requests are the
 common case; a host that is always oversubscribed sets ``GOMP_SPINCOUNT=10000`` (or
 ``OMP_WAIT_POLICY=passive``), which this leaves alone. ``benchmarks/busy_machine.py``
-measures quiet, idle-gap, busy and duty-cycle conditions (figures in docs/BENCHMARKS.md). libgomp reads the
-policy once, when it loads, so :func:`configure_openmp` must run before the first kernel
-is loaded; the measurement workers inherit it from the environment.
+measures quiet, idle-gap, busy and duty-cycle conditions (figures in docs/BENCHMARKS.md).
+libgomp reads the policy once, when it loads, so :func:`configure_openmp` must run before
+the first kernel is loaded; the measurement workers inherit it from the environment.
 """
 
 from __future__ import annotations

@@ -60,67 +60,54 @@ static void tc_q_pack_w(const tb_t *w, ib_t *wp) {
 }
 """
 
-_PACK_X = """\
-/* X's rows [lo, hi) of (n, cb, hp) into Xq, quantized: saturate x / scale to [-z, 255 - z],
-   round half to even (add and take away 1.5 * 2**23), add z; the border and the channels
-   past C (zeros in X) are z. X_AT reads channel cb * 16 + k of pixel (h, w). */
-static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
-  const float scale = qa[0], z = qa[1], low = -z, high = 255.0f - z;
-  const ta_t zq = (ta_t)(int)z;
-  for (long item = lo; item < hi; item++) {
-    const long hp = item % HP, cb = item / HP % CB, n = item / HP / CB, h = hp - PT;
-    ta_t *restrict row = Xq + item * WP * 16;
-    if (h < 0 || h >= H) {
-      memset(row, zq, WP * 16);
-      continue;
-    }
-    memset(row, zq, PL * 16);
-    memset(row + (PL + W) * 16, zq, (WP - PL - W) * 16);
-    for (long w = 0; w < W; w++) {
-      ta_t *restrict out = row + (PL + w) * 16;
-      for (long k = 0; k < 16; k++) {
-        float v = X_AT / scale;
-        v = v >= low ? v : low;
-        v = v <= high ? v : high;
-        out[k] = (ta_t)(int)((v + 12582912.0f) - 12582912.0f + z);
-      }
-    }
-  }
+_CONVERT = {
+    # saturate x / scale to [-z, 255 - z], round half to even (add and take away 1.5 * 2**23),
+    # add z; the border and the channels past C (zeros in X) are z
+    "int8": ("""\
+static inline ta_t tc_q_one(float x, float scale, float z) {
+  float v = x / scale;
+  v = v >= -z ? v : -z;
+  v = v <= 255.0f - z ? v : 255.0f - z;
+  return (ta_t)(int)((v + 12582912.0f) - 12582912.0f + z);
+}""", "const float scale = qa[0], z = qa[1];\n  const ta_t fill = (ta_t)(int)z;",
+             "tc_q_one(X_AT, scale, z)"),
+    # bfloat16, nearest with ties to even; the border and the channels past C are zero
+    "bf16": ("""\
+static inline ta_t tc_q_one(float v) {
+  uint32_t b;
+  memcpy(&b, &v, sizeof b);
+  return (ta_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}""", "(void)qa;\n  const ta_t fill = 0;", "tc_q_one(X_AT)"),
 }
-"""
-_ROUND_X = """\
-/* X's rows [lo, hi) of (n, cb, hp) into Xq as bfloat16 (nearest, ties to even); the border
-   and the channels past C (zeros in X) are zero. */
-static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
-  (void)qa;
-  for (long item = lo; item < hi; item++) {
-    const long hp = item % HP, cb = item / HP % CB, n = item / HP / CB, h = hp - PT;
-    ta_t *restrict row = Xq + item * WP * 16;
-    if (h < 0 || h >= H) {
-      memset(row, 0, WP * 16 * sizeof(ta_t));
-      continue;
-    }
-    memset(row, 0, PL * 16 * sizeof(ta_t));
-    memset(row + (PL + W) * 16, 0, (WP - PL - W) * 16 * sizeof(ta_t));
-    for (long w = 0; w < W; w++) {
-      ta_t *restrict out = row + (PL + w) * 16;
-      for (long k = 0; k < 16; k++) {
-        const float v = X_AT;
-        uint32_t b;
-        memcpy(&b, &v, sizeof b);
-        out[k] = (ta_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-      }
-    }
-  }
-}
-"""
+"""Per dtype: ``tc_q_one`` converting one float of X as Xq holds it, the packing's setup
+(``fill``: Xq's border) and the call converting ``X_AT``."""
 
+_BLOCK_X = """\
+/* X's rows [lo, hi) of (n, cb, hp) into Xq, converted by tc_q_one; the border holds the
+   fill (memset: a byte, as bf16's fill is 0). X_AT reads channel cb * 16 + k of (h, w). */
+static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
+  %s
+  for (long item = lo; item < hi; item++) {
+    const long hp = item %% HP, cb = item / HP %% CB, n = item / HP / CB, h = hp - PT;
+    ta_t *restrict row = Xq + item * WP * 16;
+    if (h < 0 || h >= H) {
+      memset(row, fill, WP * 16 * sizeof(ta_t));
+      continue;
+    }
+    memset(row, fill, PL * 16 * sizeof(ta_t));
+    memset(row + (PL + W) * 16, fill, (WP - PL - W) * 16 * sizeof(ta_t));
+    for (long w = 0; w < W; w++) {
+      ta_t *restrict out = row + (PL + w) * 16;
+      for (long k = 0; k < 16; k++) out[k] = %s;
+    }
+  }
+}
+"""
 _WIDE_X = """\
 /* WIDE: X's rows [lo, hi) of (n, cb, hp) into Xq, output column q's pixel holding the S
    taps of the C channels it reads (channel k: tap k / C of channel k %% C). Row h of every
    channel is converted once into qrow (C x WP, the border at the fill; C < 16 here), then
    each pixel gathers its bytes; channels past S * C hold the fill. */
-%s
 static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
   %s
   ta_t qrow[C * WP];
@@ -141,20 +128,6 @@ static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long
   }
 }
 """
-_WIDE_U8 = ("""\
-static inline ta_t tc_q_u8(float x, float scale, float z) {
-  float v = x / scale;
-  v = v >= -z ? v : -z;
-  v = v <= 255.0f - z ? v : 255.0f - z;
-  return (ta_t)(int)((v + 12582912.0f) - 12582912.0f + z);
-}""", "const float scale = qa[0], z = qa[1];\n  const ta_t fill = (ta_t)(int)z;",
-            "tc_q_u8(X_AT, scale, z)")
-_WIDE_BF16 = ("""\
-static inline ta_t tc_q_bf16(float v) {
-  uint32_t b;
-  memcpy(&b, &v, sizeof b);
-  return (ta_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}""", "(void)qa;\n  const ta_t fill = 0;", "tc_q_bf16(X_AT)")
 
 _BODY = """\
   ta_t *Xq = (ta_t *)ws;
@@ -183,10 +156,10 @@ def _x_channel(op: OpSignature) -> str:
 
 def _pack_x(op: OpSignature) -> str:
     """``tc_q_pack_x`` for ``op``: whole 16-channel blocks of X's pixels, or WIDE pixels."""
+    helper, setup, one = _CONVERT[op.dtype]
     if packed_channels(op.dim("C"), op.dim("S")) != (op.dim("C"), op.dim("S")):
-        helper, setup, one = _WIDE_U8 if op.dtype == "int8" else _WIDE_BF16
-        return _WIDE_X % (helper, setup, one.replace("X_AT", _x_channel(op)))
-    return (_PACK_X if op.dtype == "int8" else _ROUND_X).replace("X_AT", _x_index(op))
+        return helper + "\n" + _WIDE_X % (setup, one.replace("X_AT", _x_channel(op)))
+    return helper + "\n" + _BLOCK_X % (setup, one.replace("X_AT", _x_index(op)))
 
 
 def _x_index(op: OpSignature) -> str:

@@ -24,8 +24,9 @@ from tunecache.compiler.kinds.matmul import quantize_u8
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import threads_problem
 
-__all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "bf16_variant", "block_fill", "default_lowp_schedule",
-           "lowp_problems", "lowp_reference", "lowp_signature_problems", "packed_channels"]
+__all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "bf16_variant", "block_fill",
+           "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
+           "packed_channels"]
 
 LOWP_KNOBS: dict[str, int | str] = {"algorithm": "direct", "pack_w": 1, "oh_block": 1,
                                     "loop_order": "fp", "unroll_kw": 0}
@@ -35,8 +36,6 @@ MIN_LOWP_FILL = 0.5
 """The least share of a packed pixel's 16 channels a low-precision conv2d must fill to beat
 the float32 kernel (8 of 16: the int8 dot product does four times the float32 FMA's work a
 cycle, but a 16-channel block of 3 channels wastes 13)."""
-
-
 MIN_BF16_CHANNELS = 8
 """The fewest input channels a bf16 conv2d takes. A bf16 dot product does only twice the
 float32 FMA's work: ResNet-50's 3-channel stem with its taps folded ran 2.09 ms against 2.12
@@ -55,8 +54,6 @@ def block_fill(op: OpSignature) -> float:
     """The share of the 16-channel blocks of ``op``'s packed pixels that hold channels."""
     kc, _ = packed_channels(op.dim("C"), op.dim("S"))
     return kc / (16 * -(-kc // 16))
-"""Convolutions of fewer input channels (an RGB stem) stay float32: the kernel packs them in
-groups of 16, and ResNet-50's stem ran 2.0 ms in int8 against 1.0 in float32."""
 
 
 def lowp_signature_problems(op: OpSignature) -> list[str]:
