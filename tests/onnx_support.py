@@ -247,6 +247,24 @@ def ort_run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.
     return session.run(None, dict(feeds))
 
 
+def quantize_qdq(source: Any, out: Any, batches: Sequence[Mapping[str, np.ndarray]]) -> Any:
+    """``source`` quantized by onnxruntime into ``out`` as most quantized models are: static
+    QDQ, uint8 activations, int8 per-channel weights, calibrated on ``batches``."""
+    from onnxruntime import quantization as q
+
+    class Calibration(q.CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.feeds = iter([dict(b) for b in batches])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    q.quantize_static(str(source), str(out), Calibration(), quant_format=q.QuantFormat.QDQ,
+                      per_channel=True, activation_type=q.QuantType.QUInt8,
+                      weight_type=q.QuantType.QInt8)
+    return out
+
+
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Standard-normal float32 inputs for every declared model input (static shapes)."""
     rng = np.random.default_rng(seed)

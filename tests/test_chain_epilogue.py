@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_support import quantize_qdq
 
 from tunecache.compiler import frontend
 from tunecache.compiler.codegen.epilogue import chain_rows, reference, render
@@ -102,22 +103,11 @@ def _bn_cnn(path: Path) -> Path:
 
 def test_quantized_batchnorm_chain_joins_the_convolution(tmp_path: Path) -> None:
     ort = pytest.importorskip("onnxruntime")
-    quantization = pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("onnxruntime.quantization")
     rng = np.random.default_rng(12)
-
-    class Calibration(quantization.CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.feeds = iter([{"x": rng.standard_normal((1, 16, 10, 10)).astype(np.float32)}
-                               for _ in range(4)])
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.feeds, None)
-
-    path = tmp_path / "bn_cnn.int8.onnx"
-    quantization.quantize_static(
-        str(_bn_cnn(tmp_path / "bn_cnn.onnx")), str(path), Calibration(),
-        quant_format=quantization.QuantFormat.QDQ, per_channel=True,
-        activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8)
+    path = quantize_qdq(_bn_cnn(tmp_path / "bn_cnn.onnx"), tmp_path / "bn_cnn.int8.onnx",
+                        [{"x": rng.standard_normal((1, 16, 10, 10)).astype(np.float32)}
+                         for _ in range(4)])
     graph = frontend.load_graph(path)
     first = graph.kernel_nodes[0]
     assert (first.op.kind, first.op.dtype) == ("conv2d", "int8")

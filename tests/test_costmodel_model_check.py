@@ -86,3 +86,15 @@ def test_cache_verify_reports_a_model_that_would_crash_predict(tmp_path: Path) -
                          env=dict(os.environ))
     assert out.returncode == 1, (out.returncode, out.stderr)
     assert "malformed" in out.stdout + out.stderr
+
+
+def test_a_model_file_that_is_not_json_is_refused_before_xgboost(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    shutil.copytree(_seed_model_dir(), out)
+    model = b"\x00\x01 not json"
+    (out / "model.json").write_bytes(model)
+    meta = json.loads((out / "meta.json").read_text())
+    meta["model_sha256"] = hashlib.sha256(model).hexdigest()
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelLoadError, match=r"model\.json is not JSON"):
+        CostModel.load(out)

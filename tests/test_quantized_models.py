@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_support import quantize_qdq
 
 from tunecache.compiler import frontend
 from tunecache.compiler.graph import Graph, KernelNode
@@ -201,3 +202,32 @@ def _output_scale_of(path: Path, output: str) -> float:
     last = next(n for n in model.graph.node if n.output[0] == output)
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     return float(inits[last.input[1]])
+
+
+def test_rgb_convolutions_are_int8_where_their_taps_fill_the_pixels(tmp_path: Path) -> None:
+    # 3 channels: a 3x3 conv folds 9 (channel, tap) pairs into a 16-channel pixel and runs in
+    # int8; a 1x1 conv would fill 3 of 16 and stays float32 (its reason: the fill).
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) / 3).astype(np.float32), n)
+             for n, s in (("w1", (8, 3, 1, 1)), ("w3", (16, 3, 3, 3)))]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["y1"]),
+         helper.make_node("Conv", ["x", "w3"], ["y3"], pads=[1, 1, 1, 1])],
+        "rgb", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+        [helper.make_tensor_value_info("y1", TensorProto.FLOAT, [1, 8, 12, 12]),
+         helper.make_tensor_value_info("y3", TensorProto.FLOAT, [1, 16, 12, 12])], inits)
+    source = tmp_path / "rgb.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    path = quantize_qdq(source, tmp_path / "rgb.int8.onnx",
+                        [{"x": rng.standard_normal((1, 3, 12, 12)).astype(np.float32)}
+                         for _ in range(3)])
+    convs = {n.op.dim("R"): n.op.dtype for n in frontend.load_graph(path).kernel_nodes
+             if n.op.kind == "conv2d"}
+    assert convs == {1: "float32", 3: "int8"}
+    x = rng.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    ours = compile_model(path, store=tmp_path / "store", policy="analytic").run({"x": x})
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    for name, want in zip(("y1", "y3"), theirs, strict=True):
+        steps = np.abs(ours[name] - want) / _output_scale_of(path, name)
+        assert steps.max() <= 1.0 + 1e-4, f"{name}: {steps.max():.3f} steps apart"

@@ -24,7 +24,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tunecache.cache import paths
-from tunecache.cache.errors import StoreWarning
+from tunecache.cache.errors import SnapshotError, StoreWarning
 from tunecache.cache.index import Index, SnapshotWarning, compiler_key
 from tunecache.cache.publish import snapshot_bytes, snapshot_digest
 from tunecache.cache.store import Store
@@ -451,3 +451,13 @@ def test_a_fifo_in_place_of_current_is_damage_not_a_hang(tmp_path: Path) -> None
     assert publish.returncode == 0, publish.stderr
     assert "replacing a damaged pointer" in publish.stderr
     assert pointer.is_file() and Store(root).current(HW.hw_id) is not None
+
+
+def test_a_pointer_past_the_size_limit_is_damage_not_read(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "store"
+    Store(root).append([rec(OP, A, 1e-3)])
+    Store(root).publish()
+    monkeypatch.setattr(fs, "MAX_READ_BYTES", 16)  # a CURRENT pointer is a few hundred bytes
+    with pytest.raises(SnapshotError, match="CURRENT pointer is larger than"):
+        Store(root).current(HW.hw_id)
