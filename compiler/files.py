@@ -36,13 +36,55 @@ def open_regular(path: Path | str) -> int:
     return fd
 
 
-def writable_by_all(folder: Path) -> bool:
-    """Whether every user may write to ``folder`` (so may plant files there); False if it
-    cannot be read."""
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def untrusted_folder(folder: Path, *, root: Path) -> str | None:
+    """Why code under ``folder`` (inside the cache ``root``) must not be loaded, or None.
+
+    As ssh treats its directories: ``root`` and every folder below it down to ``folder``
+    must be a real directory owned by this process's user and writable by no one else; each
+    folder above ``root`` must be writable by no one but its owner, unless it is sticky
+    (``/tmp``), where others cannot move what is not theirs. Anyone else who could write
+    there could plant an object and its record side by side."""
+    uid = os.geteuid()
     try:
-        return bool(folder.stat().st_mode & stat.S_IWOTH)
-    except OSError:
-        return False
+        resolved = root.resolve()
+        for above in reversed(resolved.parents):
+            st = os.stat(above)
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+                return _writable_problem(above, st.st_mode)
+        chain = [resolved]
+        for part in folder.relative_to(root).parts:
+            chain.append(chain[-1] / part)
+        for own in chain:
+            st = os.lstat(own)
+            if not stat.S_ISDIR(st.st_mode):
+                return f"{own} is not a directory (a link or a file in its place)"
+            if st.st_uid != uid:
+                return (f"{own} is owned by uid {st.st_uid}, not by this user (uid {uid}), "
+                        "who could plant code there")
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return _writable_problem(own, st.st_mode)
+    except (OSError, ValueError):
+        return None  # what cannot be read is created, or refused, where it is used
+    return None
+
+
+def _writable_problem(folder: Path, mode: int) -> str:
+    who = "every user" if mode & stat.S_IWOTH else "its group"
+    return (f"{folder} is writable by {who} (mode {stat.S_IMODE(mode):o}), who could plant "
+            f"code there; run `chmod go-w {folder}`")
+
+
+def make_private_dirs(folder: Path) -> None:
+    """Create ``folder`` and any missing parents with mode 0700, whatever the umask."""
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, PRIVATE_DIR_MODE)
+            os.chmod(path, PRIVATE_DIR_MODE)
 
 
 def temp_path(folder: Path, prefix: str, suffix: str) -> Path:
@@ -116,6 +158,9 @@ def publish_recorded(tmp: Path, target: Path, extra: dict[str, str]) -> str:
     on disk (fsync) before the folder entry points at them.
     """
     with tmp.open("rb") as handle:
+        # The compiler wrote it with the umask's mode (0664 under umask 002): only its
+        # owner may change what will be loaded.
+        os.fchmod(handle.fileno(), PRIVATE_FILE_MODE)
         digest, size = digest_of(handle.fileno())
         os.fsync(handle.fileno())
     record: dict[str, str | int] = {"sha256": digest, "bytes": size, **extra}

@@ -97,3 +97,20 @@ def poisoned_run_problem(kernel: Kernel | Callable[..., np.ndarray], op: OpSigna
             if problem:
                 return problem
     return None if np.array_equal(outs[0], outs[1]) else "second call differs from the first"
+
+
+def planted_object(tmp_path: Path, marker: Path) -> Path:
+    """A valid shared object whose constructor creates ``marker`` when it is loaded."""
+    source = tmp_path / "planted.c"
+    source.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void planted(void) {\n"
+        f'    FILE *f = fopen("{marker}", "w");\n'
+        "    if (f) fclose(f);\n"
+        "}\n"
+        "int tc_kernel(void **args) { (void)args; return 0; }\n"
+    )
+    out = tmp_path / "planted.so"
+    subprocess.run([find_compiler().path, "-shared", "-fPIC", str(source), "-o", str(out)],
+                   check=True, capture_output=True)
+    return out

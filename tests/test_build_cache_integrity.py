@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_support import planted_object
 
-from tunecache.compiler.backends.cpu.build import Artifact, build, find_compiler
+from tunecache.compiler.backends.cpu.build import Artifact, build
 from tunecache.compiler.codegen import KernelSource, generate
 from tunecache.compiler.errors import BuildError
 from tunecache.compiler.hardware import local_spec
@@ -36,23 +37,6 @@ def runs_correctly(artifact: Artifact) -> bool:
     inputs = random_inputs(OP)
     result = load_kernel(OP, artifact)(*inputs)
     return check_result(OP, inputs, result, reference(OP, inputs)) is None
-
-
-def planted_object(tmp_path: Path, marker: Path) -> Path:
-    """A valid shared object whose constructor creates ``marker`` when it is loaded."""
-    source = tmp_path / "planted.c"
-    source.write_text(
-        "#include <stdio.h>\n"
-        "__attribute__((constructor)) static void planted(void) {\n"
-        f'    FILE *f = fopen("{marker}", "w");\n'
-        "    if (f) fclose(f);\n"
-        "}\n"
-        "int tc_kernel(void **args) { (void)args; return 0; }\n"
-    )
-    out = tmp_path / "planted.so"
-    subprocess.run([find_compiler().path, "-shared", "-fPIC", str(source), "-o", str(out)],
-                   check=True, capture_output=True)
-    return out
 
 
 def test_build_records_the_digest_of_the_object(tmp_path: Path) -> None:
@@ -124,7 +108,7 @@ def test_world_writable_cache_is_refused(tmp_path: Path) -> None:
     art = build(kernel(), cache_dir=cache)
     for directory in (cache, art.path.parent):
         directory.chmod(0o777)
-        with pytest.raises(BuildError, match=r"writable by every user.*chmod o-w"):
+        with pytest.raises(BuildError, match=r"writable by every user.*chmod go-w"):
             build(kernel(), cache_dir=cache)
         with pytest.raises(BuildError, match="writable by every user"):
             load_kernel(OP, art.path)

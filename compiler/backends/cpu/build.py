@@ -10,9 +10,11 @@ key and the machine code are the same without it.
 Integrity: beside every ``<key>.so`` lies ``<key>.json``, recording the SHA-256 and size of
 the object's bytes (and of its C source) at build time. A lookup trusts a cached object only
 if its bytes match that record; a truncated, replaced or unrecorded object is rebuilt, never
-loaded; :func:`open_verified` checks just before each load. A cache directory writable by
-every user is refused (:class:`BuildError` naming it and the fix): anyone could plant code
-there, and swap a file between the check and the load.
+loaded; :func:`open_verified` checks just before each load. A cache that is not private is
+refused (:class:`BuildError` naming the folder and the fix): one owned by another user, or
+writable by its group or every user, or under a folder others may write to, where anyone
+could plant an object and a matching record side by side, or swap a file between the check
+and the load. Folders are created 0700 and objects published 0600, whatever the umask.
 
 The cache lives in ``$TUNECACHE_BUILD_CACHE``, else ``<user cache dir>/tunecache/kernels``.
 The C compiler is ``$CC``, else the first of ``cc``, ``gcc``, ``clang`` on ``PATH``.
@@ -25,7 +27,6 @@ import functools
 import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -41,16 +42,17 @@ from tunecache.compiler.errors import BuildError
 from tunecache.compiler.files import (
     fd_matches,
     folder_lock,
+    make_private_dirs,
     matching_digest,
     open_regular,
     publish_recorded,
     publish_text,
     temp_path,
+    untrusted_folder,
 )
 
 BUILD_CACHE_ENV = "TUNECACHE_BUILD_CACHE"
 DEFAULT_TIMEOUT_S = 120.0
-_DIR_MODE = 0o775
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,16 +142,15 @@ def build_source(
     folder = root / key[:2]
     target = folder / f"{key}.so"
     if target.exists():
-        _refuse_shared_writable(folder)
+        _refuse_untrusted(folder, root)
         digest = matching_digest(target)
         if digest is not None:
             return Artifact(target, key, True, 0.0, digest)
     try:
-        root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-        folder.mkdir(mode=_DIR_MODE, exist_ok=True)
+        make_private_dirs(folder)
     except OSError as exc:
         raise BuildError(f"cannot create build cache folder {folder}: {exc.strerror}") from None
-    _refuse_shared_writable(folder)
+    _refuse_untrusted(folder, root)
     publish_text(folder / f"{key}.c", source)
     tmp = temp_path(folder, f".{key}.", ".so.tmp")
     try:
@@ -183,20 +184,13 @@ def _compile(cc: CompilerInfo, flags: tuple[str, ...], source: Path, out: Path,
     return time.perf_counter() - started
 
 
-def _refuse_shared_writable(folder: Path) -> None:
-    """BuildError if the cache root or ``folder`` (a key folder) is writable by every user."""
-    for directory in (folder.parent, folder):
-        try:
-            mode = directory.stat().st_mode
-        except OSError:
-            continue
-        if mode & stat.S_IWOTH:
-            raise BuildError(
-                f"build cache directory {directory} is writable by every user (mode "
-                f"{stat.S_IMODE(mode):o}), so anyone could plant code that tunecache would "
-                f"load; run `chmod o-w {directory}` or set ${BUILD_CACHE_ENV} to a private "
-                "directory"
-            )
+def _refuse_untrusted(folder: Path, root: Path) -> None:
+    """BuildError unless ``folder`` (in the cache ``root``) may hold code this process
+    loads (:func:`~tunecache.compiler.files.untrusted_folder`)."""
+    problem = untrusted_folder(folder, root=root)
+    if problem is not None:
+        raise BuildError(f"build cache not private: {problem}, or set ${BUILD_CACHE_ENV} to "
+                         "a directory only you can write")
 
 
 @contextlib.contextmanager
@@ -210,7 +204,7 @@ def open_verified(artifact: Path) -> Iterator[str]:
     it has loaded before as the same library, and descriptor numbers are reused.
     """
     path = Path(artifact)
-    _refuse_shared_writable(path.parent)
+    _refuse_untrusted(path.parent, path.parent.parent)
     fd = _open_artifact(path)
     try:
         if fd_matches(path, fd) is None:

@@ -25,11 +25,12 @@ import threading
 from pathlib import Path
 
 from tunecache.compiler.files import (
+    make_private_dirs,
     matching_digest,
     publish_recorded,
     publish_text,
     temp_path,
-    writable_by_all,
+    untrusted_folder,
 )
 
 PCH_ENV = "TUNECACHE_PCH"
@@ -76,14 +77,17 @@ def _stat(path: Path) -> tuple[int, int, int] | None:
 def _usable(compiler: str, flags: tuple[str, ...], header: Path, text: str,
             timeout_s: float) -> bool:
     """Whether ``header``'s ``.gch`` matches its record, building it first if it does not;
-    never in a folder every user may write to."""
+    never in a folder that is not private."""
     gch = header.with_name(HEADER_NAME + ".gch")
-    if any(writable_by_all(d) for d in (header.parent.parent, header.parent)):
+    root = header.parent.parent.parent
+    if untrusted_folder(header.parent, root=root) is not None:
         return False
     if _holds(header, text) and matching_digest(gch) is not None:
         return True
     try:
-        header.parent.mkdir(mode=0o775, parents=True, exist_ok=True)
+        make_private_dirs(header.parent)
+        if untrusted_folder(header.parent, root=root) is not None:
+            return False
         publish_text(header, text)
         tmp = temp_path(header.parent, f".{gch.name}.", ".tmp")
         try:
