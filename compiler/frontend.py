@@ -122,6 +122,9 @@ class ModelSource:
     nodes: list[ReadNode] = field(default_factory=list, repr=False)
     """The graph's nodes as read and checked by the first load; later loads copy them
     instead of parsing every attribute again."""
+    path: str | None = None
+    """The file it was read from (:func:`read_model`), for whoever needs its bytes again
+    (a compiled model's package)."""
 
     def slimmed(self) -> Any:
         """Replace the proto by a copy parsed anew from its bytes, and return it: a cleared
@@ -198,7 +201,34 @@ def read_model(path: str | Path) -> ModelSource:
         raise ModelError(f"cannot read ONNX model {str(path)!r}: not a valid ONNX protobuf "
                          f"({type(exc).__name__}: {exc})") from exc
     _float32_compute(onnx, model, str(path.parent))
-    return ModelSource(model, str(path.parent), path.stem, owned=True)
+    return ModelSource(model, str(path.parent), path.stem, owned=True, path=str(path))
+
+
+def read_model_bytes(data: bytes, name: str) -> ModelSource:
+    """A model from its serialized bytes (external data inlined), as :func:`read_model`
+    reads a file."""
+    onnx = _import_onnx()
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as exc:
+        raise ModelError(f"cannot read ONNX model {name!r}: not a valid ONNX protobuf "
+                         f"({type(exc).__name__}: {exc})") from exc
+    _float32_compute(onnx, model, "")
+    return ModelSource(model, "", name, owned=True)
+
+
+def model_bytes(source: ModelSource) -> bytes:
+    """The serialized model ``source`` was read from, its external data inlined; ModelError
+    where it was not read from a file or that file cannot be read again."""
+    if source.path is None:
+        raise ModelError(f"model {source.name!r} was not read from a file, so its bytes "
+                         "cannot be packaged; compile it from its .onnx file")
+    onnx = _import_onnx()
+    try:
+        return bytes(onnx.load(source.path).SerializeToString())
+    except Exception as exc:
+        raise ModelError(f"cannot read ONNX model {source.path!r} again to package it "
+                         f"({type(exc).__name__}: {exc})") from exc
 
 
 def _float32_compute(onnx: Any, model: Any, base_dir: str) -> None:

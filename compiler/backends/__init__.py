@@ -190,6 +190,18 @@ class Backend(Protocol):
     def load(self, op: OpSignature, artifact: Path) -> KernelHandle:
         """A callable, timed kernel for ``op`` from a built artifact, verified first."""
 
+    def runtime_artifacts(self) -> tuple[Artifact, ...]:
+        """The artifacts besides kernels that a compiled model's plan runs on (the plan
+        runner), built now: what a compiled model's package carries with its kernels."""
+
+    def install_artifact(self, key: str, data: bytes) -> Artifact:
+        """Put an artifact built elsewhere (a package's, its digest already checked) into
+        the cache under ``key``, recorded like a build; loads then verify it as any."""
+
+    def adopt_toolchain(self, identity: str) -> None:
+        """Where this machine has no toolchain, look artifacts up as built by ``identity``
+        (a package's): a machine with no compiler then runs what a package installed."""
+
     def worker_environment(self) -> dict[str, str]:
         """Environment a process that times this backend's kernels starts with."""
 

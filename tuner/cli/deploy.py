@@ -35,6 +35,8 @@ from tunecache.tuner.cli.shapes import (
 )
 from tunecache.tuner.deploy import POLICIES, CompiledModel, compile_model
 from tunecache.tuner.deploy.compile import sample_inputs
+from tunecache.tuner.deploy.package import load_compiled, save_compiled, saved_model
+from tunecache.tuner.deploy.package_file import is_package
 
 
 def _common(func: Any) -> Any:
@@ -61,10 +63,24 @@ def _common(func: Any) -> Any:
     return func
 
 
+def _load_saved(model_path: Path, input_shapes: tuple[str, ...], hardware: Path | None,
+                precision: str) -> CompiledModel:
+    """A compiled model's package: its options were fixed when it was saved."""
+    given = [name for name, value in (("--input-shape", input_shapes), ("--hardware", hardware),
+                                      ("--precision", precision != "fp32")) if value]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} cannot change a compiled model "
+                               f"({model_path} was planned when it was saved); compile the "
+                               ".onnx file again to change it")
+    return load_compiled(model_path)
+
+
 def _compile(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
              input_shapes: tuple[str, ...], root: str | None, hardware: Path | None,
              precision: str, inputs: Inputs | None = None,
              threads: int | None = None) -> CompiledModel:
+    if is_package(model_path):
+        return _load_saved(model_path, input_shapes, hardware, precision)
     # Warnings (a store that cannot be read or written, …) become one `warning:` line each.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -85,15 +101,20 @@ def _compile(model_path: Path, policy: str, expected_calls: int, deadline: str |
 
 @click.command("compile")
 @_common
+@click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, metavar="FILE",
+              help="Also save the compiled model (plan, kernels, runtime) to FILE, which "
+                   "`tunecache run FILE` runs on a machine with no C compiler.")
 def compile_command(model_path: Path, policy: str, expected_calls: int, deadline: str | None,
                     precision: str, input_shapes: tuple[str, ...], root: str | None,
-                    hardware: Path | None, as_json: bool) -> None:
+                    hardware: Path | None, as_json: bool, save_path: Path | None) -> None:
     """Compile an ONNX model against the cache and print the plan: per kernel node the op,
     the decision and why, the expected latency and where the schedule came from."""
     compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
                         hardware, precision)
+    saved = save_compiled(compiled, save_path) if save_path is not None else None
     if as_json:
-        emit_json(compiled.summary())
+        emit_json({**compiled.summary(), "saved": saved.to_dict() if saved else None})
         return
     click.echo(f"{compiled.graph.name or model_path.name} on {compiled.hw.hw_id}: "
                f"{len(compiled.plan)} kernel nodes, compiled in "
@@ -112,6 +133,9 @@ def compile_command(model_path: Path, policy: str, expected_calls: int, deadline
     click.echo("schedules: " + ", ".join(f"{v} {k}" for k, v in sorted(
         summary["served"].items(), key=lambda kv: -kv[1])))
     _echo_precision(compiled)
+    if saved is not None:
+        click.echo(f"saved: {saved.path} ({saved.bytes / 1e6:.1f} MB, {saved.objects} "
+                   f"artifact(s) for {saved.hw_id})")
 
 
 def _echo_precision(compiled: CompiledModel) -> None:
@@ -176,9 +200,9 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
                 hardware: Path | None, as_json: bool, inputs_path: Path | None,
                 compare: str | None, repeat: int, profile_top: int | None,
                 threads: int | None) -> None:
-    """Compile and run an ONNX model; with --compare onnxruntime, check and time it against
-    onnxruntime on the same inputs and thread count; with --profile, say where its time
-    goes."""
+    """Compile and run an ONNX model (or run a compiled model saved by `compile --save`, with
+    no compiler); with --compare onnxruntime, check and time it against onnxruntime on the
+    same inputs and thread count; with --profile, say where its time goes."""
     given = Inputs(inputs_path, _load_inputs(inputs_path)) if inputs_path else None
     compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
                         hardware, precision, given, threads)
@@ -205,7 +229,8 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
                                  "pip install 'tunecache[onnxruntime]'") from None
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or compiled.hw.cores
-        session = ort.InferenceSession(str(model_path), options,
+        onnx_model = saved_model(model_path) if is_package(model_path) else str(model_path)
+        session = ort.InferenceSession(onnx_model, options,
                                        providers=["CPUExecutionProvider"])
         feed = {i.name: inputs[i.name] for i in session.get_inputs()}
         names = [o.name for o in session.get_outputs()]
@@ -227,7 +252,8 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
     if as_json:
         emit_json(report)
         return
-    click.echo(f"{model_path.name}: compiled in {report['compile_s']:.2f} s, latency "
+    made = "loaded" if is_package(model_path) else "compiled"
+    click.echo(f"{model_path.name}: {made} in {report['compile_s']:.2f} s, latency "
                f"{report['latency_ms']:.3f} ms (median of {repeat})")
     _echo_precision(compiled)
     if compare:

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,6 +53,9 @@ from tunecache.tuner.measure import Runner, TimingConfig
 from tunecache.tuner.measure.records import to_records
 from tunecache.tuner.search import Ranker, TuneConfig, tune_op
 from tunecache.tuner.search.refit import Nearest
+
+if TYPE_CHECKING:
+    from tunecache.tuner.deploy.package import SavedPackage
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,10 @@ class CompiledModel:
     accuracy: dict[str, Any] | None = None
     """With a precision below fp32: the outputs' error against the float32 graph on the
     compile's sample input (seeded random), per output and worst."""
+    blocked_layouts: bool = True
+    """Whether activations stay channel-blocked between the kernels that take them."""
+    source: frontend.ModelSource | None = field(default=None, repr=False)
+    """The model it was compiled from (what a package of it carries)."""
     _executor: Executor | None = field(default=None, init=False, repr=False)
     _program: NativeProgram | None = field(default=None, init=False, repr=False)
     _run_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -175,6 +182,13 @@ class CompiledModel:
                 return self._program.run(inputs)
             except PlanMismatch:  # a data-dependent shape: the executor handles any
                 return self.executor.run(inputs)
+
+    def save(self, path: str | Path) -> SavedPackage:
+        """Save this model (its compile-time input shape) with its kernels and runtime, for
+        :func:`~tunecache.tuner.deploy.package.load_compiled` on a machine with no compiler."""
+        from tunecache.tuner.deploy.package import save_compiled
+
+        return save_compiled(self, path)
 
     def _packed_layouts(self) -> dict[str, Hashable]:
         """Per kernel node with a schedule, the layout of its pre-packed weights, where its
@@ -449,7 +463,8 @@ def compile_model(
     if shapes is None:
         interface = Graph(info.name, info.opset, info.inputs, info.outputs,
                           MappingProxyType({}), ())
-        compiled = CompiledModel(interface, [], {}, hw)
+        compiled = CompiledModel(interface, [], {}, hw, blocked_layouts=blocked_layouts,
+                                 source=source)
         compiled.timings = {"load_s": time.perf_counter() - t0}
     else:
         compiled = specialise(shapes, accuracy=True)
@@ -474,9 +489,7 @@ def _compile_shape(label: str, source: frontend.ModelSource,
     node, its schedule at another planned shape of the same model (see
     :func:`_sharing_packed`)."""
     t0 = time.perf_counter()
-    full = plan_graph(frontend.load_graph(source, input_shapes), hw,
-                      blocked_layouts=blocked_layouts)
-    graph, lowered = apply_precision(full, hw, precision)
+    full, graph, lowered = plan_model(source, input_shapes, hw, blocked_layouts, precision)
     t_load = time.perf_counter()
     view = _cache_view(store, hw)
     # A run bounded to fewer threads ranks its guesses for them: a top-1 ranked for every
@@ -521,12 +534,24 @@ def _compile_shape(label: str, source: frontend.ModelSource,
                                    for op, count in misses.items()])
     kernels = _build_kernels(plan, hw)
     t_build = time.perf_counter()
-    compiled = CompiledModel(graph, plan, kernels, hw, threads=threads, precision=lowered)
+    compiled = CompiledModel(graph, plan, kernels, hw, threads=threads, precision=lowered,
+                             blocked_layouts=blocked_layouts, source=source)
     if accuracy and lowered.nodes:
         compiled.accuracy = precision_error(compiled, full)
     compiled.timings = {"load_s": t_load - t0, "decide_s": t_decide - t_load,
                         "build_s": t_build - t_decide, "total_s": time.perf_counter() - t0}
     return compiled
+
+
+def plan_model(source: frontend.ModelSource, input_shapes: Mapping[str, Sequence[int]],
+               hw: HardwareSpec, blocked_layouts: bool, precision: str
+               ) -> tuple[Graph, Graph, PrecisionPlan]:
+    """The model's graph at ``input_shapes`` with its layouts planned, before and after the
+    precision policy, and what that policy did."""
+    full = plan_graph(frontend.load_graph(source, input_shapes), hw,
+                      blocked_layouts=blocked_layouts)
+    graph, lowered = apply_precision(full, hw, precision)
+    return full, graph, lowered
 
 
 def precision_error(compiled: CompiledModel, reference: Graph, seed: int = 0

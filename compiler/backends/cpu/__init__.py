@@ -92,6 +92,21 @@ class CpuBackend:
 
         return load_kernel(op, artifact)
 
+    def runtime_artifacts(self) -> tuple[Artifact, ...]:
+        from tunecache.compiler.backends.cpu.runner import runner_artifact
+
+        return (runner_artifact(),)
+
+    def install_artifact(self, key: str, data: bytes) -> Artifact:
+        from tunecache.compiler.backends.cpu.build import install_artifact
+
+        return install_artifact(key, data)
+
+    def adopt_toolchain(self, identity: str) -> None:
+        from tunecache.compiler.backends.cpu.build import adopt_toolchain
+
+        adopt_toolchain(identity)
+
     def worker_environment(self) -> dict[str, str]:
         # OpenMP threads pinned to cores while timed, unless the user chose otherwise.
         return {"OMP_PROC_BIND": os.environ.get("OMP_PROC_BIND", "close"),

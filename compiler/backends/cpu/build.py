@@ -26,6 +26,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -92,14 +93,28 @@ def probe_compiler(path: str) -> CompilerInfo:
     return CompilerInfo(path, f"{first[0]};{machine.stdout.strip()}")
 
 
+_adopted: list[str] = []
+"""The identity :func:`adopt_toolchain` set for this process (at most one)."""
+
+
+def adopt_toolchain(identity: str) -> None:
+    """Where this machine has no C compiler, look artifacts up as if built by the compiler
+    ``identity``: a compiled model's package brought them (``install_artifact``), and a warm
+    lookup then needs no compiler; a cold build says what is missing."""
+    _adopted[:] = [identity]
+
+
 def find_compiler() -> CompilerInfo:
-    """The C compiler to use, with its identity; BuildError naming what was tried if none."""
+    """The C compiler to use, with its identity; BuildError naming what was tried if none
+    (or, where a toolchain was adopted, that one's identity with no path)."""
     env = os.environ.get("CC", "").strip()
     candidates = [env] if env else ["cc", "gcc", "clang"]
     for name in candidates:
         path = shutil.which(name)
         if path:
             return probe_compiler(path)
+    if _adopted:
+        return CompilerInfo("", _adopted[0])
     tried = ", ".join(candidates)
     raise BuildError(
         f"no C compiler found (tried {tried}{' from $CC' if env else ' on PATH'}); install gcc "
@@ -146,11 +161,11 @@ def build_source(
         digest = matching_digest(target)
         if digest is not None:
             return Artifact(target, key, True, 0.0, digest)
-    try:
-        make_private_dirs(folder)
-    except OSError as exc:
-        raise BuildError(f"cannot create build cache folder {folder}: {exc.strerror}") from None
-    _refuse_untrusted(folder, root)
+    if not cc.path:
+        raise BuildError(f"no C compiler on this machine to build {key}, which the compiled "
+                         "model did not bring; install gcc or clang, or save the model again "
+                         "with this tunecache version")
+    _private_folder(folder, root)
     publish_text(folder / f"{key}.c", source)
     tmp = temp_path(folder, f".{key}.", ".so.tmp")
     try:
@@ -161,6 +176,32 @@ def build_source(
     finally:
         tmp.unlink(missing_ok=True)
     return Artifact(target, key, False, seconds, digest)
+
+
+def install_artifact(key: str, data: bytes, *, cache_dir: Path | None = None) -> Artifact:
+    """Publish ``data`` as the shared object of artifact ``key`` (built elsewhere: a compiled
+    model's package), with its digest record, as a build would; an object already there
+    that matches its own record is kept."""
+    if not re.fullmatch(r"[0-9a-f]{32}", key):
+        raise BuildError(f"artifact key {key!r} is not 32 lowercase hex digits")
+    root = cache_dir or build_cache_dir()
+    folder = root / key[:2]
+    _private_folder(folder, root)
+    tmp = temp_path(folder, f".{key}.", ".so.tmp")
+    try:
+        tmp.write_bytes(data)
+        digest = publish_recorded(tmp, folder / f"{key}.so", {"installed": "package"})
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Artifact(folder / f"{key}.so", key, True, 0.0, digest)
+
+
+def _private_folder(folder: Path, root: Path) -> None:
+    try:
+        make_private_dirs(folder)
+    except OSError as exc:
+        raise BuildError(f"cannot create build cache folder {folder}: {exc.strerror}") from None
+    _refuse_untrusted(folder, root)
 
 
 def _compile(cc: CompilerInfo, flags: tuple[str, ...], source: Path, out: Path,

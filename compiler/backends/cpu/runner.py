@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tunecache.compiler.backends import Artifact
 from tunecache.compiler.backends.cpu.build import build_source, open_verified
 from tunecache.compiler.backends.cpu.threads import configure_openmp
 
@@ -142,12 +143,17 @@ def build_runner() -> None:
     build_source(_SOURCE, _FLAGS)
 
 
+def runner_artifact() -> Artifact:
+    """The runner library's artifact (built, or found in the build cache)."""
+    return build_source(_SOURCE, _FLAGS)
+
+
 @cache
 def _runner_library() -> ctypes.CDLL:
     # Loaded once and kept for the process (the cache holds it); checked against its build
     # record like every kernel library before any of its code runs.
     configure_openmp()  # its parallel copies bring libgomp in, like a kernel
-    with open_verified(build_source(_SOURCE, _FLAGS).path) as loadable:
+    with open_verified(runner_artifact().path) as loadable:
         return ctypes.CDLL(loadable)
 
 

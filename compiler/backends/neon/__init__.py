@@ -100,6 +100,22 @@ class NeonBackend:
 
         return EmulatedKernel(op, Path(artifact))
 
+    def runtime_artifacts(self) -> tuple[Artifact, ...]:
+        from tunecache.compiler.backends.cpu.runner import runner_artifact
+
+        self.plan_runner()  # only where a whole model runs
+        return (runner_artifact(),)
+
+    def install_artifact(self, key: str, data: bytes) -> Artifact:
+        from tunecache.compiler.backends.cpu.build import install_artifact
+
+        return install_artifact(key, data)
+
+    def adopt_toolchain(self, identity: str) -> None:
+        from tunecache.compiler.backends.cpu.build import adopt_toolchain
+
+        adopt_toolchain(identity)
+
     def worker_environment(self) -> dict[str, str]:
         return {}
 
