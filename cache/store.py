@@ -559,10 +559,8 @@ class Store:
                                     for t in tables.values()])
             unique = pc.count_distinct(ids).as_py()
         stray = []
-        selector = pafs.FileSelector(self.location.path(RECORDS_DIR), recursive=True,
-                                     allow_not_found=True)
         known = {f.path for f in fragments}
-        for info in self.location.fs.get_file_info(selector):
+        for info in fs.infos(self.location, self.location.path(RECORDS_DIR), recursive=True):
             if info.type == pafs.FileType.File and info.path not in known and not (
                 info.base_name.startswith(".") and info.base_name.endswith(fs.TEMP_SUFFIX)
             ):

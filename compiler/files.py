@@ -24,16 +24,32 @@ class UnreadableFile(OSError):
     """A file tunecache refuses to read: not a regular file, or larger than its limit."""
 
 
-def open_regular(path: Path | str) -> int:
+def open_regular(path: str | os.PathLike[str], *, follow_links: bool = False) -> int:
     """A read-only descriptor of the regular file ``path``: never blocks (a FIFO planted in a
-    shared folder would hang an ``open`` for reading until a writer came), never follows a
-    symbolic link in its last component; :class:`UnreadableFile` naming the path for
-    anything but a regular file."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    shared folder would hang an ``open`` for reading until a writer came), and follows a
+    symbolic link in its last component only with ``follow_links`` (a file a user named);
+    :class:`UnreadableFile` naming the path for anything but a regular file."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UnreadableFile(errno.EINVAL, "is not a regular file", str(path))
     return fd
+
+
+def read_regular(path: str | os.PathLike[str], limit: int, *,
+                 follow_links: bool = False) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`open_regular`), at most ``limit``:
+    :class:`UnreadableFile` for a larger one, never reading more than ``limit + 1``."""
+    with os.fdopen(open_regular(path, follow_links=follow_links), "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise UnreadableFile(errno.EFBIG, f"is larger than {_size_text(limit)}", str(path))
+    return data
+
+
+def _size_text(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
 
 
 PRIVATE_DIR_MODE = 0o700

@@ -23,10 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.compiler.errors import HardwareError
+from tunecache.compiler.files import read_regular
 from tunecache.compiler.plugins import load_backends
 
 ENV_VAR = "TUNECACHE_HARDWARE"
 SPEC_VERSION = 1
+MAX_SPEC_BYTES = 1 << 20
+PLAUSIBLE_MAX = {"cores": 4096, "l1d_bytes": 16 << 20, "l2_bytes": 1 << 30,
+                 "l3_bytes": 64 << 30, "cache_line": 1024, "l1d_ways": 256, "l2_ways": 256,
+                 "l3_ways": 256, "l3_shared_by": 4096}
+"""The largest value of each count a spec may claim: past these no CPU is, and a spec that
+claims one would have an engine start that many threads or size tiles to caches no machine
+has (cores, and caches per instance, of the largest CPUs made tenfold)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +120,12 @@ class HardwareSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise HardwareError(f"hardware {name} must be a positive integer, got {value!r}")
+            if value > PLAUSIBLE_MAX[name]:
+                raise HardwareError(f"hardware {name}={value} is not plausible: at most "
+                                    f"{PLAUSIBLE_MAX[name]}")
+        if self.cache_line & (self.cache_line - 1) or self.cache_line < 16:
+            raise HardwareError(f"hardware cache_line={self.cache_line} must be a power of two "
+                                "of at least 16")
         if not re.fullmatch(r"[A-Za-z0-9_]+", self.arch):
             raise HardwareError(f"hardware arch {self.arch!r} must be letters, digits or _")
         self._check_features(level)
@@ -200,10 +214,10 @@ class HardwareSpec:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> HardwareSpec:
         try:
-            text = Path(path).read_text()
+            data = read_regular(path, MAX_SPEC_BYTES, follow_links=True)
         except OSError as exc:
             raise HardwareError(f"cannot read hardware spec {path}: {exc.strerror}") from None
-        return cls.from_json(text)
+        return cls.from_json(data.decode(errors="replace"))
 
     def with_isa(self, isa: str) -> HardwareSpec:
         """The same machine restricted to a lower ISA level (e.g. to test AVX2 code)."""
@@ -311,6 +325,15 @@ def cpu_features() -> tuple[str, ...]:
     if _cpu_features is None:
         _cpu_features = _features_of(_cpuinfo(Path("/proc"))[1], cpu_isa())
     return _cpu_features
+
+
+def machine_cpus() -> int:
+    """The logical CPUs this process may run on: what bounds any engine's thread count
+    here, whatever a pinned spec claims."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def ensure_runnable(spec: HardwareSpec, cpu: str | None = None,

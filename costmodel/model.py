@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.files import read_regular
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule
@@ -43,6 +44,8 @@ from tunecache.costmodel.model_check import model_problems
 META_FORMAT = 1
 MODEL_FILE = "model.json"
 META_FILE = "meta.json"
+MAX_MODEL_FILE_BYTES = 256 << 20
+"""The largest model or meta file read (the shipped model is about 1 MB)."""
 REQUIRED_COLUMNS = ("op_text", "op_id", "hw_id", "hw_json", "schedule_json", "status", "median_s")
 _EST = F.FEATURE_NAMES.index("est_log_s")
 
@@ -550,10 +553,12 @@ class CostModel:
         files = {}
         for name in (MODEL_FILE, META_FILE):
             try:
-                files[name] = (base / name).read_bytes()
+                files[name] = read_regular(base / name, MAX_MODEL_FILE_BYTES)
             except FileNotFoundError:
                 raise ModelLoadError(f"{base}: {name} is missing; not a complete model "
                                      "directory") from None
+            except OSError as exc:
+                raise ModelLoadError(f"{base}: cannot read {name}: {exc.strerror}") from None
         return cls.from_bytes(files[MODEL_FILE], files[META_FILE], str(base))
 
 

@@ -171,6 +171,5 @@ def usable_model(root: str | os.PathLike[str] | Location | None,
 def list_versions(root: str | os.PathLike[str] | Location | None = None) -> list[str]:
     """Versions stored under ``models/`` (complete or not), sorted."""
     loc = location.resolve(root)
-    selector = pafs.FileSelector(loc.path(MODELS_DIR), recursive=False, allow_not_found=True)
-    return sorted(info.base_name for info in loc.fs.get_file_info(selector)
+    return sorted(info.base_name for info in fs.infos(loc, loc.path(MODELS_DIR))
                   if info.type == pafs.FileType.Directory and _VERSION_RE.fullmatch(info.base_name))

@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import time
 import uuid
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from tunecache.compiler.files import UnreadableFile, open_regular
+from tunecache.compiler.files import UnreadableFile, read_regular
 from tunecache.datasets.location import Location
 
 TEMP_SUFFIX = ".tmp"
@@ -89,8 +90,7 @@ def read_bytes(loc: Location, relative: str) -> bytes | None:
 
 
 def _read_local(path: str) -> bytes:
-    with os.fdopen(open_regular(path), "rb") as handle:
-        return _bounded(handle.read(MAX_READ_BYTES + 1), path)
+    return read_regular(path, MAX_READ_BYTES)
 
 
 def _bounded(data: bytes, path: str) -> bytes:
@@ -103,22 +103,50 @@ def exists(loc: Location, relative: str) -> bool:
     return bool(loc.fs.get_file_info(loc.path(relative)).type == pafs.FileType.File)
 
 
+def infos(loc: Location, base: str, recursive: bool = False) -> list[pafs.FileInfo]:
+    """What lies under the absolute path ``base`` (nothing when it does not exist). On a
+    local store a symbolic link is neither followed nor reported as what it points to (its
+    type is Unknown, as a FIFO's is): a link planted in a shared store could lead a walk
+    anywhere, or in a circle."""
+    if not loc.local:
+        selector = pafs.FileSelector(base, recursive=recursive, allow_not_found=True)
+        return list(loc.fs.get_file_info(selector))
+    found: list[pafs.FileInfo] = []
+    _walk_local(base, recursive, found)
+    return found
+
+
+def _walk_local(base: str, recursive: bool, found: list[pafs.FileInfo]) -> None:
+    try:
+        entries = list(os.scandir(base))
+    except (FileNotFoundError, NotADirectoryError):
+        return  # gone meanwhile (a writer between its mkdir and rename), or never there
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            found.append(pafs.FileInfo(entry.path, pafs.FileType.Directory))
+            if recursive:
+                _walk_local(entry.path, recursive, found)
+        elif stat.S_ISREG(st.st_mode):
+            found.append(pafs.FileInfo(entry.path, pafs.FileType.File, size=st.st_size,
+                                       mtime_ns=st.st_mtime_ns))
+        else:
+            found.append(pafs.FileInfo(entry.path, pafs.FileType.Unknown))
+
+
 def list_names(loc: Location, relative: str) -> list[str]:
     """File names directly under ``relative`` (empty when it does not exist)."""
-    selector = pafs.FileSelector(loc.path(relative), recursive=False, allow_not_found=True)
-    return sorted(
-        info.base_name for info in loc.fs.get_file_info(selector)
-        if info.type == pafs.FileType.File
-    )
+    return sorted(info.base_name for info in infos(loc, loc.path(relative))
+                  if info.type == pafs.FileType.File)
 
 
 def list_dirs(loc: Location, relative: str) -> list[str]:
     """Directory names directly under ``relative`` (empty when it does not exist)."""
-    selector = pafs.FileSelector(loc.path(relative), recursive=False, allow_not_found=True)
-    return sorted(
-        info.base_name for info in loc.fs.get_file_info(selector)
-        if info.type == pafs.FileType.Directory
-    )
+    return sorted(info.base_name for info in infos(loc, loc.path(relative))
+                  if info.type == pafs.FileType.Directory)
 
 
 def delete(loc: Location, path: str) -> bool:
@@ -138,10 +166,9 @@ def temporaries(loc: Location, relative: str, older_than_s: float = 0.0) -> list
     """Leftover temporary files (from killed writers) under ``relative``, by absolute path."""
     if not loc.local:
         return []
-    selector = pafs.FileSelector(loc.path(relative), recursive=True, allow_not_found=True)
     cutoff = time.time() - older_than_s
     found = []
-    for info in loc.fs.get_file_info(selector):
+    for info in infos(loc, loc.path(relative), recursive=True):
         if (
             info.type == pafs.FileType.File
             and info.base_name.startswith(".")

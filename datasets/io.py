@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from tunecache.compiler.ops import OpSignature
-from tunecache.datasets import location
+from tunecache.datasets import fs, location
 from tunecache.datasets.errors import DamagedFragmentWarning, DatasetError, SchemaError
 from tunecache.datasets.location import Location
 from tunecache.datasets.paths import (
@@ -76,15 +76,14 @@ concurrent writer creating the store's first partition)."""
 
 def _walk(loc: Location, base: str) -> list[pafs.FileInfo]:
     """Everything under ``base`` (nothing when it does not exist), tolerating writers."""
-    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
     for _ in range(LISTING_ATTEMPTS - 1):
         try:
-            return list(loc.fs.get_file_info(selector))
+            return fs.infos(loc, base, recursive=True)
         except FileNotFoundError:
             # A directory seen a moment ago is not there yet or any more (a writer is
             # between its mkdir and its rename); list again.
             continue
-    return list(loc.fs.get_file_info(selector))
+    return fs.infos(loc, base, recursive=True)
 
 
 def list_fragments(

@@ -105,7 +105,7 @@ def test_any_flipped_byte_refuses_the_whole_package(small: tuple[Path, onnx.Mode
         damaged = bytearray(data)
         damaged[place] ^= 0x10
         (tmp_path / "damaged.tcm").write_bytes(damaged)
-        with pytest.raises(PackageError, match="damaged|not a tunecache compiled model"):
+        with pytest.raises(PackageError, match=r"damaged|not a tunecache compiled model"):
             load_compiled(tmp_path / "damaged.tcm")
 
 

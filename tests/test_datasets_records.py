@@ -147,7 +147,7 @@ def test_a_listing_survives_a_directory_appearing_mid_walk() -> None:
             return [pafs.FileInfo(f"{selector.base_dir}/x", pafs.FileType.File)]
 
     flaky = Flaky()
-    found = store_io._walk(types.SimpleNamespace(fs=flaky), "root/records")  # type: ignore[arg-type]
+    found = store_io._walk(types.SimpleNamespace(fs=flaky, local=False), "root/records")  # type: ignore[arg-type]
     assert [i.path for i in found] == ["root/records/x"] and flaky.calls == 3
 
     class Gone:
@@ -155,7 +155,7 @@ def test_a_listing_survives_a_directory_appearing_mid_walk() -> None:
             raise FileNotFoundError("Cannot list directory")
 
     with pytest.raises(FileNotFoundError):
-        store_io._walk(types.SimpleNamespace(fs=Gone()), "root/records")  # type: ignore[arg-type]
+        store_io._walk(types.SimpleNamespace(fs=Gone(), local=False), "root/records")  # type: ignore[arg-type]
 
 
 def test_parquet_bytes_are_read_without_arrow_keeping_the_callers_bytes(monkeypatch) -> None:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.schedule import MAX_THREADS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -111,8 +112,8 @@ def threads_option_with(help_text: str) -> Callable[[F], F]:
     what the count is for; commands whose threads mean the same use :func:`threads_option`."""
 
     def decorate(func: F) -> F:
-        return click.option("--threads", "threads", type=click.IntRange(min=1), default=None,
-                            help=help_text)(func)
+        return click.option("--threads", "threads", type=click.IntRange(1, MAX_THREADS),
+                            default=None, help=help_text)(func)
 
     return decorate
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
 
 import click
 
+from tunecache.compiler.files import open_regular
 from tunecache.compiler.hardware import HardwareSpec, local_spec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import default_schedule, problems, schedule_from_json, validate
@@ -140,7 +142,7 @@ def _schedule_json(option: str) -> str:
     if option.startswith("@"):
         where = option[1:]
         try:
-            with Path(where).open("rb") as handle:
+            with os.fdopen(open_regular(where, follow_links=True), "rb") as handle:
                 data = handle.read(MAX_SCHEDULE_BYTES + 1)
         except OSError as exc:
             raise click.BadParameter(f"cannot read {where}: {exc.strerror}",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,8 @@ import numpy as np
 from tunecache.cache.store import Store
 from tunecache.compiler import frontend
 from tunecache.compiler.errors import TunecacheError
-from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.files import open_regular
+from tunecache.compiler.hardware import local_spec, machine_cpus
 from tunecache.compiler.native.profile import ProgramProfile
 from tunecache.compiler.precision import PRECISIONS
 from tunecache.tuner.cli.common import (
@@ -161,10 +164,14 @@ def _random_inputs(compiled: CompiledModel, seed: int) -> dict[str, np.ndarray]:
 
 def _load_inputs(path: Path) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with os.fdopen(open_regular(path, follow_links=True), "rb") as handle, \
+                np.load(handle, allow_pickle=False) as data:
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise ValueError("not an .npz archive of named arrays")
             return {name: data[name] for name in data.files}
-    except (OSError, ValueError) as exc:
-        raise InputShapeError(f"cannot read inputs from {path}: {exc}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputShapeError(f"cannot read inputs from {path}: "
+                              f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
 PROFILE_TOP = 15
@@ -203,6 +210,9 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
     """Compile and run an ONNX model (or run a compiled model saved by `compile --save`, with
     no compiler); with --compare onnxruntime, check and time it against onnxruntime on the
     same inputs and thread count; with --profile, say where its time goes."""
+    if threads is not None and threads > machine_cpus():
+        raise click.BadParameter(f"{threads} is more than this machine's {machine_cpus()} "
+                                 "CPUs", param_hint="--threads")
     given = Inputs(inputs_path, _load_inputs(inputs_path)) if inputs_path else None
     compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
                         hardware, precision, given, threads)
@@ -228,7 +238,7 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
             raise TunecacheError("--compare onnxruntime needs onnxruntime: "
                                  "pip install 'tunecache[onnxruntime]'") from None
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or compiled.hw.cores
+        options.intra_op_num_threads = min(threads or compiled.hw.cores, machine_cpus())
         onnx_model = saved_model(model_path) if is_package(model_path) else str(model_path)
         session = ort.InferenceSession(onnx_model, options,
                                        providers=["CPUExecutionProvider"])

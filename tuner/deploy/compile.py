@@ -39,7 +39,7 @@ from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError, TunecacheError
 from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
 from tunecache.compiler.graph import Graph, ModelError, TensorInfo
-from tunecache.compiler.hardware import HardwareSpec, local_spec
+from tunecache.compiler.hardware import HardwareSpec, local_spec, machine_cpus
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.native.profile import ProgramProfile
@@ -175,7 +175,7 @@ class CompiledModel:
             if self._program is None:
                 self._program = NativeProgram.build(self.graph, self.kernels, inputs,
                                                     self._packed_layouts(),
-                                                    min(self.hw.cores,
+                                                    min(self.hw.cores, machine_cpus(),
                                                         self.threads or self.hw.cores),
                                                     backend_for(self.hw).plan_runner())
             try:

@@ -26,12 +26,14 @@ import pyarrow.parquet as pq
 
 from tunecache.cache.store import Store
 from tunecache.compiler.errors import TunecacheError
+from tunecache.compiler.files import read_regular
 from tunecache.costmodel import registry
 from tunecache.costmodel.model import CostModel, cross_validate, prepare
 from tunecache.datasets import io
 from tunecache.datasets.schema import STATUSES
 
 MANIFEST = "SEED.json"
+MAX_MANIFEST_BYTES = 1 << 20
 SEED_FORMAT = 1
 
 
@@ -175,6 +177,6 @@ def read_manifest(root: str | os.PathLike[str]) -> SeedSummary | None:
     if not path.is_file():
         return None
     try:
-        return SeedSummary.from_dict(json.loads(path.read_text()))
-    except (ValueError, TypeError) as exc:
+        return SeedSummary.from_dict(json.loads(read_regular(path, MAX_MANIFEST_BYTES)))
+    except (ValueError, TypeError, OSError) as exc:
         raise SeedError(f"{path} is damaged: {exc}") from None
