@@ -152,6 +152,27 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path: Path) -> No
     assert after.groupby("op_text")["schedule_id"].nunique().to_dict() == {A.text: 6, B.text: 6}
 
 
+def test_sigterm_stops_a_job_saying_what_it_kept(tmp_path: Path) -> None:
+    # A farm's scheduler preempts with SIGTERM: the job stops as on Ctrl-C, prints its
+    # summary and says what it kept, rather than vanishing mid-line.
+    args = ["tune", "--op", A.text, "--op", B.text, "--trials", "6", "--no-refine",
+            "--no-baseline", "--job-id", "preempted"]
+    proc = subprocess.Popen([sys.executable, "-m", "tunecache.tuner.cli", *args,
+                             "--root", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the second op starting: the first one's records are kept
+        if "[2/2] tuning" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    kept = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    assert len(kept) == 1 and "continues where it stopped" in kept[0], err
+    assert int(kept[0].split()[1]) <= len(Store(tmp_path).load()) and "(interrupted)" in out
+    assert "Traceback" not in err
+
+
 def test_bad_sources_are_reported_and_the_rest_proceeds(tmp_path: Path) -> None:
     out = tunecache("tune", "--suite", "no-such-suite", "--op", "matmul(M=2,N=3)", "--op", C.text,
                     "--trials", "1", "--no-refine", "--no-baseline", "--json", root=tmp_path)

@@ -13,8 +13,10 @@ command group lives in a module here that lists its commands in
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import sys
 import traceback
 import warnings
@@ -106,6 +108,15 @@ def _silence_stdout() -> None:
         pass
 
 
+def _interrupt_on_sigterm() -> None:
+    """Stop on SIGTERM (a farm's scheduler preempting a job, ``docker stop``) as on Ctrl-C:
+    a command then reports what it kept instead of vanishing mid-line."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    with contextlib.suppress(ValueError):  # not the main thread (an embedding caller's)
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 class _Group(click.Group):
     """The main group: whatever a command raises becomes one ``error:`` line (see module)."""
 
@@ -115,6 +126,7 @@ class _Group(click.Group):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
         argv = list(sys.argv[1:] if args is None else args)
+        _interrupt_on_sigterm()
         try:
             with warnings.catch_warnings():
                 warnings.showwarning = _warning_line

@@ -200,6 +200,8 @@ def tune_command(suites: tuple[str, ...], ops: tuple[str, ...], models: tuple[Pa
     else:
         _print_summary(summary)
     if summary.interrupted:
+        click.echo(f"interrupted: {summary.trials} measurement(s) kept in {summary.store}; "
+                   "the same command continues where it stopped", err=True)
         raise SystemExit(EXIT_INTERRUPTED)
     if problems or any(o.status in ("unsupported", "no_result") for o in summary.ops):
         raise SystemExit(EXIT_PARTIAL)
