@@ -90,6 +90,8 @@ _CHANNEL = {"cadd": ("VADD({x}, {y})", "{x} += {y};", np.add),
             "cmul": ("VMUL({x}, {y})", "{x} *= {y};", np.multiply),
             "cdiv": ("VDIV({x}, {y})", "{x} /= {y};", np.divide),
             # As the vector max/min: the second operand where the comparison fails (NaN).
+            # The chains that clamp are quantize steps, which send NaN to the low end as
+            # onnxruntime's QuantizeLinear does (an integer holds no NaN).
             "cmax": ("VMAX({x}, {y})", "{x} = {x} > {y} ? {x} : {y};", np.maximum),
             "cmin": ("VMIN({x}, {y})", "{x} = {x} < {y} ? {x} : {y};", np.minimum)}
 CHANNEL_STEPS = tuple(_CHANNEL)

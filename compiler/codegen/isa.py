@@ -13,9 +13,12 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
   ``p + n``), ``VSTOREU_PART(p, v, n)`` (the first ``n`` lanes only); ``0 <= n <= lanes``;
 * arithmetic: ``VZERO``, ``VSET1``, ``VADD``, ``VSUB``, ``VMUL``, ``VDIV``, ``VFMA(a, b, c)``
   (``a*b + c``), ``VMAX``, ``VMIN`` (both return ``b`` when either is NaN, like x86
-  ``maxps``), ``VRELU`` (``VMAX(VZERO(), a)``: NaN stays NaN, as onnxruntime's Relu keeps it);
+  ``maxps``), ``VMAXN``, ``VMINN`` (NaN when either is NaN: a reduction or a binary Max of
+  two tensors never hides one), ``VRELU`` (``VMAX(VZERO(), a)``: NaN stays NaN, as
+  onnxruntime's Relu keeps it);
 * lanes: ``VFILL_PART(v, n, x)`` (lanes from ``n`` on set to the float ``x``),
-  ``VHSUM(v)``, ``VHMAX(v)`` (horizontal sum / max, a float);
+  ``VHSUM(v)``, ``VHMAX(v)`` (horizontal sum / max, a float), ``VHMAXN(v)`` (max, NaN if
+  any lane is);
 * ``VEXP(v)``: e**v per lane, within 2 ulp (about 1.5e-7 relative) for
   ``-87.33 <= v <= 88``; 0 below (-inf included), saturating at e**88 above; NaN stays NaN.
   Cody-Waite reduction by ln 2 and the Cephes ``expf`` polynomial, no scalar code;
@@ -112,6 +115,9 @@ _GENERIC_MATH = EXP_CONSTANTS + """\
 #define VDIV(a, b) ((a) / (b))
 #define VHSUM(v) tc_hsum(v)
 #define VHMAX(v) tc_hmax(v)
+#define VMAXN(a, b) tc_vmaxn((a), (b))
+#define VMINN(a, b) tc_vminn((a), (b))
+#define VHMAXN(v) tc_hmaxn(v)
 #define VLOADU_PART(p, n) tc_loadu_part((p), (n))
 #define VSTOREU_PART(p, v, n) tc_storeu_part((p), (v), (n))
 #define VFILL_PART(v, n, x) tc_select(tc_part_mask(n), (v), VSET1(x))
@@ -121,11 +127,18 @@ static inline vec tc_select(vec_i m, vec a, vec b) {
 }
 static inline vec tc_vmax(vec a, vec b) { return tc_select(a > b, a, b); }
 static inline vec tc_vmin(vec a, vec b) { return tc_select(a < b, a, b); }
+static inline vec tc_vmaxn(vec a, vec b) { return tc_select((a > b) | (a != a), a, b); }
+static inline vec tc_vminn(vec a, vec b) { return tc_select((a < b) | (a != a), a, b); }
 static inline vec_i tc_part_mask(int n) { return (vec_i){0, 1, 2, 3} < n; }
 static inline float tc_hsum(vec v) { return (v[0] + v[2]) + (v[1] + v[3]); }
 static inline float tc_hmax(vec v) {
   float a = v[0] > v[2] ? v[0] : v[2], b = v[1] > v[3] ? v[1] : v[3];
   return a > b ? a : b;
+}
+static inline float tc_hmaxn(vec v) {
+  float m = v[0];
+  for (int i = 1; i < 4; i++) m = (m > v[i] || m != m) ? m : v[i];
+  return m;
 }
 static inline vec tc_loadu_part(const float *p, int n) {
   vec v = VZERO();

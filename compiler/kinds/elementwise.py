@@ -247,6 +247,8 @@ _UNARY_C = {
     "erf": "VERF(u)",
 }
 _BINARY_C = {"add": "VADD(u, b)", "sub": "VSUB(u, b)", "mul": "VMUL(u, b)", "div": "VDIV(u, b)",
+             # Only a quantize step clamps (ONNX Max/Min run elsewhere): NaN takes the low
+             # end, as onnxruntime's QuantizeLinear maps it (VMAX returns b on NaN).
              "max": "VMAX(u, b)", "min": "VMIN(u, b)"}
 
 

@@ -15,8 +15,8 @@ the cache key stays integer and one kernel serves every coefficient. Arguments: 
 ``coef``, ``Y``.
 
 The power (per vector, after the window sum ``s`` and ``t = bias + alpha/size * s``): for
-``beta = 0.75`` (AlexNet's and GoogLeNet's) ``x * t**0.25 / t`` with two square roots and a
-division, exact to a few ulp; any other ``beta`` takes ``x * exp(-beta * ln t)`` with the
+``beta = 0.75`` (AlexNet's and GoogLeNet's) ``x / (sqrt(t) * t**0.25)`` with two square
+roots and a division, exact to a few ulp; any other ``beta`` takes ``x * exp(-beta * ln t)`` with the
 ISA's ``VEXP`` and ``VLOG`` (:mod:`tunecache.compiler.codegen.isa`), which need ``t``
 positive and normal (``bias > 0``, ONNX's default 1, makes it so). Both paths are compiled;
 the kernel picks one per call by comparing ``beta`` with 0.75.
@@ -240,13 +240,18 @@ def default_lrn_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) ->
 _POWERS = """\
 static inline vec pow_p75(vec x, vec s, vec va, vec vb, vec nb) {
   (void)nb;
-  const vec t = VFMA(va, s, vb);
-  return VDIV(VMUL(x, VSQRT(VSQRT(t))), t);
+  const vec t = VFMA(va, s, vb), q = VSQRT(t);
+  return VDIV(x, VMUL(q, VSQRT(q)));
 }
 static inline vec pow_any(vec x, vec s, vec va, vec vb, vec nb) {
-  return VMUL(x, VEXP(VMUL(nb, VLOG(VFMA(va, s, vb)))));
+  const vec t = VFMA(va, s, vb);
+  const vec f = VEXP(VMUL(nb, VLOG(t)));
+  return VMUL(x, VSEL_LT(t, VSET1(__builtin_inff()), f, VDIV(VZERO(), t)));
 }
 """
+# An inf in the window makes t inf: x / t**beta is then 0 (x finite) or NaN (x itself
+# inf), as the definition gives, where t**0.25 / t or ln t would make every one NaN. The
+# same for a NaN t, which stays NaN (0 / NaN); beta is positive in every model met.
 
 _POWER_NAMES = ("p75", "any")
 

@@ -64,11 +64,23 @@ _AVX512_MATH = EXP_CONSTANTS + """\
 #define VDIV(a, b) _mm512_div_ps((a), (b))
 #define VHSUM(v) _mm512_reduce_add_ps(v)
 #define VHMAX(v) _mm512_reduce_max_ps(v)
+#define VMAXN(a, b) tc_vmaxn((a), (b))
+#define VMINN(a, b) tc_vminn((a), (b))
+#define VHMAXN(v) tc_hmaxn(v)
 #define VLOADU_PART(p, n) _mm512_maskz_loadu_ps(tc_part_mask(n), (p))
 #define VSTOREU_PART(p, v, n) _mm512_mask_storeu_ps((p), tc_part_mask(n), (v))
 #define VFILL_PART(v, n, x) _mm512_mask_blend_ps(tc_part_mask(n), _mm512_set1_ps(x), (v))
 #define VEXP(x) tc_exp(x)
 static inline __mmask16 tc_part_mask(int n) { return (__mmask16)((1u << n) - 1u); }
+static inline __m512 tc_vmaxn(__m512 a, __m512 b) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_max_ps(a, b), a);
+}
+static inline __m512 tc_vminn(__m512 a, __m512 b) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_min_ps(a, b), a);
+}
+static inline float tc_hmaxn(__m512 v) {
+  return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) ? __builtin_nanf("") : _mm512_reduce_max_ps(v);
+}
 static inline __m512 tc_exp(__m512 x) {
   const __m512 lo = _mm512_set1_ps(TC_EXP_LO);
   const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
@@ -97,6 +109,9 @@ _AVX2_MATH = EXP_CONSTANTS + """\
 #define VDIV(a, b) _mm256_div_ps((a), (b))
 #define VHSUM(v) tc_hsum(v)
 #define VHMAX(v) tc_hmax(v)
+#define VMAXN(a, b) tc_vmaxn((a), (b))
+#define VMINN(a, b) tc_vminn((a), (b))
+#define VHMAXN(v) tc_hmaxn(v)
 #define VLOADU_PART(p, n) _mm256_maskload_ps((p), tc_part_mask(n))
 #define VSTOREU_PART(p, v, n) _mm256_maskstore_ps((p), tc_part_mask(n), (v))
 #define VFILL_PART(v, n, x) \\
@@ -114,6 +129,15 @@ static inline float tc_hmax(__m256 v) {
   __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_max_ps(x, _mm_movehl_ps(x, x));
   return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+static inline __m256 tc_vmaxn(__m256 a, __m256 b) {
+  return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+static inline __m256 tc_vminn(__m256 a, __m256 b) {
+  return _mm256_blendv_ps(_mm256_min_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+static inline float tc_hmaxn(__m256 v) {
+  return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) ? __builtin_nanf("") : tc_hmax(v);
 }
 static inline __m256 tc_exp(__m256 x) {
   const __m256 lo = _mm256_set1_ps(TC_EXP_LO);

@@ -54,7 +54,7 @@ def _constants(op: OpSignature, lanes: int) -> str:
 
 
 def _reduce_op(op: OpSignature) -> str:
-    return "VADD" if op.attr("mode") == "avg" else "VMAX"
+    return "VADD" if op.attr("mode") == "avg" else "VMAXN"  # a NaN in a window wins it
 
 
 def _finish(op: OpSignature, v: str) -> list[str]:
@@ -71,7 +71,7 @@ def _emit_global(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
     init = " ".join(f"vec a{v} = VSET1({fill});" for v in range(nv))
     step = "\n".join(f"      a{v} = {red}(a{v}, VLOADU(x + i + {v} * LANES));" for v in range(nv))
     combine = "".join(f"  a0 = {red}(a0, {a});\n" for a in accs[1:])
-    scalar = "VHSUM(a0) * (1.0f / (float)PLANE)" if avg else "VHMAX(a0)"
+    scalar = "VHSUM(a0) * (1.0f / (float)PLANE)" if avg else "VHMAXN(a0)"
     relu = " if (r < 0.0f) r = 0.0f;" if "relu" in op.epilogue else ""
     body = f"""\
 #define PLANE (IH * IW)
