@@ -207,3 +207,21 @@ def test_a_warning_is_one_line_without_its_source(tmp_path: Path) -> None:
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: "), out.stderr
     assert "damaged pointer" in lines[0] and "UserWarning" not in out.stderr
+
+
+@pytest.mark.parametrize("command", [["cache", "stats"], ["cache", "verify"], ["dataset", "show"],
+                                     ["model", "show"]])
+def test_a_store_root_that_is_a_file_is_an_input_error(tmp_path: Path, command: list[str]) -> None:
+    # It used to read as an empty store: `cache verify` said ok.
+    afile = tmp_path / "afile"
+    afile.write_text("not a store")
+    assert_one_error_line(tunecache(*command, "--root", str(afile)), 2,
+                          f"{afile} is not a folder")
+
+
+def test_run_inputs_that_are_not_an_npz_archive_are_one_line(tmp_path: Path) -> None:
+    import numpy as np
+
+    np.save(tmp_path / "plain.npy", np.ones(3, np.float32))
+    out = tunecache("run", str(tmp_path / "m.onnx"), "--inputs", str(tmp_path / "plain.npy"))
+    assert_one_error_line(out, 2, "not an .npz archive of named arrays")

@@ -80,10 +80,20 @@ def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")(func)
 
 
+def _store_root(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A local store root that exists must be a folder: a file there would read as an empty
+    store (``cache verify`` would say ok)."""
+    if value is not None and "://" not in value and Path(value).exists() \
+            and not Path(value).is_dir():
+        raise click.BadParameter(f"{value} is not a folder; a store is a folder (created on "
+                                 "first write) or an s3:// URI", param=param)
+    return value
+
+
 def root_option(func: F) -> F:
     """Add ``--root PATH|URI`` (stored as ``root``, default None): the store to use."""
     return click.option(
-        "--root", default=None, metavar="PATH|URI",
+        "--root", default=None, metavar="PATH|URI", callback=_store_root,
         help="Store root (default: $TUNECACHE_HOME, else the user cache directory).",
     )(func)
 

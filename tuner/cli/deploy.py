@@ -164,11 +164,12 @@ def _random_inputs(compiled: CompiledModel, seed: int) -> dict[str, np.ndarray]:
 
 def _load_inputs(path: Path) -> dict[str, np.ndarray]:
     try:
-        with os.fdopen(open_regular(path, follow_links=True), "rb") as handle, \
-                np.load(handle, allow_pickle=False) as data:
+        with os.fdopen(open_regular(path, follow_links=True), "rb") as handle:
+            data = np.load(handle, allow_pickle=False)
             if not isinstance(data, np.lib.npyio.NpzFile):
-                raise ValueError("not an .npz archive of named arrays")
-            return {name: data[name] for name in data.files}
+                raise ValueError("not an .npz archive of named arrays (np.savez)")
+            with data:
+                return {name: data[name] for name in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise InputShapeError(f"cannot read inputs from {path}: "
                               f"{getattr(exc, 'strerror', None) or exc}") from None
