@@ -217,6 +217,8 @@ def test_a_store_root_that_is_a_file_is_an_input_error(tmp_path: Path, command: 
     afile.write_text("not a store")
     assert_one_error_line(tunecache(*command, "--root", str(afile)), 2,
                           f"{afile} is not a folder")
+    assert_one_error_line(tunecache(*command, env={"TUNECACHE_HOME": str(afile)}), 2,
+                          f"{afile} ($TUNECACHE_HOME) is not a folder")
 
 
 def test_run_inputs_that_are_not_an_npz_archive_are_one_line(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import click
 
 from tunecache.compiler.errors import TunecacheError
 from tunecache.compiler.schedule import MAX_THREADS
+from tunecache.datasets.location import HOME_ENV, default_root
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -83,10 +84,11 @@ def json_option(func: F) -> F:
 def _store_root(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A local store root that exists must be a folder: a file there would read as an empty
     store (``cache verify`` would say ok)."""
-    if value is not None and "://" not in value and Path(value).exists() \
-            and not Path(value).is_dir():
-        raise click.BadParameter(f"{value} is not a folder; a store is a folder (created on "
-                                 "first write) or an s3:// URI", param=param)
+    root = value if value is not None else default_root()
+    if "://" not in root and Path(root).exists() and not Path(root).is_dir():
+        where = "" if value is not None else f" (${HOME_ENV})"
+        raise click.BadParameter(f"{root}{where} is not a folder; a store is a folder "
+                                 "(created on first write) or an s3:// URI", param=param)
     return value
 
 
