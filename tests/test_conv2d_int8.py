@@ -131,3 +131,21 @@ def test_few_channel_convolutions_fold_taps_into_the_pixel(hw: HardwareSpec, cas
         for threads in (1, 2):
             out = compile_kernel(op, default_schedule(op, hw, threads), hw)(*inputs)
             assert check_result(op, inputs, out, reference(op, inputs)) is None
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[_name(s) for s in SPECS])
+def test_blocked_and_plain_inputs_quantize_alike_nan_and_inf_included(hw: HardwareSpec) -> None:
+    # A channel-blocked X is quantized a vector at a time, a plain one element by element:
+    # the same bytes, NaN to the low end and +-inf to the ends as QuantizeLinear does.
+    case = dict(CASES[2], C=32)
+    plain, blocked = _op(case, "nchw", "dequant+bias"), _op(case, "nchw16c", "dequant+bias")
+    inputs = list(random_inputs(plain, seed=3))
+    x = inputs[0].copy()
+    x[0, 3, 1, 2], x[0, 17, 4, 4], x[0, 30, 0, 5] = np.nan, np.inf, -np.inf
+    qa = inputs[[a.name for a in plain.arguments() if a.role == "input"].index("qa")]
+    x[0, 5, 2, 2] = 2.5 * qa[0]  # a tie: rounds half to even
+    inputs[0] = x
+    ours = compile_kernel(plain, default_schedule(plain, hw), hw)(*inputs)
+    blocked_inputs = [to_layout(x, "nchw16c"), *inputs[1:]]
+    theirs = compile_kernel(blocked, default_schedule(blocked, hw), hw)(*blocked_inputs)
+    np.testing.assert_array_equal(from_layout(theirs, "nchw16c", plain.dim("F")), ours)

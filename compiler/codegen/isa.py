@@ -32,7 +32,8 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
 * strided and streaming memory: ``VLOADS2(p)`` (lanes ``p[0], p[2], ...``; reads
   ``2*lanes`` floats from ``p``), ``VSTREAM(p, v)`` (non-temporal store to an address
   aligned to the vector size; a plain store on ``generic``) and ``VSFENCE()`` (orders
-  streaming stores; call it before a kernel returns).
+  streaming stores; call it before a kernel returns); ``VSTORE_U8(p, v)`` (the lanes, whole
+  numbers in 0..255, as ``lanes`` bytes at ``p``).
 
 Outside the prelude, in :attr:`IsaDialect.log` (a kernel that needs it places it after the
 prelude): ``VLOG(v)``, ln v per lane for positive, normal, finite ``v`` (0, subnormals,
@@ -174,6 +175,9 @@ _GENERIC_MORE = """\
 #define VNEG(a) (-(a))
 #define VSTREAM(p, v) VSTORE((p), (v))
 #define VSFENCE() ((void)0)
+static inline void VSTORE_U8(void *p, vec v) {
+  for (int i = 0; i < 4; i++) ((unsigned char *)p)[i] = (unsigned char)(int)v[i];
+}
 #define TC_SIGN_BITS ((vec_i){-2147483647 - 1, -2147483647 - 1, -2147483647 - 1, -2147483647 - 1})
 static inline vec VABS(vec a) { return (vec)((vec_i)a & ~TC_SIGN_BITS); }
 static inline vec VSIGNOF(vec x, vec m) { return (vec)((vec_i)m | ((vec_i)x & TC_SIGN_BITS)); }

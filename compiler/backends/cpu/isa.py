@@ -169,6 +169,8 @@ _AVX512_MORE = """\
 #define VSEL_LT(x, y, a, b) _mm512_mask_blend_ps(_mm512_cmp_ps_mask((x), (y), _CMP_LT_OQ), (b), (a))
 #define VSTREAM(p, v) _mm512_stream_ps((p), (v))
 #define VSFENCE() _mm_sfence()
+#define VSTORE_U8(p, v) \
+  _mm_storeu_si128((__m128i *)(void *)(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)))
 static inline __m512 VLOADS2(const float *p) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   return _mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16));
@@ -183,6 +185,11 @@ _AVX2_MORE = """\
 #define VSEL_LT(x, y, a, b) _mm256_blendv_ps((b), (a), _mm256_cmp_ps((x), (y), _CMP_LT_OQ))
 #define VSTREAM(p, v) _mm256_stream_ps((p), (v))
 #define VSFENCE() _mm_sfence()
+static inline void VSTORE_U8(void *p, __m256 v) {
+  const __m256i i = _mm256_cvttps_epi32(v);
+  const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+  _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
+}
 static inline __m256 VLOADS2(const float *p) {
   /* a0 a2 b0 b2 | a4 a6 b4 b6, then the 64-bit pairs reordered to a0 a2 a4 a6 b0 b2 b4 b6 */
   __m256 t = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _MM_SHUFFLE(2, 0, 2, 0));

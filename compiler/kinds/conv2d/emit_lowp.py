@@ -103,6 +103,36 @@ static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long
   }
 }
 """
+_BLOCK_X_INT8 = """\
+/* tc_q_pack_x of a channel-blocked X whose blocks hold whole vectors: as the scalar form
+   (tc_q_one), LANES channels at a time: NaN to the low end, round half to even. */
+static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
+  const float scale = qa[0], z = qa[1];
+  const ta_t fill = (ta_t)(int)z;
+  const vec vs = VSET1(scale), vlo = VSET1(-z), vhi = VSET1(255.0f - z), vz = VSET1(z);
+  const vec vm = VSET1(12582912.0f);
+  for (long item = lo; item < hi; item++) {
+    const long hp = item %% HP, cb = item / HP %% CB, n = item / HP / CB, h = hp - PT;
+    ta_t *restrict row = Xq + item * WP * 16;
+    if (h < 0 || h >= H) {
+      memset(row, fill, WP * 16 * sizeof(ta_t));
+      continue;
+    }
+    memset(row, fill, PL * 16 * sizeof(ta_t));
+    memset(row + (PL + W) * 16, fill, (WP - PL - W) * 16 * sizeof(ta_t));
+    for (long w = 0; w < W; w++) {
+      ta_t *restrict out = row + (PL + w) * 16;
+      for (long k = 0; k < 16; k += LANES) {
+        const long c = cb * 16 + k;
+        vec v = VMAX(VDIV(VLOADU(X + (((n * %d + c / %d) * H + h) * W + w) * %d + c %% %d), vs),
+                     vlo);
+        v = VMIN(v, vhi);
+        VSTORE_U8(out + k, VADD(VSUB(VADD(v, vm), vm), vz));
+      }
+    }
+  }
+}
+"""
 _WIDE_X = """\
 /* WIDE: X's rows [lo, hi) of (n, cb, hp) into Xq, output column q's pixel holding the S
    taps of the C channels it reads (channel k: tap k / C of channel k %% C). Row h of every
@@ -154,11 +184,16 @@ def _x_channel(op: OpSignature) -> str:
     return f"X[(((n * {-(-op.dim('C') // x)} + c / {x}) * H + h) * W + w) * {x} + c % {x}]"
 
 
-def _pack_x(op: OpSignature) -> str:
-    """``tc_q_pack_x`` for ``op``: whole 16-channel blocks of X's pixels, or WIDE pixels."""
+def _pack_x(op: OpSignature, lanes: int) -> str:
+    """``tc_q_pack_x`` for ``op``: whole 16-channel blocks of X's pixels (int8 from a
+    channel-blocked X a vector at a time), or WIDE pixels."""
     helper, setup, one = _CONVERT[op.dtype]
     if packed_channels(op.dim("C"), op.dim("S")) != (op.dim("C"), op.dim("S")):
         return helper + "\n" + _WIDE_X % (setup, one.replace("X_AT", _x_channel(op)))
+    x, c = channel_block(op.attr("layout")), op.dim("C")
+    # Every vector within one block of X, and X's padded blocks cover Xq's 16-channel blocks.
+    if op.dtype == "int8" and x and x % lanes == 0 and -(-c // x) * x >= -(-c // 16) * 16:
+        return helper + "\n" + _BLOCK_X_INT8 % (-(-c // x), x, x, x)
     return helper + "\n" + _BLOCK_X % (setup, one.replace("X_AT", _x_index(op)))
 
 
@@ -273,7 +308,7 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
         f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tacc} tacc_t;\n" + _TYPES,
         "#define VCVTI(p) tc_cvt_i32(p)\n" + _CVT if int8 else "#define VCVTI(p) VLOAD(p)\n",
         scalar_helpers(op.epilogue), _PACK_W,
-        _pack_x(op),
+        _pack_x(op, d.lanes),
         _finish(op, d), _row(s.oc_block // d.lanes, s.ow_block),
         kernel_entries(op, lambda once: _BODY % (_PACKED_ONCE if once else _PACK_PER_CALL),
                        threads=s.threads, rename={"W": "Wt"},
