@@ -83,8 +83,8 @@ static inline ta_t tc_q_one(float v) {
 (``fill``: Xq's border) and the call converting ``X_AT``."""
 
 _BLOCK_X = """\
-/* X's rows [lo, hi) of (n, cb, hp) into Xq, converted by tc_q_one; the border holds the
-   fill (memset: a byte, as bf16's fill is 0). X_AT reads channel cb * 16 + k of (h, w). */
+/* X's rows [lo, hi) of (n, cb, hp) into Xq; the border holds the fill (memset: a byte, as
+   bf16's fill is 0); PIXEL converts the 16 channels cb * 16 + k of (h, w) into out. */
 static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
   %s
   for (long item = lo; item < hi; item++) {
@@ -98,41 +98,25 @@ static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long
     memset(row + (PL + W) * 16, fill, (WP - PL - W) * 16 * sizeof(ta_t));
     for (long w = 0; w < W; w++) {
       ta_t *restrict out = row + (PL + w) * 16;
-      for (long k = 0; k < 16; k++) out[k] = %s;
+%s
     }
   }
 }
 """
-_BLOCK_X_INT8 = """\
-/* tc_q_pack_x of a channel-blocked X whose blocks hold whole vectors: as the scalar form
-   (tc_q_one), LANES channels at a time: NaN to the low end, round half to even. */
-static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
-  const float scale = qa[0], z = qa[1];
-  const ta_t fill = (ta_t)(int)z;
-  const vec vs = VSET1(scale), vlo = VSET1(-z), vhi = VSET1(255.0f - z), vz = VSET1(z);
-  const vec vm = VSET1(12582912.0f);
-  for (long item = lo; item < hi; item++) {
-    const long hp = item %% HP, cb = item / HP %% CB, n = item / HP / CB, h = hp - PT;
-    ta_t *restrict row = Xq + item * WP * 16;
-    if (h < 0 || h >= H) {
-      memset(row, fill, WP * 16 * sizeof(ta_t));
-      continue;
-    }
-    memset(row, fill, PL * 16 * sizeof(ta_t));
-    memset(row + (PL + W) * 16, fill, (WP - PL - W) * 16 * sizeof(ta_t));
-    for (long w = 0; w < W; w++) {
-      ta_t *restrict out = row + (PL + w) * 16;
+_SCALAR_PIXEL = "      for (long k = 0; k < 16; k++) out[k] = %s;"
+# int8 from a channel-blocked X whose blocks hold whole vectors: tc_q_one's steps on LANES
+# channels at a time (NaN to the low end, ties to even), the same bytes.
+_VECTOR_SETUP = """\
+const vec vs = VSET1(scale), vlo = VSET1(-z), vhi = VSET1(255.0f - z), vz = VSET1(z);
+  const vec vm = VSET1(12582912.0f);"""
+_VECTOR_PIXEL = """\
       for (long k = 0; k < 16; k += LANES) {
         const long c = cb * 16 + k;
         vec v = VMAX(VDIV(VLOADU(X + (((n * %d + c / %d) * H + h) * W + w) * %d + c %% %d), vs),
                      vlo);
         v = VMIN(v, vhi);
         VSTORE_U8(out + k, VADD(VSUB(VADD(v, vm), vm), vz));
-      }
-    }
-  }
-}
-"""
+      }"""
 _WIDE_X = """\
 /* WIDE: X's rows [lo, hi) of (n, cb, hp) into Xq, output column q's pixel holding the S
    taps of the C channels it reads (channel k: tap k / C of channel k %% C). Row h of every
@@ -193,8 +177,10 @@ def _pack_x(op: OpSignature, lanes: int) -> str:
     x, c = channel_block(op.attr("layout")), op.dim("C")
     # Every vector within one block of X, and X's padded blocks cover Xq's 16-channel blocks.
     if op.dtype == "int8" and x and x % lanes == 0 and -(-c // x) * x >= -(-c // 16) * 16:
-        return helper + "\n" + _BLOCK_X_INT8 % (-(-c // x), x, x, x)
-    return helper + "\n" + _BLOCK_X % (setup, one.replace("X_AT", _x_index(op)))
+        pixel = _VECTOR_PIXEL % (-(-c // x), x, x, x)
+        return helper + "\n" + _BLOCK_X % (setup + "\n  " + _VECTOR_SETUP, pixel)
+    pixel = _SCALAR_PIXEL % one.replace("X_AT", _x_index(op))
+    return helper + "\n" + _BLOCK_X % (setup, pixel)
 
 
 def _x_index(op: OpSignature) -> str:
