@@ -159,6 +159,12 @@ KINDS = {  # name: (nodes, x shape, y shape, weights); onnxruntime is the refere
                   (8, 64), (8, 64), {"g": np.ones(64), "b": np.zeros(64)}),
     "sigmoid": ([helper.make_node("Sigmoid", ["x"], ["y"])], (8, 64), (8, 64), {}),
     "tanh": ([helper.make_node("Tanh", ["x"], ["y"])], (8, 64), (8, 64), {}),
+    "erf": ([helper.make_node("Erf", ["x"], ["y"])], (8, 64), (8, 64), {}),
+    # e**x past ln of the largest float is inf (exp(inf), exp(100)), so SiLU(-inf) is NaN
+    "exp": ([helper.make_node("Mul", ["x", "big"], ["b"]), helper.make_node("Exp", ["b"], ["y"])],
+            (8, 64), (8, 64), {"big": np.array(40.0)}),
+    "silu": ([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])],
+             (8, 64), (8, 64), {}),
     "gelu": (_gelu_nodes(), (8, 64), (8, 64),
              {"h": np.array(0.7071), "one": np.array(1.0), "half": np.array(0.5)}),
     "batch matmul": ([helper.make_node("MatMul", ["x", "w"], ["y"])], (4, 16, 32), (4, 16, 24),

@@ -20,7 +20,8 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
   ``VHSUM(v)``, ``VHMAX(v)`` (horizontal sum / max, a float), ``VHMAXN(v)`` (max, NaN if
   any lane is);
 * ``VEXP(v)``: e**v per lane, within 2 ulp (about 1.5e-7 relative) for
-  ``-87.33 <= v <= 88``; 0 below (-inf included), saturating at e**88 above; NaN stays NaN.
+  ``-87.33 <= v <= 88``; 0 below (-inf included), saturating at e**88 up to ln of the
+  largest float (88.72) and inf above (+inf included); NaN stays NaN.
   Cody-Waite reduction by ln 2 and the Cephes ``expf`` polynomial, no scalar code;
   ``FEXP(x)`` is the same for one ``float`` in plain C (no libm: kernels link nothing), for
   scalar epilogue loops (``FTANH`` and ``FERF``, outside the prelude, in :data:`SCALAR_MATH`);
@@ -96,6 +97,7 @@ static inline vec VRELU(vec a) { return (vec)(~(VZERO() > a) & (vec_i)a); }
 EXP_CONSTANTS = """\
 #define TC_EXP_LO (-87.33654475f)
 #define TC_EXP_HI 88.0f
+#define TC_EXP_OVER 88.72283935546875f  /* ln of the largest float: e**x is inf above */
 #define TC_LOG2E 1.44269504088896341f
 #define TC_LN2_HI 0.693359375f
 #define TC_LN2_LO (-2.12194440e-4f)
@@ -151,7 +153,7 @@ static inline void tc_storeu_part(float *p, vec v, int n) {
 }
 static inline vec tc_exp(vec x) {
   const vec lo = VSET1(TC_EXP_LO), hi = VSET1(TC_EXP_HI);
-  const vec_i under = x < lo;
+  const vec_i under = x < lo, over = x > VSET1(TC_EXP_OVER);
   x = tc_select(under, lo, x);
   x = tc_select(x > hi, hi, x);
   /* round to nearest: adding 1.5 * 2**23 leaves no fraction bits (|t| < 2**22) */
@@ -166,7 +168,7 @@ static inline vec tc_exp(vec x) {
   p = p * r + VSET1(TC_EXP_P5);
   p = p * (r * r) + (r + VSET1(1.0f));
   const vec_i e = (__builtin_convertvector(n, vec_i) + 127) << 23;
-  return tc_select(under, VZERO(), p * (vec)e);
+  return tc_select(over, VSET1(__builtin_inff()), tc_select(under, VZERO(), p * (vec)e));
 }
 """
 
@@ -204,7 +206,7 @@ static inline vec VTANH(vec x) {
   return VSEL_LT(a, VSET1(0.625f), small, VSIGNOF(x, big));
 }
 static inline vec VERF(vec x) {
-  vec a = VMIN(VABS(x), VSET1(6.0f)), z = VMUL(x, x);
+  vec a = VMIN(VSET1(6.0f), VABS(x)), z = VMUL(x, x);  /* NaN stays NaN (VMIN's b) */
   vec p = VFMA(VSET1(7.853861353153693e-5f), z, VSET1(-8.010193625184903e-4f));
   p = VFMA(p, z, VSET1(5.188327685732524e-3f));
   p = VFMA(p, z, VSET1(-2.685381193529856e-2f));
@@ -239,6 +241,7 @@ static inline float FEXP(float x) {
   union { int i; float f; } e;
   e.i = ((int)n + 127) << 23;
   if (x < TC_EXP_LO) return 0.0f;
+  if (x > TC_EXP_OVER) return __builtin_inff();
   return x == x ? p * e.f : x;
 }
 """

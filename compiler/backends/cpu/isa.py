@@ -84,6 +84,7 @@ static inline float tc_hmaxn(__m512 v) {
 static inline __m512 tc_exp(__m512 x) {
   const __m512 lo = _mm512_set1_ps(TC_EXP_LO);
   const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  const __mmask16 over = _mm512_cmp_ps_mask(x, _mm512_set1_ps(TC_EXP_OVER), _CMP_GT_OQ);
   x = _mm512_min_ps(_mm512_set1_ps(TC_EXP_HI), _mm512_max_ps(lo, x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(TC_LOG2E)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -97,7 +98,8 @@ static inline __m512 tc_exp(__m512 x) {
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   const __m512i e = _mm512_slli_epi32(
       _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps((__mmask16)~under, p, _mm512_castsi512_ps(e));
+  return _mm512_mask_blend_ps(over, _mm512_maskz_mul_ps((__mmask16)~under, p,
+                              _mm512_castsi512_ps(e)), _mm512_set1_ps(__builtin_inff()));
 }
 """
 
@@ -142,6 +144,7 @@ static inline float tc_hmaxn(__m256 v) {
 static inline __m256 tc_exp(__m256 x) {
   const __m256 lo = _mm256_set1_ps(TC_EXP_LO);
   const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  const __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(TC_EXP_OVER), _CMP_GT_OQ);
   x = _mm256_min_ps(_mm256_set1_ps(TC_EXP_HI), _mm256_max_ps(lo, x));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(TC_LOG2E)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -155,7 +158,8 @@ static inline __m256 tc_exp(__m256 x) {
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i e = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+  return _mm256_blendv_ps(_mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e))),
+                          _mm256_set1_ps(__builtin_inff()), over);
 }
 """
 
