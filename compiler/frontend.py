@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from tunecache.compiler import onnx_ops
-from tunecache.compiler.float16 import holds_float16, widen_float16
 from tunecache.compiler.graph import (
     FLOAT32,
     Graph,
@@ -45,13 +44,25 @@ from tunecache.compiler.graph import (
     TensorInfo,
 )
 from tunecache.compiler.lowering.driver import lower_nodes
-from tunecache.compiler.memo import IdentityMemo
+from tunecache.compiler.model_source import (
+    ModelSource,
+    model_bytes,
+    read_model,
+    read_model_bytes,
+)
+from tunecache.compiler.model_source import import_onnx as _import_onnx
+from tunecache.compiler.model_source import source_of as _source
 from tunecache.compiler.onnx_nodes import (
     NONDETERMINISTIC,
     ReadNode,
+    checker_context,
+    conv_problem,
     deduplicate,
+    definition_problem,
     elide,
     live,
+    schema_problem,
+    type_problem,
 )
 
 if TYPE_CHECKING:
@@ -62,7 +73,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIN_OPSET", "ModelInfo", "ModelSource", "inspect_model", "kernel_ops", "load_graph",
-    "read_model", "supported_ops",
+    "model_bytes", "read_model", "read_model_bytes", "supported_ops",
 ]
 
 # Opsets 7 and 8 differ from 9 only in ops we do not run or in ways the implementations
@@ -82,57 +93,11 @@ def supported_ops() -> tuple[str, ...]:
 # -- loading -------------------------------------------------------------------------------
 
 
-def _import_onnx() -> Any:
-    try:
-        import onnx
-        import onnx.numpy_helper
-        import onnx.shape_inference
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ModelError(
-            "reading ONNX models needs the onnx package: pip install onnx"
-        ) from exc
-    return onnx
-
-
 _ONNX_FLOAT = 1
 """``TensorProto.FLOAT``."""
 _SHARED_FLOATS = 1024
 """Float initializers this large leave an owned source's proto once read (weights, not the
 small constants folding and shape inference look at)."""
-
-
-@dataclass(eq=False)
-class ModelSource:
-    """A model read once and loaded many times (once per input shape): the ``ModelProto``
-    without its external data, the folder that data is read from, and a default name.
-
-    Its initializers are converted to arrays once, on the first load, and every later load
-    shares those (read-only) arrays: the weights of a model planned at many shapes are held
-    once. A source that read its own file (``owned``, :func:`read_model`) then also drops
-    the large float initializers' bytes from its proto, which is not handed out."""
-
-    model: Any
-    base_dir: str
-    name: str
-    owned: bool = False
-    arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-    derived: IdentityMemo[np.ndarray] = field(default_factory=IdentityMemo, repr=False)
-    """Constants a lowering computed from others (weight slices, say), kept for the next
-    load while the arrays they came from live."""
-    nodes: list[ReadNode] = field(default_factory=list, repr=False)
-    """The graph's nodes as read and checked by the first load; later loads copy them
-    instead of parsing every attribute again."""
-    path: str | None = None
-    """The file it was read from (:func:`read_model`), for whoever needs its bytes again
-    (a compiled model's package)."""
-
-    def slimmed(self) -> Any:
-        """Replace the proto by a copy parsed anew from its bytes, and return it: a cleared
-        field's bytes stay in the message's arena (protobuf's upb backend) until the whole
-        message goes, so dropping the weights' bytes frees nothing until then (BERT-base:
-        414 MB held twice, as arrays and in the proto)."""
-        self.model = type(self.model).FromString(self.model.SerializeToString())
-        return self.model
 
 
 @dataclass(frozen=True)
@@ -185,76 +150,6 @@ class ModelInfo:
                 return None
             out[info.name] = tuple(dims)
         return out
-
-
-def read_model(path: str | Path) -> ModelSource:
-    """Read a model file once (external data stays on disk, read at each load)."""
-    onnx = _import_onnx()
-    path = Path(path)
-    if not path.is_file():
-        raise ModelError(f"ONNX model {str(path)!r} does not exist or is not a file")
-    try:
-        # External data is read per initializer by numpy_helper.to_array (relative to the
-        # model's folder), straight into arrays, instead of into the proto and then again.
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise ModelError(f"cannot read ONNX model {str(path)!r}: not a valid ONNX protobuf "
-                         f"({type(exc).__name__}: {exc})") from exc
-    _float32_compute(onnx, model, str(path.parent))
-    return ModelSource(model, str(path.parent), path.stem, owned=True, path=str(path))
-
-
-def read_model_bytes(data: bytes, name: str) -> ModelSource:
-    """A model from its serialized bytes (external data inlined), as :func:`read_model`
-    reads a file."""
-    onnx = _import_onnx()
-    try:
-        model = onnx.load_from_string(data)
-    except Exception as exc:
-        raise ModelError(f"cannot read ONNX model {name!r}: not a valid ONNX protobuf "
-                         f"({type(exc).__name__}: {exc})") from exc
-    _float32_compute(onnx, model, "")
-    return ModelSource(model, "", name, owned=True)
-
-
-def model_bytes(source: ModelSource) -> bytes:
-    """The serialized model ``source`` was read from, its external data inlined; ModelError
-    where it was not read from a file or that file cannot be read again."""
-    if source.path is None:
-        raise ModelError(f"model {source.name!r} was not read from a file, so its bytes "
-                         "cannot be packaged; compile it from its .onnx file")
-    onnx = _import_onnx()
-    try:
-        return bytes(onnx.load(source.path).SerializeToString())
-    except Exception as exc:
-        raise ModelError(f"cannot read ONNX model {source.path!r} again to package it "
-                         f"({type(exc).__name__}: {exc})") from exc
-
-
-def _float32_compute(onnx: Any, model: Any, base_dir: str) -> None:
-    """A float16 model as the same graph in float32 (:mod:`tunecache.compiler.float16`)."""
-    try:
-        widen_float16(onnx, model, base_dir)
-    except Exception as exc:
-        raise ModelError(f"cannot read the float16 tensors of model {model.graph.name!r}: "
-                         f"{exc}") from exc
-
-
-def _source(path_or_model: str | Path | onnx.ModelProto | ModelSource) -> ModelSource:
-    onnx = _import_onnx()
-    if isinstance(path_or_model, ModelSource):
-        return path_or_model
-    if isinstance(path_or_model, (str, Path)):
-        return read_model(path_or_model)
-    if isinstance(path_or_model, onnx.ModelProto):
-        model = path_or_model
-        if model.HasField("graph") and holds_float16(model.graph):
-            model = onnx.ModelProto()
-            model.CopyFrom(path_or_model)  # the caller's proto stays as it was
-            _float32_compute(onnx, model, "")
-        return ModelSource(model, "", "model")
-    raise ModelError(f"load_graph needs a path or an onnx.ModelProto, got "
-                     f"{type(path_or_model).__name__}")
 
 
 def load_graph(path_or_model: str | Path | onnx.ModelProto | ModelSource,
@@ -376,11 +271,20 @@ class _Loader:
         self._read_initializers()
         nodes = self._nodes()
         inputs = self._inputs()
+        graph = self.model.graph
+        problem = definition_problem([i.name for i in graph.input],
+                                     [i.name for i in graph.initializer], nodes,
+                                     [o.name for o in graph.output])
+        if problem:
+            raise ModelError(f"model {self.name!r} is not a valid ONNX graph: {problem}")
         nodes = self._sorted(nodes, inputs)
         # What the input shapes and constants alone determine folds first, so that shape
         # inference (the load's costliest step) walks fewer nodes.
         nodes = self._fold_constants(nodes)
-        self._infer_shapes(inputs, nodes)
+        # Strict: an inconsistency (shapes that do not broadcast, a type constraint broken)
+        # is refused here, as onnxruntime refuses it when it creates a session.
+        self._infer_in_stages(inputs, nodes)
+        self._check_inferred(nodes)
         nodes = self._fold_constants(nodes)
         # ONNX data propagation covers only some op versions (e.g. not Reshape targets built
         # by Concat at opset 13); inferring again over the nodes still missing shapes, now
@@ -441,6 +345,14 @@ class _Loader:
             raise ModelError(f"model {self.name!r} uses opset {opset}; tunecache reads opset "
                              f"{MIN_OPSET} and later (convert it with "
                              "onnx.version_converter.convert_version)")
+        newest = self.onnx.defs.onnx_opset_version()
+        if opset > newest:
+            raise ModelError(f"model {self.name!r} uses opset {opset}, which does not exist "
+                             f"yet (onnx {self.onnx.__version__} defines opsets up to {newest})")
+        if self.model.ir_version > self.onnx.IR_VERSION:
+            raise ModelError(f"model {self.name!r} has IR version {self.model.ir_version}, "
+                             f"which does not exist yet (onnx {self.onnx.__version__} reads up "
+                             f"to {self.onnx.IR_VERSION})")
         return int(opset)
 
     def _nodes(self) -> list[ReadNode]:
@@ -451,6 +363,9 @@ class _Loader:
     def _read_nodes(self) -> list[ReadNode]:
         nodes = []
         seen: set[str] = set()
+        context = checker_context(self.onnx, {
+            ("" if imp.domain == "ai.onnx" else imp.domain): int(imp.version)
+            for imp in self.model.opset_import}, int(self.model.ir_version))
         for index, proto in enumerate(self.model.graph.node):
             name = proto.name or f"node{index}"
             if name in seen:
@@ -465,6 +380,10 @@ class _Loader:
             node = ReadNode(index, name, proto.op_type, tuple(proto.input), tuple(proto.output),
                          attrs, proto, domain)
             if node.supported:
+                # (an op tunecache lacks is refused by name, unless it folds away)
+                problem = schema_problem(self.onnx, node, context)
+                if problem:
+                    raise ModelError(f"node {name!r} ({node.op_type}): {problem}")
                 self._check_node(node)
             nodes.append(node)
         return nodes
@@ -607,10 +526,13 @@ class _Loader:
             return shape is not None and None not in shape
         return [n for n in nodes if not all(known(o) for o in n.outputs)]
 
-    def _infer_shapes(self, inputs: list[TensorInfo], nodes: list[ReadNode]) -> None:
+    def _infer_shapes(self, inputs: list[TensorInfo], nodes: list[ReadNode],
+                      strict: bool = False) -> None:
         """ONNX shape inference over ``nodes``: every tensor they read but do not produce is
         declared with what is known of it (a model input as declared, a constant, an earlier
-        node's inferred type), so a later pass can walk only the nodes still missing shapes."""
+        node's inferred type), so a later pass can walk only the nodes still missing shapes.
+        ``strict`` refuses a node whose inference fails, unless a tensor it reads has no
+        known type (no earlier pass could infer it)."""
         onnx = self.onnx
         helper, numpy_helper = onnx.helper, onnx.numpy_helper
         light = onnx.ModelProto()
@@ -640,6 +562,8 @@ class _Loader:
                 graph.input.append(helper.make_tensor_value_info(
                     name, helper.np_dtype_to_tensor_dtype(self.dtypes[name]),
                     list(self.shapes[name])))
+            else:
+                strict = False
         for out in self.model.graph.output:
             if out.name not in produced:
                 continue
@@ -647,7 +571,7 @@ class _Loader:
             vi.name = out.name
             vi.type.tensor_type.elem_type = out.type.tensor_type.elem_type
         try:
-            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=strict, data_prop=True)
         except Exception as exc:
             # An op tunecache does not know is the likelier culprit; name it instead.
             self._reject_unsupported(nodes, set())
@@ -661,6 +585,35 @@ class _Loader:
             dtype = onnx_ops.ONNX_DTYPES.get(vi.type.tensor_type.elem_type)
             if dtype is not None:
                 self.dtypes[vi.name] = dtype
+
+    def _infer_in_stages(self, inputs: list[TensorInfo], nodes: list[ReadNode]) -> None:
+        """Strict shape inference over ``nodes``, in stages that end at each node whose
+        shape ONNX inference can get wrong (``onnx_ops.shape_fix``: a ceil-mode pool's
+        last window): its true shape goes in before inference goes past it."""
+        start = 0
+        for i, node in enumerate(nodes):
+            fix = None if node.domain else onnx_ops.shape_fix(node.op_type)
+            if fix is None:
+                continue
+            self._infer_shapes(inputs, nodes[start:i + 1], strict=True)
+            x = self.shapes.get(node.inputs[0]) if node.inputs else None
+            known = None if x is None else tuple(d for d in x if d is not None)
+            shape = fix(node.attrs, known) if x is not None and known and \
+                len(known) == len(x) else None
+            if shape is not None:
+                self.shapes[node.outputs[0]] = shape
+            start = i + 1
+        if start < len(nodes):
+            self._infer_shapes(inputs, nodes[start:], strict=True)
+
+    def _check_inferred(self, nodes: list[ReadNode]) -> None:
+        """Refuse what shape inference lets pass and onnxruntime does not: broken type
+        constraints, a Conv weight that does not fit."""
+        for node in nodes:
+            problem = type_problem(self.onnx, node, self.opset, self.dtypes) or \
+                conv_problem(node, self.shapes)
+            if problem:
+                raise ModelError(f"node {node.name!r} ({node.op_type}): {problem}")
 
     def _sorted(self, nodes: list[ReadNode], inputs: list[TensorInfo]) -> list[ReadNode]:
         """The nodes in a topological order (ONNX requires one; exporters sometimes slip)."""
@@ -703,6 +656,9 @@ class _Loader:
                     values = ([onnx_ops.shape_of(static, node.attrs)] if node.op_type == "Shape"
                               else [np.asarray(math.prod(static), dtype=np.int64)])
             elif self._foldable(node):
+                problem = type_problem(self.onnx, node, self.opset, self.dtypes)
+                if problem:
+                    raise ModelError(f"node {node.name!r} ({node.op_type}): {problem}")
                 values = self._evaluate(node)
             if values is None:
                 kept.append(node)

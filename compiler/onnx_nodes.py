@@ -6,11 +6,17 @@ no step: nodes whose outputs nothing reads (:func:`live`), inference no-ops such
 ``Identity``, ``Dropout`` and a ``Cast`` to the dtype its input has (:func:`elide`), and
 repeated computations (:func:`deduplicate`). Each returns a new list, renaming the inputs of
 the nodes that read what was dropped.
+
+The reader also refuses what onnxruntime refuses when it creates a session, with the checks
+here, each returning what is wrong (or None): names defined twice or never
+(:func:`definition_problem`), a node that breaks its op's schema (:func:`schema_problem`) or
+type constraints (:func:`type_problem`), a ``Conv`` whose weight does not fit its input
+(:func:`conv_problem`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +24,8 @@ import numpy as np
 
 from tunecache.compiler import onnx_ops
 
-__all__ = ["NONDETERMINISTIC", "ReadNode", "deduplicate", "elide", "live"]
+__all__ = ["NONDETERMINISTIC", "ReadNode", "checker_context", "conv_problem", "deduplicate",
+           "definition_problem", "elide", "live", "schema_problem", "type_problem"]
 
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
                               "RandomUniformLike", "Multinomial", "Bernoulli"})
@@ -133,3 +140,137 @@ def _same_type_cast(node: ReadNode, dtypes: Mapping[str, np.dtype]) -> bool:
         return False
     target = onnx_ops.ONNX_DTYPES.get(int(node.attrs.get("to", 0)))
     return target is not None and dtypes.get(node.inputs[0]) == target
+
+
+# -- what onnxruntime refuses -----------------------------------------------------------------
+
+
+def definition_problem(inputs: Sequence[str], initializers: Sequence[str],
+                       nodes: Sequence[ReadNode], outputs: Sequence[str]) -> str | None:
+    """How the graph breaks ONNX's naming rules, or None: every tensor is defined once (a
+    graph input, an initializer, which may also be listed as an input, or one node's
+    output), and the graph has outputs, each of them defined."""
+    defined: dict[str, str] = {}
+    for kind, names in (("a graph input", inputs), ("an initializer", initializers)):
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                return f"{kind.split(' ', 1)[1]} {name!r} is declared twice"
+            seen.add(name)
+            defined.setdefault(name, kind)
+    for node in nodes:
+        for out in node.outputs:
+            if not out:
+                continue
+            if out in defined:
+                return (f"node {node.name!r} ({node.op_type}) writes {out!r}, which is already "
+                        f"{defined[out]}")
+            defined[out] = f"written by node {node.name!r}"
+    if not outputs:
+        return "the graph has no outputs"
+    for name in outputs:
+        if name not in defined:
+            return (f"graph output {name!r} is not a graph input, an initializer or the output "
+                    "of a node")
+    return None
+
+
+def _schema(onnx: Any, node: ReadNode, opset: int) -> Any:
+    """The default-domain schema ``node`` has at ``opset``, or None (another domain, or an op
+    this opset lacks: refused by name later unless it folds away)."""
+    if node.domain:
+        return None
+    try:
+        return onnx.defs.get_schema(node.op_type, opset, "")
+    except Exception:
+        return None
+
+
+def checker_context(onnx: Any, opset_imports: Mapping[str, int], ir_version: int) -> Any:
+    """The onnx checker's context for a model's opset imports and IR version."""
+    context = onnx.checker.C.CheckerContext()
+    context.ir_version = ir_version
+    context.opset_imports = dict(opset_imports)
+    return context
+
+
+def schema_problem(onnx: Any, node: ReadNode, context: Any) -> str | None:
+    """What onnx's checker finds wrong with ``node`` against its op's schema (input and
+    output counts, attribute names and types, required attributes) in ``context``
+    (:func:`checker_context`), or None. Nodes with subgraphs are left alone (their names
+    resolve in the enclosing scope)."""
+    if _schema(onnx, node, context.opset_imports.get("", 0)) is None or any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for a in node.proto.attribute):
+        return None
+    try:
+        onnx.checker.check_node(node.proto, context)
+    except onnx.checker.ValidationError as exc:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
+
+
+def _type_string(onnx: Any, dtype: np.dtype) -> str:
+    """``tensor(float)`` for float32: how schemas spell a tensor's type."""
+    code = onnx.helper.np_dtype_to_tensor_dtype(dtype)
+    return f"tensor({onnx.TensorProto.DataType.Name(code).lower()})"
+
+
+def type_problem(onnx: Any, node: ReadNode, opset: int,
+                 dtypes: Mapping[str, np.dtype]) -> str | None:
+    """Which input of ``node`` breaks its op's type constraints, or None: an element type
+    the constraint does not allow, or two inputs bound to one type parameter (``T`` of
+    ``MatMul``'s A and B) with different types. Inputs of unknown type are not checked."""
+    schema = _schema(onnx, node, opset)
+    if schema is None or not schema.inputs:
+        return None
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    bound: dict[str, tuple[str, str]] = {}
+    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    for i, name in enumerate(node.inputs):
+        formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+        if i >= len(schema.inputs) and formal.option != variadic:
+            break
+        dtype = dtypes.get(name) if name else None
+        if dtype is None:
+            continue
+        actual = _type_string(onnx, dtype)
+        if formal.type_str not in allowed:
+            if formal.type_str.startswith("tensor(") and actual != formal.type_str:
+                return f"input {name!r} is {actual}, where {formal.type_str} is expected"
+            continue
+        if actual not in allowed[formal.type_str]:
+            return (f"input {name!r} is {actual}, which its type parameter {formal.type_str} "
+                    "does not allow")
+        first = bound.setdefault(formal.type_str, (name, actual))
+        if first[1] != actual and (i < len(schema.inputs) or formal.is_homogeneous):
+            return (f"inputs {first[0]!r} and {name!r} share type parameter {formal.type_str} "
+                    f"but are {first[1]} and {actual}")
+    return None
+
+
+def conv_problem(node: ReadNode, shapes: Mapping[str, tuple[int | None, ...] | None]
+                 ) -> str | None:
+    """How a ``Conv`` node's weight contradicts its input, its group count, its
+    ``kernel_shape`` or its bias (which ONNX shape inference lets pass and onnxruntime
+    refuses), or None. Unknown dimensions are not checked."""
+    if node.op_type != "Conv" or node.domain or len(node.inputs) < 2:
+        return None
+    x, w = shapes.get(node.inputs[0]), shapes.get(node.inputs[1])
+    if x is None or w is None:
+        return None
+    groups = int(node.attrs.get("group", 1))
+    if len(x) != len(w):
+        return f"input rank {len(x)} differs from the weight's {len(w)}"
+    if groups < 1 or (w[0] is not None and w[0] % groups):
+        return f"group {groups} does not divide the weight's {w[0]} output channels"
+    if x[1] is not None and w[1] is not None and x[1] != w[1] * groups:
+        return (f"the input has {x[1]} channels, but the weight {list(w)} with group {groups} "
+                f"takes {w[1] * groups}")
+    kernel = tuple(node.attrs.get("kernel_shape", ()))
+    if kernel and kernel != tuple(w[2:]):
+        return f"kernel_shape {list(kernel)} differs from the weight's {list(w[2:])}"
+    bias = shapes.get(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    if bias is not None and w[0] is not None and (len(bias) != 1 or bias[0] not in (None, w[0])):
+        return f"the bias has shape {list(bias)}, not [{w[0]}]"
+    return None

@@ -217,3 +217,17 @@ def test_float32_erf_is_accurate_everywhere() -> None:
     assert np.abs(got.astype(np.float64) - erf(x.astype(np.float64))).max() < 1e-6
     assert np.array_equal(np.signbit(got), np.signbit(x))
     assert np.isnan(_erf(np.array([np.nan], np.float32)))[0]
+
+
+@pytest.mark.parametrize(("opset", "bounds"), [(13, ("lo", "")), (13, ("", "hi")), (9, ())])
+def test_clip_without_a_bound_clamps_infinity_to_the_largest_float(
+        opset: int, bounds: tuple[str, ...]) -> None:
+    """An omitted Clip bound is float32's lowest / largest finite value, as onnxruntime
+    computes it: +-inf come out as -+3.4e38 (found by tests/test_fuzz_onnxruntime.py)."""
+    x = np.array([np.inf, -np.inf, np.nan, 1.0, -2.0], np.float32)
+    consts = {name: np.float32(v) for name, v in (("lo", -1.0), ("hi", 0.5)) if name in bounds}
+    attrs = {} if opset >= 11 else {"min": -1.0}
+    model = Case("Clip", opset, ["x", *bounds], {"x": x}, consts, **attrs).model()
+    got = Executor(load_graph(model)).run({"x": x})["y0"]
+    np.testing.assert_array_equal(got, ort_run(model, {"x": x})[0])
+    assert np.isfinite(got[:2]).all()

@@ -204,3 +204,90 @@ def test_a_cast_to_bfloat16_is_refused_by_node_not_a_crash() -> None:
     with pytest.raises(ModelError, match=r"node 'to_bf16' \(Cast\): casts to "
                                          r"TensorProto.BFLOAT16, which tunecache does not run"):
         load_graph(b.model(["y"]))
+
+
+def _one_node(node: onnx.NodeProto, inits: dict[str, np.ndarray] | None = None, *,
+              outputs: tuple[str, ...] = ("y",), opset: int = 17, ir_version: int = 8,
+              inputs: tuple[tuple[str, int, tuple[int, ...]], ...] = (
+                  ("x", onnx.TensorProto.FLOAT, (2, 3)),)) -> onnx.ModelProto:
+    """A model around ``node`` made without onnx.checker, so that its defect reaches us."""
+    graph = helper.make_graph(
+        [node], "bad", [helper.make_tensor_value_info(n, t, list(s)) for n, t, s in inputs],
+        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outputs],
+        [onnx.numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=ir_version)
+
+
+F32 = onnx.TensorProto.FLOAT
+# Graphs onnxruntime refuses when it creates the session, which tunecache used to run (or
+# to crash on with a numpy error): found by tests/test_fuzz_onnxruntime.py.
+REFUSED = {
+    "node output named like an initializer": (
+        _one_node(helper.make_node("Relu", ["x"], ["w"]), {"w": np.ones((2, 3), np.float32)},
+                  outputs=("w",)),
+        r"node 'node0' \(Relu\) writes 'w', which is already an initializer"),
+    "node output named like the graph input": (
+        _one_node(helper.make_node("Relu", ["x"], ["x"]), outputs=("x",)),
+        r"writes 'x', which is already a graph input"),
+    "input declared twice": (
+        _one_node(helper.make_node("Relu", ["x"], ["y"]), inputs=(("x", F32, (2, 3)),) * 2),
+        r"graph input 'x' is declared twice"),
+    "no outputs": (
+        _one_node(helper.make_node("Relu", ["x"], ["y"]), outputs=()),
+        r"the graph has no outputs"),
+    "output nobody writes": (
+        _one_node(helper.make_node("Relu", ["x"], ["y"]), outputs=("y", "nowhere")),
+        r"graph output 'nowhere' is not a graph input, an initializer or the output of a node"),
+    "opset 99": (
+        _one_node(helper.make_node("Relu", ["x"], ["y"]), opset=99),
+        r"uses opset 99, which does not exist yet"),
+    "IR version 99": (
+        _one_node(helper.make_node("Relu", ["x"], ["y"]), ir_version=99),
+        r"has IR version 99, which does not exist yet"),
+    "Relu with two inputs": (
+        _one_node(helper.make_node("Relu", ["x", "x"], ["y"])),
+        r"node 'node0' \(Relu\): .*input size 2 not in range"),
+    "Concat without axis": (
+        _one_node(helper.make_node("Concat", ["x", "x"], ["y"])),
+        r"node 'node0' \(Concat\): Required attribute 'axis' is missing"),
+    "float32 x float64": (
+        _one_node(helper.make_node("MatMul", ["x", "w"], ["y"]), {"w": np.ones((3, 2))}),
+        r"node 'node0' \(MatMul\): inputs 'x' and 'w' share type parameter T but are "
+        r"tensor\(float\) and tensor\(double\)"),
+    "Reshape to [-1, -1]": (
+        _one_node(helper.make_node("Reshape", ["x", "s"], ["y"]),
+                  {"s": np.array([-1, -1], np.int64)}),
+        r"shape inference failed.*multiple -1"),
+    "Transpose perm repeats an axis": (
+        _one_node(helper.make_node("Transpose", ["x"], ["y"], perm=[0, 0])),
+        r"shape inference failed.*repeated value"),
+    "Conv weight channels": (
+        _one_node(helper.make_node("Conv", ["x", "w"], ["y"]),
+                  {"w": np.ones((2, 4, 1, 1), np.float32)}, inputs=(("x", F32, (1, 3, 4, 4)),)),
+        r"node 'node0' \(Conv\): the input has 3 channels, but the weight \[2, 4, 1, 1\] with "
+        r"group 1 takes 4"),
+    "Conv kernel_shape": (
+        _one_node(helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[1, 1]),
+                  {"w": np.ones((2, 3, 3, 3), np.float32)}, inputs=(("x", F32, (1, 3, 4, 4)),)),
+        r"kernel_shape \[1, 1\] differs from the weight's \[3, 3\]"),
+    "Conv group": (
+        _one_node(helper.make_node("Conv", ["x", "w"], ["y"], group=3),
+                  {"w": np.ones((2, 1, 1, 1), np.float32)}, inputs=(("x", F32, (1, 3, 4, 4)),)),
+        r"group 3 does not divide the weight's 2 output channels"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_graphs_onnxruntime_refuses_are_refused_at_load(case: str) -> None:
+    model, message = REFUSED[case]
+    with pytest.raises(ModelError, match=message):
+        load_graph(model)
+
+
+def test_two_nodes_writing_one_tensor_are_refused() -> None:
+    model = _one_node(helper.make_node("Relu", ["x"], ["y"], name="a"))
+    model.graph.node.append(helper.make_node("Sigmoid", ["x"], ["y"], name="b"))
+    with pytest.raises(ModelError, match=r"node 'b' \(Sigmoid\) writes 'y', which is already "
+                                         r"written by node 'a'"):
+        load_graph(model)

@@ -443,3 +443,26 @@ def test_repeated_computations_are_computed_once() -> None:
     feeds = models.random_feeds(model)
     models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds),
                         [*outputs, fills[2], other])
+
+
+@pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
+def test_ceil_mode_pool_drops_a_window_past_the_input(op: str) -> None:
+    """ONNX shape inference keeps a ceil-mode pool's last window when it would start past
+    the input and its begin padding; onnxruntime drops it (32 columns padded by 2, stride
+    2: 17 windows, not 18), and so must the loaded graph, or strict shape inference
+    refuses the MatMul sized for 17 and the kernels after the pool read the wrong size
+    (found by tests/test_fuzz_onnxruntime.py). onnxruntime accepts the model only with the
+    pool's output declared at its true shape."""
+    pytest.importorskip("onnxruntime")
+    b = models.Builder(17)
+    x = b.input("x", [1, 8, 1, 32])
+    pooled = b.node(op, [x], name="pool", kernel_shape=[1, 3], strides=[2, 2],
+                    pads=[0, 2, 0, 2], ceil_mode=1)
+    y = b.node("MatMul", [pooled, b.weight(17, 2)])
+    model = b.model([pooled, y])
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info(pooled, models.F32, [1, 8, 1, 17]))
+    graph = load_graph(model)
+    assert graph.tensors[pooled][0] == (1, 8, 1, 17)
+    assert [n.op.kind for n in graph.kernel_nodes] == ["pool2d", "matmul"]
+    feeds = models.random_feeds(model)
+    models.assert_close(Executor(graph).run(feeds), models.ort_run(model, feeds), [pooled, y])

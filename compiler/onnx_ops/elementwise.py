@@ -200,10 +200,15 @@ def _clip(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) 
     x = inputs[0]
     assert x is not None
     if opset < 11:
-        lo: Any = attrs.get("min", -np.inf)
-        hi: Any = attrs.get("max", np.inf)
+        lo: Any = attrs.get("min")
+        hi: Any = attrs.get("max")
     else:
         lo, hi = opt_input(inputs, 1), opt_input(inputs, 2)
+    if x.dtype.kind == "f":
+        # An omitted bound is the type's lowest / largest finite value (ONNX, as onnxruntime
+        # computes it): an infinity is clamped too.
+        lo = np.finfo(x.dtype).min if lo is None else lo
+        hi = np.finfo(x.dtype).max if hi is None else hi
     out = x
     if lo is not None:
         out = np.maximum(out, np.asarray(lo).astype(x.dtype) if x.dtype.kind != "f"

@@ -1,7 +1,7 @@
 """Pooling: ``MaxPool`` and ``AveragePool`` over any number of spatial axes (``auto_pad``,
 dilations, ``ceil_mode``, ``count_include_pad``), ``GlobalAveragePool`` and ``GlobalMaxPool``;
 :func:`resolve_pads` turns ``auto_pad`` into explicit pads (``Conv`` and the pool lowering use
-it too).
+it too); :func:`pool_output_sizes` gives a window pool's output sizes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tunecache.compiler.onnx_ops.registry import Array, as_array, register
+from tunecache.compiler.onnx_ops.registry import SHAPE_FIXES, Array, as_array, register
 
 
 def resolve_pads(auto_pad: str, in_sizes: Sequence[int], kernel: Sequence[int],
@@ -37,6 +37,41 @@ def resolve_pads(auto_pad: str, in_sizes: Sequence[int], kernel: Sequence[int],
     return tuple(begins + ends)
 
 
+def _ceil_mode_shape(attrs: Mapping[str, Any], x: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A ceil-mode pool's output shape (ONNX shape inference keeps a last window that starts
+    past the input and its begin padding, which onnxruntime and this implementation drop)."""
+    if not attrs.get("ceil_mode") or "kernel_shape" not in attrs or len(x) < 3:
+        return None
+    sizes = pool_output_sizes(x[2:], attrs)
+    return (*x[:2], *sizes) if min(sizes) > 0 else None
+
+
+SHAPE_FIXES["MaxPool"] = SHAPE_FIXES["AveragePool"] = _ceil_mode_shape
+
+
+def pool_output_sizes(in_sizes: Sequence[int], attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """The spatial output sizes of a ``MaxPool``/``AveragePool`` node with ``attrs`` over
+    an input of spatial sizes ``in_sizes``, as onnxruntime computes them: with
+    ``ceil_mode``, a last window that would start past the input and its begin padding is
+    dropped (ONNX shape inference keeps it)."""
+    nsp = len(in_sizes)
+    kernel = tuple(int(k) for k in attrs["kernel_shape"])
+    strides = tuple(attrs.get("strides", (1,) * nsp))
+    dilations = tuple(attrs.get("dilations", (1,) * nsp))
+    pads = resolve_pads(str(attrs.get("auto_pad", "NOTSET")), in_sizes, kernel, strides,
+                        dilations, attrs.get("pads"))
+    ceil_mode = bool(attrs.get("ceil_mode", 0))
+    sizes = []
+    for i in range(nsp):
+        extent = dilations[i] * (kernel[i] - 1) + 1
+        span = in_sizes[i] + pads[i] + pads[nsp + i] - extent
+        out = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
+        if ceil_mode and (out - 1) * strides[i] >= in_sizes[i] + pads[i]:
+            out -= 1  # the last window must start inside the input or its begin padding
+        sizes.append(out)
+    return tuple(sizes)
+
+
 def _pool(inputs: Sequence[Array | None], attrs: Mapping[str, Any], mode: str) -> Array:
     x = inputs[0]
     assert x is not None
@@ -46,14 +81,10 @@ def _pool(inputs: Sequence[Array | None], attrs: Mapping[str, Any], mode: str) -
     dilations = tuple(attrs.get("dilations", (1,) * nsp))
     pads = resolve_pads(str(attrs.get("auto_pad", "NOTSET")), x.shape[2:], kernel, strides,
                         dilations, attrs.get("pads"))
-    ceil_mode = bool(attrs.get("ceil_mode", 0))
     extra = []
-    for i in range(nsp):
+    for i, out in enumerate(pool_output_sizes(x.shape[2:], attrs)):
         extent = dilations[i] * (kernel[i] - 1) + 1
         span = x.shape[2 + i] + pads[i] + pads[nsp + i] - extent
-        out = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
-        if ceil_mode and (out - 1) * strides[i] >= x.shape[2 + i] + pads[i]:
-            out -= 1  # the last window must start inside the input or its begin padding
         extra.append(max(0, (out - 1) * strides[i] + extent - (span + extent)))
     widths = [(0, 0), (0, 0)] + [(pads[i], pads[nsp + i] + extra[i]) for i in range(nsp)]
     fill = -np.inf if mode == "max" else 0.0

@@ -39,6 +39,18 @@ def register(*names: str) -> Callable[[OpImpl], OpImpl]:
     return wrap
 
 
+ShapeFix = Callable[[Mapping[str, Any], tuple[int, ...]], "tuple[int, ...] | None"]
+SHAPE_FIXES: dict[str, ShapeFix] = {}
+"""Ops whose output shape ONNX shape inference can get wrong, by op type: ``fix(attrs,
+input shape)`` is the shape the implementation (and onnxruntime) gives, or None where
+inference is right."""
+
+
+def shape_fix(op_type: str) -> ShapeFix | None:
+    """What corrects shape inference for ``op_type`` (default domain), or None."""
+    return SHAPE_FIXES.get(op_type)
+
+
 def implementation(op_type: str) -> OpImpl | None:
     """The numpy implementation of ``op_type`` (default domain), or None."""
     return OPS.get(op_type)
