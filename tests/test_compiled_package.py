@@ -136,6 +136,7 @@ def test_a_package_needing_instructions_this_cpu_lacks_is_refused(
     ("kernels", "op", "differs from the package's"),
     ("format", 2, "format 2 is not 1"),
     ("objects", "digest", "does not match its digest"),
+    ("objects", "key", "is not an artifact key"),
     ("options", "threads", "threads must be a positive integer"),
     ("hw", "cores", "cores must be a positive integer"),
 ])
@@ -145,6 +146,9 @@ def test_a_package_this_tunecache_would_not_plan_alike_is_refused(
     def edit(manifest: dict[str, Any]) -> None:
         if field == "kernels":
             manifest["kernels"][0]["op"] += " "
+        elif field == "objects" and value == "key":
+            key = next(iter(manifest["objects"]))
+            manifest["objects"]["../" + key] = manifest["objects"].pop(key)
         elif field == "objects":
             key = next(iter(manifest["objects"]))
             manifest["objects"][key] = "0" * 64

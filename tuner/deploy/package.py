@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -287,6 +288,9 @@ def _kernels(data: list[Any]) -> list[dict[str, Any]]:
 
 def _objects(data: dict[str, Any]) -> dict[str, str]:
     for key, digest in data.items():
-        if not isinstance(digest, str) or len(digest) != 64:
+        if not re.fullmatch(r"[0-9a-f]{32}", key):
+            raise PackageError(f"manifest object {key[:80]!r} is not an artifact key "
+                               "(32 lowercase hex digits)")
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise PackageError(f"manifest object {key!r}: its digest must be SHA-256 hex")
     return data
