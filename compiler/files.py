@@ -53,7 +53,6 @@ def _size_text(limit: int) -> str:
 
 
 PRIVATE_DIR_MODE = 0o700
-PRIVATE_FILE_MODE = 0o600
 
 
 def untrusted_folder(folder: Path, *, root: Path) -> str | None:
@@ -174,9 +173,9 @@ def publish_recorded(tmp: Path, target: Path, extra: dict[str, str]) -> str:
     on disk (fsync) before the folder entry points at them.
     """
     with tmp.open("rb") as handle:
-        # The compiler wrote it with the umask's mode (0664 under umask 002): only its
-        # owner may change what will be loaded.
-        os.fchmod(handle.fileno(), PRIVATE_FILE_MODE)
+        # The compiler wrote it with the umask's mode (0775 under umask 002): only its
+        # owner may change what will be loaded (a program keeps its owner's execute bit).
+        os.fchmod(handle.fileno(), os.fstat(handle.fileno()).st_mode & 0o700)
         digest, size = digest_of(handle.fileno())
         os.fsync(handle.fileno())
     record: dict[str, str | int] = {"sha256": digest, "bytes": size, **extra}

@@ -14,7 +14,8 @@ loaded; :func:`open_verified` checks just before each load. A cache that is not 
 refused (:class:`BuildError` naming the folder and the fix): one owned by another user, or
 writable by its group or every user, or under a folder others may write to, where anyone
 could plant an object and a matching record side by side, or swap a file between the check
-and the load. Folders are created 0700 and objects published 0600, whatever the umask.
+and the load. Folders are created 0700 and objects published with their owner's bits only
+(0600, 0700 for a program), whatever the umask.
 
 The cache lives in ``$TUNECACHE_BUILD_CACHE``, else ``<user cache dir>/tunecache/kernels``.
 The C compiler is ``$CC``, else the first of ``cc``, ``gcc``, ``clang`` on ``PATH``.
@@ -62,6 +63,8 @@ class CompilerInfo:
 
     path: str
     identity: str
+    missing: str = ""
+    """Why there is no compiler, where ``path`` is empty (an adopted toolchain's identity)."""
 
     @property
     def short(self) -> str:
@@ -113,13 +116,12 @@ def find_compiler() -> CompilerInfo:
         path = shutil.which(name)
         if path:
             return probe_compiler(path)
-    if _adopted:
-        return CompilerInfo("", _adopted[0])
     tried = ", ".join(candidates)
-    raise BuildError(
-        f"no C compiler found (tried {tried}{' from $CC' if env else ' on PATH'}); install gcc "
-        "or clang, or set CC to a compiler's path"
-    )
+    missing = (f"no C compiler found (tried {tried}{' from $CC' if env else ' on PATH'}); "
+               "install gcc or clang, or set CC to a compiler's path")
+    if _adopted:
+        return CompilerInfo("", _adopted[0], missing)
+    raise BuildError(missing)
 
 
 def artifact_key(source: str, compiler: CompilerInfo, flags: tuple[str, ...]) -> str:
@@ -162,9 +164,8 @@ def build_source(
         if digest is not None:
             return Artifact(target, key, True, 0.0, digest)
     if not cc.path:
-        raise BuildError(f"no C compiler on this machine to build {key}, which the compiled "
-                         "model did not bring; install gcc or clang, or save the model again "
-                         "with this tunecache version")
+        raise BuildError(f"{cc.missing} (artifact {key} is not among those the compiled "
+                         "model brought: save it again with this tunecache version)")
     _private_folder(folder, root)
     publish_text(folder / f"{key}.c", source)
     tmp = temp_path(folder, f".{key}.", ".so.tmp")
