@@ -224,6 +224,13 @@ def _finish(op: OpSignature, d: IsaDialect) -> str:
              f"    if (f < F) {{\n      const int m = (int)(F - f);\n      vec v = VCVTI(acc + j);\n"
              f"      {part}\n      VSTOREU(Y + at, VFILL_PART(v, m, 0.0f));\n      continue;\n"
              "    }\n") if blocked else ""
+    if not channel_block(op.attr("out_layout")) and "add" not in op.epilogue:
+        # A plain Y: the epilogue on whole vectors all the same, each lane stored to its
+        # channel's plane (a residual operand would need the same gather: element-wise).
+        whole = (f"    if (f + LANES <= F) {{\n      vec v = VCVTI(acc + j);\n      {vector}\n"
+                 "      float t[LANES] __attribute__((aligned(64)));\n      VSTORE(t, v);\n"
+                 "      for (long k = 0; k < LANES; k++) Y[at + k * (long)P * Q] = t[k];\n"
+                 "      continue;\n    }\n")
     padded = "FOUT"  # a blocked Y's channels past F are zeros, as every kernel leaves them
     return ("static inline void tc_q_store(const tacc_t *acc, const float *scale,\n"
             "    const float *bias, const float *add, const float *chan, float *Y, long n,\n"
