@@ -74,8 +74,8 @@ def read_bytes(loc: Location, relative: str) -> bytes | None:
     be a regular file (a FIFO would block the reader forever; :func:`open_regular`); on any
     store, at most :data:`MAX_READ_BYTES`; :class:`UnreadableFile` otherwise."""
     try:
-        if isinstance(loc.fs, pafs.LocalFileSystem):
-            return _read_local(loc.path(relative))
+        if loc.local:
+            return read_regular(loc.path(relative), MAX_READ_BYTES)
         with loc.fs.open_input_stream(loc.path(relative)) as handle:
             data = bytes(handle.read(MAX_READ_BYTES + 1))
         return _bounded(data, loc.path(relative))
@@ -87,10 +87,6 @@ def read_bytes(loc: Location, relative: str) -> bytes | None:
         if not exists(loc, relative):
             return None
         raise
-
-
-def _read_local(path: str) -> bytes:
-    return read_regular(path, MAX_READ_BYTES)
 
 
 def _bounded(data: bytes, path: str) -> bytes:

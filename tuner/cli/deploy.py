@@ -215,6 +215,7 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
         raise click.BadParameter(f"{threads} is more than this machine's {machine_cpus()} "
                                  "CPUs", param_hint="--threads")
     given = Inputs(inputs_path, _load_inputs(inputs_path)) if inputs_path else None
+    package = is_package(model_path)
     compiled = _compile(model_path, policy, expected_calls, deadline, input_shapes, root,
                         hardware, precision, given, threads)
     if given is None and not _planned(compiled):
@@ -240,7 +241,7 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
                                  "pip install 'tunecache[onnxruntime]'") from None
         options = ort.SessionOptions()
         options.intra_op_num_threads = min(threads or compiled.hw.cores, machine_cpus())
-        onnx_model = saved_model(model_path) if is_package(model_path) else str(model_path)
+        onnx_model = saved_model(model_path) if package else str(model_path)
         session = ort.InferenceSession(onnx_model, options,
                                        providers=["CPUExecutionProvider"])
         feed = {i.name: inputs[i.name] for i in session.get_inputs()}
@@ -263,7 +264,7 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
     if as_json:
         emit_json(report)
         return
-    made = "loaded" if is_package(model_path) else "compiled"
+    made = "loaded" if package else "compiled"
     click.echo(f"{model_path.name}: {made} in {report['compile_s']:.2f} s, latency "
                f"{report['latency_ms']:.3f} ms (median of {repeat})")
     _echo_precision(compiled)
