@@ -16,6 +16,7 @@ import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -124,18 +125,32 @@ def test_a_key_folder_replaced_by_a_link_is_refused(tmp_path: Path) -> None:
         load_kernel(OP, art.path)
 
 
-@as_root
-def test_a_cache_owned_by_another_user_is_refused_and_its_plant_never_runs(
-        shared_tmp: Path) -> None:
+@dataclass(frozen=True)
+class Plant:
+    """A built cache, and a planted object that creates ``marker`` if it is ever loaded."""
+
+    cache: Path
+    artifact: Path
+    planted: Path
+    marker: Path
+
+
+@pytest.fixture
+def plant(shared_tmp: Path) -> Plant:
     cache = shared_tmp / "cache"
-    art = build(kernel(), cache_dir=cache)
     marker = shared_tmp / "planted-ran"
-    planted = planted_object(shared_tmp, marker)
+    return Plant(cache, build(kernel(), cache_dir=cache).path,
+                 planted_object(shared_tmp, marker), marker)
+
+
+@as_root
+def test_a_cache_owned_by_another_user_is_refused_and_its_plant_never_runs(plant: Plant) -> None:
+    cache, art, planted, marker = plant.cache, plant.artifact, plant.planted, plant.marker
     for path in [cache, *cache.rglob("*")]:
         os.chown(path, OTHER, OTHER)
-    plant_object_and_record(OTHER, OTHER, art.path, planted)
+    plant_object_and_record(OTHER, OTHER, art, planted)
     with pytest.raises(BuildError, match=rf"{cache} is owned by uid {OTHER}, not by this user"):
-        load_kernel(OP, art.path)
+        load_kernel(OP, art)
     with pytest.raises(BuildError, match="not private"):
         build(kernel(), cache_dir=cache)
     assert not marker.exists()
@@ -143,18 +158,14 @@ def test_a_cache_owned_by_another_user_is_refused_and_its_plant_never_runs(
 
 @as_root
 def test_a_group_member_can_plant_in_a_group_writable_cache_which_is_then_refused(
-        shared_tmp: Path) -> None:
-    cache = shared_tmp / "cache"
-    art = build(kernel(), cache_dir=cache)
-    marker = shared_tmp / "planted-ran"
-    planted = planted_object(shared_tmp, marker)
-    for folder in (cache, art.path.parent):
+        plant: Plant) -> None:
+    for folder in (plant.cache, plant.artifact.parent):
         os.chown(folder, 0, OTHER)
         folder.chmod(0o770)
-    plant_object_and_record(OTHER, OTHER, art.path, planted)  # the group member's write
+    plant_object_and_record(OTHER, OTHER, plant.artifact, plant.planted)  # a member's write
     with pytest.raises(BuildError, match="writable by its group"):
-        load_kernel(OP, art.path)
-    assert not marker.exists()
+        load_kernel(OP, plant.artifact)
+    assert not plant.marker.exists()
 
 
 @as_root

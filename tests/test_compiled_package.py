@@ -187,3 +187,22 @@ def test_cli_saves_runs_and_refuses_what_a_package_cannot_change(tmp_path: Path)
                             str(tmp_path / "other.npz")], capture_output=True, text=True)
     assert other.returncode == 2 and other.stderr.startswith("error:")
     assert "Traceback" not in other.stderr
+
+
+def test_only_a_model_compiled_from_its_file_can_be_saved(tmp_path: Path) -> None:
+    from tunecache.compiler import frontend
+
+    source = frontend.read_model_bytes(resnet_model().SerializeToString(), "in-memory")
+    compiled = compile_model(source, store=tmp_path / "store")
+    with pytest.raises(TunecacheError, match="was not read from a file"):
+        compiled.save(tmp_path / "m.tcm")
+    assert not (tmp_path / "m.tcm").exists()
+
+
+def test_an_artifact_key_that_is_not_one_is_never_installed(tmp_path: Path) -> None:
+    from tunecache.compiler.backends.cpu.build import install_artifact
+    from tunecache.compiler.errors import BuildError
+
+    with pytest.raises(BuildError, match="not 32 lowercase hex digits"):
+        install_artifact("../" + "a" * 29, b"\x7fELF", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
