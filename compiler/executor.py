@@ -105,14 +105,13 @@ class Executor:
         return run
 
     def _onnx_step(self, node: OnnxNode) -> Callable[[_Env], None]:
-        impl = onnx_ops.OPS[node.op_type]
-        attrs, opset = node.attrs, self.graph.opset
         inputs, outputs = node.inputs, node.outputs
+        fn = onnx_ops.node_function(node.op_type, inputs, outputs, node.attrs, self.graph.opset)
         label = f"node {node.name!r} ({node.op_type})"
 
         def run(env: _Env) -> None:
             try:
-                values = impl([env[n] if n else None for n in inputs], attrs, opset)
+                values = fn([env[n] if n else None for n in inputs])
             except Exception as exc:
                 raise ModelError(f"{label} failed: {type(exc).__name__}: {exc}") from exc
             for name, value in zip(outputs, values, strict=False):

@@ -233,6 +233,12 @@ def _dims(type_proto: Any) -> tuple[int | None, ...] | None:
     return tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
 
 
+def _nodes_text(names: Sequence[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:3])
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f"node{'s' if len(names) > 1 else ''} {shown}{more}"
+
+
 def _fmt_shape(shape: Sequence[int | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
@@ -298,7 +304,20 @@ class _Loader:
                 break
             missing = still
         self._reject_unsupported(nodes, self._shape_only(nodes) if self.symbolic else set())
+        self._reject_training(nodes)
         return inputs, nodes
+
+    def _reject_training(self, nodes: list[ReadNode]) -> None:
+        """A Dropout whose ``training_mode`` input is not a constant false is training."""
+        for node in nodes:
+            if node.op_type != "Dropout" or node.domain or len(node.inputs) < 3 \
+                    or not node.inputs[2]:
+                continue
+            mode = self.constants.get(node.inputs[2])
+            if mode is None or bool(np.asarray(mode).reshape(-1)[0]):
+                raise ModelError(f"node {node.name!r} (Dropout): training mode is not "
+                                 "supported (inference only): its training_mode input is "
+                                 + ("true" if mode is not None else "not a constant"))
 
     def inspect(self) -> ModelInfo:
         inputs, _ = self._folded()
@@ -379,7 +398,7 @@ class _Loader:
             domain = proto.domain if proto.domain != "ai.onnx" else ""
             node = ReadNode(index, name, proto.op_type, tuple(proto.input), tuple(proto.output),
                          attrs, proto, domain)
-            if node.supported:
+            if node.engine(self.opset):
                 # (an op tunecache lacks is refused by name, unless it folds away)
                 problem = schema_problem(self.onnx, node, context)
                 if problem:
@@ -391,23 +410,23 @@ class _Loader:
     def _reject_unsupported(self, nodes: list[ReadNode], shape_only: set[str]) -> None:
         """Refuse the nodes the executor cannot run, after folding (an op that only computes
         shapes is evaluated at load time and need not be runnable)."""
-        unknown = []
+        unknown: dict[str, list[str]] = {}
         for node in nodes:
-            if node.supported or (not node.domain and node.outputs
-                                  and all(o in shape_only for o in node.outputs if o)):
+            if node.engine(self.opset) or (not node.domain and node.outputs
+                                           and all(o in shape_only for o in node.outputs if o)):
                 continue
             op = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
-            unknown.append(f"node {node.name!r} has op type {op!r}")
+            unknown.setdefault(op, []).append(node.name)
         if unknown:
-            more = f" (and {len(unknown) - 1} more unsupported node(s))" if len(unknown) > 1 else ""
-            raise ModelError(f"{unknown[0]}, which tunecache cannot run{more}; supported op "
-                             f"types: {', '.join(supported_ops())} (see docs/ONNX.md)")
+            ops = "; ".join(f"{op!r} ({_nodes_text(names)})" for op, names in unknown.items())
+            raise ModelError(f"model {self.name!r} has op types tunecache cannot run: {ops}. "
+                             "It runs the default-domain ops of docs/ONNX.md, and every other "
+                             "one ONNX's reference implementation has for tensors (no "
+                             "subgraphs, sequences or optionals)")
 
     def _check_node(self, node: ReadNode) -> None:
         """Load-time rejection of supported op types used in ways the executor cannot run."""
         where = f"node {node.name!r} ({node.op_type})"
-        if node.op_type == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
-            raise ModelError(f"{where}: the Indices output is not supported")
         if node.op_type in ("BatchNormalization", "Dropout") and (
                 node.attrs.get("training_mode", 0)):
             raise ModelError(f"{where}: training mode is not supported (inference only)")
@@ -420,10 +439,9 @@ class _Loader:
             raise ModelError(f"{where}: mode {node.attrs['mode']!r} is not supported")
         if node.op_type == "Cast" and int(node.attrs.get("to", 1)) not in onnx_ops.ONNX_DTYPES:
             to = int(node.attrs.get("to", 0))
-            name = self.onnx.helper.tensor_dtype_to_string(to) if to else "an unknown type"
-            raise ModelError(f"{where}: casts to {name}, which tunecache does not run yet; "
-                             "supported element types: " + ", ".join(
-                                 str(t) for t in onnx_ops.ONNX_DTYPES.values()))
+            raise ModelError(f"{where}: casts to element type {to}, which ONNX does not "
+                             "define; it defines: " + ", ".join(
+                                 f"{code} ({t})" for code, t in onnx_ops.ONNX_DTYPES.items()))
         if node.op_type == "Split" and "num_outputs" not in node.attrs:
             # Without `split`, the outputs split the axis evenly; the implementation needs
             # their count.
@@ -692,9 +710,9 @@ class _Loader:
         the executor does not run (it may only ever appear in shape computations)."""
         args = [self.constants[t] if t else None for t in node.inputs]
         try:
-            impl = onnx_ops.OPS.get(node.op_type)
-            if impl is not None:
-                return impl(args, node.attrs, self.opset)
+            if node.engine(self.opset):
+                return onnx_ops.node_function(node.op_type, node.inputs, node.outputs,
+                                              node.attrs, self.opset)(args)
             from onnx.reference import ReferenceEvaluator
 
             evaluator = ReferenceEvaluator(node.proto, opsets={"": self.opset})

@@ -49,10 +49,12 @@ class ReadNode:
     proto: Any
     domain: str = ""
 
-    @property
-    def supported(self) -> bool:
-        """Whether the executor can run this node (default domain, an op in onnx_ops)."""
-        return not self.domain and self.op_type in onnx_ops.OPS
+    def engine(self, opset: int) -> str | None:
+        """What runs this node (:data:`~tunecache.compiler.onnx_ops.ENGINES`), or None
+        where the executor cannot (another domain, an op neither tunecache nor ONNX's
+        reference implementation runs)."""
+        return None if self.domain else onnx_ops.engine(self.op_type, opset, self.attrs,
+                                                         self.outputs)
 
 
 def live(nodes: list[ReadNode], outputs: set[str]) -> list[ReadNode]:

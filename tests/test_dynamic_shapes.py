@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import helper
 
 from tunecache.compiler.buffers import address_of
 from tunecache.compiler.kinds.matmul import matmul_op
@@ -160,8 +161,8 @@ def test_inputs_are_checked_against_the_declared_dims(tmp_path: Path) -> None:
 def masked_model(data_op: str | None = None) -> onnx.ModelProto:
     """x [batch, seq] plus a causal mask built from x's shape alone: Shape, Gather, Range,
     Unsqueeze, GreaterOrEqual, Concat, ConstantOfShape, Where, IsNaN, Cast, Equal, Expand, and
-    Softplus (an op the executor does not run) on that shape. ``data_op`` puts an op on the
-    data path too."""
+    an If (a subgraph op, which the executor does not run) on that shape. ``data_op`` puts an
+    op of a domain tunecache does not know on the data path too."""
     b = Builder(17, seed=3)
     x = b.input("x", ["batch", "seq"])
     shape = b.node("Shape", [x])
@@ -175,20 +176,29 @@ def masked_model(data_op: str | None = None) -> onnx.ModelProto:
                    value=onnx.numpy_helper.from_array(np.zeros(1, np.float32)))
     mask = b.node("Where", [causal, zeros, b.const(np.float32(-1e4))])
     mask = b.node("Where", [b.node("IsNaN", [mask]), zeros, mask])
-    # Softplus of the sequence length, as a float scale: computed from the shape only.
+    # A float scale from the sequence length, through an If: computed from the shape only.
     length = b.node("Cast", [seq], to=F32)
-    scale = b.node("Softplus", [b.node("Div", [length, b.const(np.float32(100.0))])])
+    branches = {branch: helper.make_graph(
+        [helper.make_node("Constant", [], [f"{branch}_out"],
+                          value=onnx.numpy_helper.from_array(np.full(1, value, np.float32)))],
+        branch, [], [helper.make_tensor_value_info(f"{branch}_out", F32, [1])])
+        for branch, value in (("then_branch", 0.5), ("else_branch", 2.0))}
+    short = b.node("Less", [seq, b.ints([4])])
+    scale = b.node("Mul", [b.node("If", [b.node("Squeeze", [short])], **branches),
+                           b.node("Div", [length, b.const(np.float32(100.0))])])
     same = b.node("Cast", [b.node("Equal", [batch, batch])], to=F32)
     full = b.node("Expand", [mask, b.node("Concat", [batch, seq, seq], axis=0)])
     y = b.node("Add", [b.unsqueeze(x, [1]), b.node("Mul", [full, b.node("Mul", [scale, same])])])
     if data_op:
-        y = b.node(data_op, [y], name="on_data")
-    return b.model([b.node("Softmax", [y], axis=-1)], "masked")
+        y = b.node(data_op, [y], name="on_data", domain="com.example")
+    model = b.model([b.node("Softmax", [y], axis=-1)], "masked")
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    return model
 
 
 def test_folding_removes_shape_only_subgraphs() -> None:
     model = masked_model()
-    assert inspect_model(model).dynamic  # checked without shapes: Softplus is shape-only
+    assert inspect_model(model).dynamic  # checked without shapes: the If is shape-only
     for batch, seq in ((1, 3), (2, 5), (4, 2)):
         graph = load_graph(model, {"x": [batch, seq]})
         assert [n.op_type for n in graph.onnx_nodes] == ["Unsqueeze"]
@@ -202,7 +212,7 @@ def test_folding_removes_shape_only_subgraphs() -> None:
 
 def test_unsupported_op_after_folding_names_node_and_op(tmp_path: Path) -> None:
     model = masked_model(data_op="Softplus")
-    message = r"node 'on_data' has op type 'Softplus', which tunecache cannot run"
+    message = (r"op types tunecache cannot run: 'com.example.Softplus' \(node 'on_data'\)")
     with pytest.raises(ModelError, match=message):
         load_graph(model, {"x": [2, 3]})
     with pytest.raises(ModelError, match=message):

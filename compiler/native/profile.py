@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-WHERE = ("kernel", "copy", "numpy")
-"""Where a step runs: a generated kernel, a strided copy of the runner, or numpy."""
+WHERE = ("kernel", "copy", "numpy", "reference")
+"""Where a step runs: a generated kernel, a strided copy of the runner, numpy, or ONNX's
+reference implementation (:mod:`tunecache.compiler.onnx_ops.reference`, slow)."""
 
 
 @dataclass(frozen=True, slots=True)

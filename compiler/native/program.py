@@ -285,7 +285,9 @@ class NativeProgram:
                            StepInfo(step.name, step.op.kind, "numpy"))
         return _Bridge(_onnx_function(step, self.graph.opset), step.inputs, step.outputs,
                        f"node {step.name!r} ({step.op_type})",
-                       StepInfo(step.name, step.op_type, "numpy"))
+                       StepInfo(step.name, step.op_type,
+                                onnx_ops.engine(step.op_type, self.graph.opset, step.attrs,
+                                                step.outputs) or "numpy"))
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -635,10 +637,10 @@ def _kernel_function(node: KernelNode, kernel: Any) -> Any:
 
 
 def _onnx_function(node: OnnxNode, opset: int) -> Any:
-    impl, attrs = onnx_ops.OPS[node.op_type], node.attrs
+    fn = onnx_ops.node_function(node.op_type, node.inputs, node.outputs, node.attrs, opset)
 
     def run(*values: Any) -> Sequence[Any]:
-        return impl(list(values), attrs, opset)
+        return fn(list(values))
     return run
 
 

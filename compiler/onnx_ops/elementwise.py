@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler.onnx_ops.registry import (
-    ONNX_DTYPES,
+    DECLINES,
+    NUMPY_DTYPES,
     OPS,
     Array,
     OpImpl,
@@ -223,7 +224,11 @@ def _clip(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) 
 def _cast(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) -> list[Array]:
     x = inputs[0]
     assert x is not None
-    return [as_array(x, ONNX_DTYPES[int(attrs["to"])])]
+    return [as_array(x, NUMPY_DTYPES[int(attrs["to"])])]
+
+
+# ONNX's rounding and saturation into the narrow float types are the reference's to get right.
+DECLINES["Cast"] = lambda attrs, outputs: int(attrs.get("to", 1)) not in NUMPY_DTYPES
 
 
 @register("Dropout")

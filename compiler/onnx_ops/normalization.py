@@ -97,6 +97,27 @@ def _layer_norm(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
     return [as_array(y, x.dtype), as_array(mean, x.dtype), as_array(inv_std, x.dtype)]
 
 
+@register("GroupNormalization")
+def _group_norm(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
+                opset: int) -> list[Array]:
+    """Per image and group of channels; scale and bias per group (opset 18) or per channel
+    (21, which also computes in ``stash_type``, float32 by default)."""
+    x, scale, bias = inputs[0], inputs[1], inputs[2]
+    assert x is not None and scale is not None and bias is not None
+    groups, eps = int(attrs["num_groups"]), float(attrs.get("epsilon", 1e-5))
+    n, c = x.shape[0], x.shape[1]
+    g = x.astype(np.float32 if opset >= 21 else x.dtype).reshape(n, groups, -1)
+    mean = g.mean(axis=2, keepdims=True)
+    var = np.square(g - mean).mean(axis=2, keepdims=True)
+    y = (g - mean) / np.sqrt(var + eps)
+    if opset < 21:
+        y = y * scale.reshape(1, groups, 1) + bias.reshape(1, groups, 1)
+        return [as_array(y.reshape(x.shape), x.dtype)]
+    per_channel = (1, c) + (1,) * (x.ndim - 2)
+    y = y.reshape(x.shape).astype(x.dtype)
+    return [as_array(y * scale.reshape(per_channel) + bias.reshape(per_channel), x.dtype)]
+
+
 @register("LRN")
 def _lrn(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) -> list[Array]:
     x = inputs[0]

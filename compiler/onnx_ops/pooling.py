@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tunecache.compiler.onnx_ops.registry import SHAPE_FIXES, Array, as_array, register
+from tunecache.compiler.onnx_ops.registry import (
+    DECLINES,
+    SHAPE_FIXES,
+    Array,
+    as_array,
+    register,
+)
 
 
 def resolve_pads(auto_pad: str, in_sizes: Sequence[int], kernel: Sequence[int],
@@ -47,6 +53,8 @@ def _ceil_mode_shape(attrs: Mapping[str, Any], x: tuple[int, ...]) -> tuple[int,
 
 
 SHAPE_FIXES["MaxPool"] = SHAPE_FIXES["AveragePool"] = _ceil_mode_shape
+# The indices output is the reference implementation's.
+DECLINES["MaxPool"] = lambda attrs, outputs: any(outputs[1:])
 
 
 def pool_output_sizes(in_sizes: Sequence[int], attrs: Mapping[str, Any]) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ import numpy as np
 
 from tunecache.compiler.kinds.conv2d import conv2d_nchw
 from tunecache.compiler.onnx_ops.kernel_ops import conv_params
+from tunecache.compiler.onnx_ops.reference import reference_call
 from tunecache.compiler.onnx_ops.registry import (
     ONNX_DTYPES,
     Array,
@@ -207,6 +208,10 @@ def _quantize_op(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
     _check_block_size(attrs, "QuantizeLinear")
     zp = opt_input(inputs, 2)
     dtype = None
+    target = ONNX_DTYPES.get(int(attrs.get("output_dtype", 0))) or (
+        zp.dtype if zp is not None else None)
+    if target is not None and target not in QUANTIZED_RANGES:  # float8, int4, …
+        return reference_call("QuantizeLinear", inputs, attrs, opset)
     if attrs.get("output_dtype"):
         code = int(attrs["output_dtype"])
         dtype = ONNX_DTYPES.get(code)
@@ -224,6 +229,8 @@ def _dequantize_op(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
                    opset: int) -> list[Array]:
     x, scale = inputs[0], inputs[1]
     assert x is not None and scale is not None
+    if x.dtype.kind not in "iu":  # float8, int4, …: ONNX's own rounding rules
+        return reference_call("DequantizeLinear", inputs, attrs, opset)
     return [dequantize_linear(x, scale, opt_input(inputs, 2), int(attrs.get("axis", 1)),
                               int(attrs.get("block_size", 0)))]
 

@@ -27,9 +27,30 @@ def _reduce(fn: Callable[..., Any], axes_input_from: int) -> OpImpl:
     return impl
 
 
+def _lowest(dtype: np.dtype) -> Any:
+    if dtype.kind == "b":
+        return False
+    return np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
+
+
+def _highest(dtype: np.dtype) -> Any:
+    if dtype.kind == "b":
+        return True
+    return np.iinfo(dtype).max if dtype.kind in "iu" else np.inf
+
+
+def _max(x: Array, axis: tuple[int, ...], keepdims: bool) -> Array:
+    # An empty set's maximum is the type's lowest value (-inf), as ONNX defines it.
+    return np.max(x, axis=axis, keepdims=keepdims, initial=_lowest(x.dtype))
+
+
+def _min(x: Array, axis: tuple[int, ...], keepdims: bool) -> Array:
+    return np.min(x, axis=axis, keepdims=keepdims, initial=_highest(x.dtype))
+
+
 OPS["ReduceMean"] = _reduce(np.mean, 18)
-OPS["ReduceMax"] = _reduce(np.max, 18)
-OPS["ReduceMin"] = _reduce(np.min, 18)
+OPS["ReduceMax"] = _reduce(_max, 18)
+OPS["ReduceMin"] = _reduce(_min, 18)
 OPS["ReduceProd"] = _reduce(np.prod, 18)
 OPS["ReduceSum"] = _reduce(np.sum, 13)
 

@@ -20,13 +20,38 @@ OpImpl = Callable[[Sequence["Array | None"], Mapping[str, Any], int], list[Array
 
 OPS: dict[str, OpImpl] = {}
 
-# ONNX TensorProto element types -> numpy dtypes (the ones an inference graph meets).
-ONNX_DTYPES: dict[int, np.dtype] = {
+# ONNX TensorProto element types -> numpy dtypes: numpy's own, which tunecache's numpy
+# implementations compute with,
+NUMPY_DTYPES: dict[int, np.dtype] = {
     1: np.dtype(np.float32), 2: np.dtype(np.uint8), 3: np.dtype(np.int8),
     4: np.dtype(np.uint16), 5: np.dtype(np.int16), 6: np.dtype(np.int32),
     7: np.dtype(np.int64), 9: np.dtype(np.bool_), 10: np.dtype(np.float16),
     11: np.dtype(np.float64), 12: np.dtype(np.uint32), 13: np.dtype(np.uint64),
 }
+
+
+_ML_DTYPES = {16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
+              20: "float8_e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4_e2m1fn",
+              24: "float8_e8m0fnu", 25: "uint2", 26: "int2"}
+
+
+def _all_dtypes() -> dict[int, np.dtype]:
+    """NUMPY_DTYPES and the rest ONNX maps to numpy: strings (object), complex, and the
+    ``ml_dtypes`` types (bfloat16, the float8s, int4 / uint4, …) onnx itself depends on."""
+    out = {**NUMPY_DTYPES, 8: np.dtype(object), 14: np.dtype(np.complex64),
+           15: np.dtype(np.complex128)}
+    try:
+        import ml_dtypes
+    except ImportError:
+        return out
+    for code, name in _ML_DTYPES.items():
+        if hasattr(ml_dtypes, name):
+            out[code] = np.dtype(getattr(ml_dtypes, name))
+    return dict(sorted(out.items()))
+
+
+# … and every other: the reference implementation (:mod:`.reference`) computes with them.
+ONNX_DTYPES: dict[int, np.dtype] = _all_dtypes()
 
 
 def register(*names: str) -> Callable[[OpImpl], OpImpl]:
@@ -54,6 +79,42 @@ def shape_fix(op_type: str) -> ShapeFix | None:
 def implementation(op_type: str) -> OpImpl | None:
     """The numpy implementation of ``op_type`` (default domain), or None."""
     return OPS.get(op_type)
+
+
+ENGINES = ("numpy", "reference")
+"""What runs a node outside generated kernels: tunecache's numpy code (:data:`OPS`), or
+ONNX's reference implementation (:mod:`.reference`) for the standard ops with none here."""
+
+
+DECLINES: dict[str, Callable[[Mapping[str, Any], Sequence[str]], bool]] = {}
+"""Per op type, when its numpy implementation leaves a node to the reference one:
+``declines(attrs, outputs)`` (a Cast to bfloat16 or a float8, a MaxPool asked for its
+indices, …)."""
+
+
+def engine(op_type: str, opset: int, attrs: Mapping[str, Any] | None = None,
+           outputs: Sequence[str] = ()) -> str | None:
+    """What runs a default-domain ``op_type`` node at ``opset`` (one of :data:`ENGINES`),
+    or None where nothing can; ``attrs`` and ``outputs`` are the node's."""
+    from tunecache.compiler.onnx_ops.reference import has_reference
+
+    declines = DECLINES.get(op_type)
+    if op_type in OPS and not (declines and declines(attrs or {}, outputs)):
+        return "numpy"
+    return "reference" if has_reference(op_type, opset) else None
+
+
+def node_function(op_type: str, inputs: Sequence[str], outputs: Sequence[str],
+                  attrs: Mapping[str, Any], opset: int
+                  ) -> Callable[[Sequence[Array | None]], list[Array]]:
+    """The function running one node: called with its input arrays in the node's order
+    (None for an omitted optional one), it returns its outputs in the node's order."""
+    if engine(op_type, opset, attrs, outputs) == "numpy":
+        impl = OPS[op_type]
+        return lambda values: impl(values, attrs, opset)
+    from tunecache.compiler.onnx_ops.reference import reference_function
+
+    return reference_function(op_type, inputs, outputs, attrs, opset)
 
 
 def as_array(x: Any, dtype: np.dtype | None = None) -> Array:

@@ -136,9 +136,25 @@ def compile_command(model_path: Path, policy: str, expected_calls: int, deadline
     click.echo("schedules: " + ", ".join(f"{v} {k}" for k, v in sorted(
         summary["served"].items(), key=lambda kv: -kv[1])))
     _echo_precision(compiled)
+    _echo_outside(summary["outside_kernels"])
     if saved is not None:
         click.echo(f"saved: {saved.path} ({saved.bytes / 1e6:.1f} MB, {saved.objects} "
                    f"artifact(s) for {saved.hw_id})")
+
+
+def _echo_outside(nodes: list[dict[str, str]]) -> None:
+    """One line per engine: the ops of the nodes that run outside generated kernels."""
+    for engine in ("reference", "numpy"):
+        ops: dict[str, int] = {}
+        for node in nodes:
+            if node["engine"] == engine:
+                ops[node["op"]] = ops.get(node["op"], 0) + 1
+        if ops:
+            what = ("ONNX's reference implementation (slow)" if engine == "reference"
+                    else "numpy or the runner's copies")
+            click.echo(f"outside kernels, {what}: " + ", ".join(
+                f"{op} x{n}" if n > 1 else op for op, n in sorted(ops.items()))
+                + " (run --profile times them)")
 
 
 def _echo_precision(compiled: CompiledModel) -> None:

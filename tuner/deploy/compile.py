@@ -33,12 +33,12 @@ from tunecache.cache.errors import StoreWarning
 from tunecache.cache.nearest import CacheView, Served, serving_view
 from tunecache.cache.store import Store
 from tunecache.cache.wanted import add_wanted
-from tunecache.compiler import frontend
+from tunecache.compiler import frontend, onnx_ops
 from tunecache.compiler.backends import backend_for
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.errors import BuildError, TunecacheError
 from tunecache.compiler.executor import Executor, Kernel, check_inputs, numpy_kernel
-from tunecache.compiler.graph import Graph, ModelError, TensorInfo
+from tunecache.compiler.graph import VIEW_OPS, Graph, ModelError, TensorInfo
 from tunecache.compiler.hardware import HardwareSpec, local_spec, machine_cpus
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.native import NativeProgram, PlanMismatch
@@ -283,6 +283,7 @@ class CompiledModel:
         out = {"model": self.graph.name, "hw_id": self.hw.hw_id, "kernel_nodes": len(self.plan),
                "actions": actions, "served": served, "timings_s": self.timings,
                "plan": [e.to_dict() for e in self.plan],
+               "outside_kernels": self.outside_kernels(),
                "precision": self.precision.to_dict()}
         if self.accuracy is not None:
             out["accuracy"] = self.accuracy
@@ -291,6 +292,17 @@ class CompiledModel:
             out["inputs"] = {i.name: self.info.describe(i.name) for i in self.info.inputs}
             out["shapes"] = [s.to_dict() for s in self.shape_stats()]
         return out
+
+    def outside_kernels(self) -> list[dict[str, str]]:
+        """The nodes of the compile-time plan that run outside generated kernels (views
+        aside), each with what runs it (``onnx_ops.ENGINES``) and why it is no kernel. A
+        data-movement node (Transpose, Concat, Slice, …) may still run as the runner's
+        strided copy; ``run --profile`` times each step where it runs."""
+        opset = self.graph.opset
+        return [{"node": s.name, "op": s.op_type,
+                 "engine": onnx_ops.engine(s.op_type, opset, s.attrs, s.outputs) or "numpy",
+                 "note": s.note}
+                for s in self.graph.onnx_nodes if s.op_type not in VIEW_OPS]
 
     def _own_key(self) -> ShapeKey:
         if self._key is None:

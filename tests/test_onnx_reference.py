@@ -1,0 +1,142 @@
+"""Ops run by ONNX's reference implementation: correct against onnxruntime, and said.
+
+The standard ops with no numpy code in tunecache (Resize, TopK, …), the types numpy lacks
+(bfloat16, float8), and the node forms the numpy code leaves to the reference (a MaxPool's
+indices) run through ``onnx.reference``; ``compile --json`` names each such node and
+``run --profile`` times it as ``reference``. What nothing runs is refused naming every op.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+pytest.importorskip("onnxruntime")
+
+from onnx_support import ort_run
+
+from tunecache.cache.store import Store
+from tunecache.compiler.graph import ModelError
+from tunecache.compiler.onnx_ops import engine
+from tunecache.tuner.deploy import compile_model
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
+           outputs: dict[str, int], inits: dict[str, np.ndarray], opset: int = 19
+           ) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "ref", inputs,
+                              [helper.make_tensor_value_info(o, t, None)
+                               for o, t in outputs.items()],
+                              [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=9)
+
+
+def _resize_topk() -> onnx.ModelProto:
+    """A conv (a generated kernel), a linear Resize and a TopK (reference), a MaxPool with
+    its indices (left to the reference by the numpy code)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Resize", ["c", "", "scales"], ["r"], mode="linear",
+                              name="resize"),
+             helper.make_node("TopK", ["r", "k"], ["v", "i"], axis=-1, name="topk"),
+             helper.make_node("MaxPool", ["c"], ["p", "pi"], kernel_shape=[2, 2],
+                              strides=[2, 2], name="pool")]
+    inits = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+             "scales": np.array([1, 1, 2, 2], np.float32), "k": np.array([5], np.int64)}
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                  {"v": TensorProto.FLOAT, "i": TensorProto.INT64, "p": TensorProto.FLOAT,
+                   "pi": TensorProto.INT64}, inits)
+
+
+def test_reference_ops_match_onnxruntime_beside_kernels(tmp_path: Path) -> None:
+    model = _resize_topk()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic")
+    assert [n.op.kind for n in compiled.graph.kernel_nodes] == ["conv2d"]
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    ours, theirs = compiled.run({"x": x}), ort_run(model, {"x": x})
+    for name, want in zip(("v", "i", "p", "pi"), theirs, strict=True):
+        assert ours[name].dtype == want.dtype and ours[name].shape == want.shape
+        np.testing.assert_allclose(ours[name], want, rtol=1e-5, atol=1e-5)
+    outside = {n["op"]: n["engine"] for n in compiled.summary()["outside_kernels"]}
+    assert outside == {"Resize": "reference", "TopK": "reference", "MaxPool": "reference"}
+    profile = compiled.profile({"x": x}, runs=2)
+    assert {t.step.op: t.step.where for t in profile.steps if t.step.where == "reference"} == {
+        "Resize": "reference", "TopK": "reference", "MaxPool": "reference"}
+
+
+def test_bfloat16_and_float8_casts_round_as_onnx_defines(tmp_path: Path) -> None:
+    nodes = [helper.make_node("Cast", ["x"], ["b"], to=TensorProto.BFLOAT16),
+             helper.make_node("Cast", ["b"], ["y"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["x"], ["f8"], to=TensorProto.FLOAT8E4M3FN),
+             helper.make_node("Cast", ["f8"], ["z"], to=TensorProto.FLOAT)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+                   {"y": TensorProto.FLOAT, "z": TensorProto.FLOAT}, {})
+    x = np.linspace(-600, 600, 64, dtype=np.float32)
+    compiled = compile_model(_saved(model, tmp_path),
+                             store=Store(tmp_path / "s"), policy="analytic")
+    ours = compiled.run({"x": x})
+    theirs = ort_run(model, {"x": x})
+    np.testing.assert_array_equal(ours["y"], theirs[0])
+    np.testing.assert_array_equal(ours["z"], theirs[1])  # float8 saturates at 448
+    assert np.abs(ours["z"]).max() == 448
+
+
+def _saved(model: onnx.ModelProto, folder: Path) -> Path:
+    path = folder / "m.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_empty_reductions_are_the_identity_of_their_op() -> None:
+    from tunecache.compiler.onnx_ops import OPS
+
+    x = np.zeros((2, 0, 3), np.float32)
+    axes = np.array([1], np.int64)
+    [high] = OPS["ReduceMax"]([x, axes], {"keepdims": 0}, 18)
+    [low] = OPS["ReduceMin"]([x.astype(np.int32), axes], {"keepdims": 0}, 18)
+    assert high.shape == (2, 3) and (high == -np.inf).all()
+    assert low.dtype == np.int32 and (low == np.iinfo(np.int32).max).all()
+
+
+def test_training_dropout_through_its_input_is_refused(tmp_path: Path) -> None:
+    nodes = [helper.make_node("Dropout", ["x", "ratio", "train"], ["y"], name="drop")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+              helper.make_tensor_value_info("train", TensorProto.BOOL, [])]
+    model = _model(nodes, inputs, {"y": TensorProto.FLOAT},
+                   {"ratio": np.array(0.5, np.float32)})
+    with pytest.raises(ModelError, match=r"node 'drop' \(Dropout\): training mode .* not a "
+                                         "constant"):
+        compile_model(_saved(model, tmp_path), store=Store(tmp_path / "s"), policy="analytic")
+
+
+def test_engine_says_what_runs_a_node() -> None:
+    assert engine("Relu", 17) == "numpy"
+    assert engine("Resize", 19) == "reference"
+    assert engine("Cast", 19, {"to": TensorProto.BFLOAT16}) == "reference"
+    assert engine("Cast", 19, {"to": TensorProto.FLOAT}) == "numpy"
+    assert engine("MaxPool", 17, {}, ("y", "indices")) == "reference"
+    assert engine("Loop", 17) is None  # a subgraph reads the outer scope
+    assert engine("SequenceAt", 17) is None  # not a tensor op
+
+
+def test_compile_json_and_text_name_the_nodes_outside_kernels(tmp_path: Path) -> None:
+    path = _saved(_resize_topk(), tmp_path)
+    command = [sys.executable, "-m", "tunecache.tuner.cli", "compile", str(path),
+               "--root", str(tmp_path / "s"), "--policy", "analytic"]
+    report = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    assert {(n["node"], n["engine"]) for n in report["outside_kernels"]} == {
+        ("resize", "reference"), ("topk", "reference"), ("pool", "reference")}
+    text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    assert "outside kernels, ONNX's reference implementation (slow): MaxPool, Resize, TopK" \
+        in text
