@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from _pool import Failed, WorkerPool
 from _report import git_revision, machine_summary, write_section
 from graph_fuzz import FuzzCase, valid_cases
 from graph_fuzz_invalid import invalid_cases
@@ -54,55 +53,22 @@ def _worker(conn: Connection, workdir: str) -> None:
 
 
 class Pool:
-    """One worker process; a case past the timeout, or one that kills the worker, is
-    answered by the pool and the next case gets a new worker."""
+    """The worker pool (:mod:`_pool`) judging fuzz cases: a case it could not answer is a
+    disagreement."""
 
     def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.dir = tempfile.TemporaryDirectory(prefix="tunecache-fuzz-")
-        self.context = multiprocessing.get_context("spawn")
-        self.process: Any = None
-        self.conn: Connection | None = None
-
-    def _start(self) -> Connection:
-        if self.conn is None:
-            parent, child = self.context.Pipe()
-            self.process = self.context.Process(target=_worker, args=(child, self.dir.name),
-                                                daemon=True)
-            self.process.start()
-            self.conn = parent
-        return self.conn
+        self.pool = WorkerPool(_worker, timeout_s, prefix="tunecache-fuzz-")
 
     def run(self, case: FuzzCase) -> Outcome:
-        conn = self._start()
         start = time.perf_counter()
-        try:
-            conn.send(case)
-            if conn.poll(self.timeout_s):
-                return conn.recv()
-            detail = f"no answer within {self.timeout_s:g} s (worker killed)"
-        except (EOFError, OSError, BrokenPipeError):
-            self.process.join(5)
-            detail = f"the worker died (exit code {self.process.exitcode})"
-        self.stop()
-        return Outcome(case.valid, "disagree", detail, time.perf_counter() - start,
-                       kinds=["timed out" if "no answer" in detail else "worker died"])
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
-        self.process, self.conn = None, None
+        answer = self.pool.ask(case)
+        if not isinstance(answer, Failed):
+            return cast(Outcome, answer)
+        return Outcome(case.valid, "disagree", answer.detail, time.perf_counter() - start,
+                       kinds=["timed out" if answer.timed_out else "worker died"])
 
     def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.send(None)
-                self.process.join(10)
-            except (OSError, BrokenPipeError):
-                pass
-        self.stop()
-        self.dir.cleanup()
+        self.pool.close()
 
 
 @dataclass
