@@ -22,7 +22,7 @@ Ratios are medians over rounds of ours ÷ the best peer in the same round. Error
 max |x - onnxruntime| ÷ max |onnxruntime| on the same input.
 
     python benchmarks/lowp_models.py [--only bert_base,resnet50] [--threads 1,2]
-        [--repeat 20] [--no-write]
+        [--repeat 20] [--no-write] [--section lowp_models_avx2]
 
 Needs onnxruntime and OpenVINO (``pip install 'tunecache[onnxruntime,openvino]'``).
 """
@@ -312,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--section", default=None,
+                        help="write a block of its own (one per machine: lowp_models_avx2)")
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "MODEL"))
     parser.add_argument("--work", type=Path)
     args = parser.parse_args(argv)
@@ -339,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_write:
         from _report import write_section
 
-        write_section(markdown)
+        write_section(markdown, args.section)
     return 0
 
 
