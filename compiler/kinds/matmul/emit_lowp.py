@@ -218,7 +218,8 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     sizes = (f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tacc} tacc_t;\n"
              f"typedef {tc} tc_t;\n"
              "#define KG ((K + IGROUP - 1) / IGROUP)\n#define KP (KG * IGROUP)\n"
-             "#define A_BYTES ((M * KP * (long)sizeof(ta_t) + 63) / 64 * 64)\n"
+             # (+ 4: IBCAST may read a whole group's word past the last pair)
+             "#define A_BYTES ((M * KP * (long)sizeof(ta_t) + 4 + 63) / 64 * 64)\n"
              "#define B_BYTES (KG * NP * IGROUP * (long)sizeof(ib_t))\n"
              "#define DYN_BYTES " + ("(((2 * TEAM + 2 * N) * 4 + 63) / 64 * 64)\n"
                                      if dynamic else "0\n"))
