@@ -153,7 +153,8 @@ class ModelInfo:
 
 
 def load_graph(path_or_model: str | Path | onnx.ModelProto | ModelSource,
-               input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+               input_shapes: Mapping[str, Sequence[int]] | None = None, *,
+               int8_kernels: bool = True) -> Graph:
     """Read an ONNX model into a :class:`Graph`.
 
     ``path_or_model`` is a file (external data is read relative to its folder), a loaded
@@ -162,10 +163,14 @@ def load_graph(path_or_model: str | Path | onnx.ModelProto | ModelSource,
     static ones); every input dimension must be known in the end. Constant subgraphs (shape
     computations included) are folded before ops are checked, so an op the executor cannot
     run is an error only if it survives folding. Raises :class:`ModelError` for an unreadable
-    or malformed model, such an op, or bad ``input_shapes``.
+    or malformed model, such an op, or bad ``input_shapes``. ``int8_kernels`` off, statically
+    quantized products become float32 kernels on the dequantized weights
+    (:func:`tunecache.compiler.precision.int8_kernels_pay` decides it for a machine).
     """
     source = _source(path_or_model)
-    return _Loader(_import_onnx(), source, input_shapes, symbolic=False).load()
+    loader = _Loader(_import_onnx(), source, input_shapes, symbolic=False)
+    loader.int8_kernels = int8_kernels
+    return loader.load()
 
 
 def inspect_model(path_or_model: str | Path | onnx.ModelProto | ModelSource,
@@ -193,12 +198,16 @@ def kernel_ops(path: str | Path | onnx.ModelProto,
     """The distinct kernel ops of a model: ``(op, count, label)`` in first-use order.
 
     ``label`` names the kernel nodes using the op (the first few, then how many more).
-    With ``hw``, the ops a model compiled for ``hw`` at ``precision`` runs: the graph passes
+    With ``hw``, the ops a model compiled for ``hw`` at ``precision`` runs (int8 products
+    where they pay there, ``int8_kernels_pay``): the graph passes
     run first (:func:`tunecache.compiler.passes.plan_graph`: activations' layouts planned,
     reorders included, then kernel pairs fused; then the precision policy,
     :func:`tunecache.compiler.precision.apply_precision`).
     """
-    graph = load_graph(path, input_shapes)
+    from tunecache.compiler.precision import int8_kernels_pay
+
+    graph = load_graph(path, input_shapes,
+                       int8_kernels=hw is None or int8_kernels_pay(hw))
     if hw is not None:
         from tunecache.compiler.passes import plan_graph
         from tunecache.compiler.precision import apply_precision
@@ -262,6 +271,7 @@ class _Loader:
         self.shapes: dict[str, tuple[int | None, ...]] = {}
         self.dtypes: dict[str, np.dtype] = {}
         self.quantized: dict[str, QuantizedConstant] = {}
+        self.int8_kernels = True
 
     # -- the pipeline ---------------------------------------------------------------------
 
@@ -346,7 +356,8 @@ class _Loader:
         nodes = elide(live(nodes, names), names, self.dtypes)
         nodes = deduplicate(nodes, names, self.constants)
         steps = lower_nodes(nodes, {o.name for o in outputs}, self.opset, self.constants,
-                            self.shapes, self.dtypes, self.source.derived, self.quantized)
+                            self.shapes, self.dtypes, self.source.derived, self.quantized,
+                            self.int8_kernels)
         self._drop_unread_constants(steps, {o.name for o in outputs})
         for array in self.constants.values():
             array.flags.writeable = False

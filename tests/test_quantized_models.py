@@ -87,10 +87,22 @@ def _int8_nodes(graph: Graph) -> list[KernelNode]:
     return [n for n in graph.kernel_nodes if n.op.dtype == "int8"]
 
 
+@pytest.fixture(params=[True, False], ids=["int8-kernels", "float32-kernels"])
+def int8_kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """compile_model with int8 kernels, as on a VNNI or AMX machine, and without, as on one
+    that has neither (``int8_kernels_pay``): both agree with the QDQ graph on any machine
+    (the int8 kernels' 16-bit pairs run on AVX2)."""
+    from tunecache.tuner.deploy import compile as compile_module
+
+    monkeypatch.setattr(compile_module, "int8_kernels_pay", lambda hw: request.param)
+    return bool(request.param)
+
+
 @pytest.mark.parametrize(("activations", "weights", "per_channel"), [
     ("QUInt8", "QInt8", True), ("QUInt8", "QInt8", False), ("QInt8", "QInt8", True)])
 def test_qdq_matmul_and_gemm_run_as_int8_kernels(tmp_path: Path, activations: str,
-                                                 weights: str, per_channel: bool) -> None:
+                                                 weights: str, per_channel: bool,
+                                                 int8_kernels: bool) -> None:
     path = _quantized(tmp_path, activations, weights, per_channel)
     graph = frontend.load_graph(path)
     kernels = _int8_nodes(graph)
@@ -102,6 +114,8 @@ def test_qdq_matmul_and_gemm_run_as_int8_kernels(tmp_path: Path, activations: st
     assert not [s.op_type for s in graph.onnx_nodes if "Quantize" in s.op_type]
     assert any("qround" in n.op.epilogue for n in graph.kernel_nodes)
     compiled = compile_model(path, store=tmp_path / "store", policy="analytic")
+    assert len(_int8_nodes(compiled.graph)) == (2 if int8_kernels else 0)
+    assert compiled.summary()["int8_kernels"] is int8_kernels
     x = np.random.default_rng(2).standard_normal((ROWS, FEATURES)).astype(np.float32)
     ours = compiled.run({"x": x})["y"]
     theirs = _onnxruntime(path, x)
@@ -179,7 +193,7 @@ class _ImageCalibration(quantization.CalibrationDataReader):  # type: ignore[mis
         return next(self.feeds, None)
 
 
-def test_qdq_convolutions_run_as_int8_kernels(tmp_path: Path) -> None:
+def test_qdq_convolutions_run_as_int8_kernels(tmp_path: Path, int8_kernels: bool) -> None:
     path = tmp_path / "cnn.int8.onnx"
     quantization.quantize_static(
         str(_cnn(tmp_path / "cnn.onnx")), str(path), _ImageCalibration(),
@@ -191,6 +205,7 @@ def test_qdq_convolutions_run_as_int8_kernels(tmp_path: Path) -> None:
     assert [n.op.dtype for n in convs] == ["int8", "int8"]
     assert convs[0].inputs[0] == "x"
     compiled = compile_model(path, store=tmp_path / "store", policy="analytic")
+    assert len(_int8_nodes(compiled.graph)) == (2 if int8_kernels else 0)
     x = np.random.default_rng(7).standard_normal((1, 16, 12, 12)).astype(np.float32)
     theirs = _onnxruntime(path, x)
     steps = np.abs(compiled.run({"x": x})["y"] - theirs) / _output_scale_of(path, "y")

@@ -51,6 +51,9 @@ class FusionContext(Protocol):
 
     constants: dict[str, np.ndarray]
     opset: int
+    int8_kernels: bool
+    """Whether statically quantized products become int8 kernels (else float32 ones on the
+    dequantized weights): :func:`tunecache.compiler.precision.int8_kernels_pay`."""
 
     def shape(self, name: str) -> tuple[int, ...] | None:
         """The static shape of a tensor, None when unknown."""

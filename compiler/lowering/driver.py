@@ -58,14 +58,16 @@ def lower_nodes(nodes: Sequence[SourceNode], outputs: set[str], opset: int,
                 constants: dict[str, np.ndarray],
                 shapes: dict[str, tuple[int | None, ...]], dtypes: dict[str, np.dtype],
                 derived: IdentityMemo[np.ndarray],
-                quantized: Mapping[str, QuantizedConstant] | None = None) -> list[Step]:
+                quantized: Mapping[str, QuantizedConstant] | None = None,
+                int8_kernels: bool = True) -> list[Step]:
     """The steps for ``nodes`` (folded, in execution order; ``outputs`` the graph's outputs):
     lowered onto kernels where a registered lowering applies, then rewritten by the step
     passes. ``constants``, ``shapes`` and ``dtypes`` are the model's, updated in place with
     the constants and helper tensors the lowerings add; ``derived`` keeps constants computed
     from others for the model's next load; ``quantized`` says which float32 constants were
-    dequantized integers."""
+    dequantized integers; ``int8_kernels`` whether their products become int8 kernels."""
     lowerer = Lowerer(nodes, outputs, opset, constants, shapes, dtypes, derived, quantized)
+    lowerer.int8_kernels = int8_kernels
     steps = lowerer.fuse()
     for rewrite in step_passes():
         steps = rewrite(steps, lowerer)
@@ -82,6 +84,7 @@ class Lowerer:
                  quantized: Mapping[str, QuantizedConstant] | None = None) -> None:
         self.nodes = nodes
         self._quantized = dict(quantized or {})
+        self.int8_kernels = True
         self.graph_outputs = outputs
         self.opset = opset
         self.constants = constants

@@ -50,6 +50,10 @@ __all__ = ["QuantizePair", "lower_dynamic_matmul", "lower_quantized_conv",
            "lower_quantized_matmul", "per_tensor_params", "quantize_pair"]
 
 
+NO_INT8 = ("this CPU has no int8 dot product (VNNI, AMX): the float32 kernel on the "
+           "dequantized weights runs the QDQ graph as written, faster here")
+
+
 @dataclass(frozen=True)
 class _Activation:
     """The float32 tensor a quantized operand was quantized from, and how: ``zero`` is the
@@ -76,6 +80,8 @@ def lower_quantized_matmul(ctx: FusionContext, position: int) -> Any:
     act = _activation(ctx, node.inputs[0])
     if isinstance(act, str):
         return act
+    if not ctx.int8_kernels:
+        return NO_INT8
     gemm = _gemm_form(ctx, node)
     if isinstance(gemm, str):
         return gemm
@@ -316,6 +322,8 @@ def lower_quantized_conv(ctx: FusionContext, position: int) -> Any:
     act = _activation(ctx, node.inputs[0])
     if isinstance(act, str):
         return act
+    if not ctx.int8_kernels:
+        return NO_INT8
     origin = ctx.quantized(node.inputs[1])
     x_shape = ctx.shape(act.source)
     if origin is None or origin.values.ndim != 4 or x_shape is None or len(x_shape) != 4:

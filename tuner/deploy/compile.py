@@ -45,7 +45,12 @@ from tunecache.compiler.native import NativeProgram, PlanMismatch
 from tunecache.compiler.native.profile import ProgramProfile
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.passes import plan_graph
-from tunecache.compiler.precision import PRECISIONS, PrecisionPlan, apply_precision
+from tunecache.compiler.precision import (
+    PRECISIONS,
+    PrecisionPlan,
+    apply_precision,
+    int8_kernels_pay,
+)
 from tunecache.compiler.schedule import Schedule, default_schedule, in_model, problems
 from tunecache.costmodel.analytic import estimate
 from tunecache.tuner.deploy.policy import Decision, Policy, PolicyConfig
@@ -284,6 +289,7 @@ class CompiledModel:
                "actions": actions, "served": served, "timings_s": self.timings,
                "plan": [e.to_dict() for e in self.plan],
                "outside_kernels": self.outside_kernels(),
+               "int8_kernels": int8_kernels_pay(self.hw),
                "precision": self.precision.to_dict()}
         if self.accuracy is not None:
             out["accuracy"] = self.accuracy
@@ -559,9 +565,10 @@ def plan_model(source: frontend.ModelSource, input_shapes: Mapping[str, Sequence
                hw: HardwareSpec, blocked_layouts: bool, precision: str
                ) -> tuple[Graph, Graph, PrecisionPlan]:
     """The model's graph at ``input_shapes`` with its layouts planned, before and after the
-    precision policy, and what that policy did."""
-    full = plan_graph(frontend.load_graph(source, input_shapes), hw,
-                      blocked_layouts=blocked_layouts)
+    precision policy, and what that policy did. Statically quantized products are int8
+    kernels where they pay on ``hw`` (:func:`~tunecache.compiler.precision.int8_kernels_pay`)."""
+    loaded = frontend.load_graph(source, input_shapes, int8_kernels=int8_kernels_pay(hw))
+    full = plan_graph(loaded, hw, blocked_layouts=blocked_layouts)
     graph, lowered = apply_precision(full, hw, precision)
     return full, graph, lowered
 
