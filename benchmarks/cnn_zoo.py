@@ -1,6 +1,6 @@
-"""Nine image-classification CNNs of different families, built layer by layer with onnx.helper.
+"""Eleven image-classification CNNs of different families, built layer by layer with onnx.helper.
 
-Each builder takes the square input size and returns an opset-13 ``ModelProto`` with input
+Each builder takes the square input size and returns an opset-13 (MobileNet-v3: 14) ``ModelProto`` with input
 ``image`` ``[1, 3, size, size]`` and output logits ``[1, 1000]``: the channel counts,
 kernel sizes and strides of the published network, BatchNormalization where the network has
 it, random weights from a fixed seed. Weights are He-scaled and BatchNorm is close to the
@@ -19,6 +19,8 @@ shufflenet_v2             ShuffleNet v2 x1.0 (torchvision)                      
 vgg16                     VGG-16, no BatchNorm (torchvision ``vgg16``)                  32
 alexnet_lrn               AlexNet with LRN and grouped convs (BVLC Caffe, 224 input)    64
 efficientnet_b0           EfficientNet-B0, SiLU and squeeze-excitation (torchvision)    32
+mobilenet_v3_large        MobileNet-v3 Large, HardSwish and HardSigmoid (torchvision)   32
+mobilenet_v3_small        MobileNet-v3 Small (torchvision)                              32
 ========================  ==========================================================  =========
 
 The fully connected layers after the last pooling of VGG-16 and AlexNet take that pooling's
@@ -61,6 +63,8 @@ PUBLISHED_PARAMS: dict[str, int] = {
     "vgg16": 138_357_544,
     "alexnet_lrn": 60_965_224,
     "efficientnet_b0": 5_288_548,
+    "mobilenet_v3_large": 5_483_032,
+    "mobilenet_v3_small": 2_542_856,
 }
 """Trainable parameters of the reference implementation (BatchNorm running statistics
 excluded), for :func:`param_count` to be compared with."""
@@ -74,8 +78,8 @@ _PARAM_PREFIXES = frozenset({"w", "b", "gamma", "beta"})
 class CnnBuilder(Builder):
     """:class:`Builder` with He-scaled convolutions and near-identity BatchNorm."""
 
-    def __init__(self, seed: int) -> None:
-        super().__init__(OPSET, seed)
+    def __init__(self, seed: int, opset: int = OPSET) -> None:
+        super().__init__(opset, seed)
 
     def he_conv(self, x: str, c_in: int, c_out: int, k: int, *, stride: int = 1,
                 pad: int | None = None, groups: int = 1, bias: bool = False,
@@ -124,6 +128,10 @@ class CnnBuilder(Builder):
             return self.clip(x, 0.0, 6.0)
         if kind == "SiLU":
             return self.node("Mul", [x, self.node("Sigmoid", [x])])
+        if kind == "HardSwish":  # opset 14 on
+            return self.node("HardSwish", [x])
+        if kind == "HardSigmoid":  # torch's: slope 1/6
+            return self.node("HardSigmoid", [x], alpha=1 / 6, beta=0.5)
         raise ValueError(f"unknown activation {kind!r}")
 
     def pool(self, op: str, x: str, k: int, stride: int, pad: int = 0, ceil: bool = False) -> str:
@@ -396,6 +404,73 @@ def efficientnet_b0(size: int) -> onnx.ModelProto:
     return b.model([b.head(y, 1280)], "efficientnet_b0")
 
 
+# torchvision's MobileNet-v3 blocks: (kernel, expanded, out, squeeze-excitation,
+# activation, stride), the input channels being the previous block's output.
+_V3_LARGE = ((3, 16, 16, False, "Relu", 1), (3, 64, 24, False, "Relu", 2),
+             (3, 72, 24, False, "Relu", 1), (5, 72, 40, True, "Relu", 2),
+             (5, 120, 40, True, "Relu", 1), (5, 120, 40, True, "Relu", 1),
+             (3, 240, 80, False, "HardSwish", 2), (3, 200, 80, False, "HardSwish", 1),
+             (3, 184, 80, False, "HardSwish", 1), (3, 184, 80, False, "HardSwish", 1),
+             (3, 480, 112, True, "HardSwish", 1), (3, 672, 112, True, "HardSwish", 1),
+             (5, 672, 160, True, "HardSwish", 2), (5, 960, 160, True, "HardSwish", 1),
+             (5, 960, 160, True, "HardSwish", 1))
+_V3_SMALL = ((3, 16, 16, True, "Relu", 2), (3, 72, 24, False, "Relu", 2),
+             (3, 88, 24, False, "Relu", 1), (5, 96, 40, True, "HardSwish", 2),
+             (5, 240, 40, True, "HardSwish", 1), (5, 240, 40, True, "HardSwish", 1),
+             (5, 120, 48, True, "HardSwish", 1), (5, 144, 48, True, "HardSwish", 1),
+             (5, 288, 96, True, "HardSwish", 2), (5, 576, 96, True, "HardSwish", 1),
+             (5, 576, 96, True, "HardSwish", 1))
+
+
+def _divisible8(v: float) -> int:
+    """torchvision's ``_make_divisible(v, 8)``: to a multiple of 8, never 10% below ``v``."""
+    out = max(8, int(v + 4) // 8 * 8)
+    return out + 8 if out < 0.9 * v else out
+
+
+def _v3_excite(b: CnnBuilder, x: str, channels: int) -> str:
+    """x * HardSigmoid(1x1 conv(Relu(1x1 conv(global average of x)))), squeezed to a
+    quarter (to a multiple of 8)."""
+    squeeze = _divisible8(channels / 4)
+    s = b.node("GlobalAveragePool", [x])
+    s = b.act(b.he_conv(s, channels, squeeze, 1, bias=True), "Relu")
+    s = b.act(b.he_conv(s, squeeze, channels, 1, bias=True, gain=1.0), "HardSigmoid")
+    return b.node("Mul", [x, s])
+
+
+def _mobilenet_v3(size: int, blocks: tuple[tuple[int, int, int, bool, str, int], ...],
+                  last: int, hidden: int, name: str) -> onnx.ModelProto:
+    """MobileNet-v3 (torchvision): a HardSwish stem, inverted residual blocks with optional
+    squeeze-excitation, a 1x1 to ``last`` channels, then Linear ``hidden`` + HardSwish and
+    the classifier; opset 14, HardSwish and HardSigmoid as torch exports them."""
+    b = CnnBuilder(seed=21, opset=14)
+    y = b.conv_bn(b.input("image", [1, 3, size, size]), 3, 16, 3, stride=2, act="HardSwish")
+    channels = 16
+    for k, expanded, out, excite, act, stride in blocks:
+        residual = stride == 1 and channels == out
+        h = y if expanded == channels else b.conv_bn(y, channels, expanded, 1, act=act)
+        h = b.conv_bn(h, expanded, expanded, k, stride=stride, groups=expanded, act=act)
+        if excite:
+            h = _v3_excite(b, h, expanded)
+        h = b.conv_bn(h, expanded, out, 1, act=None, gain=RESIDUAL_GAIN if residual else 1.0)
+        y = b.node("Add", [y, h]) if residual else h
+        channels = out
+    y = b.conv_bn(y, channels, last, 1, act="HardSwish")
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [y])], axis=1)
+    y = b.act(b.fc(y, last, hidden), "HardSwish")
+    return b.model([b.fc(y, hidden, 1000)], name)
+
+
+def mobilenet_v3_large(size: int) -> onnx.ModelProto:
+    """MobileNet-v3 Large 1.0 (torchvision ``mobilenet_v3_large``)."""
+    return _mobilenet_v3(size, _V3_LARGE, 960, 1280, "mobilenet_v3_large")
+
+
+def mobilenet_v3_small(size: int) -> onnx.ModelProto:
+    """MobileNet-v3 Small 1.0 (torchvision ``mobilenet_v3_small``)."""
+    return _mobilenet_v3(size, _V3_SMALL, 576, 1024, "mobilenet_v3_small")
+
+
 ZOO: dict[str, Callable[[int], onnx.ModelProto]] = {
     "resnet50": resnet50,
     "mobilenet_v2": mobilenet_v2,
@@ -406,6 +481,8 @@ ZOO: dict[str, Callable[[int], onnx.ModelProto]] = {
     "vgg16": vgg16,
     "alexnet_lrn": alexnet_lrn,
     "efficientnet_b0": efficientnet_b0,
+    "mobilenet_v3_large": mobilenet_v3_large,
+    "mobilenet_v3_small": mobilenet_v3_small,
 }
 """Builders by key; each takes the input size (224 for the published networks)."""
 

@@ -37,9 +37,14 @@ _UNARY = {"relu": lambda y: np.maximum(y, np.float32(0)),
           "gelu_erf": lambda y: (0.5 * y * (1.0 + _ERF(y.astype(np.float64) / math.sqrt(2.0))))
           .astype(np.float32),
           "gelu_tanh": lambda y: (0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (
-              y.astype(np.float64) + 0.044715 * y.astype(np.float64) ** 3)))).astype(np.float32)}
-_POLYNOMIAL = ("silu", "gelu_erf", "gelu_tanh")
-"""Steps computed with exp / erf / tanh polynomials: float32 rounding, not exact."""
+              y.astype(np.float64) + 0.044715 * y.astype(np.float64) ** 3)))).astype(np.float32),
+          "hardswish": lambda y: (y * np.clip(y.astype(np.float64) / 6 + 0.5, 0, 1))
+          .astype(np.float32),
+          "hardsigmoid": lambda y: np.clip(y.astype(np.float64) / 6 + 0.5, 0, 1)
+          .astype(np.float32)}
+_POLYNOMIAL = ("silu", "gelu_erf", "gelu_tanh", "hardswish", "hardsigmoid")
+"""Steps computed with exp / erf / tanh polynomials, or a float32 1/6: float32 rounding, not
+exact."""
 
 
 def _numpy(steps: tuple[str, ...], x: np.ndarray, operands: dict[str, np.ndarray]) -> np.ndarray:
@@ -137,8 +142,10 @@ def test_reference_applies_the_steps_in_order() -> None:
     operands = {"bias": bias, "add": add, "scale": scale}
     for steps in EPILOGUES:
         got = reference(steps, x.copy(), operands)
-        # the float32 GELU of a large negative x takes 1 + (-1 + tiny): absolute error only
-        atol = 1e-5 if {"gelu_erf", "gelu_tanh"} & set(steps) else 0
+        # the float32 GELU of a large negative x takes 1 + (-1 + tiny), the hard ones x / 6
+        # + 1/2 near x = -3: absolute error only
+        atol = 1e-5 if {"gelu_erf", "gelu_tanh", "hardswish", "hardsigmoid"} & set(steps) \
+            else 0
         np.testing.assert_allclose(got, _numpy(steps, x, operands),
                                    rtol=1e-6, atol=atol, err_msg=str(steps))
     with pytest.raises(ValueError, match="reads tensor 'add', but the reference got only bias"):

@@ -71,6 +71,8 @@ MATH: dict[str, Callable[..., float]] = {
     "sqrt": math.sqrt, "clip6": lambda v: min(max(v, 0.0), 6.0),
     "max": max, "min": min, "erf": math.erf,
     "qround": lambda v: float(np.rint(min(max(v, -2.0**22), 2.0**22))),
+    "hardswish": lambda v: v * min(max(v / 6 + 0.5, 0.0), 1.0),
+    "hardsigmoid": lambda v: min(max(v / 6 + 0.5, 0.0), 1.0),
 }
 
 

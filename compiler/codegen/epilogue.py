@@ -79,6 +79,10 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(x.dtype.type(GELU_TANH_C) * (x + 0.044715 * x * x * x)))
 
 
+SIXTH = "0.16666667"
+"""1/6 as a float32 literal: HardSwish's and torch's HardSigmoid's slope."""
+_HARD = "VADD(VMUL({x}, VSET1(" + SIXTH + "f)), VSET1(0.5f))"
+
 QROUND_LIMIT = float(1 << 22)
 """``qround(v)`` rounds ``v`` saturated to ±2**22 to the nearest integer, ties to even: the
 rounding of a quantizer, whose results saturate far inside that range anyway (exact there by
@@ -131,6 +135,20 @@ STEPS: Mapping[str, Step] = MappingProxyType({
         scalar=f"{{x}} = 0.5f * {{x}} * (1.0f + FTANH({GELU_TANH_C}f * ({{x}} + 0.044715f "
                f"* {{x}} * {{x}} * {{x}})));",
         numpy=_gelu_tanh, helpers=("FTANH",)),
+    # HardSwish x * clamp(x / 6 + 1/2, 0, 1) and torch's HardSigmoid clamp(x / 6 + 1/2, 0, 1)
+    # (MobileNet-v3's); a NaN stays NaN (it goes second to the vector max and min, and the
+    # scalar comparisons fail).
+    "hardswish": Step(
+        vector=f"VMUL({{x}}, VMIN(VSET1(1.0f), VMAX(VZERO(), {_HARD.format(x='{x}')})))",
+        scalar="{{ float t = {x} * " + SIXTH + "f + 0.5f; "
+               "t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t); {x} *= t; }}",
+        numpy=lambda x: np.multiply(x, np.clip(x * x.dtype.type(1 / 6) + 0.5, 0, 1), out=x)),
+    "hardsigmoid": Step(
+        vector=f"VMIN(VSET1(1.0f), VMAX(VZERO(), {_HARD.format(x='{x}')}))",
+        scalar="{x} = {x} * " + SIXTH + "f + 0.5f; "
+               "{x} = {x} < 0.0f ? 0.0f : ({x} > 1.0f ? 1.0f : {x});",
+        numpy=lambda x: np.clip(np.multiply(x, x.dtype.type(1 / 6), out=x) + 0.5, 0, 1,
+                                out=x)),
     # An integer accumulator as the float it stands for: times its column's scale (an int8
     # matmul's A scale times B's per-column scale); zero-point terms are folded into bias.
     "dequant": Step(vector="VMUL({x}, {y})", scalar="{x} *= {y};",

@@ -65,7 +65,7 @@ __all__ = ["BINARY_STEPS", "OPERANDS", "UNARY_STEPS", "ElementwiseSchedule", "el
 
 BINARY_STEPS = ("add", "sub", "mul", "div", "max", "min")
 UNARY_STEPS = ("relu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh", "silu", "exp", "neg", "abs",
-               "sqrt", "clip6", "erf", "qround")
+               "sqrt", "clip6", "erf", "qround", "hardswish", "hardsigmoid")
 OPERANDS = ("full", "row", "col", "scalar", *(f"col{channel_block(b)}" for b in BLOCKED))
 MAX_STEPS = 16
 _SHARED = tuple(step for step in UNARY_STEPS if step in EPILOGUE_STEPS)

@@ -186,6 +186,18 @@ def clip_step(ctx: FusionContext, attrs: dict[str, Any], inputs: tuple[str, ...]
     return None
 
 
+def hard_step(node: GraphNode) -> str | None:
+    """The epilogue step of a ``HardSwish``, or of a ``HardSigmoid`` with torch's slope and
+    offset (1/6, 1/2: MobileNet-v3's); None for any other node."""
+    if node.op_type == "HardSwish":
+        return "hardswish"
+    if node.op_type == "HardSigmoid" and math.isclose(
+            float(node.attrs.get("alpha", 0.2)), 1 / 6, rel_tol=1e-6) and \
+            float(node.attrs.get("beta", 0.5)) == 0.5:
+        return "hardsigmoid"
+    return None
+
+
 def channel_constant(ctx: FusionContext, name: str, out_shape: tuple[int, ...],
                      axis: int) -> np.ndarray | None:
     """A float32 constant broadcast along ``axis`` of ``out_shape`` only, as a 1-D vector, or

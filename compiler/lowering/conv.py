@@ -27,6 +27,7 @@ from tunecache.compiler.lowering import (
     channel_constant,
     clip_step,
     float32_kernel,
+    hard_step,
     other_input,
     register_lowering,
     silu_nodes,
@@ -118,9 +119,12 @@ def _added(ctx: FusionContext, follower: GraphNode, out: str, bias: str | None,
 
 def _activation(ctx: FusionContext, node: GraphNode, value: str) -> str | None:
     """The conv epilogue activation ``node`` applies to ``value``, if it is one: ``Relu``,
-    ``Clip(0, 6)`` or ``Clip(0, inf)`` (another Clip is not)."""
+    ``Clip(0, 6)`` or ``Clip(0, inf)`` (another Clip is not), ``HardSwish`` or torch's
+    ``HardSigmoid``."""
     if node.op_type == "Relu":
         return "relu"
+    if (step := hard_step(node)) is not None:
+        return step
     if node.op_type == "Clip" and node.inputs[0] == value:
         step = clip_step(ctx, node.attrs, node.inputs)
         return step if step in ACTIVATIONS else None

@@ -29,6 +29,7 @@ from tunecache.compiler.lowering import (
     FusionContext,
     GraphNode,
     clip_step,
+    hard_step,
     other_input,
     register_lowering,
     scalar_constant,
@@ -39,6 +40,9 @@ from tunecache.compiler.lowering.quantized import quantize_pair
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Neg": "neg",
          "Abs": "abs", "Sqrt": "sqrt", "Erf": "erf"}
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
+HARD = ("HardSwish", "HardSigmoid")
+"""Their steps come from :func:`~tunecache.compiler.lowering.hard_step` (HardSigmoid's
+attributes decide)."""
 _SQRT2 = math.sqrt(2.0)
 _GELU_TANH_C = math.sqrt(2.0 / math.pi)
 
@@ -379,6 +383,8 @@ def _step(ctx: FusionContext, grower: _Grower, position: int, value: str, first:
         return None
     if node.op_type in UNARY:
         return [UNARY[node.op_type]], [position]
+    if (step := hard_step(node)) is not None:
+        return [step], [position]
     if node.op_type == "Clip":
         step = clip_step(ctx, node.attrs, node.inputs)
         return ([step], [position]) if step else None
@@ -478,5 +484,5 @@ def _grow(ctx: FusionContext, grower: _Grower, position: int, first_input: str, 
 
 
 # Pow: where GELU's tanh form starts; QuantizeLinear: a quantize-dequantize pair.
-for _op_type in (*UNARY, *BINARY, "Clip", "Pow", "QuantizeLinear"):
+for _op_type in (*UNARY, *BINARY, "Clip", "Pow", "QuantizeLinear", *HARD):
     register_lowering(_op_type)(lower_chain)
