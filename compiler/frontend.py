@@ -61,6 +61,7 @@ from tunecache.compiler.onnx_nodes import (
     definition_problem,
     elide,
     live,
+    pairwise_sums,
     schema_problem,
     type_problem,
 )
@@ -353,7 +354,8 @@ class _Loader:
         inputs, nodes = self._folded()
         outputs = self._outputs()
         names = {o.name for o in outputs}
-        nodes = elide(live(nodes, names), names, self.dtypes)
+        nodes = pairwise_sums(live(nodes, names), self.shapes, self.dtypes)
+        nodes = elide(nodes, names, self.dtypes)
         nodes = deduplicate(nodes, names, self.constants)
         steps = lower_nodes(nodes, {o.name for o in outputs}, self.opset, self.constants,
                             self.shapes, self.dtypes, self.source.derived, self.quantized,

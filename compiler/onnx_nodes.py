@@ -25,7 +25,8 @@ import numpy as np
 from tunecache.compiler import onnx_ops
 
 __all__ = ["NONDETERMINISTIC", "ReadNode", "checker_context", "conv_problem", "deduplicate",
-           "definition_problem", "elide", "live", "schema_problem", "type_problem"]
+           "definition_problem", "elide", "live", "pairwise_sums", "schema_problem",
+           "type_problem"]
 
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
                               "RandomUniformLike", "Multinomial", "Bernoulli"})
@@ -86,6 +87,38 @@ def elide(nodes: list[ReadNode], outputs: set[str],
             continue
         kept.append(node)
     return kept
+
+
+def pairwise_sums(nodes: list[ReadNode], shapes: dict[str, tuple[int | None, ...]],
+                  dtypes: dict[str, np.dtype]) -> list[ReadNode]:
+    """Each n-ary ``Sum`` (older exporters write residuals so) as a chain of ``Add`` nodes,
+    which the lowerings fuse (a residual into its convolution) where a ``Sum`` would run in
+    numpy; a one-input ``Sum`` as an ``Identity``. The chain's intermediate tensors get
+    their broadcast shape and the first input's dtype; a ``Sum`` whose input shapes are not
+    all known stays as it is."""
+    out = []
+    for node in nodes:
+        ins = [t for t in node.inputs if t]
+        known = [shapes.get(t) for t in ins]
+        if node.op_type != "Sum" or node.domain or not ins or any(
+                s is None or None in s for s in known):
+            out.append(node)
+            continue
+        if len(ins) == 1:
+            out.append(replace(node, op_type="Identity", inputs=(ins[0],)))
+            continue
+        running, shape = ins[0], tuple(known[0] or ())
+        for k, (name, other) in enumerate(zip(ins[1:], known[1:], strict=True), 1):
+            last = k == len(ins) - 1
+            shape = tuple(np.broadcast_shapes(shape, tuple(other or ())))
+            result = node.outputs[0] if last else f"{node.outputs[0]}/sum{k}"
+            if not last:
+                shapes[result], dtypes[result] = shape, dtypes.get(ins[0], np.dtype(np.float32))
+            out.append(replace(node, name=node.name if last else f"{node.name}/add{k}",
+                               op_type="Add", inputs=(running, name), outputs=(result,),
+                               attrs={}))
+            running = result
+    return out
 
 
 def deduplicate(nodes: list[ReadNode], outputs: set[str],
