@@ -98,7 +98,9 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 # 25: the int8 matmul's ``dequant`` epilogue step appends its column (issue 53).
 # 26: the elementwise kind's max, min, erf and qround steps append their columns (a
 #     quantize-dequantize pair runs as an element-wise chain, issue 53).
-FEATURE_VERSION = 26
+# 27: the hardswish and hardsigmoid epilogue steps (conv2d, elementwise) append their
+#     columns (MobileNet-v3, issue 54).
+FEATURE_VERSION = 27
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
