@@ -55,7 +55,9 @@ from tunecache.compiler.model_source import source_of as _source
 from tunecache.compiler.onnx_nodes import (
     NONDETERMINISTIC,
     ReadNode,
+    attr_value,
     checker_context,
+    constant_branch,
     conv_problem,
     deduplicate,
     definition_problem,
@@ -64,6 +66,7 @@ from tunecache.compiler.onnx_nodes import (
     pairwise_sums,
     schema_problem,
     type_problem,
+    with_scope,
 )
 
 if TYPE_CHECKING:
@@ -222,17 +225,6 @@ def kernel_ops(path: str | Path | onnx.ModelProto,
         label = ", ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
         out.append((op, len(names), label))
     return out
-
-
-def _attr_value(onnx: Any, attr: Any) -> Any:
-    value = onnx.helper.get_attribute_value(attr)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, onnx.TensorProto):
-        return onnx.numpy_helper.to_array(value)
-    if isinstance(value, list):
-        return tuple(v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value)
-    return value
 
 
 def _dims(type_proto: Any) -> tuple[int | None, ...] | None:
@@ -404,13 +396,13 @@ class _Loader:
                 name = f"{name}#{index}"
             seen.add(name)
             try:
-                attrs = {a.name: _attr_value(self.onnx, a) for a in proto.attribute}
+                attrs = {a.name: attr_value(self.onnx, a) for a in proto.attribute}
             except Exception as exc:
                 raise ModelError(f"node {name!r} ({proto.op_type}) has an unreadable attribute: "
                                  f"{exc}") from exc
             domain = proto.domain if proto.domain != "ai.onnx" else ""
-            node = ReadNode(index, name, proto.op_type, tuple(proto.input), tuple(proto.output),
-                         attrs, proto, domain)
+            node = with_scope(ReadNode(index, name, proto.op_type, tuple(proto.input),
+                                       tuple(proto.output), attrs, proto, domain))
             if node.engine(self.opset):
                 # (an op tunecache lacks is refused by name, unless it folds away)
                 problem = schema_problem(self.onnx, node, context)
@@ -434,8 +426,8 @@ class _Loader:
             ops = "; ".join(f"{op!r} ({_nodes_text(names)})" for op, names in unknown.items())
             raise ModelError(f"model {self.name!r} has op types tunecache cannot run: {ops}. "
                              "It runs the default-domain ops of docs/ONNX.md, and every other "
-                             "one ONNX's reference implementation has for tensors (no "
-                             "subgraphs, sequences or optionals)")
+                             "one ONNX's reference implementation has for tensors (not "
+                             "sequences or optionals)")
 
     def _check_node(self, node: ReadNode) -> None:
         """Load-time rejection of supported op types used in ways the executor cannot run."""
@@ -686,6 +678,14 @@ class _Loader:
                     static = tuple(int(d) for d in shape if d is not None)
                     values = ([onnx_ops.shape_of(static, node.attrs)] if node.op_type == "Shape"
                               else [np.asarray(math.prod(static), dtype=np.int64)])
+            elif node.op_type == "If" and not node.domain and node.inputs[0] in self.constants:
+                branch = constant_branch(self.onnx, node, self.constants[node.inputs[0]])
+                if branch is not None:  # its nodes join the graph, folded in their turn
+                    inlined, constants = branch
+                    for name, array in constants.items():
+                        self._set_constant(name, array)
+                    kept += self._fold_constants(inlined)
+                    continue
             elif self._foldable(node):
                 problem = type_problem(self.onnx, node, self.opset, self.dtypes)
                 if problem:

@@ -24,9 +24,9 @@ import numpy as np
 
 from tunecache.compiler import onnx_ops
 
-__all__ = ["NONDETERMINISTIC", "ReadNode", "checker_context", "conv_problem", "deduplicate",
-           "definition_problem", "elide", "live", "pairwise_sums", "schema_problem",
-           "type_problem"]
+__all__ = ["NONDETERMINISTIC", "ReadNode", "attr_value", "checker_context", "constant_branch",
+           "conv_problem", "deduplicate", "definition_problem", "elide", "live", "outer_names",
+           "pairwise_sums", "schema_problem", "subgraphs", "type_problem", "with_scope"]
 
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
                               "RandomUniformLike", "Multinomial", "Bernoulli"})
@@ -56,6 +56,85 @@ class ReadNode:
         reference implementation runs)."""
         return None if self.domain else onnx_ops.engine(self.op_type, opset, self.attrs,
                                                          self.outputs)
+
+
+def outer_names(graph: Any) -> list[str]:
+    """The names a GraphProto's nodes (and theirs, recursively) read that it does not define
+    itself: what it takes from the enclosing scope, in first-use order."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    out: dict[str, None] = {}
+    for node in graph.node:
+        for name in (*node.input, *(n for g in subgraphs(node) for n in outer_names(g))):
+            if name and name not in defined:
+                out.setdefault(name)
+        defined.update(o for o in node.output if o)
+    return list(out)
+
+
+def subgraphs(node: Any) -> list[Any]:
+    """The GraphProtos among a NodeProto's attributes."""
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else list(a.graphs))]
+
+
+def with_scope(node: ReadNode) -> ReadNode:
+    """``node`` reading, after its own inputs, what its subgraphs take from the enclosing
+    graph (``onnx_ops.SCOPE`` names them), so that ordering, liveness and the runners see those
+    reads; a node without subgraphs as it is."""
+    names = [n for g in subgraphs(node.proto) for n in outer_names(g)]
+    if not names:
+        return node
+    scope = tuple(dict.fromkeys(names))
+    return replace(node, inputs=(*node.inputs, *scope),
+                   attrs={**node.attrs, onnx_ops.SCOPE: scope})
+
+
+def attr_value(onnx: Any, attr: Any) -> Any:
+    """An AttributeProto's value as plain Python: strings decoded, tensors as arrays,
+    lists as tuples; subgraphs stay GraphProtos."""
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return tuple(v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value)
+    return value
+
+
+def constant_branch(onnx: Any, node: ReadNode, condition: np.ndarray
+                    ) -> tuple[list[ReadNode], dict[str, np.ndarray]] | None:
+    """The nodes of the branch an ``If`` with a constant ``condition`` takes, to stand in
+    the graph for it (so its products become kernels, and shapes flow through it), with the
+    branch's initializers: names the branch defines are prefixed with the If's name, outer
+    names stay, an ``Identity`` per output writes the If's. None for a branch whose nodes
+    have subgraphs of their own (their names would need the same renaming)."""
+    graph = node.attrs.get("then_branch" if bool(condition.reshape(-1)[0]) else "else_branch")
+    if not isinstance(graph, onnx.GraphProto) or any(subgraphs(n) for n in graph.node):
+        return None
+    own = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output if o}
+
+    def renamed(name: str) -> str:
+        return f"{node.name}/{name}" if name in own else name
+
+    def read(proto: Any, name: str, attrs: dict[str, Any]) -> ReadNode:
+        proto = onnx.helper.make_node(proto.op_type, [renamed(t) for t in proto.input],
+                                      [renamed(t) for t in proto.output], name=name,
+                                      domain=proto.domain or None)
+        return ReadNode(node.index, name, proto.op_type, tuple(proto.input),
+                        tuple(proto.output), attrs, proto,
+                        proto.domain if proto.domain != "ai.onnx" else "")
+
+    nodes = []
+    for k, inner in enumerate(graph.node):
+        nodes.append(read(inner, f"{node.name}/{inner.name or k}",
+                          {a.name: attr_value(onnx, a) for a in inner.attribute}))
+        nodes[-1].proto.attribute.extend(inner.attribute)
+    for k, (out, target) in enumerate(zip(graph.output, node.outputs, strict=False)):
+        if target:
+            nodes.append(read(onnx.helper.make_node("Identity", [out.name], [target]),
+                              f"{node.name}/out{k}", {}))
+    constants = {renamed(i.name): onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    return nodes, constants
 
 
 def live(nodes: list[ReadNode], outputs: set[str]) -> list[ReadNode]:
@@ -107,10 +186,11 @@ def pairwise_sums(nodes: list[ReadNode], shapes: dict[str, tuple[int | None, ...
         if len(ins) == 1:
             out.append(replace(node, op_type="Identity", inputs=(ins[0],)))
             continue
-        running, shape = ins[0], tuple(known[0] or ())
-        for k, (name, other) in enumerate(zip(ins[1:], known[1:], strict=True), 1):
+        static = [tuple(int(d or 0) for d in s or ()) for s in known]
+        running, shape = ins[0], static[0]
+        for k, (name, other) in enumerate(zip(ins[1:], static[1:], strict=True), 1):
             last = k == len(ins) - 1
-            shape = tuple(np.broadcast_shapes(shape, tuple(other or ())))
+            shape = tuple(np.broadcast_shapes(shape, other))
             result = node.outputs[0] if last else f"{node.outputs[0]}/sum{k}"
             if not last:
                 shapes[result], dtypes[result] = shape, dtypes.get(ins[0], np.dtype(np.float32))

@@ -125,7 +125,7 @@ def test_engine_says_what_runs_a_node() -> None:
     assert engine("Cast", 19, {"to": TensorProto.BFLOAT16}) == "reference"
     assert engine("Cast", 19, {"to": TensorProto.FLOAT}) == "numpy"
     assert engine("MaxPool", 17, {}, ("y", "indices")) == "reference"
-    assert engine("Loop", 17) is None  # a subgraph reads the outer scope
+    assert engine("Loop", 17) == "reference"  # its subgraph's outer reads are inputs
     assert engine("SequenceAt", 17) is None  # not a tensor op
 
 
@@ -140,3 +140,66 @@ def test_compile_json_and_text_name_the_nodes_outside_kernels(tmp_path: Path) ->
     text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     assert "outside kernels, ONNX's reference implementation (slow): MaxPool, Resize, TopK" \
         in text
+
+
+def _branch(name: str, nodes: list[onnx.NodeProto], out: str) -> onnx.GraphProto:
+    return helper.make_graph(nodes, name, [],
+                             [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+
+def test_an_if_on_a_constant_is_its_branch_and_one_on_data_reads_the_outer_scope(
+        tmp_path: Path) -> None:
+    """The first If's condition folds: its then-branch (a MatMul of the outer x and w) joins
+    the graph and becomes a kernel. The second If's condition is data: it runs in the
+    reference, its branches reading x and the first If's output from the outer graph."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    then1 = _branch("then1", [helper.make_node("MatMul", ["x", "w"], ["t1"])], "t1")
+    else1 = _branch("else1", [helper.make_node("Neg", ["x"], ["e1"])], "e1")
+    then2 = _branch("then2", [helper.make_node("Add", ["x", "y1"], ["t2"])], "t2")
+    else2 = _branch("else2", [helper.make_node("Sub", ["x", "y1"], ["e2"])], "e2")
+    nodes = [helper.make_node("If", ["yes"], ["y1"], then_branch=then1, else_branch=else1,
+                              name="fixed"),
+             helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["positive"]),
+             helper.make_node("If", ["positive"], ["y"], then_branch=then2,
+                              else_branch=else2, name="chosen")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                   {"y": TensorProto.FLOAT},
+                   {"w": w, "yes": np.array(True), "zero": np.array(0, np.float32)})
+    path = _saved(model, tmp_path)
+    compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic")
+    assert [k.op.kind for k in compiled.graph.kernel_nodes] == ["matmul"]
+    assert [s.op_type for s in compiled.graph.onnx_nodes if s.op_type == "If"] == ["If"]
+    for sign in (1.0, -1.0):
+        x = np.abs(rng.standard_normal((4, 8))).astype(np.float32) * sign
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], ort_run(model, {"x": x})[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_a_loop_reads_the_outer_scope_and_stacks_scalar_scans(tmp_path: Path) -> None:
+    """Loop's body adds the outer ``step`` to its carried value and scans the running sum
+    of it, a scalar per iteration: the scan output is [iterations], as onnxruntime gives
+    (onnx.reference's own Loop would give [iterations, 1])."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["acc_in", "step"], ["acc_out"]),
+         helper.make_node("ReduceSum", ["acc_out"], ["scan"], keepdims=0)],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("scan", TensorProto.FLOAT, [])])
+    nodes = [helper.make_node("Loop", ["trips", "go", "x"], ["acc", "sums"], body=body)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+                           helper.make_tensor_value_info("step", TensorProto.FLOAT, [3])],
+                   {"acc": TensorProto.FLOAT, "sums": TensorProto.FLOAT},
+                   {"trips": np.array(5, np.int64), "go": np.array(True)}, opset=17)
+    compiled = compile_model(_saved(model, tmp_path), store=Store(tmp_path / "s"),
+                             policy="analytic")
+    feeds = {"x": np.arange(3, dtype=np.float32), "step": np.ones(3, np.float32)}
+    ours, theirs = compiled.run(feeds), ort_run(model, feeds)
+    assert ours["sums"].shape == theirs[1].shape == (5,)
+    np.testing.assert_allclose(ours["acc"], theirs[0])
+    np.testing.assert_allclose(ours["sums"], theirs[1])

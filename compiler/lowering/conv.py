@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler import onnx_ops
-from tunecache.compiler.graph import ModelError
 from tunecache.compiler.kinds.conv2d import ACTIVATIONS, conv2d_op
 from tunecache.compiler.lowering import (
     FusionContext,
@@ -46,8 +45,8 @@ def _conv(ctx: FusionContext, position: int) -> Any:
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
     x_shape, w_shape = ctx.shape(x), ctx.shape(w)
     if x_shape is None or w_shape is None:
-        raise ModelError(f"cannot determine the input shapes of node {node.name!r} (Conv); "
-                         "give static input shapes")
+        # a shape that depends on the data (after a TopK, NonZero or an If): numpy's
+        return "an operand whose shape depends on the data"
     if len(x_shape) != 4:
         return f"{len(x_shape) - 2}-D convolution (kernels are 2-D)"
     p = onnx_ops.conv_params(node.attrs, x_shape, w_shape)

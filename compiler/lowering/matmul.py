@@ -40,8 +40,8 @@ def _matmul(ctx: FusionContext, position: int) -> Any:
     a, b = node.inputs[0], node.inputs[1]
     a_shape, b_shape = ctx.shape(a), ctx.shape(b)
     if a_shape is None or b_shape is None:
-        raise ModelError(f"cannot determine the input shapes of node {node.name!r} "
-                         f"({node.op_type}); give static input shapes")
+        # a shape that depends on the data (after a TopK, NonZero or an If): numpy's
+        return "an operand whose shape depends on the data"
     if not a_shape or not b_shape:
         return "a scalar operand (MatMul needs at least 1-D operands)"
     bias: str | None = None

@@ -31,6 +31,7 @@ from tunecache.compiler.onnx_ops import (  # noqa: F401
 from tunecache.compiler.onnx_ops.constants import constant_value
 from tunecache.compiler.onnx_ops.kernel_ops import ConvParams, conv_params
 from tunecache.compiler.onnx_ops.pooling import pool_output_sizes, resolve_pads
+from tunecache.compiler.onnx_ops.reference import SCOPE
 from tunecache.compiler.onnx_ops.registry import (
     ENGINES,
     ONNX_DTYPES,
@@ -44,6 +45,7 @@ from tunecache.compiler.onnx_ops.registry import (
 )
 from tunecache.compiler.onnx_ops.shape import reshape_target, shape_of
 
-__all__ = ["ENGINES", "ONNX_DTYPES", "OPS", "Array", "ConvParams", "OpImpl", "constant_value",
+__all__ = ["ENGINES", "ONNX_DTYPES", "OPS", "SCOPE", "Array", "ConvParams", "OpImpl",
+           "constant_value",
            "conv_params", "engine", "implementation", "node_function", "pool_output_sizes",
            "reshape_target", "resolve_pads", "shape_fix", "shape_of"]

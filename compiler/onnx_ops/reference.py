@@ -21,7 +21,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["has_reference", "reference_call", "reference_function"]
+__all__ = ["SCOPE", "has_reference", "reference_call", "reference_function"]
+
+SCOPE = "tunecache.scope"
+"""The attribute under which a node with subgraphs (If, Loop, Scan) keeps the names its
+subgraphs read from the enclosing graph, in the order they follow its own inputs
+(``onnx_nodes.with_scope`` sets it)."""
 
 NodeFunction = Callable[[Sequence["np.ndarray | None"]], list[np.ndarray]]
 
@@ -40,9 +45,6 @@ def has_reference(op_type: str, opset: int) -> bool:
             load_op("", op_type, opset)
     except Exception:  # onnx raises a bare RuntimeError / ValueError for unknown ops
         return False
-    graphs = (onnx.defs.OpSchema.AttrType.GRAPH, onnx.defs.OpSchema.AttrType.GRAPHS)
-    if any(a.type in graphs for a in schema.attributes.values()):
-        return False
     allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
     return all(any(t.startswith("tensor(") for t in allowed.get(p.type_str, [p.type_str]))
                for p in (*schema.inputs, *schema.outputs))
@@ -58,16 +60,28 @@ def reference_function(op_type: str, inputs: Sequence[str], outputs: Sequence[st
                        attrs: Mapping[str, Any], opset: int) -> NodeFunction:
     """The node ``op_type(inputs) -> outputs`` with ``attrs``, run by ``onnx.reference``;
     called with the input arrays (None for an omitted optional one) in the node's order,
-    it returns the outputs in the node's order."""
+    it returns the outputs in the node's order. A node with subgraphs lists what they read
+    from the enclosing graph under :data:`SCOPE`, after its own inputs: those values reach
+    the subgraphs under their names."""
     import onnx
     from onnx.reference import ReferenceEvaluator
 
+    scope = tuple(attrs.get(SCOPE, ()))
+    own = len(inputs) - len(scope)
     # Names of their own: the graph's may be empty (an omitted optional input or output).
-    ins = [f"i{k}" if name else "" for k, name in enumerate(inputs)]
-    outs = [f"o{k}" if name else "" for k, name in enumerate(outputs)]
-    node = onnx.helper.make_node(op_type, ins, outs,
-                                 **{k: _attribute(onnx, v) for k, v in attrs.items()})
-    evaluator = ReferenceEvaluator(node, opsets={"": opset})
+    ins = [f"tc.i{k}" if name else "" for k, name in enumerate(inputs[:own])] + list(scope)
+    outs = [f"tc.o{k}" if name else "" for k, name in enumerate(outputs)]
+    node = onnx.helper.make_node(op_type, ins[:own], outs, **{
+        k: _attribute(onnx, v) for k, v in attrs.items() if k != SCOPE})
+    nested = any(isinstance(v, onnx.GraphProto) for v in attrs.values())
+    if nested:  # a model: its subgraphs find the outer names and the opset in its scope
+        untyped = onnx.TypeProto()
+        node = onnx.helper.make_model(onnx.helper.make_graph(
+            [node], op_type, [onnx.helper.make_value_info(n, untyped) for n in ins if n],
+            [onnx.helper.make_value_info(o, untyped) for o in outs if o]),
+            opset_imports=[onnx.helper.make_opsetid("", opset)])
+    evaluator = (ReferenceEvaluator(node, new_ops=[_loop_class()]) if nested
+                 else ReferenceEvaluator(node, opsets={"": opset}))
     wanted = [o for o in outs if o]
 
     def run(values: Sequence[np.ndarray | None]) -> list[np.ndarray]:
@@ -92,3 +106,33 @@ def reference_call(op_type: str, values: Sequence[np.ndarray | None],
     names = [f"x{k}" if v is not None else "" for k, v in enumerate(values)]
     return reference_function(op_type, names, [f"y{k}" for k in range(outputs)], attrs,
                               opset)(values)
+
+
+@cache
+def _loop_class() -> type:
+    """onnx.reference's Loop with scalar scan outputs stacked as ONNX says: one value per
+    iteration, shape ``[iterations]`` (it stacks them with ``vstack``: ``[iterations, 1]``,
+    a wrong shape where onnxruntime gives the right one)."""
+    from onnx.reference.ops.op_loop import Loop as ReferenceLoop
+
+    class Loop(ReferenceLoop):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.scalar_scans: list[bool] = []
+            run_body: Any = getattr(self, "_run_body")  # noqa: B009  (set per instance)
+
+            def watched(*a: Any, **kw: Any) -> Any:
+                outputs = run_body(*a, **kw)
+                if self.K:
+                    self.scalar_scans = [np.ndim(o) == 0 for o in outputs[-self.K:]]
+                return outputs
+            self._run_body = watched
+
+        def _run(self, *args: Any, **kwargs: Any) -> Any:
+            self.scalar_scans = []
+            outputs = list(super()._run(*args, **kwargs))
+            for k, scalar in enumerate(self.scalar_scans):
+                if scalar:
+                    outputs[self.N + k] = outputs[self.N + k].reshape(-1)
+            return tuple(outputs)
+    return Loop
