@@ -94,16 +94,15 @@ def _op_table(results: dict[str, dict[str, Verdict]], names: Sequence[str]) -> l
     return lines
 
 
-def render(results: dict[str, dict[str, Verdict]], names: Sequence[str], wall_s: float,
-           command: str) -> str:
+def render(results: dict[str, dict[str, Verdict]], names: Sequence[str], wall_s: float) -> str:
     """The BENCHMARKS.md section: machine, revision, scores, failures, the per-op table."""
     import onnx
 
     cases = node_cases()
     floats = [n for n in names if is_float(cases[n])]
     lines = [machine_summary(), "",
-             f"Revision `{git_revision()}`, onnx {onnx.__version__}. Command: `{command}`; "
-             f"{wall_s / 60:.1f} min. Each of onnx's backend node tests compiled (analytic "
+             f"Revision `{git_revision()}`, onnx {onnx.__version__}; {wall_s / 60:.1f} min. "
+             "Each of onnx's backend node tests compiled (analytic "
              "policy, empty store) and run by tunecache, and run by onnxruntime (one thread); "
              "a test matches when every output has the expected dtype and shape and values "
              "within the test's rtol/atol. Float tests: every output a float tensor.", "",
@@ -150,8 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     results = judge_all(names, engines, args.case_timeout)
-    command = "python benchmarks/onnx_conformance.py " + " ".join(argv or sys.argv[1:])
-    markdown = render(results, names, time.perf_counter() - start, command.strip())
+    markdown = render(results, names, time.perf_counter() - start)
     print(markdown)
     if "tunecache" in results:
         drift = expectation_drift(results["tunecache"])
