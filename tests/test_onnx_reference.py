@@ -203,3 +203,28 @@ def test_a_loop_reads_the_outer_scope_and_stacks_scalar_scans(tmp_path: Path) ->
     assert ours["sums"].shape == theirs[1].shape == (5,)
     np.testing.assert_allclose(ours["acc"], theirs[0])
     np.testing.assert_allclose(ours["sums"], theirs[1])
+
+
+def test_run_compare_says_when_onnxruntime_refuses_a_model(tmp_path: Path) -> None:
+    """Softsign in float64, which this onnxruntime has no kernel for: ours runs it and the
+    comparison says, in one line, that onnxruntime refused the model and why."""
+    import onnxruntime as ort
+
+    model = _model([helper.make_node("Softsign", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 3])],
+                   {"y": TensorProto.DOUBLE}, {}, opset=21)
+    path = _saved(model, tmp_path)
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        pytest.skip("this onnxruntime runs float64 Softsign")
+    except Exception:
+        pass
+    command = [sys.executable, "-m", "tunecache.tuner.cli", "run", str(path), "--root",
+               str(tmp_path / "s"), "--compare", "onnxruntime", "--repeat", "2"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    [line] = [x for x in done.stdout.splitlines() if "onnxruntime" in x]
+    assert line.startswith("onnxruntime refused the model: ") and "Softsign" in line
+    report = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    assert "Softsign" in report["onnxruntime"]["refused"] and "latency_ratio" not in report

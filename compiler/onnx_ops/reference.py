@@ -33,9 +33,9 @@ NodeFunction = Callable[[Sequence["np.ndarray | None"]], list[np.ndarray]]
 
 @cache
 def has_reference(op_type: str, opset: int) -> bool:
-    """Whether ``onnx.reference`` implements default-domain ``op_type`` at ``opset`` for a
-    node of tensors alone (not sequences or optionals, no subgraph: a node that reads outer
-    names through a subgraph needs the whole graph's scope)."""
+    """Whether ``onnx.reference`` implements default-domain ``op_type`` at ``opset`` (a
+    kernel of its own, or the body of a function op) for a node of tensors (not sequences
+    or optionals)."""
     import onnx
     from onnx.reference.ops import load_op
 

@@ -250,30 +250,13 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
     if compiled.accuracy is not None:
         report["accuracy"] = compiled.accuracy
     if compare == "onnxruntime":
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise TunecacheError("--compare onnxruntime needs onnxruntime: "
-                                 "pip install 'tunecache[onnxruntime]'") from None
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = min(threads or compiled.hw.cores, machine_cpus())
         onnx_model = saved_model(model_path) if package else str(model_path)
-        session = ort.InferenceSession(onnx_model, options,
-                                       providers=["CPUExecutionProvider"])
-        feed = {i.name: inputs[i.name] for i in session.get_inputs()}
-        names = [o.name for o in session.get_outputs()]
-        expected = dict(zip(names, session.run(names, feed), strict=True))
-        theirs = _time(lambda: session.run(names, feed), repeat)
-        errors = {}
-        for name, value in outputs.items():
-            ref = expected[name].astype(np.float64)
-            diff = np.abs(value.astype(np.float64) - ref)
-            errors[name] = {"max_abs": float(diff.max()) if diff.size else 0.0,
-                            "max_rel": float((diff / np.maximum(np.abs(ref), 1e-6)).max())
-                            if diff.size else 0.0}
-        report["onnxruntime"] = {"latency_ms": statistics.median(theirs) * 1e3,
-                                 "threads": options.intra_op_num_threads, "errors": errors}
-        report["latency_ratio"] = statistics.median(ours) / statistics.median(theirs)
+        report["onnxruntime"] = _compare_onnxruntime(
+            onnx_model, inputs, outputs, min(threads or compiled.hw.cores, machine_cpus()),
+            repeat)
+        if "latency_ms" in report["onnxruntime"]:
+            report["latency_ratio"] = (statistics.median(ours)
+                                       / (report["onnxruntime"]["latency_ms"] / 1e3))
     profile = compiled.profile(inputs, repeat) if profile_top is not None else None
     if profile is not None:
         report["profile"] = profile.to_dict()
@@ -284,7 +267,9 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
     click.echo(f"{model_path.name}: {made} in {report['compile_s']:.2f} s, latency "
                f"{report['latency_ms']:.3f} ms (median of {repeat})")
     _echo_precision(compiled)
-    if compare:
+    if compare and "refused" in report["onnxruntime"]:
+        click.echo(f"onnxruntime refused the model: {report['onnxruntime']['refused']}")
+    elif compare:
         ort_report = report["onnxruntime"]
         click.echo(f"onnxruntime ({ort_report['threads']} threads): "
                    f"{ort_report['latency_ms']:.3f} ms; ours / onnxruntime = "
@@ -294,6 +279,37 @@ def run_command(model_path: Path, policy: str, expected_calls: int, deadline: st
                        f"{err['max_rel']:.3g}")
     if profile is not None:
         _echo_profile(profile, profile_top or 0)
+
+
+def _compare_onnxruntime(model: str | bytes, inputs: dict[str, np.ndarray],
+                         outputs: dict[str, np.ndarray], threads: int, repeat: int
+                         ) -> dict[str, Any]:
+    """onnxruntime on the same model and inputs: its latency and our outputs' errors
+    against its, or ``{"refused": why}`` (one line) where it will not run the model."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise TunecacheError("--compare onnxruntime needs onnxruntime: "
+                             "pip install 'tunecache[onnxruntime]'") from None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    try:
+        session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        feed = {i.name: inputs[i.name] for i in session.get_inputs()}
+        names = [o.name for o in session.get_outputs()]
+        expected = dict(zip(names, session.run(names, feed), strict=True))
+    except Exception as exc:  # onnxruntime's own exception types, one per failure kind
+        return {"refused": " ".join(str(exc).split())[:400] or type(exc).__name__}
+    theirs = _time(lambda: session.run(names, feed), repeat)
+    errors = {}
+    for name, value in outputs.items():
+        ref = expected[name].astype(np.float64)
+        diff = np.abs(value.astype(np.float64) - ref)
+        errors[name] = {"max_abs": float(diff.max()) if diff.size else 0.0,
+                        "max_rel": float((diff / np.maximum(np.abs(ref), 1e-6)).max())
+                        if diff.size else 0.0}
+    return {"latency_ms": statistics.median(theirs) * 1e3, "threads": threads,
+            "errors": errors}
 
 
 def _echo_profile(profile: ProgramProfile, top: int) -> None:
