@@ -117,6 +117,10 @@ def test_training_dropout_through_its_input_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match=r"node 'drop' \(Dropout\): training mode .* not a "
                                          "constant"):
         compile_model(_saved(model, tmp_path), store=Store(tmp_path / "s"), policy="analytic")
+    constant = _model(nodes, inputs[:1], {"y": TensorProto.FLOAT},
+                      {"ratio": np.array(0.5, np.float32), "train": np.array(True)})
+    with pytest.raises(ModelError, match=r"training_mode input is true"):
+        compile_model(_saved(constant, tmp_path), store=Store(tmp_path / "s"), policy="analytic")
 
 
 def test_engine_says_what_runs_a_node() -> None:
@@ -228,3 +232,22 @@ def test_run_compare_says_when_onnxruntime_refuses_a_model(tmp_path: Path) -> No
     report = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
                                        check=True).stdout)
     assert "Softsign" in report["onnxruntime"]["refused"] and "latency_ratio" not in report
+
+
+def test_an_if_on_a_constant_whose_branch_has_subgraphs_stays_an_if(tmp_path: Path) -> None:
+    """Inlining renames the branch's names, which a subgraph inside it would still read by
+    their old names: such a branch is not inlined, and the If runs in the reference."""
+    inner = helper.make_node("If", ["yes"], ["t"], then_branch=_branch(
+        "a", [helper.make_node("Relu", ["x"], ["r"])], "r"), else_branch=_branch(
+        "b", [helper.make_node("Neg", ["x"], ["n"])], "n"))
+    outer = helper.make_node("If", ["yes"], ["y"], name="outer",
+                             then_branch=_branch("then", [inner], "t"),
+                             else_branch=_branch("else", [helper.make_node(
+                                 "Identity", ["x"], ["e"])], "e"))
+    model = _model([outer], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                   {"y": TensorProto.FLOAT}, {"yes": np.array(True)})
+    compiled = compile_model(_saved(model, tmp_path), store=Store(tmp_path / "s"),
+                             policy="analytic")
+    assert [(s.name, s.op_type) for s in compiled.graph.onnx_nodes] == [("outer", "If")]
+    x = np.random.default_rng(6).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], ort_run(model, {"x": x})[0])
