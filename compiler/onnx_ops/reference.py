@@ -103,9 +103,23 @@ def reference_call(op_type: str, values: Sequence[np.ndarray | None],
     """One run of ``op_type`` on ``values`` by the reference implementation: for a numpy
     implementation that meets, at run time, a type it leaves to ONNX's (a float8 or int4
     tensor to dequantize, say)."""
-    names = [f"x{k}" if v is not None else "" for k, v in enumerate(values)]
-    return reference_function(op_type, names, [f"y{k}" for k in range(outputs)], attrs,
-                              opset)(values)
+    present = tuple(v is not None for v in values)
+    plain = tuple(sorted(attrs.items()))
+    try:
+        hash(plain)
+    except TypeError:  # a tensor attribute: built for this call alone
+        return _called.__wrapped__(op_type, present, plain, opset, outputs)(values)
+    return _called(op_type, present, plain, opset, outputs)(values)
+
+
+@cache
+def _called(op_type: str, present: tuple[bool, ...], attrs: tuple[tuple[str, Any], ...],
+            opset: int, outputs: int) -> NodeFunction:
+    """:func:`reference_function` built once per op, inputs given and (plain) attributes:
+    a numpy op that meets a float8 tensor on every run does not rebuild it every run."""
+    names = [f"x{k}" if given else "" for k, given in enumerate(present)]
+    return reference_function(op_type, names, [f"y{k}" for k in range(outputs)], dict(attrs),
+                              opset)
 
 
 @cache
