@@ -172,9 +172,8 @@ def load_graph(path_or_model: str | Path | onnx.ModelProto | ModelSource,
     (:func:`tunecache.compiler.precision.int8_kernels_pay` decides it for a machine).
     """
     source = _source(path_or_model)
-    loader = _Loader(_import_onnx(), source, input_shapes, symbolic=False)
-    loader.int8_kernels = int8_kernels
-    return loader.load()
+    return _Loader(_import_onnx(), source, input_shapes, symbolic=False,
+                   int8_kernels=int8_kernels).load()
 
 
 def inspect_model(path_or_model: str | Path | onnx.ModelProto | ModelSource,
@@ -250,7 +249,8 @@ class _Loader:
     and builds the Graph."""
 
     def __init__(self, onnx: Any, source: ModelSource,
-                 input_shapes: Mapping[str, Sequence[int]] | None, symbolic: bool) -> None:
+                 input_shapes: Mapping[str, Sequence[int]] | None, symbolic: bool,
+                 int8_kernels: bool = True) -> None:
         self.onnx = onnx
         self.source = source
         self.model = source.model
@@ -264,7 +264,7 @@ class _Loader:
         self.shapes: dict[str, tuple[int | None, ...]] = {}
         self.dtypes: dict[str, np.dtype] = {}
         self.quantized: dict[str, QuantizedConstant] = {}
-        self.int8_kernels = True
+        self.int8_kernels = int8_kernels
 
     # -- the pipeline ---------------------------------------------------------------------
 
