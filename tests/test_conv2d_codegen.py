@@ -264,11 +264,12 @@ def test_epilogue_order_is_bias_add_relu() -> None:
     assert (y == 0).any() and (y > 0).any()
 
 
-ACTIVATION_EPILOGUES = ("bias+clip6", "bias+silu", "bias+add+clip6")
+ACTIVATION_EPILOGUES = ("bias+clip6", "bias+silu", "bias+add+clip6", "bias+gelu_erf",
+                        "add+gelu_tanh")
 
 
 def _activation_cases(hw: HardwareSpec, epilogues: tuple[str, ...]) -> list[Case]:
-    """ReLU6 and SiLU tails on every kernel path: direct (through the NCHW store loop),
+    """ReLU6, SiLU and GELU tails on every kernel path: direct (through the NCHW store loop),
     implicit GEMM (vector micro-kernel, scalar merge of the edge tiles), depthwise direct and
     plane kernels, and blocked layouts (vector sink, grouped scalar sink, depthwise)."""
     block = f"nchw{max(8, hw.lanes)}c"
@@ -291,12 +292,13 @@ def _activation_cases(hw: HardwareSpec, epilogues: tuple[str, ...]) -> list[Case
     return out
 
 
-def test_relu6_and_silu_epilogues_on_every_kernel_path() -> None:
-    """Every path on the host ISA; SiLU (VEXP in vectors, FEXP in scalar loops) on the lower
-    ISA levels too."""
+def test_relu6_silu_and_gelu_epilogues_on_every_kernel_path() -> None:
+    """Every path on the host ISA; SiLU (VEXP in vectors, FEXP in scalar loops) and GELU
+    (VERF, and the scalar helper FERF each kernel carrying it defines) on the lower ISA
+    levels too."""
     cases = _activation_cases(HW, ACTIVATION_EPILOGUES)
     for isa in ISAS[1:]:
-        cases += _activation_cases(HW.with_isa(isa), ("bias+silu",))
+        cases += _activation_cases(HW.with_isa(isa), ("bias+silu", "bias+gelu_erf"))
     for what, op, s, hw in cases:
         assert not problems(op, s, hw), (what, hw.isa, problems(op, s, hw))
     _assert_all_match(cases)

@@ -32,6 +32,7 @@ from tunecache.compiler.codegen.abi import (
     preamble,
 )
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
+from tunecache.compiler.codegen.epilogue import scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel
 from tunecache.compiler.hardware import HardwareSpec
@@ -431,7 +432,8 @@ def generate_pwdw(op: OpSignature, s: PwdwSchedule, d: IsaDialect) -> str:
         cb0 = -(-dims["C"] // xb)
         constants.update(CB0=cb0, C0_TAIL=dims["C"] - (cb0 - 1) * xb)
     width = min(s.pw_block, dims["W"])
-    out = [preamble(d, constants, s.threads), _PACK, _pw_ukr("pw_full", width, bb, op, d)]
+    out = [preamble(d, constants, s.threads), *filter(None, [scalar_helpers(op.epilogue)]),
+           _PACK, _pw_ukr("pw_full", width, bb, op, d)]
     if dims["W"] % width:
         out.append(_pw_ukr("pw_tail", dims["W"] % width, bb, op, d))
     out.append(_fill_row_code(op, s))

@@ -186,11 +186,14 @@ def clip_step(ctx: FusionContext, attrs: dict[str, Any], inputs: tuple[str, ...]
     return None
 
 
-def hard_step(node: GraphNode) -> str | None:
-    """The epilogue step of a ``HardSwish``, or of a ``HardSigmoid`` with torch's slope and
-    offset (1/6, 1/2: MobileNet-v3's); None for any other node."""
+def activation_step(node: GraphNode) -> str | None:
+    """The epilogue step of a ``HardSwish``, of a ``HardSigmoid`` with torch's slope and
+    offset (1/6, 1/2: MobileNet-v3's), or of opset 20's ``Gelu`` (either approximation);
+    None for any other node."""
     if node.op_type == "HardSwish":
         return "hardswish"
+    if node.op_type == "Gelu":
+        return "gelu_tanh" if node.attrs.get("approximate", "none") == "tanh" else "gelu_erf"
     if node.op_type == "HardSigmoid" and math.isclose(
             float(node.attrs.get("alpha", 0.2)), 1 / 6, rel_tol=1e-6) and \
             float(node.attrs.get("beta", 0.5)) == 0.5:

@@ -23,10 +23,10 @@ from tunecache.compiler.kinds.conv2d import ACTIVATIONS, conv2d_op
 from tunecache.compiler.lowering import (
     FusionContext,
     GraphNode,
+    activation_step,
     channel_constant,
     clip_step,
     float32_kernel,
-    hard_step,
     other_input,
     register_lowering,
     silu_nodes,
@@ -47,8 +47,14 @@ def _conv(ctx: FusionContext, position: int) -> Any:
     if x_shape is None or w_shape is None:
         # a shape that depends on the data (after a TopK, NonZero or an If): numpy's
         return "an operand whose shape depends on the data"
+    if len(x_shape) == 3:  # a 1-D convolution is a 2-D one of height 1
+        widened = _height_one_weight(ctx, w, w_shape)
+        if widened is None:
+            return "a 1-D convolution whose weights are not a constant"
+        w = widened
+        x_shape, w_shape = (*x_shape[:2], 1, x_shape[2]), (*w_shape[:2], 1, w_shape[2])
     if len(x_shape) != 4:
-        return f"{len(x_shape) - 2}-D convolution (kernels are 2-D)"
+        return f"{len(x_shape) - 2}-D convolution (kernels are 1-D or 2-D)"
     p = onnx_ops.conv_params(node.attrs, x_shape, w_shape)
     n, c, h, wd = x_shape
     f, _, r, s = w_shape
@@ -95,6 +101,15 @@ def _conv(ctx: FusionContext, position: int) -> Any:
     return ctx.finish(position, fused, sig, inputs, out)
 
 
+def _height_one_weight(ctx: FusionContext, w: str, w_shape: tuple[int, ...]) -> str | None:
+    """A 1-D convolution's constant weights ``(F, C, K)`` as a 2-D kernel's ``(F, C, 1, K)``
+    (the same bytes), or None when they are not a constant."""
+    weights = ctx.constants.get(w)
+    if weights is None:
+        return None
+    return ctx.add_constant(f"{w}/height1", weights.reshape(*w_shape[:2], 1, w_shape[2]))
+
+
 def _added(ctx: FusionContext, follower: GraphNode, out: str, bias: str | None,
            epilogue: list[str], base: str) -> tuple[str | None, str | None, list[str]] | None:
     """``(bias, residual input or None, epilogue)`` once the ``Add`` ``follower`` of ``out``
@@ -118,12 +133,12 @@ def _added(ctx: FusionContext, follower: GraphNode, out: str, bias: str | None,
 
 def _activation(ctx: FusionContext, node: GraphNode, value: str) -> str | None:
     """The conv epilogue activation ``node`` applies to ``value``, if it is one: ``Relu``,
-    ``Clip(0, 6)`` or ``Clip(0, inf)`` (another Clip is not), ``HardSwish`` or torch's
-    ``HardSigmoid``."""
+    ``Clip(0, 6)`` or ``Clip(0, inf)`` (another Clip is not), ``HardSwish``, torch's
+    ``HardSigmoid`` or ``Gelu``."""
     if node.op_type == "Relu":
         return "relu"
-    if (step := hard_step(node)) is not None:
-        return step
+    if (step := activation_step(node)) is not None:
+        return step if step in ACTIVATIONS else None
     if node.op_type == "Clip" and node.inputs[0] == value:
         step = clip_step(ctx, node.attrs, node.inputs)
         return step if step in ACTIVATIONS else None

@@ -28,8 +28,8 @@ from tunecache.compiler.kinds.elementwise import MAX_STEPS, elementwise_op
 from tunecache.compiler.lowering import (
     FusionContext,
     GraphNode,
+    activation_step,
     clip_step,
-    hard_step,
     other_input,
     register_lowering,
     scalar_constant,
@@ -40,9 +40,9 @@ from tunecache.compiler.lowering.quantized import quantize_pair
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Neg": "neg",
          "Abs": "abs", "Sqrt": "sqrt", "Erf": "erf"}
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
-HARD = ("HardSwish", "HardSigmoid")
-"""Their steps come from :func:`~tunecache.compiler.lowering.hard_step` (HardSigmoid's
-attributes decide)."""
+HARD = ("HardSwish", "HardSigmoid", "Gelu")
+"""Their steps come from :func:`~tunecache.compiler.lowering.activation_step` (HardSigmoid's
+and Gelu's attributes decide)."""
 _SQRT2 = math.sqrt(2.0)
 _GELU_TANH_C = math.sqrt(2.0 / math.pi)
 
@@ -383,7 +383,7 @@ def _step(ctx: FusionContext, grower: _Grower, position: int, value: str, first:
         return None
     if node.op_type in UNARY:
         return [UNARY[node.op_type]], [position]
-    if (step := hard_step(node)) is not None:
+    if (step := activation_step(node)) is not None:
         return [step], [position]
     if node.op_type == "Clip":
         step = clip_step(ctx, node.attrs, node.inputs)

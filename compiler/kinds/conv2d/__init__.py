@@ -7,8 +7,9 @@ asymmetric as ONNX ``pads`` gives them), ``dil_h, dil_w`` (default 1) and ``grou
 ``P = (H + pad_t + pad_b - dil_h*(R-1) - 1) // stride_h + 1`` and likewise ``Q``.
 Epilogue: ``bias`` adds ``bias[F]``, ``add`` a residual tensor of the output's shape, then
 at most one activation (:data:`ACTIVATIONS`): ``relu`` clamps at zero, ``clip6`` at 0 and 6
-(ReLU6), ``silu`` is ``x * sigmoid(x)``, ``hardswish`` and ``hardsigmoid`` MobileNet-v3's
-(the steps of :mod:`~tunecache.compiler.codegen.epilogue`).
+(ReLU6), ``silu`` is ``x * sigmoid(x)``, ``hardswish`` and ``hardsigmoid`` MobileNet-v3's,
+``gelu_erf`` and ``gelu_tanh`` Whisper's and wav2vec's (the steps of
+:mod:`~tunecache.compiler.codegen.epilogue`).
 An int8 or bf16 conv2d's epilogue may go on with an element-wise chain over its channels
 (``CHAIN_STEPS``, reading ``chan[steps, F]``): quantize-dequantize pairs, an unfolded
 BatchNormalization and a Clip after a quantized convolution (:func:`channel_view`).
@@ -70,7 +71,7 @@ __all__ = ["ACTIVATIONS", "MIN_LOWP_FILL", "Conv2dSchedule", "block_fill", "conv
            "conv2d_nchw", "conv2d_op", "is_depthwise", "nchw_conv2d", "plane_buffer_floats"]
 
 
-ACTIVATIONS = ("relu", "clip6", "silu", "hardswish", "hardsigmoid")
+ACTIVATIONS = ("relu", "clip6", "silu", "hardswish", "hardsigmoid", "gelu_erf", "gelu_tanh")
 """The epilogue's activations, after ``bias`` and ``add``; an op has at most one."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import textwrap
 
 from tunecache.compiler.codegen.abi import ALIGN_FLOATS, preamble
+from tunecache.compiler.codegen.epilogue import scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
 from tunecache.compiler.kinds.conv2d.direct_pack import BAND_REFRESH, DENSE_BAND_REFRESH, pack_code
@@ -238,7 +239,8 @@ def generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         constants.update(KCB=kcb, TILE_FLOATS=tile_floats, OFF_PART=ws_floats,
                          PART_STRIDE=stride)
         ws_floats += s.threads * stride
-    out = [preamble(d, constants, s.threads), pack_code(plan)]
+    out = [preamble(d, constants, s.threads), *filter(None, [scalar_helpers(op.epilogue)]),
+           pack_code(plan)]
     flat = flat_taps(op, s, plan.depthwise)
     if flat:
         out.append(tap_table(op))

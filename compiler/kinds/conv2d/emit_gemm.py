@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tunecache.compiler.codegen.abi import ALIGN_FLOATS, preamble
+from tunecache.compiler.codegen.epilogue import scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel
 from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
@@ -130,7 +131,7 @@ def _gemm_plan(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> _GemmPlan:
 def generate_gemm(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     """The implicit-GEMM kernel: its plan (:func:`_gemm_plan`), then the C rendered from it."""
     plan = _gemm_plan(op, s, d)
-    out = [preamble(d, plan.constants, s.threads)]
+    out = [preamble(d, plan.constants, s.threads), *filter(None, [scalar_helpers(op.epilogue)])]
     out.append(_GEMM_PACK_WEIGHTS)
     out.append(_GEMM_PLAIN_PANEL if plan.plain else _GEMM_IM2COL_PANEL)
     out.append(_gemm_ukr("ukr", s, d, op.epilogue))

@@ -9,7 +9,7 @@ vector load; output columns fill the lanes, and a tile sweeps down the input row
 from __future__ import annotations
 
 from tunecache.compiler.codegen.abi import ALIGN_FLOATS, preamble
-from tunecache.compiler.codegen.epilogue import render
+from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import KEEP_IN_REGISTER, Store, Tile, store
 from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
@@ -94,7 +94,8 @@ def generate_plane(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     constants = {**shape_constants(op), "TH": s.oh_block, "QV": s.ow_block, "PW": width,
                  "PLANE": f"({rows}L * PW)", "BUF_FLOATS": buf_floats,
                  "NPB": ceil_div(op.out_h, s.oh_block), "NQT": ceil_div(op.out_w, s.ow_block)}
-    out = [preamble(d, constants, s.threads), KEEP_IN_REGISTER]
+    out = [preamble(d, constants, s.threads), *filter(None, [scalar_helpers(op.epilogue)]),
+           KEEP_IN_REGISTER]
     out.append("""\
 /* Channel plane x (H x W) into buf: phase (PL + iw) % SW, row PT + ih, column (PL + iw) / SW.
  * Only interior positions are written: the zero padding, set once per call, stays. */

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from tunecache.compiler.codegen.abi import ALIGN_FLOATS, preamble
-from tunecache.compiler.codegen.epilogue import render
+from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel
 from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
@@ -346,7 +346,8 @@ def generate_winograd(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
         "OFF_X": off_x, "OFF_U": off_u, "WB_FLOATS": plan.u_floats, "NCHW_IN": int(nchw),
         # The input copy (reorder's kernel) names the block and the block count its own way.
         "XD": plan.block, "CBD": dims["C"] // plan.block}
-    out = [preamble(d, constants, s.threads), _pack_weights(transforms(plan.m)[1]),
+    out = [preamble(d, constants, s.threads), *filter(None, [scalar_helpers(op.epilogue)]),
+           _pack_weights(transforms(plan.m)[1]),
            blocked_copy("to_blocked") if nchw else "", _input_tile(plan.m, plan.alpha),
            _output_tile(op, plan.m, plan.alpha, nchw),
            _gemm_ukr(s.ow_block, s.oc_block // d.lanes, d.lanes), _BODY]
