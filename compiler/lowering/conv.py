@@ -56,6 +56,8 @@ def _conv(ctx: FusionContext, position: int) -> Any:
     if len(x_shape) != 4:
         return f"{len(x_shape) - 2}-D convolution (kernels are 1-D or 2-D)"
     p = onnx_ops.conv_params(node.attrs, x_shape, w_shape)
+    if (pruned := _without_dead_taps(ctx, w, w_shape, x_shape, p)) is not None:
+        w, w_shape, p = pruned
     n, c, h, wd = x_shape
     f, _, r, s = w_shape
     epilogue: list[str] = ["bias"] if bias else []
@@ -108,6 +110,42 @@ def _height_one_weight(ctx: FusionContext, w: str, w_shape: tuple[int, ...]) -> 
     if weights is None:
         return None
     return ctx.add_constant(f"{w}/height1", weights.reshape(*w_shape[:2], 1, w_shape[2]))
+
+
+def _live_taps(size: int, kernel: int, stride: int, dilation: int, before: int,
+               after: int) -> tuple[int, int]:
+    """The first and last of a ``kernel``'s taps along one axis that read the input (not
+    padding) at some output position."""
+    outputs = (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
+    live = [t for t in range(kernel) if any(
+        0 <= o * stride - before + t * dilation < size for o in range(outputs))]
+    return (live[0], live[-1]) if live else (0, kernel - 1)
+
+
+def _without_dead_taps(ctx: FusionContext, w: str, w_shape: tuple[int, ...],
+                       x_shape: tuple[int, ...], p: onnx_ops.ConvParams
+                       ) -> tuple[str, tuple[int, ...], onnx_ops.ConvParams] | None:
+    """The constant weights cropped to the taps that ever read the input, with the pads
+    that keep every output where it was; None when every tap does (or the weights are not
+    a constant). A dilated convolution wider than its input (DeepLab's atrous rates 24 and
+    36 on a 16x16 map) reads only its centre tap: it becomes a 1x1 convolution."""
+    weights = ctx.constants.get(w)
+    if weights is None:
+        return None
+    (top, bottom), (left, right) = (
+        _live_taps(x_shape[2 + a], w_shape[2 + a], p.stride[a], p.dilation[a], p.pads[a],
+                   p.pads[a + 2]) for a in (0, 1))
+    if (top, left, bottom, right) == (0, 0, w_shape[2] - 1, w_shape[3] - 1):
+        return None
+    (dh, dw), (pt, pl, pb, pr) = p.dilation, p.pads
+    pads = (pt - top * dh, pl - left * dw, pb - (w_shape[2] - 1 - bottom) * dh,
+            pr - (w_shape[3] - 1 - right) * dw)
+    if min(pads) < 0:
+        return None
+    cropped = weights[:, :, top:bottom + 1, left:right + 1]
+    dilation = (dh if bottom > top else 1, dw if right > left else 1)
+    params = onnx_ops.ConvParams(p.stride, pads, dilation, p.groups)
+    return ctx.add_constant(f"{w}/live_taps", cropped), tuple(cropped.shape), params
 
 
 def _added(ctx: FusionContext, follower: GraphNode, out: str, bias: str | None,
