@@ -10,11 +10,12 @@ with ONNX's semantics (broadcasting, negative axes, clamped slice bounds).
 
 :data:`OPS` maps op type to implementation; :func:`implementation` looks one up. The
 implementations live in one module per family: ``elementwise``, ``normalization``,
-``reduction``, ``pooling``, ``shape``, ``indexing``, ``constants``, ``kernel_ops`` and
-``quantize`` (QuantizeLinear, QLinearConv, MatMulInteger, …), each registering its ops in
-:data:`OPS` (``registry.py``) when imported; this package imports them all. The ``MatMul``,
-``Gemm`` and ``Conv`` implementations (``kernel_ops``) are the fallback for nodes the
-frontend does not turn into kernels (and the numpy path of kernel ops lives in
+``reduction``, ``pooling``, ``shape``, ``indexing``, ``constants``, ``kernel_ops``,
+``detection`` (NonMaxSuppression) and ``quantize`` (QuantizeLinear, QLinearConv,
+MatMulInteger, …), each registering its ops in :data:`OPS` (``registry.py``) when
+imported; this package imports them all. The ``MatMul``, ``Gemm`` and ``Conv``
+implementations (``kernel_ops``) are the fallback for nodes the frontend does not turn
+into kernels (and the numpy path of kernel ops lives in
 :mod:`tunecache.compiler.executor`).
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 # Imported for their registrations in OPS.
 from tunecache.compiler.onnx_ops import (  # noqa: F401
+    detection,
     elementwise,
     indexing,
     normalization,

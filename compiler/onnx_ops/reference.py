@@ -80,8 +80,8 @@ def reference_function(op_type: str, inputs: Sequence[str], outputs: Sequence[st
             [node], op_type, [onnx.helper.make_value_info(n, untyped) for n in ins if n],
             [onnx.helper.make_value_info(o, untyped) for o in outs if o]),
             opset_imports=[onnx.helper.make_opsetid("", opset)])
-    evaluator = (ReferenceEvaluator(node, new_ops=[_loop_class()]) if nested
-                 else ReferenceEvaluator(node, opsets={"": opset}))
+    evaluator = (ReferenceEvaluator(node, new_ops=[_loop_class(), *_numpy_classes(opset)])
+                 if nested else ReferenceEvaluator(node, opsets={"": opset}))
     wanted = [o for o in outs if o]
 
     def run(values: Sequence[np.ndarray | None]) -> list[np.ndarray]:
@@ -120,6 +120,23 @@ def _called(op_type: str, present: tuple[bool, ...], attrs: tuple[tuple[str, Any
     names = [f"x{k}" if given else "" for k, given in enumerate(present)]
     return reference_function(op_type, names, [f"y{k}" for k in range(outputs)], dict(attrs),
                               opset)
+
+
+@cache
+def _numpy_classes(opset: int) -> tuple[type, ...]:
+    """The numpy implementations of :data:`~.registry.SUBGRAPH_OPS` as onnx.reference op
+    classes, so that a subgraph's evaluator runs them instead of its own."""
+    from onnx.reference.op_run import OpRun
+
+    from tunecache.compiler.onnx_ops.registry import OPS, SUBGRAPH_OPS
+
+    def numpy_class(op_type: str) -> type:
+        impl = OPS[op_type]
+
+        def _run(self: Any, *inputs: np.ndarray | None, **attrs: Any) -> tuple[np.ndarray, ...]:
+            return tuple(impl(list(inputs), attrs, opset))
+        return type(op_type, (OpRun,), {"op_domain": "", "_run": _run})
+    return tuple(numpy_class(op) for op in sorted(SUBGRAPH_OPS))
 
 
 @cache

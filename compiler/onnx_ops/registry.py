@@ -54,12 +54,21 @@ def _all_dtypes() -> dict[int, np.dtype]:
 ONNX_DTYPES: dict[int, np.dtype] = _all_dtypes()
 
 
-def register(*names: str) -> Callable[[OpImpl], OpImpl]:
-    """A decorator entering its function in :data:`OPS` under each of ``names``."""
+SUBGRAPH_OPS: set[str] = set()
+"""Op types whose numpy implementation also runs inside the subgraphs of an If, Loop or
+Scan that ONNX's reference implementation evaluates (where its own would be far slower:
+a NonMaxSuppression in the branch of an If)."""
+
+
+def register(*names: str, in_subgraphs: bool = False) -> Callable[[OpImpl], OpImpl]:
+    """A decorator entering its function in :data:`OPS` under each of ``names`` (and in
+    :data:`SUBGRAPH_OPS` with ``in_subgraphs``)."""
 
     def wrap(fn: OpImpl) -> OpImpl:
         for name in names:
             OPS[name] = fn
+            if in_subgraphs:
+                SUBGRAPH_OPS.add(name)
         return fn
     return wrap
 
