@@ -1,4 +1,4 @@
-"""Detection post-processing in numpy: ``NonMaxSuppression``.
+"""Detection ops in numpy: ``NonMaxSuppression`` and ``RoiAlign``.
 
 onnx's reference implementation compares boxes one pair at a time in Python: torchvision's
 SSDlite (27,300 candidate boxes in one class, its classes kept apart by a coordinate offset)
@@ -9,6 +9,11 @@ at once. The result is the reference's exactly: candidates in descending score (
 lower index), a candidate suppressed when its IoU with a selected box, computed in the
 boxes' float type in the reference's order, exceeds the threshold; scores above
 ``score_threshold`` only; at most ``max_output_boxes_per_class`` per class.
+
+``RoiAlign`` (Faster/Mask R-CNN's box heads: a thousand regions a run) samples each region
+as separable bilinear weights: averaged, one region's bins are two small matrix products
+over the window it reads (``rows @ X @ cols``); the ``max`` mode takes, per sample, the
+largest weighted corner, as onnxruntime and the reference do.
 """
 
 from __future__ import annotations
@@ -110,3 +115,84 @@ def _greedy(extents: tuple[Array, ...], members: Array, iou: Any, limit: int) ->
                 (area[rest] > 0) & (union > 0) & (inter / union > iou)
         alive[rest] &= ~over
     return members[np.asarray(kept, np.int64)]
+
+
+@register("RoiAlign", in_subgraphs=True)
+def _roi_align(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
+               opset: int) -> list[Array]:
+    x, rois, batch = inputs[0], inputs[1], inputs[2]
+    assert x is not None and rois is not None and batch is not None
+    default_mode = "half_pixel" if opset >= 16 else "output_half_pixel"
+    half_pixel = str(attrs.get("coordinate_transformation_mode", default_mode)) == "half_pixel"
+    size = (int(attrs.get("output_height", 1)), int(attrs.get("output_width", 1)))
+    ratio = int(attrs.get("sampling_ratio", 0))
+    scale = float(attrs.get("spatial_scale", 1.0))
+    average = str(attrs.get("mode", "avg")) == "avg"
+    out = np.zeros((rois.shape[0], x.shape[1], *size), x.dtype)
+    for n in range(rois.shape[0]):
+        start = rois[n, :2].astype(np.float64) * scale - (0.5 if half_pixel else 0.0)
+        extent = rois[n, 2:4].astype(np.float64) * scale - (0.5 if half_pixel else 0.0) - start
+        if not half_pixel:
+            extent = np.maximum(extent, 1.0)
+        # (y, x): the roi is (x1, y1, x2, y2)
+        axes = [_sample_weights(float(start[a]), float(extent[a]), size[k], ratio,
+                                x.shape[2 + k]) for k, a in ((0, 1), (1, 0))]
+        image = x[int(batch[n])]
+        out[n] = _pooled(image, axes, average, size)
+    return [out]
+
+
+def _sample_weights(start: float, extent: float, bins: int, ratio: int,
+                    length: int) -> tuple[Array, int, int]:
+    """One axis of a region's samples: ``(weights [bins * grid, window], first, grid)``,
+    each sample's two bilinear weights over the ``window`` of input positions from
+    ``first`` (zero for a sample off the input)."""
+    grid = ratio if ratio > 0 else max(int(np.ceil(extent / bins)), 0)
+    if grid == 0:  # an empty region samples nothing: its bins are zero
+        return np.zeros((bins, 1)), 0, 0
+    step = extent / bins
+    k = np.arange(bins * grid)
+    at = start + (k // grid) * step + ((k % grid) + 0.5) * step / grid
+    off = (at < -1.0) | (at > length)
+    at = np.maximum(at, 0.0)
+    low = at.astype(np.int64)
+    edge = low >= length - 1
+    low = np.where(edge, length - 1, low)
+    high = np.where(edge, low, low + 1)
+    frac = np.where(edge, 0.0, at - low)
+    first = int(low[~off].min()) if (~off).any() else 0
+    window = int(high[~off].max()) + 1 - first if (~off).any() else 1
+    weights = np.zeros((k.size, window))
+    rows = np.flatnonzero(~off)
+    np.add.at(weights, (rows, low[rows] - first), 1.0 - frac[rows])
+    np.add.at(weights, (rows, high[rows] - first), frac[rows])
+    return weights, first, grid
+
+
+def _pooled(image: Array, axes: list[tuple[Array, int, int]], average: bool,
+            size: tuple[int, int]) -> Array:
+    """One region's ``[C, bins_h, bins_w]`` from its two axes' sample weights."""
+    (wy, y0, gy), (wx, x0, gx) = axes
+    window = image[:, y0:y0 + wy.shape[1], x0:x0 + wx.shape[1]].astype(np.float64)
+    if average:
+        rows = wy.reshape(size[0], max(gy, 1), -1).sum(1)
+        cols = wx.reshape(size[1], max(gx, 1), -1).sum(1)
+        return (rows @ window @ cols.T) / max(gy * gx, 1)
+    return _max_pooled(window, wy, wx, size, (max(gy, 1), max(gx, 1)))
+
+
+def _max_pooled(window: Array, wy: Array, wx: Array, size: tuple[int, int],
+                grid: tuple[int, int]) -> Array:
+    """The ``max`` mode: each sample's largest weighted corner, the largest per bin."""
+    ly, lx = np.argmax(wy > 0, axis=1), np.argmax(wx > 0, axis=1)
+    hy = np.minimum(ly + 1, wy.shape[1] - 1)
+    hx = np.minimum(lx + 1, wx.shape[1] - 1)
+    ry, rx = np.arange(wy.shape[0]), np.arange(wx.shape[0])
+    best = None
+    for yi, y_w in ((ly, wy[ry, ly]), (hy, np.where(hy > ly, wy[ry, hy], 0.0))):
+        for xi, x_w in ((lx, wx[rx, lx]), (hx, np.where(hx > lx, wx[rx, hx], 0.0))):
+            v = window[:, yi][:, :, xi] * (y_w[:, None] * x_w[None, :])
+            best = v if best is None else np.maximum(best, v)
+    assert best is not None
+    c = window.shape[0]
+    return best.reshape(c, size[0], grid[0], size[1], grid[1]).max(axis=(2, 4))

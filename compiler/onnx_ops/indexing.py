@@ -1,5 +1,7 @@
 """Ops that pick, mask or accumulate elements by their indices: ``Gather``,
-``GatherElements``, ``GatherND`` (negative indices wrap), ``Trilu`` and ``CumSum``.
+``GatherElements``, ``GatherND``, ``ScatterElements`` (and opset 9's ``Scatter``),
+``ScatterND`` (negative indices wrap; scatters with every ``reduction``, a repeated index
+without one keeping the last update, as ONNX's reference does), ``Trilu`` and ``CumSum``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,44 @@ def _gather_nd(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: 
     rows = np.arange(xs.shape[0]).reshape(-1, 1)
     picked = xs[(rows, *(ids[..., k] for k in range(depth)))]
     return [picked.reshape((*idx.shape[:-1], *x.shape[b + depth:]))]
+
+
+_REDUCTIONS = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scattered(data: Array, where: tuple[Array, ...], updates: Array, reduction: str) -> Array:
+    """A copy of ``data`` with ``updates`` written (or reduced) at the index arrays
+    ``where``."""
+    out = data.copy()
+    if reduction == "none":
+        out[where] = updates
+    else:
+        _REDUCTIONS[reduction].at(out, where, updates)
+    return out
+
+
+@register("ScatterElements", "Scatter", in_subgraphs=True)
+def _scatter_elements(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
+                      opset: int) -> list[Array]:
+    data, idx, updates = inputs[0], inputs[1], inputs[2]
+    assert data is not None and idx is not None and updates is not None
+    axis = norm_axis(int(attrs.get("axis", 0)), data.ndim)
+    where: list[Array] = list(np.indices(idx.shape, sparse=True))
+    where[axis] = np.where(idx < 0, idx + data.shape[axis], idx)
+    return [_scattered(data, tuple(where), updates, str(attrs.get("reduction", "none")))]
+
+
+@register("ScatterND", in_subgraphs=True)
+def _scatter_nd(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
+                opset: int) -> list[Array]:
+    data, idx, updates = inputs[0], inputs[1], inputs[2]
+    assert data is not None and idx is not None and updates is not None
+    depth = idx.shape[-1]
+    rows = idx.reshape(-1, depth)
+    rows = np.where(rows < 0, rows + np.asarray(data.shape[:depth]), rows)
+    where = tuple(rows[:, k] for k in range(depth))
+    block = updates.reshape((rows.shape[0], *data.shape[depth:]))
+    return [_scattered(data, where, block, str(attrs.get("reduction", "none")))]
 
 
 @register("Trilu")
