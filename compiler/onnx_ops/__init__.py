@@ -11,7 +11,7 @@ with ONNX's semantics (broadcasting, negative axes, clamped slice bounds).
 :data:`OPS` maps op type to implementation; :func:`implementation` looks one up. The
 implementations live in one module per family: ``elementwise``, ``normalization``,
 ``reduction``, ``pooling``, ``shape``, ``indexing``, ``constants``, ``kernel_ops``,
-``detection`` (NonMaxSuppression) and ``quantize`` (QuantizeLinear, QLinearConv,
+``detection`` (NonMaxSuppression, RoiAlign), ``resize`` and ``quantize`` (QuantizeLinear, QLinearConv,
 MatMulInteger, …), each registering its ops in :data:`OPS` (``registry.py``) when
 imported; this package imports them all. The ``MatMul``, ``Gemm`` and ``Conv``
 implementations (``kernel_ops``) are the fallback for nodes the frontend does not turn
@@ -29,6 +29,7 @@ from tunecache.compiler.onnx_ops import (  # noqa: F401
     normalization,
     quantize,
     reduction,
+    resize,
 )
 from tunecache.compiler.onnx_ops.constants import constant_value
 from tunecache.compiler.onnx_ops.kernel_ops import ConvParams, conv_params
