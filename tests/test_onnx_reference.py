@@ -1,6 +1,6 @@
 """Ops run by ONNX's reference implementation: correct against onnxruntime, and said.
 
-The standard ops with no numpy code in tunecache (Resize, TopK, …), the types numpy lacks
+The standard ops with no numpy code in tunecache (TopK, LpNormalization, …), the types numpy lacks
 (bfloat16, float8), and the node forms the numpy code leaves to the reference (a MaxPool's
 indices) run through ``onnx.reference``; ``compile --json`` names each such node and
 ``run --profile`` times it as ``reference``. What nothing runs is refused naming every op.
@@ -39,25 +39,24 @@ def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
                              ir_version=9)
 
 
-def _resize_topk() -> onnx.ModelProto:
-    """A conv (a generated kernel), a linear Resize and a TopK (reference), a MaxPool with
-    its indices (left to the reference by the numpy code)."""
+def _reference_model() -> onnx.ModelProto:
+    """A conv (a generated kernel), an LpNormalization and a TopK (reference), a MaxPool
+    with its indices (left to the reference by the numpy code)."""
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Resize", ["c", "", "scales"], ["r"], mode="linear",
-                              name="resize"),
+             helper.make_node("LpNormalization", ["c"], ["r"], axis=-1, name="lpnorm"),
              helper.make_node("TopK", ["r", "k"], ["v", "i"], axis=-1, name="topk"),
              helper.make_node("MaxPool", ["c"], ["p", "pi"], kernel_shape=[2, 2],
                               strides=[2, 2], name="pool")]
     inits = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
-             "scales": np.array([1, 1, 2, 2], np.float32), "k": np.array([5], np.int64)}
+             "k": np.array([5], np.int64)}
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                   {"v": TensorProto.FLOAT, "i": TensorProto.INT64, "p": TensorProto.FLOAT,
                    "pi": TensorProto.INT64}, inits)
 
 
 def test_reference_ops_match_onnxruntime_beside_kernels(tmp_path: Path) -> None:
-    model = _resize_topk()
+    model = _reference_model()
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
     compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic")
@@ -68,10 +67,10 @@ def test_reference_ops_match_onnxruntime_beside_kernels(tmp_path: Path) -> None:
         assert ours[name].dtype == want.dtype and ours[name].shape == want.shape
         np.testing.assert_allclose(ours[name], want, rtol=1e-5, atol=1e-5)
     outside = {n["op"]: n["engine"] for n in compiled.summary()["outside_kernels"]}
-    assert outside == {"Resize": "reference", "TopK": "reference", "MaxPool": "reference"}
+    assert outside == {"LpNormalization": "reference", "TopK": "reference", "MaxPool": "reference"}
     profile = compiled.profile({"x": x}, runs=2)
     assert {t.step.op: t.step.where for t in profile.steps if t.step.where == "reference"} == {
-        "Resize": "reference", "TopK": "reference", "MaxPool": "reference"}
+        "LpNormalization": "reference", "TopK": "reference", "MaxPool": "reference"}
 
 
 def test_bfloat16_and_float8_casts_round_as_onnx_defines(tmp_path: Path) -> None:
@@ -125,7 +124,8 @@ def test_training_dropout_through_its_input_is_refused(tmp_path: Path) -> None:
 
 def test_engine_says_what_runs_a_node() -> None:
     assert engine("Relu", 17) == "numpy"
-    assert engine("Resize", 19) == "reference"
+    assert engine("LpNormalization", 19) == "reference"
+    assert engine("Resize", 19) == "numpy"
     assert engine("Cast", 19, {"to": TensorProto.BFLOAT16}) == "reference"
     assert engine("Cast", 19, {"to": TensorProto.FLOAT}) == "numpy"
     assert engine("MaxPool", 17, {}, ("y", "indices")) == "reference"
@@ -134,16 +134,16 @@ def test_engine_says_what_runs_a_node() -> None:
 
 
 def test_compile_json_and_text_name_the_nodes_outside_kernels(tmp_path: Path) -> None:
-    path = _saved(_resize_topk(), tmp_path)
+    path = _saved(_reference_model(), tmp_path)
     command = [sys.executable, "-m", "tunecache.tuner.cli", "compile", str(path),
                "--root", str(tmp_path / "s"), "--policy", "analytic"]
     report = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
                                        check=True).stdout)
     assert {(n["node"], n["engine"]) for n in report["outside_kernels"]} == {
-        ("resize", "reference"), ("topk", "reference"), ("pool", "reference")}
+        ("lpnorm", "reference"), ("topk", "reference"), ("pool", "reference")}
     text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    assert "outside kernels, ONNX's reference implementation (slow): MaxPool, Resize, TopK" \
-        in text
+    assert "outside kernels, ONNX's reference implementation (slow): LpNormalization, " \
+        "MaxPool, TopK" in text
 
 
 def _branch(name: str, nodes: list[onnx.NodeProto], out: str) -> onnx.GraphProto:
