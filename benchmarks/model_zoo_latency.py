@@ -31,10 +31,13 @@ How the engines are timed (``--mode``):
     python benchmarks/model_zoo_latency.py [--only squeezenet1_1,vgg16] [--threads 1,2]
         [--repeat 20] [--size 224] [--tune 6] [--mode lockstep|rounds] [--no-write]
     python benchmarks/model_zoo_latency.py --zoo transformers [--only bert_base_s128,...]
+    python benchmarks/model_zoo_latency.py --zoo vision [--only ssdlite320,...]
 
 ``--zoo transformers`` runs the full-size transformers of ``benchmarks/transformer_zoo.py``
 (BERT-base, GPT-2 prefill and decode, ViT-B/16, a small Llama; exported with torch, which it
-then needs) with their token, mask and past inputs, into its own BENCHMARKS.md section.
+then needs) with their token, mask and past inputs, into its own BENCHMARKS.md section;
+``--zoo vision`` torchvision's detection and segmentation models of
+``benchmarks/vision_zoo.py`` (exported with torch and torchvision).
 
 OpenVINO is an optional extra: ``pip install 'tunecache[openvino]'``.
 """
@@ -456,8 +459,16 @@ def paired_ratio(ours: Measurement, peers: Sequence[Measurement]) -> float:
 def _rel_err(work: Path, key: str, engine: str, threads: int) -> float:
     ref = np.load(work / f"{key}-onnxruntime-{threads}.npy", allow_pickle=False)
     got = np.load(work / f"{key}-{engine}-{threads}.npy", allow_pickle=False)
-    scale = float(np.max(np.abs(ref))) or 1.0
-    return float(np.max(np.abs(got - ref))) / scale
+    if got.shape != ref.shape:  # a detector finding another number of boxes
+        return float("inf")
+    scale = float(np.max(np.abs(ref), initial=0.0)) or 1.0
+    return float(np.max(np.abs(got - ref), initial=0.0)) / scale
+
+
+EXPORTED = {"transformers": ("transformer_zoo", "transformers"),
+            "vision": ("vision_zoo", "torchvision")}
+"""The zoos exported with torch: ``--zoo`` -> (module, the package it needs besides torch).
+Each module has ZOO, DEFAULT, INSTALL_HINT and ``export(key, dir) -> (path, feeds)``."""
 
 
 def _zoo(name: str) -> tuple[Sequence[str], Sequence[str]]:
@@ -466,10 +477,8 @@ def _zoo(name: str) -> tuple[Sequence[str], Sequence[str]]:
         from cnn_zoo import ZOO
 
         return tuple(ZOO), tuple(ZOO)
-    from transformer_zoo import DEFAULT
-    from transformer_zoo import ZOO as TRANSFORMERS
-
-    return tuple(TRANSFORMERS), DEFAULT
+    module = importlib.import_module(EXPORTED[name][0])
+    return tuple(module.ZOO), tuple(module.DEFAULT)
 
 
 def _selected(only: str | None, zoo: str) -> list[str] | str:
@@ -521,6 +530,10 @@ def _models(args: argparse.Namespace) -> str:
     if args.zoo == "cnn":
         return (f"Zoo models of `benchmarks/cnn_zoo.py` (batch 1, {args.size}x{args.size}, "
                 "random weights)")
+    if args.zoo == "vision":
+        return ("torchvision's detection and segmentation models of `benchmarks/vision_zoo.py` "
+                "(random weights, batch 1, static image size, exported by torch.onnx.export: "
+                "TorchScript at opset 17, `_dynamo` keys the dynamo path at opset 18)")
     return ("Transformers of `benchmarks/transformer_zoo.py` (Hugging Face configs, random "
             "weights, exported by torch.onnx.export's TorchScript path at opset 17 with "
             "symbolic batch and sequence axes; compiled for the timed input's shapes)")
@@ -564,10 +577,8 @@ def _report(rows: Sequence[str], args: argparse.Namespace, versions: str) -> str
 
 def _prepare(args: argparse.Namespace, key: str, work: Path) -> Feeds:
     """Write ``{key}.onnx`` into ``work``; returns the inputs of one inference."""
-    if args.zoo == "transformers":
-        from transformer_zoo import export
-
-        return export(key, work)[1]
+    if args.zoo in EXPORTED:
+        return importlib.import_module(EXPORTED[args.zoo][0]).export(key, work)[1]
     import onnx
     from cnn_zoo import ZOO
 
@@ -602,8 +613,8 @@ def _measure_all(keys: Sequence[str], threads: Sequence[int], args: argparse.Nam
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--zoo", choices=("cnn", "transformers"), default="cnn",
-                        help="benchmarks/cnn_zoo.py or benchmarks/transformer_zoo.py")
+    parser.add_argument("--zoo", choices=("cnn", *EXPORTED), default="cnn",
+                        help="benchmarks/cnn_zoo.py, transformer_zoo.py or vision_zoo.py")
     parser.add_argument("--only", default=None, help="comma-separated zoo keys (or prefixes)")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--repeat", type=int, default=20)
@@ -620,7 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--section", default=None,
                         help="the block of this script's BENCHMARKS.md section to write "
-                             "(default: model_zoo or transformer_zoo, with _tuned when tuning)")
+                             "(default: model_zoo, transformer_zoo or vision_zoo, with _tuned when "
+                             "tuning)")
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "MODEL"))
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path)
@@ -643,10 +655,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         print(INSTALL_HINT, file=sys.stderr)
         return 1
-    if args.zoo == "transformers" and importlib.util.find_spec("transformers") is None:
-        from transformer_zoo import INSTALL_HINT as TRANSFORMERS_HINT
-
-        print(TRANSFORMERS_HINT, file=sys.stderr)
+    if args.zoo in EXPORTED and any(importlib.util.find_spec(p) is None
+                                    for p in ("torch", EXPORTED[args.zoo][1])):
+        print(importlib.import_module(EXPORTED[args.zoo][0]).INSTALL_HINT, file=sys.stderr)
         return 1
     import onnxruntime
 
@@ -662,7 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_write:
         from _report import write_section
 
-        prefix = "model_zoo" if args.zoo == "cnn" else "transformer_zoo"
+        prefix = "model_zoo" if args.zoo == "cnn" else EXPORTED[args.zoo][0]
         write_section(text, args.section or (f"{prefix}_tuned" if args.tune else prefix))
     return 0
 

@@ -4,11 +4,12 @@ onnx's reference implementation compares boxes one pair at a time in Python: tor
 SSDlite (27,300 candidate boxes in one class, its classes kept apart by a coordinate offset)
 ran it for minutes. Here each class's candidates split into clusters of boxes whose x
 extents overlap (boxes in different clusters cannot suppress each other), and greedy
-suppression runs per cluster with each selected box compared against all later candidates
-at once. The result is the reference's exactly: candidates in descending score (ties by
-lower index), a candidate suppressed when its IoU with a selected box, computed in the
-boxes' float type in the reference's order, exceeds the threshold; scores above
-``score_threshold`` only; at most ``max_output_boxes_per_class`` per class.
+suppression runs per cluster over a matrix of which pairs overlap, computed at once. The
+result is the reference's exactly: candidates in descending score (ties by lower index),
+a candidate suppressed when its IoU with a selected box, computed in the boxes' float
+type in the reference's order, exceeds the threshold; scores above ``score_threshold``
+only; at most
+``max_output_boxes_per_class`` per class.
 
 ``RoiAlign`` (Faster/Mask R-CNN's box heads: a thousand regions a run) samples each region
 as separable bilinear weights: averaged, one region's bins are two small matrix products
@@ -94,10 +95,13 @@ def _x_clusters(extents: tuple[Array, ...], order: Array) -> list[Array]:
 
 def _greedy(extents: tuple[Array, ...], members: Array, iou: Any, limit: int) -> Array:
     """Greedy suppression over ``members`` (score order): each box not yet suppressed is
-    kept and suppresses every later member it overlaps by more than ``iou``."""
-    x0, x1, y0, y1 = (e[members] for e in extents)
-    area = (x1 - x0) * (y1 - y0)
+    kept and suppresses every later member it overlaps by more than ``iou``. A cluster of
+    up to :data:`_MATRIX_LIMIT` boxes compares all pairs at once; a larger one compares
+    each kept box with the members after it."""
+    box = tuple(e[members] for e in extents)
     alive = np.ones(members.size, np.bool_)
+    whole = members.size <= _MATRIX_LIMIT
+    over = _suppresses(box, slice(None), slice(None), iou) if whole else None
     kept: list[int] = []
     for i in range(members.size):
         if not alive[i]:
@@ -105,16 +109,31 @@ def _greedy(extents: tuple[Array, ...], members: Array, iou: Any, limit: int) ->
         kept.append(i)
         if len(kept) == limit:
             break
-        rest = slice(i + 1, None)
-        width = np.minimum(x1[i], x1[rest]) - np.maximum(x0[i], x0[rest])
-        height = np.minimum(y1[i], y1[rest]) - np.maximum(y0[i], y0[rest])
-        inter = width * height
-        union = area[i] + area[rest] - inter
-        with np.errstate(divide="ignore", invalid="ignore"):
-            over = (width > 0) & (height > 0) & (inter > 0) & (area[i] > 0) & \
-                (area[rest] > 0) & (union > 0) & (inter / union > iou)
-        alive[rest] &= ~over
+        if over is not None:
+            alive &= ~over[i]  # earlier members are decided already
+        else:
+            alive[i + 1:] &= ~_suppresses(box, slice(i, i + 1), slice(i + 1, None), iou)[0]
     return members[np.asarray(kept, np.int64)]
+
+
+_MATRIX_LIMIT = 2048
+"""The largest cluster whose pairs are compared as one matrix (16 MiB of float32)."""
+
+
+def _suppresses(box: tuple[Array, ...], rows: slice, cols: slice, iou: Any) -> Array:
+    """``[rows, cols]``: whether each pair of boxes overlaps by more than ``iou``, computed
+    as the reference does (a zero-area box or overlap suppresses nothing)."""
+    x0, x1, y0, y1 = box
+    area = (x1 - x0) * (y1 - y0)
+    width = np.minimum(x1[rows, None], x1[None, cols]) - np.maximum(x0[rows, None],
+                                                                    x0[None, cols])
+    height = np.minimum(y1[rows, None], y1[None, cols]) - np.maximum(y0[rows, None],
+                                                                     y0[None, cols])
+    inter = width * height
+    union = area[rows, None] + area[None, cols] - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (width > 0) & (height > 0) & (inter > 0) & (area[rows, None] > 0) & \
+            (area[None, cols] > 0) & (union > 0) & (inter / union > iou)
 
 
 @register("RoiAlign", in_subgraphs=True)
