@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from tunecache.compiler import onnx_ops
+from tunecache.compiler.einsum import einsum_products
 from tunecache.compiler.graph import (
     FLOAT32,
     Graph,
@@ -347,6 +348,7 @@ class _Loader:
         outputs = self._outputs()
         names = {o.name for o in outputs}
         nodes = pairwise_sums(live(nodes, names), self.shapes, self.dtypes)
+        nodes = einsum_products(nodes, self.shapes, self.dtypes)
         nodes = elide(nodes, names, self.dtypes)
         nodes = deduplicate(nodes, names, self.constants)
         steps = lower_nodes(nodes, {o.name for o in outputs}, self.opset, self.constants,
