@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,22 @@ _ARENA = 0
 class PlanMismatch(ModelError):
     """A run produced a tensor whose shape differs from the traced one (an op whose output
     shape depends on the data); the program cannot run these inputs, the executor can."""
+
+
+def single_threaded_blas() -> AbstractContextManager[Any]:
+    """numpy's BLAS on one thread while a program runs its numpy steps. Our kernels'
+    workers spin a while after each kernel; an OpenBLAS call beside them with threads of
+    its own fights them for the cores (torchvision's LRASPP at two threads: 24-32 ms a run
+    with BLAS's two threads, 10-12.5 ms with one), and at one thread the user asked for
+    one."""
+    return _blas_controller().limit(limits=1, user_api="blas")
+
+
+@cache
+def _blas_controller() -> Any:
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,6 +542,12 @@ class NativeProgram:
         for name, array in self._check(inputs).items():
             self._publish(name, array, values)
         self._fresh_outputs()
+        with single_threaded_blas() if self.numpy_steps else nullcontext():
+            self._steps(values, seconds)
+        handed: set[int] = set()
+        return {o.name: self._result(o.name, values, handed) for o in self.graph.outputs}
+
+    def _steps(self, values: dict[str, Any], seconds: np.ndarray | None) -> None:
         index = 0
         for item in self._schedule:
             if isinstance(item, _Segment):
@@ -535,8 +559,6 @@ class NativeProgram:
             if seconds is not None:
                 seconds[index] += time.perf_counter() - start
             index += 1
-        handed: set[int] = set()
-        return {o.name: self._result(o.name, values, handed) for o in self.graph.outputs}
 
     def __call__(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
                  ) -> dict[str, np.ndarray]:
