@@ -271,3 +271,44 @@ def test_spatial_reductions_run_as_global_pooling(opset: int, op_type: str, axes
     assert_close(compiled.run(feeds), ort_run(model, feeds), names)
     assert [e.op.kind for e in compiled.plan].count("pool2d") == 1
     assert compiled.program is not None and compiled.program.numpy_steps == 1
+
+
+def test_numpy_steps_run_with_blas_on_one_thread(tmp_path: Path) -> None:
+    """While a program runs numpy steps, numpy's BLAS is held to one thread (its threads
+    would fight our kernels' spinning workers for the cores), and released after."""
+    from threadpoolctl import threadpool_info
+
+    from tunecache.compiler.native import program as native_program
+
+    seen: list[int] = []
+    blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    if not blas:
+        pytest.skip("numpy has no BLAS that threadpoolctl controls here")
+    before = blas[0]["num_threads"]
+    original = native_program.single_threaded_blas
+
+    class Watched:
+        def __enter__(self) -> None:
+            self.inner = original()
+            self.inner.__enter__()
+            seen.append(next(i for i in threadpool_info()
+                             if i["user_api"] == "blas")["num_threads"])
+
+        def __exit__(self, *exc: object) -> None:
+            self.inner.__exit__(*exc)
+
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear")], "r",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 4, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)],
+                                   ir_version=8)
+    compiled = _compiled(model, tmp_path)
+    native_program.single_threaded_blas = Watched  # type: ignore[assignment]
+    try:
+        compiled.run({"x": np.ones((1, 2, 4, 4), np.float32)})
+    finally:
+        native_program.single_threaded_blas = original
+    assert seen == [1]
+    assert next(i for i in threadpool_info() if i["user_api"] == "blas")["num_threads"] == before
