@@ -1,12 +1,12 @@
-"""torchvision's detection and segmentation networks as users export them, for
-``model_zoo_latency.py --zoo vision``.
+"""torchvision's detection, segmentation and grouped-convolution networks as users export
+them, for ``model_zoo_latency.py --zoo vision``.
 
 Each entry builds a torchvision model with seeded random weights (nothing is downloaded)
 and exports it with ``torch.onnx.export`` at a static image size: the TorchScript path at
 opset 17 (the only one torch 2.14's exporter completes for the detection models), and for
 the segmentation models also the dynamo path at opset 18 (``_dynamo`` keys). A detection
 model is wrapped to return its first image's boxes, scores and labels; a segmentation
-model its ``out`` map. The inputs: one image of uniform noise.
+model its ``out`` map; a classifier its logits. The inputs: one image of uniform noise.
 
 =======================  ================================================================
 key                      model (image size)
@@ -17,6 +17,7 @@ fcn_resnet50             FCN, ResNet-50 backbone, 21 classes (256)
 ssdlite320               SSDlite 320, MobileNet-v3 Large, 91 classes (320)
 fasterrcnn_mbv3_320      Faster R-CNN, MobileNet-v3 Large 320 FPN, 91 classes (320)
 retinanet_resnet50       RetinaNet, ResNet-50 FPN, 91 classes (320; resized to 800 inside)
+resnext50_32x4d          ResNeXt-50 32x4d, 1000 classes (224): grouped 3x3 convolutions
 =======================  ================================================================
 
 Needs torch and torchvision (``pip install torch==2.14.1 torchvision==0.29.1``), which are
@@ -42,21 +43,25 @@ _SEGMENTATION = {"lraspp_mbv3": ("lraspp_mobilenet_v3_large", 256),
 _DETECTION = {"ssdlite320": ("ssdlite320_mobilenet_v3_large", 320),
               "fasterrcnn_mbv3_320": ("fasterrcnn_mobilenet_v3_large_320_fpn", 320),
               "retinanet_resnet50": ("retinanet_resnet50_fpn", 320)}
+_CLASSIFICATION = {"resnext50_32x4d": ("resnext50_32x4d", 224)}
 ZOO: dict[str, tuple[str, int]] = {**_SEGMENTATION,
                                    **{f"{k}_dynamo": v for k, v in _SEGMENTATION.items()},
-                                   **_DETECTION}
+                                   **_DETECTION, **_CLASSIFICATION}
 DEFAULT = ("lraspp_mbv3", "deeplabv3_mbv3", "lraspp_mbv3_dynamo", "ssdlite320",
-           "fasterrcnn_mbv3_320")
+           "fasterrcnn_mbv3_320", "resnext50_32x4d")
 
 
 def _module(key: str) -> Any:
     """The network of ``key`` in eval mode, returning tensors (not dicts)."""
     import torch
+    import torchvision.models
     from torchvision.models import detection, segmentation
 
     name = ZOO[key][0]
     torch.manual_seed(0)
     detector = key in _DETECTION
+    if key in _CLASSIFICATION:
+        return getattr(torchvision.models, name)(weights=None).eval()
     family = detection if detector else segmentation
     extra = {} if detector else {"aux_loss": False}
     network = getattr(family, name)(weights=None, weights_backbone=None, num_classes=91
