@@ -531,7 +531,8 @@ def _models(args: argparse.Namespace) -> str:
         return (f"Zoo models of `benchmarks/cnn_zoo.py` (batch 1, {args.size}x{args.size}, "
                 "random weights)")
     if args.zoo == "vision":
-        return ("torchvision's detection and segmentation models of `benchmarks/vision_zoo.py` "
+        return ("torchvision's detection, segmentation and ResNeXt models of "
+                "`benchmarks/vision_zoo.py` "
                 "(random weights, batch 1, static image size, exported by torch.onnx.export: "
                 "TorchScript at opset 17, `_dynamo` keys the dynamo path at opset 18)")
     return ("Transformers of `benchmarks/transformer_zoo.py` (Hugging Face configs, random "
