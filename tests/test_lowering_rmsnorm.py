@@ -132,3 +132,29 @@ def test_llama_norms_are_rms_kernels(name: str, tmp_path: Path) -> None:
     for batch, seq in ((1, 4), (2, 3)):
         feeds = exporter_feeds(compiled.info, batch, seq, seed=batch + seq)
         assert_close(compiled.run(feeds), ort_run(model, feeds), ["logits"])
+
+
+@pytest.mark.parametrize(("axis", "kernel"), [(-1, True), (2, True), (1, False)])
+def test_opset_23_rmsnormalization_node_is_one_rms_kernel(axis: int, kernel: bool,
+                                                          tmp_path: Path) -> None:
+    """The RMSNormalization node over the last axis is the rms kernel; over more axes it
+    runs outside kernels, and either way matches ONNX's reference implementation."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    scale_shape = [16] if axis in (-1, 2) else [8, 16]
+    scale = np.random.default_rng(1).uniform(0.5, 1.5, scale_shape).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("RMSNormalization", ["x", "scale"], ["y"], axis=axis, epsilon=1e-6)],
+        "rms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(scale, "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)],
+                              ir_version=10)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    assert len(rms_kernels(load_graph(path))) == (1 if kernel else 0)
+    x = np.random.default_rng(2).standard_normal((2, 8, 16)).astype(np.float32)
+    compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic")
+    [expected] = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], expected, rtol=1e-5, atol=1e-5)

@@ -12,7 +12,8 @@ is float32 of known shape, ``eps`` a scalar constant, the weight and bias (if an
 along the last axis, and every link but ``x`` read by its successor only. ``x`` is usually
 also the residual stream, so a residual ``Add`` that produces it stays out of the kernel.
 A LayerNorm written out in nodes (``x = t - mean t`` first) becomes the RMSNorm of its
-centred rows, the mean and the ``Sub`` left in front.
+centred rows, the mean and the ``Sub`` left in front. Opset 23's ``RMSNormalization`` node
+over the last axis, with a constant scale along it, is the same kernel.
 """
 
 from __future__ import annotations
@@ -82,6 +83,30 @@ def lower_rmsnorm(ctx: FusionContext, position: int) -> Any:
     epsilon = ctx.add_constant(f"{node.name}/epsilon", np.array([eps], dtype=np.float32))
     inputs = [x] + [t for t in (gamma, beta) if t] + [epsilon]
     return ctx.finish(position, fused, sig, inputs, output)
+
+
+@register_lowering("RMSNormalization")
+def lower_rmsnorm_node(ctx: FusionContext, position: int) -> Any:
+    """Opset 23's ``RMSNormalization`` over the last axis (float32 statistics), its scale a
+    constant along that axis."""
+    node = ctx.nodes[position]
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    if shape is None or not shape or not ctx.is_float32(x):
+        return "RMSNorm is lowered for float32 tensors of known shape"
+    if int(node.attrs.get("axis", -1)) not in (-1, len(shape) - 1) or \
+            int(node.attrs.get("stash_type", 1)) != 1:
+        return "RMSNormalization over more than the last axis, or in another precision"
+    gamma = _weight(ctx, node.inputs[1], shape)
+    if gamma is None:
+        return "RMSNormalization's scale must be a constant along the last axis"
+    try:
+        sig = layernorm_op(math.prod(shape[:-1]), shape[-1], norm="rms", affine="gamma")
+    except OpSignatureError as exc:
+        return f"no layernorm signature: {exc}"
+    epsilon = ctx.add_constant(f"{node.name}/epsilon", np.array(
+        [node.attrs.get("epsilon", 1e-5)], dtype=np.float32))
+    return ctx.finish(position, [position], sig, [x, gamma, epsilon], node.outputs[0])
 
 
 def _follow(ctx: FusionContext, tensor: str, op_type: str) -> int | None:
