@@ -144,18 +144,26 @@ def test_weights_the_int8_kernel_cannot_take_run_dequantized(tmp_path: Path) -> 
 
 
 def test_dynamic_quantization_runs_as_int8_kernels_quantizing_their_own_input(
-        tmp_path: Path) -> None:
+        tmp_path: Path, int8_kernels: bool) -> None:
+    """With an int8 dot product, one int8 kernel per product quantizing its own input;
+    without one, float32 kernels on the input as quantized and dequantized (numpy steps)
+    and the dequantized weights. Both agree with onnxruntime."""
     source = _mlp(tmp_path / "mlp.onnx")
     path = tmp_path / "mlp.dyn.onnx"
     # 7-bit weights: onnxruntime's MatMulInteger saturates full-range ones without VNNI.
     quantization.quantize_dynamic(str(source), str(path), reduce_range=True,
                                   weight_type=quantization.QuantType.QInt8)
-    graph = frontend.load_graph(path)
-    kernels = _int8_nodes(graph)
-    assert kernels and all(n.op.attr("a_type") == "dynamic" for n in kernels)
-    assert kernels[0].inputs[0] == "x"
-    assert not [s.op_type for s in graph.onnx_nodes
-                if s.op_type in ("DynamicQuantizeLinear", "MatMulInteger")]
+    graph = frontend.load_graph(path, int8_kernels=int8_kernels)
+    kernels = [n for n in graph.kernel_nodes if n.op.kind == "matmul"]
+    if int8_kernels:
+        assert kernels and all(n.op.attr("a_type") == "dynamic" for n in kernels)
+        assert kernels[0].inputs[0] == "x"
+        assert not [s.op_type for s in graph.onnx_nodes
+                    if s.op_type in ("DynamicQuantizeLinear", "MatMulInteger")]
+    else:
+        assert kernels and not _int8_nodes(graph)
+        assert {s.op_type for s in graph.onnx_nodes} == {"DynamicQuantizeLinear",
+                                                         "DequantizeLinear"}
     compiled = compile_model(path, store=tmp_path / "store", policy="analytic")
     x = np.random.default_rng(4).standard_normal((ROWS, FEATURES)).astype(np.float32)
     theirs = _onnxruntime(path, x)

@@ -89,11 +89,11 @@ class FusionContext(Protocol):
         """The integer weights a float32 constant was dequantized from, or None."""
 
     def add_node(self, op_type: str, inputs: list[str], attrs: dict[str, Any],
-                 shape: tuple[int, ...]) -> str:
+                 shape: tuple[int, ...], dtype: np.dtype | None = None) -> str:
         """A helper node run with numpy just before the kernel of the lowering adding it (a
         ``Transpose`` laying an operand out as the kernel reads it), its output of static
-        ``shape`` and its first input's dtype; returns the output's name. Dropped when the
-        lowering does not finish."""
+        ``shape`` and ``dtype`` (default: its first input's); returns the output's name.
+        Dropped when the lowering does not finish."""
 
     def finish(self, position: int, fused: list[int], sig: OpSignature, inputs: list[str],
                output: str) -> Any:

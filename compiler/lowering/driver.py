@@ -162,10 +162,10 @@ class Lowerer:
         return tuple(sorted(set(readers)))
 
     def add_node(self, op_type: str, inputs: list[str], attrs: dict[str, Any],
-                 shape: tuple[int, ...]) -> str:
+                 shape: tuple[int, ...], dtype: np.dtype | None = None) -> str:
         name = self._fresh_name(f"{inputs[0]}/{op_type.lower()}")
         self.shapes[name] = tuple(int(d) for d in shape)
-        self.dtypes[name] = self.dtypes.get(inputs[0], FLOAT32)
+        self.dtypes[name] = dtype if dtype is not None else self.dtypes.get(inputs[0], FLOAT32)
         self.helpers.append(OnnxNode(name, op_type, tuple(inputs), (name,),
                                      MappingProxyType(dict(attrs))))
         return name
