@@ -114,10 +114,13 @@ def dequantize_linear(x: Array, scale: Array, zero_point: Array | None,
         return _axis_param(p, x.ndim, axis)
 
     s = shaped(as_array(scale))
-    q = x.astype(np.int64)
+    # 8- and 16-bit differences are exact in float32 (below 2**24): no int64 pass, which
+    # took 3 ms for one of BERT-base's FFN activations.
+    wide = np.dtype(np.int64) if x.dtype.itemsize > 2 else _F32
+    q = x.astype(wide)
     if zero_point is not None:
-        q = q - shaped(as_array(zero_point, np.dtype(np.int64)))
-    y = q.astype(_F32) * s.astype(_F32)
+        q = q - shaped(as_array(zero_point, wide))
+    y = q.astype(_F32, copy=False) * s.astype(_F32)
     return as_array(y, s.dtype if s.dtype.kind == "f" else _F32)
 
 
