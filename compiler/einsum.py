@@ -37,9 +37,10 @@ def einsum_products(nodes: list[ReadNode], shapes: dict[str, tuple[int | None, .
 
 
 def _roles(node: ReadNode, shapes: dict[str, tuple[int | None, ...]]
-           ) -> tuple[str, str, str, str] | None:
-    """``(a, b, out, matmul letters)`` of an Einsum this module rewrites: the two operands'
-    and the output's letters, and the MatMul's output letters (batch, row, column)."""
+           ) -> tuple[str, str, str, str, str] | None:
+    """``(a, b, out, matmul letters, contracted)`` of an Einsum this module rewrites: the
+    two operands' and the output's letters, the MatMul's output letters (batch, row,
+    column) and the letter summed over."""
     if node.op_type != "Einsum" or node.domain or len(node.inputs) != 2:
         return None
     equation = str(node.attrs.get("equation", "")).replace(" ", "")
@@ -62,14 +63,13 @@ def _roles(node: ReadNode, shapes: dict[str, tuple[int | None, ...]]
         (a, b), node.inputs, strict=True))
     if any(first[c] != second[c] for c in (*batch, *contracted)):
         return None  # sizes that differ (a broadcast): the reference decides
-    return a, b, result, "".join(batch) + rows[0] + cols[0]
+    return a, b, result, "".join(batch) + rows[0] + cols[0], contracted[0]
 
 
-def _product(node: ReadNode, roles: tuple[str, str, str, str],
+def _product(node: ReadNode, roles: tuple[str, str, str, str, str],
              shapes: dict[str, tuple[int | None, ...]], dtypes: dict[str, np.dtype]
              ) -> list[ReadNode]:
-    a, b, result, product = roles
-    contracted = next(c for c in a if c in b and c not in result)
+    a, b, result, product, contracted = roles
     size = {c: d for t, letters in zip(node.inputs, (a, b), strict=True)
             for c, d in zip(letters, shapes[t], strict=True)}
     dtype = dtypes.get(node.inputs[0], np.dtype(np.float32))

@@ -98,7 +98,8 @@ def _greedy(extents: tuple[Array, ...], members: Array, iou: Any, limit: int) ->
     kept and suppresses every later member it overlaps by more than ``iou``. A cluster of
     up to :data:`_MATRIX_LIMIT` boxes compares all pairs at once; a larger one compares
     each kept box with the members after it."""
-    box = tuple(e[members] for e in extents)
+    x0, x1, y0, y1 = (e[members] for e in extents)
+    box = (x0, x1, y0, y1, (x1 - x0) * (y1 - y0))
     alive = np.ones(members.size, np.bool_)
     whole = members.size <= _MATRIX_LIMIT
     over = _suppresses(box, slice(None), slice(None), iou) if whole else None
@@ -121,10 +122,10 @@ _MATRIX_LIMIT = 2048
 
 
 def _suppresses(box: tuple[Array, ...], rows: slice, cols: slice, iou: Any) -> Array:
-    """``[rows, cols]``: whether each pair of boxes overlaps by more than ``iou``, computed
-    as the reference does (a zero-area box or overlap suppresses nothing)."""
-    x0, x1, y0, y1 = box
-    area = (x1 - x0) * (y1 - y0)
+    """``[rows, cols]``: whether each pair of ``box`` (``x0, x1, y0, y1, area``) overlaps
+    by more than ``iou``, computed as the reference does (a zero-area box or overlap
+    suppresses nothing)."""
+    x0, x1, y0, y1, area = box
     width = np.minimum(x1[rows, None], x1[None, cols]) - np.maximum(x0[rows, None],
                                                                     x0[None, cols])
     height = np.minimum(y1[rows, None], y1[None, cols]) - np.maximum(y0[rows, None],
