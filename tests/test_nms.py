@@ -130,3 +130,21 @@ def test_runs_in_numpy_inside_an_if_branch(tmp_path: Path) -> None:
     compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic")
     assert [n.op_type for n in compiled.graph.onnx_nodes][-1] == "If"
     np.testing.assert_array_equal(compiled.run(feeds)["selected"], ort_run(model, feeds)[0])
+
+
+def test_clusters_too_large_for_one_matrix_select_the_same(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A cluster over the matrix limit compares each kept box with the members after it
+    instead: the same selection as the reference's."""
+    from tunecache.compiler.onnx_ops import detection
+
+    monkeypatch.setattr(detection, "_MATRIX_LIMIT", 4)
+    model = _model(0, True)
+    nms = implementation("NonMaxSuppression")
+    assert nms is not None
+    boxes, scores = _case(5, 0)
+    feeds = {"boxes": boxes, "scores": scores, "limit": np.array([30], np.int64),
+             "iou": np.array([0.4], np.float32), "floor": np.array([0.1], np.float32)}
+    [expected] = ReferenceEvaluator(model).run(None, feeds)
+    [ours] = nms(list(feeds.values()), {}, 11)
+    np.testing.assert_array_equal(ours, np.asarray(expected).reshape(-1, 3))
