@@ -143,3 +143,22 @@ def test_a_segmentation_heads_upsampling_runs_in_numpy(tmp_path: Path) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     compiled = compile_and_compare(model, tmp_path)
     assert [(o["op"], o["engine"]) for o in compiled.outside_kernels()] == [("Resize", "numpy")]
+
+
+@pytest.mark.parametrize(("mode", "scales", "out"), [
+    ("linear", [1, 1, 2, 1.5], [1, 2, 8, 9]), ("nearest", [1, 1, 2, 1.5], [1, 2, 8, 9]),
+    ("nearest", [1, 1, 0.5, 0.5], [1, 2, 2, 3])], ids=["linear", "nearest-up", "nearest-down"])
+def test_opset_10_resize_reads_its_scales_as_onnxruntime_does(
+        mode: str, scales: list[float], out: list[int], tmp_path: Path) -> None:
+    """Opset 10's Resize (``X, scales``, no coordinate modes: asymmetric), which the
+    reference implementation cannot run, matches onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    from onnx_support import compile_and_compare
+
+    factors = numpy_helper.from_array(np.array(scales, np.float32), "scales")
+    graph = helper.make_graph(
+        [helper.make_node("Resize", ["x", "scales"], ["y"], mode=mode)], "resize10",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], [factors])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)], ir_version=5)
+    compile_and_compare(model, tmp_path)

@@ -10,7 +10,9 @@ and attributes (cached), with ONNX's coordinate modes (``half_pixel``,
 (a segmentation head's bilinear upsampling: two small GEMMs) or a gather for nearest. The
 weights are the reference implementation's, position for position; onnx.reference
 computes them per output element in Python (LRASPP's upsampling took 46 ms a run there).
-Opset 10's Resize (no coordinate modes) is left to the reference.
+Opset 10's Resize (``X, scales``; no coordinate modes) is read as onnxruntime reads it:
+asymmetric coordinates, nearest rounding down when upsampling and up when downsampling
+(onnx.reference takes its scales for a region of interest and fails).
 """
 
 from __future__ import annotations
@@ -46,11 +48,9 @@ class AxisResize:
 def _resize(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) -> list[Array]:
     x = inputs[0]
     assert x is not None
-    if opset < 11:
-        from tunecache.compiler.onnx_ops.reference import reference_call
-
-        return reference_call("Resize", inputs, attrs, opset)
-    roi, scales, sizes = (_given(opt_input(inputs, k)) for k in (1, 2, 3))
+    legacy = opset < 11  # (X, scales); asymmetric coordinates, onnxruntime's "simple" nearest
+    roi, scales, sizes = (None, _given(inputs[1]), None) if legacy else (
+        _given(opt_input(inputs, k)) for k in (1, 2, 3))
     axes = [a + x.ndim if a < 0 else a for a in attrs.get("axes", range(x.ndim))]
     factors, outs = _targets(x.shape, axes, scales, sizes,
                              str(attrs.get("keep_aspect_ratio_policy", "stretch")))
@@ -61,9 +61,10 @@ def _resize(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int
                 span is None or (math.isclose(span[0], 0.0) and math.isclose(span[1], 1.0))):
             continue
         step = AxisResize(
-            str(attrs.get("mode", "nearest")), str(attrs.get(
+            str(attrs.get("mode", "nearest")), "asymmetric" if legacy else str(attrs.get(
                 "coordinate_transformation_mode", "half_pixel")),
-            str(attrs.get("nearest_mode", "round_prefer_floor")),
+            ("ceil" if factors[k] < 1 else "floor") if legacy else str(attrs.get(
+                "nearest_mode", "round_prefer_floor")),
             float(attrs.get("cubic_coeff_a", -0.75)), bool(attrs.get("exclude_outside", 0)),
             bool(attrs.get("antialias", 0)), x.shape[axis], outs[k], factors[k], span)
         y = _along(y, axis, step, float(attrs.get("extrapolation_value", 0.0)))
