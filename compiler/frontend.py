@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from tunecache.compiler import onnx_ops
-from tunecache.compiler.einsum import einsum_products
 from tunecache.compiler.graph import (
     FLOAT32,
     Graph,
@@ -69,6 +68,7 @@ from tunecache.compiler.onnx_nodes import (
     type_problem,
     with_scope,
 )
+from tunecache.compiler.rewrites import RewriteTensors, rewrite_nodes
 
 if TYPE_CHECKING:
     import onnx
@@ -348,7 +348,8 @@ class _Loader:
         outputs = self._outputs()
         names = {o.name for o in outputs}
         nodes = pairwise_sums(live(nodes, names), self.shapes, self.dtypes)
-        nodes = einsum_products(nodes, self.shapes, self.dtypes)
+        nodes = rewrite_nodes(nodes, RewriteTensors(self.shapes, self.dtypes, self.constants,
+                                                    self.opset))
         nodes = elide(nodes, names, self.dtypes)
         nodes = deduplicate(nodes, names, self.constants)
         steps = lower_nodes(nodes, {o.name for o in outputs}, self.opset, self.constants,
@@ -613,8 +614,9 @@ class _Loader:
 
     def _infer_in_stages(self, inputs: list[TensorInfo], nodes: list[ReadNode]) -> None:
         """Strict shape inference over ``nodes``, in stages that end at each node whose
-        shape ONNX inference can get wrong (``onnx_ops.shape_fix``: a ceil-mode pool's
-        last window): its true shape goes in before inference goes past it."""
+        shape ONNX inference can get wrong or leave out (``onnx_ops.shape_fix``: a
+        ceil-mode pool's last window, opset 21's GroupNormalization): its true shape goes
+        in before inference goes past it."""
         start = 0
         for i, node in enumerate(nodes):
             fix = None if node.domain else onnx_ops.shape_fix(node.op_type)
@@ -622,11 +624,10 @@ class _Loader:
                 continue
             self._infer_shapes(inputs, nodes[start:i + 1], strict=True)
             x = self.shapes.get(node.inputs[0]) if node.inputs else None
-            known = None if x is None else tuple(d for d in x if d is not None)
-            shape = fix(node.attrs, known) if x is not None and known and \
-                len(known) == len(x) else None
-            if shape is not None:
+            shape = None if x is None else fix(node.attrs, x)
+            if shape is not None and node.inputs[0] in self.dtypes:
                 self.shapes[node.outputs[0]] = shape
+                self.dtypes[node.outputs[0]] = self.dtypes[node.inputs[0]]
             start = i + 1
         if start < len(nodes):
             self._infer_shapes(inputs, nodes[start:], strict=True)

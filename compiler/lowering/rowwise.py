@@ -156,21 +156,31 @@ def _layernorm(ctx: FusionContext, position: int, residual: tuple[int, str, str]
     if not _last_axis(node.attrs, len(shape), -1) or any(node.outputs[1:]):
         return "layer normalisation over more than the last axis, or its statistics wanted"
     n = shape[-1]
-    gamma = _row_constant(ctx, node.inputs[1], n)
-    beta = _row_constant(ctx, node.inputs[2], n) if len(node.inputs) > 2 and node.inputs[2] \
-        else None
-    if gamma is None or (len(node.inputs) > 2 and node.inputs[2] and beta is None):
-        return "layernorm scale and bias must be constants over the last axis"
-    affine = "gamma_beta" if beta is not None else "gamma"
+    has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
+    gamma = beta = None
+    if not (_unit_scale(ctx, node.inputs[1]) and not has_bias):
+        gamma = _row_constant(ctx, node.inputs[1], n)
+        beta = _row_constant(ctx, node.inputs[2], n) if has_bias else None
+        if gamma is None or (has_bias and beta is None):
+            return "layernorm scale and bias must be constants over the last axis"
+    affine = "gamma_beta" if beta is not None else "gamma" if gamma is not None else "none"
     eps = ctx.add_constant(f"{node.name}/epsilon",
                            np.array([node.attrs.get("epsilon", 1e-5)], dtype=np.float32))
     try:
         sig = layernorm_op(math.prod(shape[:-1]), n, affine=affine, residual=residual is not None)
     except OpSignatureError as exc:
         return f"no layernorm signature: {exc}"
-    inputs = [x] + ([residual[2]] if residual else []) + [gamma] + ([beta] if beta else []) + [eps]
+    inputs = [x] + ([residual[2]] if residual else []) + ([gamma] if gamma else []) + \
+        ([beta] if beta else []) + [eps]
     fused = ([residual[0]] if residual else []) + [position]
     return ctx.finish(fused[0], fused, sig, inputs, node.outputs[0])
+
+
+def _unit_scale(ctx: FusionContext, name: str) -> bool:
+    """Whether ``name`` is a one-element constant 1: a normalisation without its own scale
+    (how the group-normalisation rewrite writes one, scaling per channel afterwards)."""
+    value = ctx.constants.get(name)
+    return value is not None and value.size == 1 and float(value.reshape(-1)[0]) == 1.0
 
 
 def _row_constant(ctx: FusionContext, name: str, n: int) -> str | None:

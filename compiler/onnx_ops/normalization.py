@@ -11,7 +11,16 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tunecache.compiler.onnx_ops.registry import OPS, Array, OpImpl, as_array, norm_axis, opt_input, register
+from tunecache.compiler.onnx_ops.registry import (
+    OPS,
+    SHAPE_FIXES,
+    Array,
+    OpImpl,
+    as_array,
+    norm_axis,
+    opt_input,
+    register,
+)
 
 
 def _softmax_family(log: bool) -> OpImpl:
@@ -116,6 +125,16 @@ def _group_norm(inputs: Sequence[Array | None], attrs: Mapping[str, Any],
     per_channel = (1, c) + (1,) * (x.ndim - 2)
     y = y.reshape(x.shape).astype(x.dtype)
     return [as_array(y * scale.reshape(per_channel) + bias.reshape(per_channel), x.dtype)]
+
+
+def _same_shape(attrs: Mapping[str, Any], shape: tuple[int | None, ...]
+                ) -> tuple[int | None, ...]:
+    """GroupNormalization's output shape: its input's (onnx 1.23's shape inference gives
+    opset 21's none, so everything after it would lose its shape)."""
+    return shape
+
+
+SHAPE_FIXES["GroupNormalization"] = _same_shape
 
 
 @register("LRN")

@@ -43,11 +43,14 @@ def resolve_pads(auto_pad: str, in_sizes: Sequence[int], kernel: Sequence[int],
     return tuple(begins + ends)
 
 
-def _ceil_mode_shape(attrs: Mapping[str, Any], x: tuple[int, ...]) -> tuple[int, ...] | None:
+def _ceil_mode_shape(attrs: Mapping[str, Any], shape: tuple[int | None, ...]
+                     ) -> tuple[int, ...] | None:
     """A ceil-mode pool's output shape (ONNX shape inference keeps a last window that starts
     past the input and its begin padding, which onnxruntime and this implementation drop)."""
-    if not attrs.get("ceil_mode") or "kernel_shape" not in attrs or len(x) < 3:
+    if not attrs.get("ceil_mode") or "kernel_shape" not in attrs or len(shape) < 3 or \
+            None in shape:
         return None
+    x = tuple(int(d or 0) for d in shape)
     sizes = pool_output_sizes(x[2:], attrs)
     return (*x[:2], *sizes) if min(sizes) > 0 else None
 

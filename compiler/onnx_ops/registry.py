@@ -73,11 +73,12 @@ def register(*names: str, in_subgraphs: bool = False) -> Callable[[OpImpl], OpIm
     return wrap
 
 
-ShapeFix = Callable[[Mapping[str, Any], tuple[int, ...]], "tuple[int, ...] | None"]
+ShapeFix = Callable[[Mapping[str, Any], tuple[int | None, ...]],
+                    "tuple[int | None, ...] | None"]
 SHAPE_FIXES: dict[str, ShapeFix] = {}
-"""Ops whose output shape ONNX shape inference can get wrong, by op type: ``fix(attrs,
-input shape)`` is the shape the implementation (and onnxruntime) gives, or None where
-inference is right."""
+"""Ops whose output shape ONNX shape inference can get wrong or leave out, by op type:
+``fix(attrs, input shape)`` (None for a dim not known) is the shape the implementation (and
+onnxruntime) gives, or None where inference is right; the output's dtype is the input's."""
 
 
 def shape_fix(op_type: str) -> ShapeFix | None:

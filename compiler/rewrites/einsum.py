@@ -20,15 +20,16 @@ from dataclasses import replace
 import numpy as np
 
 from tunecache.compiler.onnx_nodes import ReadNode
+from tunecache.compiler.rewrites.tensors import RewriteTensors
 
 __all__ = ["einsum_products"]
 
 
-def einsum_products(nodes: list[ReadNode], shapes: dict[str, tuple[int | None, ...]],
-                    dtypes: dict[str, np.dtype]) -> list[ReadNode]:
+def einsum_products(nodes: list[ReadNode], tensors: RewriteTensors) -> list[ReadNode]:
     """``nodes`` with each two-operand ``Einsum`` that is one (batched) matrix product
     replaced by Transpose/MatMul/Transpose nodes; the new tensors get their shapes and the
     first operand's dtype."""
+    shapes, dtypes = tensors.shapes, tensors.dtypes
     out: list[ReadNode] = []
     for node in nodes:
         roles = _roles(node, shapes)
