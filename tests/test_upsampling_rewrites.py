@@ -1,6 +1,7 @@
-"""ConvTranspose becomes a conv2d kernel (every phase at once) and an interleave, and
-matches onnxruntime over strides, pads, output padding, dilations, groups and 1-D; the
-forms the rewrite leaves alone still run (in the reference) and match."""
+"""Upsampling ops as kernels and copies: ConvTranspose becomes a conv2d kernel (every phase
+at once) and an interleave, matching onnxruntime over strides, pads, output padding,
+dilations, groups and 1-D (the forms the rewrite leaves alone still run, in the reference,
+and match); DepthToSpace and SpaceToDepth become one native strided copy."""
 
 from __future__ import annotations
 
@@ -102,3 +103,25 @@ def test_forms_left_to_the_reference_still_match(attrs: dict[str, Any], x: list[
     feeds = {"x": np.random.default_rng(1).standard_normal(x).astype(np.float32)}
     np.testing.assert_allclose(compiled.run(feeds)["y"], ort_run(model, feeds)[0],
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("op", "mode", "x"), [
+    ("DepthToSpace", "DCR", [2, 12, 3, 5]), ("DepthToSpace", "CRD", [1, 18, 4, 2]),
+    ("SpaceToDepth", None, [1, 3, 6, 9])], ids=["d2s-dcr", "d2s-crd", "s2d"])
+def test_depth_space_are_strided_copies_and_match(op: str, mode: str | None, x: list[int],
+                                                  tmp_path: Path) -> None:
+    """Sub-pixel upsampling after a convolution (ESPCN's), as one native copy."""
+    block = 3 if op == "SpaceToDepth" or mode == "CRD" else 2
+    attrs: dict[str, Any] = {"blocksize": block} | ({"mode": mode} if mode else {})
+    w = numpy_helper.from_array(
+        np.random.default_rng(4).standard_normal((x[1], x[1], 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node(op, ["c"], ["y"], **attrs)], "pixel",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=8)
+    assert {n.op_type for n in load_graph(model).onnx_nodes} <= {"Reshape", "Transpose"}
+    compiled = compile_and_compare(model, tmp_path)
+    assert compiled.program is not None and compiled.program.numpy_steps == 0
