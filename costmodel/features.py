@@ -100,7 +100,9 @@ from tunecache.costmodel.kinds import NAN, CostKind, all_cost_kinds, cost_kind, 
 #     quantize-dequantize pair runs as an element-wise chain, issue 53).
 # 27: the hardswish and hardsigmoid epilogue steps (conv2d, elementwise) append their
 #     columns (MobileNet-v3, issue 54).
-FEATURE_VERSION = 27
+# 28: the mish epilogue step (conv2d, elementwise) and the elementwise kind's prelu, elu and
+#     softplus steps append their columns (issue 54).
+FEATURE_VERSION = 28
 
 
 def _union(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:

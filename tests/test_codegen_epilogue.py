@@ -23,10 +23,18 @@ from tunecache.compiler.hardware import local_spec, runnable_isas
 
 ISAS = runnable_isas(local_spec())
 # Every ordered subsequence of the steps, as an op's epilogue is; the chain steps that follow
-# them (channel rows, the quantizer's rounding) have their own test.
-ORDERED = tuple(step for step in STEPS if step not in (*CHANNEL_STEPS, "qround"))
+# them (channel rows, the quantizer's rounding) have their own test. Activations added since
+# the set reached 2**10 epilogues (each doubles the C compiled) join every ordered
+# subsequence of the operand steps and one other activation instead.
+LATER = ("mish",)
+ORDERED = tuple(step for step in STEPS if step not in (*CHANNEL_STEPS, "qround", *LATER))
+OPERAND_STEPS = tuple(step for step in ORDERED if STEPS[step].operand)
 EPILOGUES = [combo for n in range(len(ORDERED) + 1)
              for combo in itertools.combinations(ORDERED, n)]
+EPILOGUES += [tuple(s for s in STEPS if s in (*combo, later, *other))
+              for later in LATER for n in range(len(OPERAND_STEPS) + 1)
+              for combo in itertools.combinations(OPERAND_STEPS, n)
+              for other in ((), ("relu",))]
 
 
 _ERF = np.vectorize(math.erf)
@@ -41,8 +49,10 @@ _UNARY = {"relu": lambda y: np.maximum(y, np.float32(0)),
           "hardswish": lambda y: (y * np.clip(y.astype(np.float64) / 6 + 0.5, 0, 1))
           .astype(np.float32),
           "hardsigmoid": lambda y: np.clip(y.astype(np.float64) / 6 + 0.5, 0, 1)
+          .astype(np.float32),
+          "mish": lambda y: (y * np.tanh(np.log1p(np.exp(y.astype(np.float64)))))
           .astype(np.float32)}
-_POLYNOMIAL = ("silu", "gelu_erf", "gelu_tanh", "hardswish", "hardsigmoid")
+_POLYNOMIAL = ("silu", "gelu_erf", "gelu_tanh", "hardswish", "hardsigmoid", "mish")
 """Steps computed with exp / erf / tanh polynomials, or a float32 1/6: float32 rounding, not
 exact."""
 
@@ -101,7 +111,7 @@ def test_vector_and_scalar_renderings_match_numpy(isa: str) -> None:
         else:
             assert np.array_equal(y, expected, equal_nan=True), (isa, steps)
         assert np.isnan(y[[5, n - 1]]).all(), (isa, steps)
-    assert len(EPILOGUES) == 2 ** len(ORDERED)
+    assert len(EPILOGUES) == 2 ** len(ORDERED) + len(LATER) * 2 ** (len(OPERAND_STEPS) + 1)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -144,7 +154,8 @@ def test_reference_applies_the_steps_in_order() -> None:
         got = reference(steps, x.copy(), operands)
         # the float32 GELU of a large negative x takes 1 + (-1 + tiny), the hard ones x / 6
         # + 1/2 near x = -3: absolute error only
-        atol = 1e-5 if {"gelu_erf", "gelu_tanh", "hardswish", "hardsigmoid"} & set(steps) \
+        atol = 1e-5 if {"gelu_erf", "gelu_tanh", "hardswish", "hardsigmoid", "mish"} & \
+            set(steps) \
             else 0
         np.testing.assert_allclose(got, _numpy(steps, x, operands),
                                    rtol=1e-6, atol=atol, err_msg=str(steps))

@@ -33,7 +33,8 @@ LAYOUT_DIGESTS = {1: "69330a51579c4cf9", 2: "84f7f0316a034daa", 3: "84f7f0316a03
                   19: "973f8a727afef4ee", 20: "973f8a727afef4ee", 21: "973f8a727afef4ee",
                   22: "973f8a727afef4ee", 23: "973f8a727afef4ee",
                   24: "973f8a727afef4ee", 25: "2c78ffdf01ac939a",
-                  26: "52bb5274b268e90b", 27: "fad26e047fc8f57b"}
+                  26: "52bb5274b268e90b", 27: "fad26e047fc8f57b",
+                  28: "1ca6256e784d9455"}
 VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2", 3: "ee3c150c3f1c00d4",
                  4: "28e29d75ebf480e0", 5: "5a2a23657e21ad2a", 6: "e6204765dd950e66",
                  7: "f20cb4de32fb7943", 8: "d6d65c55b0f686b2", 9: "def038e369205259",
@@ -52,7 +53,8 @@ VALUE_DIGESTS = {1: "7a4bbf887cdf0eca", 2: "68aed89b98dbe3c2", 3: "ee3c150c3f1c0
                  24: "5ec49af23c776a44",  # 24: and a Xeon's M=1024 Strassen, its own passes charged
                  25: "60e1a76c988f059c",  # 25: the dequant epilogue's column
                  26: "7413b63584083de9",  # 26: the elementwise kind's new steps' columns
-                 27: "bb0093ddf0c8485e"}  # 27: hardswish and hardsigmoid's columns
+                 27: "bb0093ddf0c8485e",  # 27: hardswish and hardsigmoid's columns
+                 28: "6b79913ab2b068ef"}  # 28: mish, prelu, elu and softplus's columns
 
 AVX512 = HardwareSpec(arch="x86_64", isa="avx512", vector_bits=512, cores=2, l1d_bytes=48 << 10,
                       l2_bytes=1 << 20, l3_bytes=32 << 20, cpu_model="Golden CPU",

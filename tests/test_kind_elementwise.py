@@ -73,6 +73,10 @@ MATH: dict[str, Callable[..., float]] = {
     "qround": lambda v: float(np.rint(min(max(v, -2.0**22), 2.0**22))),
     "hardswish": lambda v: v * min(max(v / 6 + 0.5, 0.0), 1.0),
     "hardsigmoid": lambda v: min(max(v / 6 + 0.5, 0.0), 1.0),
+    "prelu": lambda v, b: v if v > 0 else v * b,
+    "elu": lambda v, b: v if v > 0 else b * math.expm1(v),
+    "softplus": lambda v: max(v, 0.0) + math.log1p(math.exp(-abs(v))),
+    "mish": lambda v: v * math.tanh(max(v, 0.0) + math.log1p(math.exp(-abs(v)))),
 }
 
 

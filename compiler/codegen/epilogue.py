@@ -71,6 +71,10 @@ SQRT1_2 = 0.7071067811865476
 GELU_TANH_C = 0.7978845608028654  # sqrt(2/pi)
 
 
+def _mish(x: np.ndarray) -> np.ndarray:
+    return np.multiply(x, np.tanh(np.logaddexp(x.dtype.type(0), x)), out=x)
+
+
 def _gelu_erf(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + special.erf(x * x.dtype.type(SQRT1_2)))
 
@@ -149,6 +153,9 @@ STEPS: Mapping[str, Step] = MappingProxyType({
                "{x} = {x} < 0.0f ? 0.0f : ({x} > 1.0f ? 1.0f : {x});",
         numpy=lambda x: np.clip(np.multiply(x, x.dtype.type(1 / 6), out=x) + 0.5, 0, 1,
                                 out=x)),
+    # Mish (YOLOv4's), x * tanh(softplus(x)): isa.SCALAR_MATH's FMISH and VMISH.
+    "mish": Step(vector="VMISH({x})", scalar="{x} = FMISH({x});", numpy=_mish,
+                 helpers=("FMISH", "VMISH")),
     # An integer accumulator as the float it stands for: times its column's scale (an int8
     # matmul's A scale times B's per-column scale); zero-point terms are folded into bias.
     "dequant": Step(vector="VMUL({x}, {y})", scalar="{x} *= {y};",

@@ -289,6 +289,23 @@ static inline float FERF(float x) {
 }
 """C of each scalar helper, by name."""
 
+# Mish, x * tanh(softplus(x)) = x * n / (n + 2) with n = e**x (e**x + 2): no log, and no
+# cancellation for negative x (n ~ 2 e**x there); e**x capped at e**20, where the ratio is
+# 1 in float32, so large x gives x rather than inf/inf. A NaN stays NaN.
+SCALAR_MATH["FMISH"] = """\
+static inline float FMISH(float x) {
+  const float e = FEXP(x < 20.0f ? x : 20.0f), n = e * (e + 2.0f);
+  return x * (n / (n + 2.0f));
+}
+"""
+# The same for a vector (after the prelude, like the scalar helpers).
+SCALAR_MATH["VMISH"] = """\
+static inline vec VMISH(vec x) {
+  const vec e = VEXP(VMIN(VSET1(20.0f), x)), n = VMUL(e, VADD(e, VSET1(2.0f)));
+  return VMUL(x, VDIV(n, VADD(n, VSET1(2.0f))));
+}
+"""
+
 
 _GENERIC_LOG_SPLIT = """\
 static inline vec tc_log_split(vec x, vec *k) {

@@ -7,9 +7,11 @@ Design:
   ``M = N*C`` rows of ``N = H*W``).
 * the steps are the op's ``epilogue``, a chain (any order, repeats allowed:
   ``KindSpec.epilogue_chain``) from a fixed vocabulary: binary ``add, sub, mul, div, max,
-  min`` (``v = v op B``, each consuming the next extra operand ``B1, B2, ...``) and unary
-  ``relu, sigmoid, tanh, gelu_erf, gelu_tanh, silu, exp, neg, abs, sqrt, clip6, erf,
-  qround`` (``clip6`` is ReLU6, ``min(max(v, 0), 6)``; ``qround`` a quantizer's rounding,
+  min`` (``v = v op B``, each consuming the next extra operand ``B1, B2, ...``), ``prelu``
+  (``v > 0 ? v : v*B``: PRelu, LeakyRelu) and ``elu`` (``v > 0 ? v : B*(e**v - 1)``), and
+  unary ``relu, sigmoid, tanh, gelu_erf, gelu_tanh, silu, exp, neg, abs, sqrt, clip6, erf,
+  qround, hardswish, hardsigmoid, mish, softplus`` (``clip6`` is ReLU6, ``min(max(v, 0),
+  6)``; ``qround`` a quantizer's rounding,
   :data:`~tunecache.compiler.codegen.epilogue.QROUND_LIMIT`). An empty chain copies X
   (``epilogue=none``). A quantize-dequantize pair with scale ``s`` and zero point ``z`` over
   ``[lo, hi]`` is ``div s, max lo-z, min hi-z, qround, mul s``.
@@ -53,7 +55,7 @@ from scipy import special
 from tunecache.compiler.codegen.abi import HEADER, TIMER, WORKSPACE, parallel_entry
 from tunecache.compiler.codegen.epilogue import CHAIN_STEPS
 from tunecache.compiler.codegen.epilogue import STEPS as EPILOGUE_STEPS
-from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.codegen.isa import SCALAR_MATH, IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import ChainView, OpKind, register
 from tunecache.compiler.kinds.layouts import BLOCKED, NCHW, channel_block
@@ -63,9 +65,9 @@ from tunecache.compiler.schedule import ScheduleData, threads_problem
 __all__ = ["BINARY_STEPS", "OPERANDS", "UNARY_STEPS", "ElementwiseSchedule", "elementwise_op",
            "step_c"]
 
-BINARY_STEPS = ("add", "sub", "mul", "div", "max", "min")
+BINARY_STEPS = ("add", "sub", "mul", "div", "max", "min", "prelu", "elu")
 UNARY_STEPS = ("relu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh", "silu", "exp", "neg", "abs",
-               "sqrt", "clip6", "erf", "qround", "hardswish", "hardsigmoid")
+               "sqrt", "clip6", "erf", "qround", "hardswish", "hardsigmoid", "mish", "softplus")
 OPERANDS = ("full", "row", "col", "scalar", *(f"col{channel_block(b)}" for b in BLOCKED))
 MAX_STEPS = 16
 _SHARED = tuple(step for step in UNARY_STEPS if step in EPILOGUE_STEPS)
@@ -166,10 +168,22 @@ _UNARY_NP: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "abs": lambda v: np.abs(v, out=v),
     "sqrt": lambda v: np.sqrt(v, out=v),
     "erf": lambda v: special.erf(v, out=v),
+    "softplus": lambda v: np.logaddexp(v.dtype.type(0), v, out=v),
 }
+
+
+def _prelu(v: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    return np.multiply(v, np.where(v > 0, v.dtype.type(1), b), out=out)
+
+
+def _elu(v: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    out[...] = np.where(v > 0, v, b * np.expm1(v))
+    return out
+
+
 _BINARY_NP: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-    "max": np.maximum, "min": np.minimum,
+    "max": np.maximum, "min": np.minimum, "prelu": _prelu, "elu": _elu,
 }
 
 
@@ -245,11 +259,16 @@ _UNARY_C = {
     "abs": "VABS(u)",
     "sqrt": "VSQRT(u)",
     "erf": "VERF(u)",
+    # max(u, 0) + ln(1 + e**-|u|): no overflow; VLOG's argument lies in [1, 2].
+    "softplus": "VADD(VMAX(VZERO(), u), VLOG(VADD(VSET1(1.0f), VEXP(VNEG(VABS(u))))))",
 }
 _BINARY_C = {"add": "VADD(u, b)", "sub": "VSUB(u, b)", "mul": "VMUL(u, b)", "div": "VDIV(u, b)",
              # Only a quantize step clamps (ONNX Max/Min run elsewhere): NaN takes the low
              # end, as onnxruntime's QuantizeLinear maps it (VMAX returns b on NaN).
-             "max": "VMAX(u, b)", "min": "VMIN(u, b)"}
+             "max": "VMAX(u, b)", "min": "VMIN(u, b)",
+             # PRelu and LeakyRelu (b the slope), Elu (b its alpha); NaN stays NaN.
+             "prelu": "VSEL_LT(VZERO(), u, u, VMUL(u, b))",
+             "elu": "VSEL_LT(VZERO(), u, u, VMUL(b, VSUB(VEXP(u), VSET1(1.0f))))"}
 
 
 def step_c(step: str, value: str, operand: str | None = None) -> str:
@@ -437,10 +456,21 @@ def emit_elementwise(op: OpSignature, s: ElementwiseSchedule, d: IsaDialect) -> 
               f"#define LANES {d.lanes}L\n#define XB {max(1, operand_block(op))}L\n")
     entry = ("int tc_kernel(void **args) {\n"
              + parallel_entry(s.threads, "run_part(args, TID, NTH);", "0"))
-    parts = [d.prelude, HEADER, consts, WORKSPACE, _chain_function(op), _emit_vectors(op, s, d.lanes)]
+    parts = [d.prelude, *_math(op, d), HEADER, consts, WORKSPACE, _chain_function(op),
+             _emit_vectors(op, s, d.lanes)]
     if binary_count(op) and (op.attr("operand") in ("row", "col") or operand_block(op)):
         parts.append(_gather(op))
     return "\n".join([*parts, _emit_range(op, s), entry, TIMER])
+
+
+def _math(op: OpSignature, d: IsaDialect) -> list[str]:
+    """The C after the prelude that ``op``'s steps call: ``VLOG`` for softplus, the vector
+    helpers of shared epilogue steps (mish's; kernels of this kind are vector-only, so the
+    scalar helpers stay out and no other chain's source changes)."""
+    helpers = [name for step in op.epilogue if step in _SHARED
+               for name in EPILOGUE_STEPS[step].helpers if name.startswith("V")]
+    return ([d.log] if "softplus" in op.epilogue else []) + \
+        [SCALAR_MATH[name] for name in dict.fromkeys(helpers)]
 
 
 def _layout_slots(op: OpSignature) -> tuple[str | None, ...]:

@@ -188,10 +188,12 @@ def clip_step(ctx: FusionContext, attrs: dict[str, Any], inputs: tuple[str, ...]
 
 def activation_step(node: GraphNode) -> str | None:
     """The epilogue step of a ``HardSwish``, of a ``HardSigmoid`` with torch's slope and
-    offset (1/6, 1/2: MobileNet-v3's), or of opset 20's ``Gelu`` (either approximation);
-    None for any other node."""
+    offset (1/6, 1/2: MobileNet-v3's), of opset 20's ``Gelu`` (either approximation) or of
+    opset 18's ``Mish``; None for any other node."""
     if node.op_type == "HardSwish":
         return "hardswish"
+    if node.op_type == "Mish":
+        return "mish"
     if node.op_type == "Gelu":
         return "gelu_tanh" if node.attrs.get("approximate", "none") == "tanh" else "gelu_erf"
     if node.op_type == "HardSigmoid" and math.isclose(

@@ -38,9 +38,16 @@ from tunecache.compiler.lowering import (
 from tunecache.compiler.lowering.quantized import quantize_pair
 
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Neg": "neg",
-         "Abs": "abs", "Sqrt": "sqrt", "Erf": "erf"}
+         "Abs": "abs", "Sqrt": "sqrt", "Erf": "erf", "Mish": "mish", "Softplus": "softplus"}
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
 HARD = ("HardSwish", "HardSigmoid", "Gelu")
+PARAMETRIC = {"LeakyRelu": (("prelu", "alpha", 0.01),),
+              "Elu": (("elu", "alpha", 1.0),),
+              "Selu": (("elu", "alpha", 1.67326319217681884765625),
+                       ("mul", "gamma", 1.05070102214813232421875))}
+"""Activations that are binary steps with scalar operands from their attributes (name,
+default): ``(step, attribute, default)`` in order."""
+
 """Their steps come from :func:`~tunecache.compiler.lowering.activation_step` (HardSigmoid's
 and Gelu's attributes decide)."""
 _SQRT2 = math.sqrt(2.0)
@@ -388,6 +395,11 @@ def _step(ctx: FusionContext, grower: _Grower, position: int, value: str, first:
     if node.op_type == "Clip":
         step = clip_step(ctx, node.attrs, node.inputs)
         return ([step], [position]) if step else None
+    if node.op_type in PARAMETRIC:
+        return _parametric(grower, node, position)
+    if node.op_type == "PRelu":
+        slope = node.inputs[1]
+        return (["prelu"], [position]) if slope != value and grower.operand(slope) else None
     if node.op_type not in BINARY or len(node.inputs) != 2:
         return None
     other = other_input(node.inputs, value)
@@ -399,6 +411,20 @@ def _step(ctx: FusionContext, grower: _Grower, position: int, value: str, first:
     if swapped and node.op_type == "Sub":  # other - value
         return ["neg", "add"], [position]
     return [BINARY[node.op_type]], [position]
+
+
+def _parametric(grower: _Grower, node: GraphNode, position: int
+                ) -> tuple[list[str], list[int]] | None:
+    """A :data:`PARAMETRIC` activation's steps, its attributes as scalar operands."""
+    steps = PARAMETRIC[node.op_type]
+    assert grower.chain is not None
+    if grower.chain.kind == "full":
+        return None  # its scalars would be streamed as whole tensors
+    if not all(grower.constant(f"{node.name}/{attr}",
+                               np.array([node.attrs.get(attr, default)], np.float32))
+               for _, attr, default in steps):
+        return None
+    return [step for step, _, _ in steps], [position]
 
 
 def _start_value(ctx: FusionContext, position: int, shape: tuple[int, ...]) -> str | None:
@@ -484,5 +510,5 @@ def _grow(ctx: FusionContext, grower: _Grower, position: int, first_input: str, 
 
 
 # Pow: where GELU's tanh form starts; QuantizeLinear: a quantize-dequantize pair.
-for _op_type in (*UNARY, *BINARY, "Clip", "Pow", "QuantizeLinear", *HARD):
+for _op_type in (*UNARY, *BINARY, "Clip", "Pow", "QuantizeLinear", *HARD, *PARAMETRIC, "PRelu"):
     register_lowering(_op_type)(lower_chain)

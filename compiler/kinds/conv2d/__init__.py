@@ -8,7 +8,7 @@ asymmetric as ONNX ``pads`` gives them), ``dil_h, dil_w`` (default 1) and ``grou
 Epilogue: ``bias`` adds ``bias[F]``, ``add`` a residual tensor of the output's shape, then
 at most one activation (:data:`ACTIVATIONS`): ``relu`` clamps at zero, ``clip6`` at 0 and 6
 (ReLU6), ``silu`` is ``x * sigmoid(x)``, ``hardswish`` and ``hardsigmoid`` MobileNet-v3's,
-``gelu_erf`` and ``gelu_tanh`` Whisper's and wav2vec's (the steps of
+``gelu_erf`` and ``gelu_tanh`` Whisper's and wav2vec's, ``mish`` YOLOv4's (the steps of
 :mod:`~tunecache.compiler.codegen.epilogue`).
 An int8 or bf16 conv2d's epilogue may go on with an element-wise chain over its channels
 (``CHAIN_STEPS``, reading ``chan[steps, F]``): quantize-dequantize pairs, an unfolded
@@ -71,7 +71,8 @@ __all__ = ["ACTIVATIONS", "MIN_LOWP_FILL", "Conv2dSchedule", "block_fill", "conv
            "conv2d_nchw", "conv2d_op", "is_depthwise", "nchw_conv2d", "plane_buffer_floats"]
 
 
-ACTIVATIONS = ("relu", "clip6", "silu", "hardswish", "hardsigmoid", "gelu_erf", "gelu_tanh")
+ACTIVATIONS = ("relu", "clip6", "silu", "hardswish", "hardsigmoid", "gelu_erf", "gelu_tanh",
+               "mish")
 """The epilogue's activations, after ``bias`` and ``add``; an op has at most one."""
 
 
