@@ -48,6 +48,17 @@ def test_transposes(perm: tuple[int, ...], tmp_path: Path) -> None:
     assert kinds == ["Transpose"] and program.numpy_steps == 0
 
 
+@pytest.mark.parametrize("shape", [[1, 2, 2, 3, 5, 7], [2, 3, 1, 4, 6, 1]])
+def test_phase_interleave(shape: list[int], tmp_path: Path) -> None:
+    """A transposed convolution's interleave ``[N, sh, sw, C, Qh, Qw] -> [N, C, Qh, sh, Qw,
+    sw]``: innermost dims of a few items, copied a block of two dims per task."""
+    b = Builder(17)
+    x = b.input("x", shape)
+    t = b.node("Transpose", [b.node("Relu", [x])], perm=[0, 3, 4, 1, 5, 2])
+    program, kinds = _program(b.model([b.node("Relu", [t])]), tmp_path)
+    assert kinds == ["Transpose"] and program.numpy_steps == 0
+
+
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_concat_of_activations_inputs_and_constants(axis: int, tmp_path: Path) -> None:
     """Inputs that no join can place (a graph input, a constant, an activation): one copy

@@ -92,6 +92,18 @@ double tc_time_rotating(tc_entry entry, void **args, int64_t nargs, int64_t copi
    strides[ndim], destination strides[ndim]}} (bytes), and the destination. A copy of at
    least {PARALLEL_MIN_BYTES} bytes is shared among the threads: its runs, and a long
    contiguous run cut into pieces of at least {PIECE_MIN_BYTES} bytes. */
+/* n items of item bytes from s (stride ss bytes) to t (stride ts bytes). */
+static inline void tc_copy_items(char *t, int64_t ts, const char *s, int64_t ss, int64_t n,
+                                 int64_t item) {{
+  if (item == 4) {{
+    for (int64_t j = 0; j < n; j++) memcpy(t + j * ts, s + j * ss, 4);
+  }} else if (item == 8) {{
+    for (int64_t j = 0; j < n; j++) memcpy(t + j * ts, s + j * ss, 8);
+  }} else {{
+    for (int64_t j = 0; j < n; j++) memcpy(t + j * ts, s + j * ss, (size_t)item);
+  }}
+}}
+
 int tc_strided_copy(void **args) {{
   const int64_t *p = (const int64_t *)args[1];
   const int64_t nd = p[0], item = p[1], threads = p[4];
@@ -100,9 +112,16 @@ int tc_strided_copy(void **args) {{
   char *dst = (char *)args[2] + p[3];
   const int64_t inner = size[nd - 1], si = ss[nd - 1], di = ds[nd - 1];
   const int contiguous = si == item && di == item;
+  /* Not contiguous: a task copies a block of the last two dims item by item (an
+     interleave's innermost dim is 2 long: one task per pair would cost more than it
+     copies), its inner loop along the longer of the two. */
+  const int block = !contiguous && nd >= 2;
+  const int64_t rows = block ? size[nd - 2] : 1, sr = block ? ss[nd - 2] : 0,
+                dr = block ? ds[nd - 2] : 0;
+  const int swap = block && rows > inner;
   int64_t outer = 1;
-  for (int64_t d = 0; d < nd - 1; d++) outer *= size[d];
-  const int64_t run = inner * item, bytes = outer * run;
+  for (int64_t d = 0; d < nd - 1 - block; d++) outer *= size[d];
+  const int64_t run = inner * item, bytes = outer * rows * run;
   const int parallel = threads > 1 && bytes >= {PARALLEL_MIN_BYTES};
   int64_t pieces = 1;
   if (parallel && contiguous && outer < 4 * threads) {{
@@ -115,7 +134,7 @@ int tc_strided_copy(void **args) {{
   for (int64_t task = 0; task < tasks; task++) {{
     const int64_t o = task / pieces, piece = task % pieces;
     int64_t rem = o, so = 0, dof = 0;
-    for (int64_t d = nd - 2; d >= 0; d--) {{
+    for (int64_t d = nd - 2 - block; d >= 0; d--) {{
       const int64_t i = rem % size[d];
       rem /= size[d];
       so += i * ss[d];
@@ -126,8 +145,10 @@ int tc_strided_copy(void **args) {{
     if (contiguous) {{
       const int64_t lo = run * piece / pieces, hi = run * (piece + 1) / pieces;
       memcpy(t + lo, s + lo, (size_t)(hi - lo));
+    }} else if (swap) {{
+      for (int64_t j = 0; j < inner; j++) tc_copy_items(t + j * di, dr, s + j * si, sr, rows, item);
     }} else {{
-      for (int64_t j = 0; j < inner; j++) memcpy(t + j * di, s + j * si, (size_t)item);
+      for (int64_t r = 0; r < rows; r++) tc_copy_items(t + r * dr, di, s + r * sr, si, inner, item);
     }}
   }}
   return 0;
