@@ -68,7 +68,7 @@ from tunecache.compiler.onnx_nodes import (
     type_problem,
     with_scope,
 )
-from tunecache.compiler.rewrites import RewriteTensors, rewrite_nodes
+from tunecache.compiler.rewrites import RewriteTensors, leftover_problem, rewrite_nodes
 
 if TYPE_CHECKING:
     import onnx
@@ -348,8 +348,10 @@ class _Loader:
         outputs = self._outputs()
         names = {o.name for o in outputs}
         nodes = pairwise_sums(live(nodes, names), self.shapes, self.dtypes)
-        nodes = rewrite_nodes(nodes, RewriteTensors(self.shapes, self.dtypes, self.constants,
-                                                    self.opset))
+        tables = RewriteTensors(self.shapes, self.dtypes, self.constants, self.opset)
+        nodes = rewrite_nodes(nodes, tables)
+        if (problem := leftover_problem(nodes, tables)) is not None:
+            raise ModelError(problem)
         nodes = elide(nodes, names, self.dtypes)
         nodes = deduplicate(nodes, names, self.constants)
         steps = lower_nodes(nodes, {o.name for o in outputs}, self.opset, self.constants,

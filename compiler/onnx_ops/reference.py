@@ -56,6 +56,27 @@ def _attribute(onnx: Any, value: Any) -> Any:
     return value
 
 
+def _full_sequences(values: Sequence[np.ndarray | None], attrs: Mapping[str, Any]
+                    ) -> str | None:
+    """A recurrent node's ``sequence_lens`` (input 4), which the reference ignores: refused
+    at run time unless every length is the whole sequence."""
+    x, lengths = values[0], values[4] if len(values) > 4 else None
+    if x is None or lengths is None:
+        return None
+    seq = x.shape[1 if int(attrs.get("layout", 0)) else 0]
+    if (np.asarray(lengths) == seq).all():
+        return None
+    return (f"sequence_lens {np.asarray(lengths).tolist()} shorter than the sequence ({seq}) "
+            "is not supported (ONNX's reference implementation ignores it)")
+
+
+REFERENCE_GUARDS: dict[str, Callable[[Sequence[np.ndarray | None], Mapping[str, Any]],
+                                     str | None]] = {
+    "LSTM": _full_sequences, "GRU": _full_sequences, "RNN": _full_sequences}
+"""Checks before the reference runs a node, by op type: why its answer would be wrong for
+these inputs (raised as the node's failure), or None."""
+
+
 def reference_function(op_type: str, inputs: Sequence[str], outputs: Sequence[str],
                        attrs: Mapping[str, Any], opset: int) -> NodeFunction:
     """The node ``op_type(inputs) -> outputs`` with ``attrs``, run by ``onnx.reference``;
@@ -84,7 +105,11 @@ def reference_function(op_type: str, inputs: Sequence[str], outputs: Sequence[st
                  if nested else ReferenceEvaluator(node, opsets={"": opset}))
     wanted = [o for o in outs if o]
 
+    guard = REFERENCE_GUARDS.get(op_type)
+
     def run(values: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        if guard is not None and (problem := guard(values, attrs)):
+            raise ValueError(problem)
         feeds = {name: value for name, value in zip(ins, values, strict=False)
                  if name and value is not None}
         results = dict(zip(wanted, evaluator.run(wanted, feeds), strict=True))

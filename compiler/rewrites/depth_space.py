@@ -4,8 +4,9 @@ are: two views and one native strided copy, where the reference implementation r
 
 ``DepthToSpace`` with block ``b`` reads channel ``(i*b + j)*C' + c`` (``DCR``, the default)
 or ``(c*b + i)*b + j`` (``CRD``, PixelShuffle's) into output ``(c, h*b + i, w*b + j)``;
-``SpaceToDepth`` is DCR's inverse. :func:`depth_space_views` rewrites each float32 node
-whose input shape is known and divisible by the block.
+``SpaceToDepth`` is the inverse of either (``mode`` from opset 24; DCR before).
+:func:`depth_space_views` rewrites each float32 node whose input shape is known and
+divisible by the block.
 """
 
 from __future__ import annotations
@@ -48,12 +49,14 @@ def _rewrite(node: ReadNode, shape: tuple[int | None, int, int, int],
     n, c, h, w = shape
     b = int(node.attrs["blocksize"])
     chain = NodeChain(node, tensors)
-    if node.op_type == "SpaceToDepth":
+    crd = str(node.attrs.get("mode", "DCR")) == "CRD"
+    if node.op_type == "SpaceToDepth":  # DCR's channel (i*b + j)*C + c, CRD's (c*b + i)*b + j
         split = chain.reshape(node.inputs[0], (n, c, h // b, b, w // b, b))
-        moved = chain.add("Transpose", (split,), (n, b, b, c, h // b, w // b),
-                          perm=(0, 3, 5, 1, 2, 4))
+        moved = chain.add("Transpose", (split,), (n, c, b, b, h // b, w // b) if crd else
+                          (n, b, b, c, h // b, w // b),
+                          perm=(0, 1, 3, 5, 2, 4) if crd else (0, 3, 5, 1, 2, 4))
         chain.reshape(moved, (n, c * b * b, h // b, w // b))
-    elif str(node.attrs.get("mode", "DCR")) == "CRD":
+    elif crd:
         split = chain.reshape(node.inputs[0], (n, c // (b * b), b, b, h, w))
         moved = chain.add("Transpose", (split,), (n, c // (b * b), h, b, w, b),
                           perm=(0, 1, 4, 2, 5, 3))

@@ -43,18 +43,51 @@ class NodeChain:
     made: list[ReadNode] = field(default_factory=list)
 
     def constant(self, suffix: str, value: np.ndarray) -> str:
-        return self.tensors.add_constant(f"{self.node.outputs[0]}/{suffix}", value)
+        return self.tensors.add_constant(f"{self._base}/{suffix}", value)
 
     def add(self, op_type: str, inputs: tuple[str, ...], shape: Shape, **attrs: object) -> str:
-        """Append an ``op_type`` node; its float32 output of ``shape``."""
-        target = f"{self.node.outputs[0]}/{op_type.lower()}{len(self.made)}"
-        self.tensors.shapes[target] = shape
-        self.tensors.dtypes[target] = self.tensors.dtypes.get(self.node.inputs[0],
-                                                              np.dtype(np.float32))
-        self.made.append(replace(self.node, name=f"{self.node.name or self.node.outputs[0]}/"
-                                 f"{op_type.lower()}{len(self.made)}", op_type=op_type,
-                                 inputs=inputs, outputs=(target,), attrs=dict(attrs)))
-        return target
+        """Append an ``op_type`` node; its output of ``shape`` (the first input's dtype)."""
+        return self.add_multi(op_type, inputs, [shape], **attrs)[0]
+
+    def add_multi(self, op_type: str, inputs: tuple[str, ...], shapes: list[Shape],
+                  **attrs: object) -> list[str]:
+        """Append an ``op_type`` node with one output per shape of ``shapes``."""
+        base = f"{self._base}/{op_type.lower()}{len(self.made)}"
+        targets = [base if len(shapes) == 1 else f"{base}_{k}" for k in range(len(shapes))]
+        dtype = self.tensors.dtypes.get(self.node.inputs[0], np.dtype(np.float32))
+        for target, shape in zip(targets, shapes, strict=True):
+            self.tensors.shapes[target], self.tensors.dtypes[target] = shape, dtype
+        self.made.append(replace(self.node, name=base.replace(self._base, self._name, 1),
+                                 op_type=op_type, inputs=inputs, outputs=tuple(targets),
+                                 attrs=dict(attrs)))
+        return targets
+
+    @property
+    def _base(self) -> str:
+        return next((o for o in self.node.outputs if o), self.node.name)
+
+    @property
+    def _name(self) -> str:
+        return self.node.name or self._base
+
+    def split(self, tensor: str, axis: int, sizes: list[int], shapes: list[Shape]) -> list[str]:
+        """A Split into pieces of ``sizes`` along ``axis``, in the form the opset reads."""
+        if self.tensors.opset < 13:
+            return self.add_multi("Split", (tensor,), shapes, axis=axis, split=sizes)
+        parts = self.constant("split", np.array(sizes, np.int64))
+        return self.add_multi("Split", (tensor, parts), shapes, axis=axis)
+
+    def rename(self, tensor: str, output: str) -> None:
+        """Make the node producing ``tensor`` write ``output`` (one of the replaced node's
+        outputs) instead."""
+        for k, made in enumerate(self.made):
+            if tensor in made.outputs:
+                outs = tuple(output if o == tensor else o for o in made.outputs)
+                self.made[k] = replace(made, outputs=outs)
+                self.tensors.shapes.setdefault(output, self.tensors.shapes.pop(tensor))
+                self.tensors.dtypes.setdefault(output, self.tensors.dtypes.pop(tensor))
+                return
+        raise KeyError(tensor)
 
     def reshape(self, tensor: str, shape: Shape) -> str:
         """A Reshape to ``shape`` (its first dim copied from the input: it may be unknown)."""
@@ -71,10 +104,8 @@ class NodeChain:
         return self.add("Slice", (tensor, *bounds), shape)
 
     def finish(self) -> list[ReadNode]:
-        last = self.made[-1]
-        shape = self.tensors.shapes.pop(last.outputs[0])
-        self.tensors.shapes.setdefault(self.node.outputs[0], shape)
-        self.tensors.dtypes.setdefault(self.node.outputs[0],
-                                       self.tensors.dtypes.pop(last.outputs[0]))
-        self.made[-1] = replace(last, name=self.node.name, outputs=self.node.outputs[:1])
+        """The nodes, the last one writing the replaced node's first output (and named as
+        it was)."""
+        self.rename(self.made[-1].outputs[0], self.node.outputs[0])
+        self.made[-1] = replace(self.made[-1], name=self.node.name)
         return self.made
