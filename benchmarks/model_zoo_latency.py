@@ -37,7 +37,8 @@ How the engines are timed (``--mode``):
 (BERT-base, GPT-2 prefill and decode, ViT-B/16, a small Llama; exported with torch, which it
 then needs) with their token, mask and past inputs, into its own BENCHMARKS.md section;
 ``--zoo vision`` torchvision's detection and segmentation models of
-``benchmarks/vision_zoo.py`` (exported with torch and torchvision).
+``benchmarks/vision_zoo.py`` (exported with torch and torchvision); ``--zoo handwritten``
+the U-Nets, style-transfer network and recurrent stacks of ``benchmarks/handwritten_zoo.py``.
 
 OpenVINO is an optional extra: ``pip install 'tunecache[openvino]'``.
 """
@@ -466,7 +467,7 @@ def _rel_err(work: Path, key: str, engine: str, threads: int) -> float:
 
 
 EXPORTED = {"transformers": ("transformer_zoo", "transformers"),
-            "vision": ("vision_zoo", "torchvision")}
+            "vision": ("vision_zoo", "torchvision"), "handwritten": ("handwritten_zoo", "torch")}
 """The zoos exported with torch: ``--zoo`` -> (module, the package it needs besides torch).
 Each module has ZOO, DEFAULT, INSTALL_HINT and ``export(key, dir) -> (path, feeds)``."""
 
@@ -530,6 +531,11 @@ def _models(args: argparse.Namespace) -> str:
     if args.zoo == "cnn":
         return (f"Zoo models of `benchmarks/cnn_zoo.py` (batch 1, {args.size}x{args.size}, "
                 "random weights)")
+    if args.zoo == "handwritten":
+        return ("Hand-written networks of `benchmarks/handwritten_zoo.py` (U-Nets, a "
+                "style-transfer network, LSTM and GRU stacks; random weights, batch 1, "
+                "static input size, exported by torch.onnx.export's TorchScript path at "
+                "opset 17)")
     if args.zoo == "vision":
         return ("torchvision's detection, segmentation and ResNeXt models of "
                 "`benchmarks/vision_zoo.py` "
@@ -615,7 +621,8 @@ def _measure_all(keys: Sequence[str], threads: Sequence[int], args: argparse.Nam
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--zoo", choices=("cnn", *EXPORTED), default="cnn",
-                        help="benchmarks/cnn_zoo.py, transformer_zoo.py or vision_zoo.py")
+                        help="benchmarks/cnn_zoo.py, transformer_zoo.py, vision_zoo.py or "
+                        "handwritten_zoo.py")
     parser.add_argument("--only", default=None, help="comma-separated zoo keys (or prefixes)")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--repeat", type=int, default=20)
