@@ -173,7 +173,7 @@ def _direction(chain: NodeChain, node: ReadNode, layer: _Layer, x: str, d: int
     b = tensors.constants[bias][d] if bias else np.zeros(2 * width, np.float32)
     p = tensors.constants[peep][d] if peep else None
     weights = _Weights(tensors.constants[node.inputs[2]][d], b,
-                       p if p is not None and p.any() else None)
+                       p if p is not None and p.any() else None, d)
     cell = _CELLS[layer.op]
     projected = chain.add(
         "MatMul", (x, chain.constant("w", np.ascontiguousarray(w.T))),
@@ -196,7 +196,7 @@ def _initial(chain: NodeChain, node: ReadNode, layer: _Layer, k: int, d: int) ->
     """Direction ``d``'s slice of the initial state at input ``k``, or zeros."""
     name = _input(node, k)
     if name is None:
-        return chain.constant("zeros", np.zeros(layer.state_shape(), np.float32))
+        return chain.shared_constant("zeros", lambda: np.zeros(layer.state_shape(), np.float32))
     if layer.batch_first:  # [batch, directions, hidden]
         name = chain.add("Transpose", (name,), (layer.directions, layer.batch, layer.hidden),
                          perm=(1, 0, 2))
@@ -246,6 +246,7 @@ class _Weights:
     r: np.ndarray
     b: np.ndarray
     peepholes: np.ndarray | None
+    direction: int
 
 
 @dataclass(frozen=True)
@@ -266,16 +267,20 @@ def _activate(chain: NodeChain, layer: _Layer, op_type: str, tensor: str) -> str
         if chain.tensors.opset < 11:
             tensor = chain.add("Clip", (tensor,), shape, min=-layer.clip, max=layer.clip)
         else:
-            bounds = (chain.constant("low", np.array(-layer.clip, np.float32)),
-                      chain.constant("high", np.array(layer.clip, np.float32)))
+            clip = layer.clip
+            bounds = (chain.shared_constant("low", lambda: np.array(-clip, np.float32)),
+                      chain.shared_constant("high", lambda: np.array(clip, np.float32)))
             tensor = chain.add("Clip", (tensor, *bounds), shape)
     return chain.add(op_type, (tensor,), shape)
 
 
-def _recurrence(chain: NodeChain, layer: _Layer, h: str, r: np.ndarray, rows: slice,
+def _recurrence(chain: NodeChain, layer: _Layer, h: str, weights: _Weights, rows: slice,
                 name: str) -> str:
-    """``h @ r[rows].T``: the step's product with the recurrence weights."""
-    weight = chain.constant(name, np.ascontiguousarray(r[rows].T))
+    """``h @ r[rows].T``: the step's product with the recurrence weights (one transposed
+    copy of them per direction, however many steps read it)."""
+    r = weights.r
+    weight = chain.shared_constant(f"{name}{weights.direction}_{rows.start}_{rows.stop}",
+                                   lambda: np.ascontiguousarray(r[rows].T))
     return chain.add("MatMul", (h, weight), (1, layer.batch, rows.stop - rows.start))
 
 
@@ -283,7 +288,7 @@ def _lstm_step(chain: NodeChain, layer: _Layer, projected: str, state: list[str]
                weights: _Weights, acts: tuple[str, ...]) -> list[str]:
     h, c = state
     n, shape = layer.hidden, layer.state_shape()
-    total = chain.add("Add", (projected, _recurrence(chain, layer, h, weights.r,
+    total = chain.add("Add", (projected, _recurrence(chain, layer, h, weights,
                                                      slice(0, 4 * n), "r")),
                       (1, layer.batch, 4 * n))
     i, o, f, g = chain.split(total, 2, [n] * 4, [shape] * 4)
@@ -291,12 +296,15 @@ def _lstm_step(chain: NodeChain, layer: _Layer, projected: str, state: list[str]
     def peephole(gate: str, k: int, cell: str) -> str:
         if weights.peepholes is None:
             return gate
-        p = chain.constant("p", weights.peepholes[k * n:(k + 1) * n].copy())
+        peepholes = weights.peepholes
+        p = chain.shared_constant(f"p{weights.direction}_{k}",
+                                  lambda: peepholes[k * n:(k + 1) * n].copy())
         return chain.add("Add", (gate, chain.add("Mul", (cell, p), shape)), shape)
 
     i = _activate(chain, layer, acts[0], peephole(i, 0, c))
     if layer.input_forget:
-        f = chain.add("Sub", (chain.constant("one", np.ones(1, np.float32)), i), shape)
+        one = chain.shared_constant("one", lambda: np.ones(1, np.float32))
+        f = chain.add("Sub", (one, i), shape)
     else:
         f = _activate(chain, layer, acts[0], peephole(f, 2, c))
     g = _activate(chain, layer, acts[1], g)
@@ -308,19 +316,19 @@ def _lstm_step(chain: NodeChain, layer: _Layer, projected: str, state: list[str]
 
 def _gru_step(chain: NodeChain, layer: _Layer, projected: str, state: list[str],
               weights: _Weights, acts: tuple[str, ...]) -> list[str]:
-    (h,), r, b = state, weights.r, weights.b
+    (h,), b = state, weights.b
     n, shape = layer.hidden, layer.state_shape()
     xz, xr, xh = chain.split(projected, 2, [n] * 3, [shape] * 3)
     parts = 3 if layer.before_reset else 2
-    hz, hr, *rest = chain.split(_recurrence(chain, layer, h, r, slice(0, parts * n), "r"), 2,
+    hz, hr, *rest = chain.split(_recurrence(chain, layer, h, weights, slice(0, parts * n), "r"), 2,
                                 [n] * parts, [shape] * parts)
     z = _activate(chain, layer, acts[0], chain.add("Add", (xz, hz), shape))
     reset = _activate(chain, layer, acts[0], chain.add("Add", (xr, hr), shape))
     if layer.before_reset:  # r * (h @ Rh.T + Rbh)
-        rbh = chain.constant("rbh", b[5 * n:6 * n].copy())
+        rbh = chain.shared_constant(f"rbh{weights.direction}", lambda: b[5 * n:6 * n].copy())
         hh = chain.add("Mul", (reset, chain.add("Add", (rest[0], rbh), shape)), shape)
     else:  # (r * h) @ Rh.T
-        hh = _recurrence(chain, layer, chain.add("Mul", (reset, h), shape), r,
+        hh = _recurrence(chain, layer, chain.add("Mul", (reset, h), shape), weights,
                          slice(2 * n, 3 * n), "rh")
     candidate = _activate(chain, layer, acts[1], chain.add("Add", (xh, hh), shape))
     # (1 - z) * candidate + z * h = candidate + z * (h - candidate)
@@ -331,7 +339,7 @@ def _gru_step(chain: NodeChain, layer: _Layer, projected: str, state: list[str],
 def _rnn_step(chain: NodeChain, layer: _Layer, projected: str, state: list[str],
               weights: _Weights, acts: tuple[str, ...]) -> list[str]:
     (h,) = state
-    total = chain.add("Add", (projected, _recurrence(chain, layer, h, weights.r,
+    total = chain.add("Add", (projected, _recurrence(chain, layer, h, weights,
                                                      slice(0, layer.hidden), "r")),
                       layer.state_shape())
     return [_activate(chain, layer, acts[0], total)]

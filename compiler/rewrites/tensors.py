@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -41,9 +42,17 @@ class NodeChain:
     node: ReadNode
     tensors: RewriteTensors
     made: list[ReadNode] = field(default_factory=list)
+    shared: dict[str, str] = field(default_factory=dict)
 
     def constant(self, suffix: str, value: np.ndarray) -> str:
         return self.tensors.add_constant(f"{self._base}/{suffix}", value)
+
+    def shared_constant(self, key: str, make: Callable[[], np.ndarray]) -> str:
+        """The constant named by ``key``, made on first use: one copy however many nodes
+        read it (an unrolled layer's weights at every step)."""
+        if key not in self.shared:
+            self.shared[key] = self.constant(key, make())
+        return self.shared[key]
 
     def add(self, op_type: str, inputs: tuple[str, ...], shape: Shape, **attrs: object) -> str:
         """Append an ``op_type`` node; its output of ``shape`` (the first input's dtype)."""
