@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tunecache.compiler.onnx_nodes import ReadNode
-from tunecache.compiler.rewrites.tensors import NodeChain, RewriteTensors
+from tunecache.compiler.rewrites.tensors import NodeChain, RewriteTensors, rewrite_each
 
 __all__ = ["transposed_convs"]
 
@@ -92,11 +92,7 @@ class _Axis:
 def transposed_convs(nodes: list[ReadNode], tensors: RewriteTensors) -> list[ReadNode]:
     """``nodes`` with each ConvTranspose this module handles replaced by Conv, interleave
     and crop nodes; new tensors and constants are added to ``tensors``."""
-    out: list[ReadNode] = []
-    for node in nodes:
-        axes = _axes(node, tensors)
-        out += [node] if axes is None else _rewrite(node, axes, tensors)
-    return out
+    return rewrite_each(nodes, tensors, _axes, _rewrite)
 
 
 def _axes(node: ReadNode, tensors: RewriteTensors) -> list[_Axis] | None:

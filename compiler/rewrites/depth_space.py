@@ -14,18 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from tunecache.compiler.onnx_nodes import ReadNode
-from tunecache.compiler.rewrites.tensors import NodeChain, RewriteTensors
+from tunecache.compiler.rewrites.tensors import NodeChain, RewriteTensors, rewrite_each
 
 __all__ = ["depth_space_views"]
 
 
 def depth_space_views(nodes: list[ReadNode], tensors: RewriteTensors) -> list[ReadNode]:
     """``nodes`` with each DepthToSpace/SpaceToDepth this module handles rewritten."""
-    out: list[ReadNode] = []
-    for node in nodes:
-        shape = _shape(node, tensors)
-        out += [node] if shape is None else _rewrite(node, shape, tensors)
-    return out
+    return rewrite_each(nodes, tensors, _shape, _rewrite)
 
 
 def _shape(node: ReadNode, tensors: RewriteTensors) -> tuple[int | None, int, int, int] | None:

@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from tunecache.compiler.onnx_nodes import ReadNode
-from tunecache.compiler.rewrites.tensors import RewriteTensors
+from tunecache.compiler.rewrites.tensors import RewriteTensors, rewrite_each
 
 __all__ = ["einsum_products"]
 
@@ -29,12 +29,8 @@ def einsum_products(nodes: list[ReadNode], tensors: RewriteTensors) -> list[Read
     """``nodes`` with each two-operand ``Einsum`` that is one (batched) matrix product
     replaced by Transpose/MatMul/Transpose nodes; the new tensors get their shapes and the
     first operand's dtype."""
-    shapes, dtypes = tensors.shapes, tensors.dtypes
-    out: list[ReadNode] = []
-    for node in nodes:
-        roles = _roles(node, shapes)
-        out += [node] if roles is None else _product(node, roles, shapes, dtypes)
-    return out
+    return rewrite_each(nodes, tensors, lambda node, t: _roles(node, t.shapes),
+                        lambda node, roles, t: _product(node, roles, t.shapes, t.dtypes))
 
 
 def _roles(node: ReadNode, shapes: dict[str, tuple[int | None, ...]]

@@ -18,18 +18,14 @@ import math
 import numpy as np
 
 from tunecache.compiler.onnx_nodes import ReadNode
-from tunecache.compiler.rewrites.tensors import NodeChain, RewriteTensors
+from tunecache.compiler.rewrites.tensors import NodeChain, RewriteTensors, rewrite_each
 
 __all__ = ["group_norms"]
 
 
 def group_norms(nodes: list[ReadNode], tensors: RewriteTensors) -> list[ReadNode]:
     """``nodes`` with each group or instance normalisation this module handles rewritten."""
-    out: list[ReadNode] = []
-    for node in nodes:
-        params = _params(node, tensors)
-        out += [node] if params is None else _rewrite(node, *params, tensors)
-    return out
+    return rewrite_each(nodes, tensors, _params, _rewrite)
 
 
 def _params(node: ReadNode, tensors: RewriteTensors
@@ -53,8 +49,9 @@ def _params(node: ReadNode, tensors: RewriteTensors
     return groups, scale.astype(np.float32), bias.astype(np.float32)
 
 
-def _rewrite(node: ReadNode, groups: int, scale: np.ndarray, bias: np.ndarray,
+def _rewrite(node: ReadNode, params: tuple[int, np.ndarray, np.ndarray],
              tensors: RewriteTensors) -> list[ReadNode]:
+    groups, scale, bias = params
     shape = tensors.shapes[node.inputs[0]]
     n, channels = shape[0], int(shape[1] or 0)
     per_row = math.prod(int(d or 0) for d in shape[1:]) // groups

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tunecache.compiler.onnx_nodes import ReadNode
-from tunecache.compiler.rewrites.tensors import NodeChain, RewriteTensors
+from tunecache.compiler.rewrites.tensors import NodeChain, RewriteTensors, rewrite_each
 
 __all__ = ["MAX_STEPS", "recurrent_layers", "reference_problem"]
 
@@ -66,11 +66,7 @@ class _Layer:
 
 def recurrent_layers(nodes: list[ReadNode], tensors: RewriteTensors) -> list[ReadNode]:
     """``nodes`` with each LSTM, GRU and RNN this module handles unrolled."""
-    out: list[ReadNode] = []
-    for node in nodes:
-        layer = _layer(node, tensors)
-        out += [node] if layer is None else _unroll(node, layer, tensors)
-    return out
+    return rewrite_each(nodes, tensors, _layer, _unroll)
 
 
 def reference_problem(node: ReadNode, tensors: RewriteTensors) -> str | None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import numpy as np
 
 from tunecache.compiler.onnx_nodes import ReadNode
 
-__all__ = ["NodeChain", "RewriteTensors"]
+__all__ = ["NodeChain", "RewriteTensors", "rewrite_each"]
 
 Shape = tuple[int | None, ...]
+Plan = TypeVar("Plan")
 
 
 @dataclass(frozen=True)
@@ -118,3 +120,16 @@ class NodeChain:
         self.rename(self.made[-1].outputs[0], self.node.outputs[0])
         self.made[-1] = replace(self.made[-1], name=self.node.name)
         return self.made
+
+
+def rewrite_each(nodes: list[ReadNode], tensors: RewriteTensors,
+                 plan: Callable[[ReadNode, RewriteTensors], Plan | None],
+                 apply: Callable[[ReadNode, Plan, RewriteTensors], list[ReadNode]]
+                 ) -> list[ReadNode]:
+    """``nodes`` with each node ``plan`` reads a plan from (None: left as it is) replaced by
+    what ``apply`` makes of it."""
+    out: list[ReadNode] = []
+    for node in nodes:
+        found = plan(node, tensors)
+        out += [node] if found is None else apply(node, found, tensors)
+    return out
