@@ -224,10 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exporters", default="torchscript,dynamo")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    if any(importlib.util.find_spec(p) is None for p in ("torch", "transformers",
-                                                          "onnxruntime")):
-        print(INSTALL_HINT, file=sys.stderr)
-        return 1
     keys = args.only.split(",") if args.only else list(FAMILIES)
     unknown = [k for k in keys if k not in FAMILIES]
     exporters = args.exporters.split(",")
@@ -236,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
               if unknown else "error: --exporters takes torchscript and/or dynamo",
               file=sys.stderr)
         return 2
+    if any(importlib.util.find_spec(p) is None for p in ("torch", "transformers",
+                                                          "onnxruntime")):
+        print(INSTALL_HINT, file=sys.stderr)
+        return 1
     rows = []
     with tempfile.TemporaryDirectory(prefix="export-sweep-") as tmp:
         for key in keys:
