@@ -47,6 +47,11 @@ def _conv(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) 
     x, w = inputs[0], inputs[1]
     bias = opt_input(inputs, 2)
     assert x is not None and w is not None
+    if x.ndim > 4:  # 3-D (a grouped one, or weights computed at run time): the reference's
+        from tunecache.compiler.onnx_ops.reference import reference_function
+
+        names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
+        return reference_function("Conv", names, ["y"], attrs, opset)(inputs)
     one_d = x.ndim == 3
     if one_d:  # a 1-D convolution is a 2-D one of height 1
         x, w = x[:, :, None, :], w[:, :, None, :]

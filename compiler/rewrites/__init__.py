@@ -2,14 +2,16 @@
 know into nodes they do (a ``ConvTranspose`` into a ``Conv`` and an interleave, an
 ``Einsum`` product into a ``MatMul``, a group normalisation into a layer normalisation and
 a per-channel affine, DepthToSpace into a strided copy, an LSTM/GRU/RNN unrolled into
-matmuls and gates), so the lowerings see only what they know. One module per rewrite;
-:func:`rewrite_nodes` runs them in order."""
+matmuls and gates, a 3-D Conv into a 2-D one over depth-gathered channels), so the
+lowerings see only what they know. One module per rewrite; :func:`rewrite_nodes` runs them
+in order."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from tunecache.compiler.onnx_nodes import ReadNode
+from tunecache.compiler.rewrites.conv3d import depth_gathered_convs
 from tunecache.compiler.rewrites.conv_transpose import transposed_convs
 from tunecache.compiler.rewrites.depth_space import depth_space_views
 from tunecache.compiler.rewrites.einsum import einsum_products
@@ -21,8 +23,8 @@ __all__ = ["REWRITES", "RewriteTensors", "leftover_problem", "rewrite_nodes"]
 
 Rewrite = Callable[[list[ReadNode], RewriteTensors], list[ReadNode]]
 
-REWRITES: tuple[Rewrite, ...] = (einsum_products, transposed_convs, group_norms,
-                                  depth_space_views, recurrent_layers)
+REWRITES: tuple[Rewrite, ...] = (einsum_products, transposed_convs, depth_gathered_convs,
+                                  group_norms, depth_space_views, recurrent_layers)
 
 
 def rewrite_nodes(nodes: list[ReadNode], tensors: RewriteTensors) -> list[ReadNode]:

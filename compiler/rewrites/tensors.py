@@ -106,13 +106,21 @@ class NodeChain:
         return self.add("Reshape", (tensor, target), shape)
 
     def slice(self, tensor: str, axes: list[int], starts: list[int], ends: list[int],
-              shape: Shape) -> str:
-        """A Slice with constant bounds, in the form the model's opset reads."""
+              shape: Shape, steps: list[int] | None = None) -> str:
+        """A Slice with constant bounds, in the form the model's opset reads (``steps``
+        from opset 10 only)."""
         if self.tensors.opset < 10:
+            assert steps is None or set(steps) == {1}, "Slice takes steps from opset 10"
             return self.add("Slice", (tensor,), shape, axes=axes, starts=starts, ends=ends)
-        bounds = tuple(self.constant(name, np.array(v, np.int64))
-                       for name, v in (("starts", starts), ("ends", ends), ("axes", axes)))
+        named = [("starts", starts), ("ends", ends), ("axes", axes)] + \
+            ([("steps", steps)] if steps else [])
+        bounds = tuple(self.constant(name, np.array(v, np.int64)) for name, v in named)
         return self.add("Slice", (tensor, *bounds), shape)
+
+    def reshape_all(self, tensor: str, shape: tuple[int, ...]) -> str:
+        """A Reshape to ``shape``, every dim given."""
+        target = self.constant("shape", np.array(shape, np.int64))
+        return self.add("Reshape", (tensor, target), shape)
 
     def finish(self) -> list[ReadNode]:
         """The nodes, the last one writing the replaced node's first output (and named as
