@@ -537,7 +537,7 @@ def _models(args: argparse.Namespace) -> str:
                 "static input size, exported by torch.onnx.export's TorchScript path at "
                 "opset 17)")
     if args.zoo == "vision":
-        return ("torchvision's detection, segmentation and ResNeXt models of "
+        return ("torchvision's detection, segmentation, ResNeXt and video models of "
                 "`benchmarks/vision_zoo.py` "
                 "(random weights, batch 1, static image size, exported by torch.onnx.export: "
                 "TorchScript at opset 17, `_dynamo` keys the dynamo path at opset 18)")

@@ -1,12 +1,13 @@
-"""torchvision's detection, segmentation and grouped-convolution networks as users export
-them, for ``model_zoo_latency.py --zoo vision``.
+"""torchvision's detection, segmentation, grouped-convolution and video networks as users
+export them, for ``model_zoo_latency.py --zoo vision``.
 
 Each entry builds a torchvision model with seeded random weights (nothing is downloaded)
 and exports it with ``torch.onnx.export`` at a static image size: the TorchScript path at
 opset 17 (the only one torch 2.14's exporter completes for the detection models), and for
 the segmentation models also the dynamo path at opset 18 (``_dynamo`` keys). A detection
 model is wrapped to return its first image's boxes, scores and labels; a segmentation
-model its ``out`` map; a classifier its logits. The inputs: one image of uniform noise.
+model its ``out`` map; a classifier its logits. The inputs: one image (a video model: one
+clip of 8 frames) of uniform noise.
 
 =======================  ================================================================
 key                      model (image size)
@@ -18,6 +19,8 @@ ssdlite320               SSDlite 320, MobileNet-v3 Large, 91 classes (320)
 fasterrcnn_mbv3_320      Faster R-CNN, MobileNet-v3 Large 320 FPN, 91 classes (320)
 retinanet_resnet50       RetinaNet, ResNet-50 FPN, 91 classes (320; resized to 800 inside)
 resnext50_32x4d          ResNeXt-50 32x4d, 1000 classes (224): grouped 3x3 convolutions
+r3d_18                   R3D-18 video classifier, 400 classes (8 frames of 112): Conv3d
+r2plus1d_18              R(2+1)D-18 (8 frames of 112): Conv3d split into 1x3x3 and 3x1x1
 =======================  ================================================================
 
 Needs torch and torchvision (``pip install torch==2.14.1 torchvision==0.29.1``), which are
@@ -44,9 +47,11 @@ _DETECTION = {"ssdlite320": ("ssdlite320_mobilenet_v3_large", 320),
               "fasterrcnn_mbv3_320": ("fasterrcnn_mobilenet_v3_large_320_fpn", 320),
               "retinanet_resnet50": ("retinanet_resnet50_fpn", 320)}
 _CLASSIFICATION = {"resnext50_32x4d": ("resnext50_32x4d", 224)}
+_VIDEO = {"r3d_18": ("r3d_18", 112), "r2plus1d_18": ("r2plus1d_18", 112)}
+FRAMES = 8
 ZOO: dict[str, tuple[str, int]] = {**_SEGMENTATION,
                                    **{f"{k}_dynamo": v for k, v in _SEGMENTATION.items()},
-                                   **_DETECTION, **_CLASSIFICATION}
+                                   **_DETECTION, **_CLASSIFICATION, **_VIDEO}
 DEFAULT = ("lraspp_mbv3", "deeplabv3_mbv3", "lraspp_mbv3_dynamo", "ssdlite320",
            "fasterrcnn_mbv3_320", "resnext50_32x4d")
 
@@ -62,6 +67,8 @@ def _module(key: str) -> Any:
     detector = key in _DETECTION
     if key in _CLASSIFICATION:
         return getattr(torchvision.models, name)(weights=None).eval()
+    if key in _VIDEO:
+        return getattr(torchvision.models.video, name)(weights=None).eval()
     family = detection if detector else segmentation
     extra = {} if detector else {"aux_loss": False}
     network = getattr(family, name)(weights=None, weights_backbone=None, num_classes=91
@@ -85,7 +92,8 @@ def export(key: str, out_dir: Path) -> tuple[Path, dict[str, np.ndarray]]:
     import torch
 
     size = ZOO[key][1]
-    image = np.random.default_rng(0).random((1, 3, size, size), dtype=np.float32)
+    shape = (1, 3, FRAMES, size, size) if key in _VIDEO else (1, 3, size, size)
+    image = np.random.default_rng(0).random(shape, dtype=np.float32)
     path = out_dir / f"{key}.onnx"
     dynamo = key.endswith("_dynamo")
     export_fn: Callable[..., Any] = torch.onnx.export
