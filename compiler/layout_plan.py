@@ -13,6 +13,10 @@ chooses, per tensor, ``nchw`` or the machine's blocked layout and rewrites the g
 * every other reader of a blocked tensor (a numpy step, a kind without layouts, a graph
   output) reads a plain copy made by one ``reorder`` kernel right after the producer; a
   tensor of one pixel per channel needs none (its bytes are the same in both layouts);
+* the other way round, a kernel that would convert a plain tensor on the fly but takes it
+  blocked (a convolution after a grouped one whose groups are narrower than a block, as in
+  ResNeXt's first stage) reads a blocked copy made by one ``reorder`` after the producer,
+  when the tensor is at least :data:`BLOCKED_COPY_MIN_BYTES`;
 * each kernel's op is rewritten with its layouts (``conv2d(..., layout=nchw8c,
   out_layout=nchw8c)``), so the cache key names exactly what runs, and tuning the planned
   graph's ops tunes what the compiled model executes.
@@ -24,6 +28,7 @@ planner never names a kind, it asks the registry.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -34,7 +39,11 @@ from tunecache.compiler.kinds.layouts import BLOCKED, NCHW, channel_block
 from tunecache.compiler.kinds.reorder import reorder_op
 from tunecache.compiler.ops import OpSignature
 
-__all__ = ["LayoutPlan", "blocked_layout", "plan_layouts"]
+__all__ = ["BLOCKED_COPY_MIN_BYTES", "LayoutPlan", "blocked_layout", "plan_layouts"]
+
+BLOCKED_COPY_MIN_BYTES = 32 << 10
+"""The smallest plain tensor a convolution reads through a blocked copy: below an L1's worth
+its on-the-fly gather costs less than one more kernel call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +73,7 @@ def plan_layouts(graph: Graph, hw: HardwareSpec) -> LayoutPlan:
         return LayoutPlan(graph, NCHW, frozenset(), 0)
     planner = _Planner(graph, layout)
     blocked = planner.solve()
-    if not blocked:
+    if not blocked and not planner.blocked_readers(blocked):
         return LayoutPlan(graph, layout, frozenset(), 0)
     steps, reorders = planner.rewrite(blocked, layout)
     new = Graph(graph.name, graph.opset, graph.inputs, graph.outputs, graph.constants,
@@ -188,35 +197,61 @@ class _Planner:
         copies = {t for t in blocked if not self.one_pixel(t)
                   and (t in outputs or plain_readers.get(t))}
         stored = {t: (f"{t}@{layout}" if t in copies else t) for t in blocked}
+        readers = self.blocked_readers(blocked)
         steps: list[Step] = []
         for step in self.graph.steps:
-            steps.append(self._rewritten(step, blocked, stored, layout))
+            steps.append(self._rewritten(step, blocked, stored, readers, layout))
             for t in _written(step):
                 if t in copies:
-                    steps.append(self._reorder(step.name, t, stored[t], layout))
-        return steps, len(copies)
+                    steps.append(self._reorder(step.name, t, (stored[t], t), (layout, NCHW)))
+                if t in readers.values():
+                    steps.append(self._reorder(step.name, t, (t, f"{t}@{layout}"),
+                                               (NCHW, layout)))
+        return steps, len(copies) + len(set(readers.values()))
+
+    def blocked_readers(self, blocked: set[str]) -> dict[str, str]:
+        """``{reader step: tensor}`` for a plain tensor a step writes whose reader would
+        convert it on the fly and takes it blocked: it reads a blocked copy instead, made
+        by one reorder after the producer (a convolution after a grouped one whose groups
+        are narrower than a block reads the plain channels a vector apart otherwise)."""
+        written = {t for step in self.graph.steps for t in _written(step)}
+        out: dict[str, str] = {}
+        for node in self.nodes.values():
+            ins = list(node.slot_inputs("in"))
+            if len(ins) != 1 or ins[0] in blocked or ins[0] not in written or \
+                    not self._blockable(ins[0]) or self.one_pixel(ins[0]) or \
+                    4 * math.prod(self.shapes[ins[0]]) < BLOCKED_COPY_MIN_BYTES:
+                continue
+            if node.relayout(self.layout, self.layout if node.output in blocked else NCHW):
+                out[node.step.name] = ins[0]
+        return out
 
     def _rewritten(self, step: Step, blocked: set[str], stored: Mapping[str, str],
-                   layout: str) -> Step:
+                   readers: Mapping[str, str], layout: str) -> Step:
         node = self.nodes.get(step.name)
         if node is None:
             return step
-        inputs = tuple(stored.get(t, t) if slot is not None else t
+        copy = readers.get(step.name)
+        inputs = tuple((f"{t}@{layout}" if t == copy else stored.get(t, t))
+                       if slot is not None else t
                        for t, slot in zip(step.inputs, node.slots, strict=False))
         inputs += step.inputs[len(inputs):]
         if isinstance(step, OnnxNode):
             return replace(step, inputs=inputs,
                            outputs=tuple(stored.get(t, t) for t in step.outputs))
-        ins = any(t in blocked for t in node.slot_inputs("in"))
+        ins = copy is not None or any(t in blocked for t in node.slot_inputs("in"))
         op = node.relayout(layout if ins else NCHW, layout if step.output in blocked else NCHW)
         assert isinstance(op, OpSignature)  # solve() checked this combination
         return replace(step, op=op, inputs=inputs, output=stored.get(step.output, step.output))
 
-    def _reorder(self, producer: str, tensor: str, source: str, layout: str) -> KernelNode:
-        shape = self.shapes[tensor]
-        n, c, h, w = shape
-        return KernelNode(f"{producer}/{NCHW}", (), reorder_op(n, c, h, w, src=layout, dst=NCHW),
-                          (source,), tensor, shape)
+    def _reorder(self, producer: str, tensor: str, names: tuple[str, str],
+                 layouts: tuple[str, str]) -> KernelNode:
+        """The reorder after ``producer`` of ``tensor`` from ``names[0]`` in ``layouts[0]``
+        to ``names[1]`` in ``layouts[1]``."""
+        n, c, h, w = shape = self.shapes[tensor]
+        return KernelNode(f"{producer}/{layouts[1]}", (),
+                          reorder_op(n, c, h, w, src=layouts[0], dst=layouts[1]),
+                          (names[0],), names[1], shape)
 
 
 def _written(step: Step) -> tuple[str, ...]:

@@ -92,6 +92,30 @@ def test_a_plain_reader_gets_one_reorder_and_a_4d_output_is_converted_back(
     assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
 
 
+def test_a_conv_after_a_narrow_grouped_conv_reads_a_blocked_copy(tmp_path: Path) -> None:
+    """ResNeXt's layer 1: the grouped conv's groups (4 channels) are narrower than a block,
+    so it writes plain; the 1x1 conv after it reads a blocked copy made by one reorder
+    rather than gathering channels a plane apart."""
+    b = Builder(13, seed=5)
+    x = b.input("x", [1, C, 24, 24])  # 36 KiB: past BLOCKED_COPY_MIN_BYTES
+    a = b.node("Relu", [b.conv(x, C, C, 1, pad=0, name="a")], name="a_relu")
+    g = b.node("Relu", [b.conv(a, C, C, 3, groups=C // 4, name="grouped")], name="g_relu")
+    model = b.model([b.conv(g, C, C, 1, pad=0, name="after")], "narrow_groups")
+    plan = plan_layouts(load_graph(model), AVX2)
+    layouts = _layouts(plan.graph)
+    assert layouts["grouped"] == ("nchw", "nchw") and layouts["after"] == ("nchw8c", "nchw")
+    (copy,) = [n for n in plan.graph.kernel_nodes if n.op.kind == "reorder"]
+    assert (copy.op.attr("src"), copy.op.attr("dst")) == ("nchw", "nchw8c")
+    assert copy.inputs == ("g_relu_out",)
+    assert plan.graph.kernel_nodes[-1].inputs[0] == copy.output
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic",
+                             record_wanted=False)
+    feeds = random_feeds(model)
+    assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
+
+
 def test_channels_that_do_not_fill_blocks_stay_plain() -> None:
     b = Builder(13)
     x = b.input("x", [1, 3, 8, 8])
