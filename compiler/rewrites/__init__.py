@@ -2,7 +2,8 @@
 know into nodes they do (a ``ConvTranspose`` into a ``Conv`` and an interleave, an
 ``Einsum`` product into a ``MatMul``, a group normalisation into a layer normalisation and
 a per-channel affine, DepthToSpace into a strided copy, an LSTM/GRU/RNN unrolled into
-matmuls and gates, a 3-D Conv into a 2-D one over depth-gathered channels), so the
+matmuls and gates, a 3-D Conv into a 2-D one over depth-gathered channels, opset 23's
+Attention into MatMul/Softmax/MatMul), so the
 lowerings see only what they know. One module per rewrite; :func:`rewrite_nodes` runs them
 in order."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tunecache.compiler.onnx_nodes import ReadNode
+from tunecache.compiler.rewrites.attention23 import attention_nodes
 from tunecache.compiler.rewrites.conv3d import depth_gathered_convs
 from tunecache.compiler.rewrites.conv_transpose import transposed_convs
 from tunecache.compiler.rewrites.depth_space import depth_space_views
@@ -24,7 +26,8 @@ __all__ = ["REWRITES", "RewriteTensors", "leftover_problem", "rewrite_nodes"]
 Rewrite = Callable[[list[ReadNode], RewriteTensors], list[ReadNode]]
 
 REWRITES: tuple[Rewrite, ...] = (einsum_products, transposed_convs, depth_gathered_convs,
-                                  group_norms, depth_space_views, recurrent_layers)
+                                  group_norms, depth_space_views, recurrent_layers,
+                                  attention_nodes)
 
 
 def rewrite_nodes(nodes: list[ReadNode], tensors: RewriteTensors) -> list[ReadNode]:
