@@ -36,6 +36,16 @@ def _layouts(graph: Graph) -> dict[str, tuple[str, ...]]:
             for n in graph.kernel_nodes}
 
 
+def _matches_onnxruntime(model: onnx.ModelProto, tmp_path: Path) -> None:
+    """Compile ``model`` (analytic schedules, planned layouts) and compare with onnxruntime."""
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic",
+                             record_wanted=False)
+    feeds = random_feeds(model)
+    assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
+
+
 def _chain() -> onnx.ModelProto:
     """conv -> relu -> maxpool -> conv (+ residual) -> relu -> global pool -> flatten -> gemm."""
     b = Builder(13, seed=3)
@@ -84,12 +94,7 @@ def test_a_plain_reader_gets_one_reorder_and_a_4d_output_is_converted_back(
     assert reorders[0].output == "a_relu_out" and reorders[0].inputs == ("a_relu_out@nchw8c",)
     assert _layouts(plan.graph)["b"] == ("nchw8c", "nchw")
 
-    path = tmp_path / "m.onnx"
-    onnx.save(model, path)
-    compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic",
-                             record_wanted=False)
-    feeds = random_feeds(model)
-    assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
+    _matches_onnxruntime(model, tmp_path)
 
 
 def test_a_conv_after_a_narrow_grouped_conv_reads_a_blocked_copy(tmp_path: Path) -> None:
@@ -108,12 +113,7 @@ def test_a_conv_after_a_narrow_grouped_conv_reads_a_blocked_copy(tmp_path: Path)
     assert (copy.op.attr("src"), copy.op.attr("dst")) == ("nchw", "nchw8c")
     assert copy.inputs == ("g_relu_out",)
     assert plan.graph.kernel_nodes[-1].inputs[0] == copy.output
-    path = tmp_path / "m.onnx"
-    onnx.save(model, path)
-    compiled = compile_model(path, store=Store(tmp_path / "s"), policy="analytic",
-                             record_wanted=False)
-    feeds = random_feeds(model)
-    assert_close(compiled.run(feeds), ort_run(model, feeds), [o.name for o in model.graph.output])
+    _matches_onnxruntime(model, tmp_path)
 
 
 def test_channels_that_do_not_fill_blocks_stay_plain() -> None:
