@@ -235,6 +235,22 @@ def mlp_model(opset: int = 9) -> onnx.ModelProto:
     return b.model([b.node("Softmax", [u], axis=1)], "mlp")
 
 
+def op_model(op: str, x: Sequence[int | str], inits: Mapping[str, np.ndarray], *,
+             follow: str | None = None, opset: int = 17, ir_version: int = 8,
+             **attrs: Any) -> onnx.ModelProto:
+    """``y = op(x, *inits)`` with float input ``x`` and constant ``inits`` (in order), then
+    ``follow`` (a unary op) on its result when given."""
+    nodes = [helper.make_node(op, ["x", *inits], ["t" if follow else "y"], **attrs)]
+    if follow:
+        nodes.append(helper.make_node(follow, ["t"], ["y"]))
+    graph = helper.make_graph(
+        nodes, op.lower(), [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, n) for n, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=ir_version)
+
+
 def ort_run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """onnxruntime's outputs for ``feeds`` (basic optimisations, one thread)."""
     import onnxruntime as ort

@@ -10,11 +10,10 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("onnxruntime")
 
-from onnx_support import compile_and_compare
+from onnx_support import compile_and_compare, op_model
 
 from tunecache.compiler.frontend import load_graph
 
@@ -25,15 +24,7 @@ def _model(x: list[int], w: list[int], bias: bool = True, follow: str | None = N
     inits = {"w": rng.standard_normal(w).astype(np.float32)}
     if bias:
         inits["b"] = rng.standard_normal(w[0]).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", *inits], ["t" if follow else "y"], **attrs)]
-    if follow:
-        nodes.append(helper.make_node(follow, ["t"], ["y"]))
-    graph = helper.make_graph(
-        nodes, "conv3d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(v, n) for n, v in inits.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                             ir_version=8)
+    return op_model("Conv", x, inits, follow=follow, **attrs)
 
 
 CASES: dict[str, tuple[list[int], list[int], dict[str, Any]]] = {

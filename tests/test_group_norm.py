@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("onnxruntime")
 
-from onnx_support import ort_run
+from onnx_support import op_model, ort_run
 
 from tunecache.cache.store import Store
 from tunecache.compiler.frontend import load_graph
@@ -22,16 +22,8 @@ from tunecache.tuner.deploy import compile_model
 def _model(op: str, x: list[int | str], params: int, opset: int, follow: str | None = None,
            **attrs: object) -> onnx.ModelProto:
     rng = np.random.default_rng(params)
-    inits = [numpy_helper.from_array(rng.standard_normal(params).astype(np.float32), n)
-             for n in ("scale", "bias")]
-    nodes = [helper.make_node(op, ["x", "scale", "bias"], ["t" if follow else "y"], **attrs)]
-    if follow:
-        nodes.append(helper.make_node(follow, ["t"], ["y"]))
-    graph = helper.make_graph(
-        nodes, "norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                             ir_version=10)
+    inits = {n: rng.standard_normal(params).astype(np.float32) for n in ("scale", "bias")}
+    return op_model(op, x, inits, follow=follow, opset=opset, ir_version=10, **attrs)
 
 
 CASES = {

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("onnxruntime")
 
-from onnx_support import compile_and_compare, ort_run
+from onnx_support import compile_and_compare, op_model, ort_run
 
 from tunecache.cache.store import Store
 from tunecache.compiler.frontend import load_graph
@@ -25,21 +25,10 @@ from tunecache.tuner.deploy import compile_model
 def _model(x: list[int], w: list[int], *, bias: bool = True, opset: int = 17,
            follow: str | None = None, **attrs: Any) -> onnx.ModelProto:
     rng = np.random.default_rng(len(x) + sum(w))
-    inits = [numpy_helper.from_array(rng.standard_normal(w).astype(np.float32), "w")]
-    inputs = ["x", "w"]
+    inits = {"w": rng.standard_normal(w).astype(np.float32)}
     if bias:
-        out_channels = w[1] * int(attrs.get("group", 1))
-        inits.append(numpy_helper.from_array(
-            rng.standard_normal(out_channels).astype(np.float32), "b"))
-        inputs.append("b")
-    nodes = [helper.make_node("ConvTranspose", inputs, ["t" if follow else "y"], **attrs)]
-    if follow:
-        nodes.append(helper.make_node(follow, ["t"], ["y"]))
-    graph = helper.make_graph(
-        nodes, "convtranspose", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                             ir_version=8)
+        inits["b"] = rng.standard_normal(w[1] * int(attrs.get("group", 1))).astype(np.float32)
+    return op_model("ConvTranspose", x, inits, follow=follow, opset=opset, **attrs)
 
 
 CASES = {
