@@ -73,9 +73,10 @@ def plan_layouts(graph: Graph, hw: HardwareSpec) -> LayoutPlan:
         return LayoutPlan(graph, NCHW, frozenset(), 0)
     planner = _Planner(graph, layout)
     blocked = planner.solve()
-    if not blocked and not planner.blocked_readers(blocked):
+    readers = planner.blocked_readers(blocked)
+    if not blocked and not readers:
         return LayoutPlan(graph, layout, frozenset(), 0)
-    steps, reorders = planner.rewrite(blocked, layout)
+    steps, reorders = planner.rewrite(blocked, readers, layout)
     new = Graph(graph.name, graph.opset, graph.inputs, graph.outputs, graph.constants,
                 tuple(steps))
     return LayoutPlan(new, layout, frozenset(blocked), reorders)
@@ -190,14 +191,15 @@ class _Planner:
         ok = node.relayout(self.layout if src else NCHW, self.layout if dst else NCHW)
         return (src, dst) if ok else None
 
-    def rewrite(self, blocked: set[str], layout: str) -> tuple[list[Step], int]:
-        """The graph's steps with blocked ops, renamed blocked tensors and reorders."""
+    def rewrite(self, blocked: set[str], readers: Mapping[str, str],
+                layout: str) -> tuple[list[Step], int]:
+        """The graph's steps with blocked ops, renamed blocked tensors and reorders (both
+        ways: ``readers`` from :meth:`blocked_readers`)."""
         outputs = {o.name for o in self.graph.outputs}
         plain_readers = _plain_readers(self.graph, self.nodes)
         copies = {t for t in blocked if not self.one_pixel(t)
                   and (t in outputs or plain_readers.get(t))}
         stored = {t: (f"{t}@{layout}" if t in copies else t) for t in blocked}
-        readers = self.blocked_readers(blocked)
         steps: list[Step] = []
         for step in self.graph.steps:
             steps.append(self._rewritten(step, blocked, stored, readers, layout))

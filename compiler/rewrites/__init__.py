@@ -50,8 +50,5 @@ def leftover_problem(nodes: list[ReadNode], tensors: RewriteTensors) -> str | No
         for check in LEFTOVER_CHECKS:
             problem = check(node, tensors)
             if problem:
-                return (f"node {node.name!r} ({node.op_type}): {problem} is not supported "
-                        "(ONNX's reference implementation ignores it, and the node could "
-                        "not be unrolled into kernels: its weights must be constants and its "
-                        "shapes known)")
+                return f"node {node.name!r} ({node.op_type}): {problem}"
     return None

@@ -38,6 +38,9 @@ _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"),
                         "RNN": ("Tanh",)}
 _ACTIVATIONS = {"Sigmoid", "Tanh", "Relu"}
+_UNROLL_HINT = ("is not supported (ONNX's reference implementation ignores it, and the node "
+                "could not be unrolled into kernels: its weights must be constants and its "
+                "shapes known)")
 
 
 @dataclass(frozen=True)
@@ -80,15 +83,15 @@ def reference_problem(node: ReadNode, tensors: RewriteTensors) -> str | None:
     x_shape = tensors.shapes.get(node.inputs[0]) or ()
     seq = x_shape[1 if int(attrs.get("layout", 0)) else 0] if len(x_shape) == 3 else None
     if lengths is not None and seq is not None and not (lengths == seq).all():
-        return "sequence_lens shorter than the sequence"  # (a tensor: checked at run time)
+        return f"sequence_lens shorter than the sequence {_UNROLL_HINT}"
     if "clip" in attrs:
-        return "clip"
+        return f"clip {_UNROLL_HINT}"
     if int(attrs.get("input_forget", 0)):
-        return "input_forget"
+        return f"input_forget {_UNROLL_HINT}"
     names = tuple(str(a) for a in attrs.get("activations") or ())
     default = _DEFAULT_ACTIVATIONS[node.op_type]
     if node.op_type != "RNN" and names and names != default * (len(names) // len(default)):
-        return f"activations {list(names)}"
+        return f"activations {list(names)} {_UNROLL_HINT}"
     return None
 
 
@@ -174,7 +177,7 @@ def _direction(chain: NodeChain, node: ReadNode, layer: _Layer, x: str, d: int
     projected = chain.add(
         "MatMul", (x, chain.constant("w", np.ascontiguousarray(w.T))),
         (layer.seq, layer.batch, width))
-    projected = chain.add("Add", (projected, chain.constant("b", cell.input_bias(b, layer))),
+    projected = chain.add("Add", (projected, chain.constant("b", _summed_bias(b, layer))),
                           (layer.seq, layer.batch, width))
     step_shape = (1, layer.batch, width)
     inputs = chain.split(projected, 0, [1] * layer.seq, [step_shape] * layer.seq)
@@ -247,11 +250,9 @@ class _Weights:
 
 @dataclass(frozen=True)
 class _Cell:
-    """One recurrent cell: the initial-state inputs it reads, the bias its input projection
-    adds, and one step."""
+    """One recurrent cell: the initial-state inputs it reads and one step."""
 
     initial_inputs: tuple[int, ...]
-    input_bias: Callable[[np.ndarray, _Layer], np.ndarray]
     step: Callable[[NodeChain, _Layer, str, list[str], _Weights, tuple[str, ...]], list[str]]
 
 
@@ -352,6 +353,5 @@ def _summed_bias(b: np.ndarray, layer: _Layer) -> np.ndarray:
     return summed
 
 
-_CELLS = {"LSTM": _Cell((5, 6), _summed_bias, _lstm_step),
-          "GRU": _Cell((5,), _summed_bias, _gru_step),
-          "RNN": _Cell((5,), _summed_bias, _rnn_step)}
+_CELLS = {"LSTM": _Cell((5, 6), _lstm_step), "GRU": _Cell((5,), _gru_step),
+          "RNN": _Cell((5,), _rnn_step)}
