@@ -53,7 +53,7 @@ ZOO: dict[str, tuple[str, int]] = {**_SEGMENTATION,
                                    **{f"{k}_dynamo": v for k, v in _SEGMENTATION.items()},
                                    **_DETECTION, **_CLASSIFICATION, **_VIDEO}
 DEFAULT = ("lraspp_mbv3", "deeplabv3_mbv3", "lraspp_mbv3_dynamo", "ssdlite320",
-           "fasterrcnn_mbv3_320", "resnext50_32x4d")
+           "fasterrcnn_mbv3_320", "resnext50_32x4d", "r3d_18", "r2plus1d_18")
 
 
 def _module(key: str) -> Any:
