@@ -206,16 +206,26 @@ def _check(key: str, exporter: str, work: Path) -> dict[str, Any]:
     return row
 
 
-def _table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| model | exporter | status | rel. error | in kernels | compile |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        err = f"{r['error']:.1e}" if "error" in r else "—"
-        share = f"{100 * r['in_kernels']:.0f}%" if "in_kernels" in r else "—"
-        took = f"{r['compile_s']:.1f} s" if "compile_s" in r else "—"
-        lines.append(f"| {r['model']} | {r['exporter']} | {r['status']} | {err} | {share} | "
-                     f"{took} |")
-    return lines
+def _line(r: dict[str, Any]) -> str:
+    """One export's progress line: model, exporter, status, error, in kernels, compile."""
+    err = f"{r['error']:.1e}" if "error" in r else "—"
+    share = f"{100 * r['in_kernels']:.0f}%" if "in_kernels" in r else "—"
+    took = f"{r['compile_s']:.1f} s" if "compile_s" in r else "—"
+    return f"| {r['model']} | {r['exporter']} | {r['status']} | {err} | {share} | {took} |"
+
+
+def _table(rows: list[dict[str, Any]], exporters: list[str]) -> list[str]:
+    """One row per family, one column per exporter: status, error and in-kernels share."""
+    def cell(r: dict[str, Any] | None) -> str:
+        if r is None or "error" not in r:
+            return "—" if r is None else r["status"]
+        return f"{r['status']} ({r['error']:.0e}, {100 * r['in_kernels']:.0f}% in kernels)"
+
+    found = {(r["model"], r["exporter"]): r for r in rows}
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    return ["| model | " + " | ".join(exporters) + " |", "|---" * (len(exporters) + 1) + "|",
+            *(f"| {m} | " + " | ".join(cell(found.get((m, e))) for e in exporters) + " |"
+              for m in models)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,17 +251,17 @@ def main(argv: list[str] | None = None) -> int:
         for key in keys:
             for exporter in exporters:
                 rows.append(_check(key, exporter, Path(tmp)))
-                print(_table([rows[-1]])[-1], flush=True)
+                print(_line(rows[-1]), flush=True)
     counts = {s: sum(r["status"] == s for r in rows) for s in ("match", "WRONG")}
     summary = (f"{counts['match']} of {len(rows)} exports match onnxruntime, "
                f"{counts['WRONG']} wrong; the others are listed with what failed.")
     print(summary)
     if not args.no_write:
-        _write(rows, summary)
+        _write(_table(rows, exporters), summary)
     return 0
 
 
-def _write(rows: list[dict[str, Any]], summary: str) -> None:
+def _write(table: list[str], summary: str) -> None:
     import torch
     import transformers
     from _report import git_revision, machine_summary, write_section
@@ -260,7 +270,7 @@ def _write(rows: list[dict[str, Any]], summary: str) -> None:
         machine_summary(), "",
         f"Revision `{git_revision()}`; torch {torch.__version__}, transformers "
         f"{transformers.__version__}. Small configs (two layers, width 64, random weights), "
-        "batch 1; untuned (analytic policy). " + summary, "", *_table(rows)]))
+        "batch 1; untuned (analytic policy). " + summary, "", *table]))
 
 
 if __name__ == "__main__":
