@@ -32,6 +32,9 @@ HW = local_spec()
 VNNI = "avx512_vnni" in cpu_features()
 SPECS = [replace(HW.with_isa(isa), features=()) for isa in runnable_isas(HW)]
 SHAPES = [(1, 1, 1), (33, 40, 17), (7, 129, 64), (64, 48, 200)]
+VECTORS = replace(HW.with_isa("avx512"), features=tuple(
+    f for f in HW.features if not f.startswith("amx"))) if "avx512" in runnable_isas(HW) else HW
+"""AVX-512 with this CPU's dot products but not its matrix tiles (test_matmul_tiles.py)."""
 
 
 def _exact(op: OpSignature, hw: HardwareSpec, threads: int) -> None:
@@ -53,7 +56,7 @@ def test_int8_is_exact_on_every_level(hw: HardwareSpec, m: int, n: int, k: int,
 @pytest.mark.skipif(not VNNI, reason="needs a CPU with AVX512-VNNI")
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)
 def test_int8_is_exact_with_vnni(m: int, n: int, k: int) -> None:
-    _exact(matmul_op(m, n, k, dtype="int8"), HW.with_isa("avx512"), 2)
+    _exact(matmul_op(m, n, k, dtype="int8"), VECTORS, 2)
 
 
 def test_the_kernel_uses_vnni_where_the_spec_has_it_and_pairs_elsewhere() -> None:
@@ -149,7 +152,7 @@ def test_bf16_accumulates_in_float32_on_every_level(hw: HardwareSpec, m: int, n:
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)
 def test_bf16_pairs_match_the_widening_path(m: int, n: int, k: int) -> None:
     op = matmul_op(m, n, k, dtype="bf16")
-    pairs = _close(op, HW.with_isa("avx512"), 1)
+    pairs = _close(op, VECTORS, 1)
     widened = _close(op, replace(HW.with_isa("avx512"), features=()), 1)
     rtol, atol = tolerance(op, random_inputs(op, seed=op.dim("N")))
     np.testing.assert_allclose(pairs, widened, rtol=2 * rtol, atol=2 * atol)

@@ -73,6 +73,20 @@ class IsaDialect:
     native: frozenset[str] = frozenset()
     """The low-precision dtypes whose vocabulary is the hardware's own dot product (VNNI,
     AVX512-BF16), not a widening emulation: what a precision policy may choose for speed."""
+    tiles: tuple[tuple[str, str], ...] = ()
+    """Per low-precision dtype with matrix tiles (AMX), the C of their vocabulary, after the
+    dtype's dot-product vocabulary (whose ``IGROUP``, ``ib_t`` and ``IB_FROM`` it keeps):
+    ``TK``, the K elements one tile row holds (64 bytes); ``TCONFIG()``, every tile 16 rows
+    of 64 bytes, per thread before its first tile instruction; ``TZERO(t)``,
+    ``TLOAD(t, p, stride)``, ``TSTORE(t, p, stride)`` (stride in bytes), ``TDOT(c, a, b)``
+    (tile ``c`` plus ``a`` (16 rows x ``TK``) times ``b`` (``TK / IGROUP`` rows of 16
+    columns x ``IGROUP``), exact in int32 or summed in float32), ``TRELEASE()``. Its source
+    defines the symbol ``tc_needs_tiles``, by which the loader knows to ask the OS for the
+    tile state first."""
+
+    def tile_vocabulary(self, dtype: str) -> str:
+        """The tile vocabulary of ``dtype`` (empty: no tiles for it)."""
+        return dict(self.tiles).get(dtype, "")
 
 
 _GENERIC_PRELUDE = """\

@@ -156,6 +156,8 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
         return estimate_dot(op, s, hw)
     if s.strassen:
         return estimate_strassen(op, s, hw)
+    if s.loop_order == "amx":
+        return estimate_tiles(op, s, hw)
     b = _blocking(op, s)
     peak = peak_gflops_per_core(hw) * 1e9
     rows, cols, items = _busiest_share(s, b)
@@ -171,6 +173,40 @@ def estimate_matmul(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Est
     overhead_s = _overhead_s(s, arch, b)
     seconds = max(compute_s, floor_s) + memory_s + overhead_s
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+TILE_PRODUCT_CYCLES = 16
+"""Cycles one AMX tile product (``tdpbusd``, ``tdpbf16ps``: 16 x 16 x 64 bytes) takes."""
+TILE_LOAD_CYCLES = 8
+"""Cycles one tile load (1 KiB from L1 or L2) costs the product stream. With these two,
+BERT-base's 128x3072x768 int8 product at 2x2 tiles (a load per product) estimates 0.15 ms
+of tile work, 1x1 tiles (two loads a product) 1.25x that; measured 0.34 and 0.48 ms with
+the epilogue (one thread, AMX Xeon)."""
+FINISH_CYCLES_PER_VECTOR = 6
+"""A finished row's cost per vector of C: convert, the epilogue's steps, store."""
+
+
+def estimate_tiles(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> Estimate:
+    """Estimate for ``loop_order="amx"``: the busiest thread's tile products and loads (rows
+    and columns padded to whole tiles, K to whole tile rows of 64 bytes), its rows finished
+    by the vector epilogue, and the weights streamed (:func:`_floor_s`), plus the call."""
+    arch = constants(hw)
+    M, N, K = op.dim("M"), op.dim("N"), op.dim("K")
+    tile_k = 64 // op.dtype_bytes
+    rows = ceil_div(ceil_div(M, s.mr), s.threads) * s.mr
+    cols, steps = round_up(N, s.nr), ceil_div(K, tile_k)
+    panels = (rows // s.mr) * (cols // s.nr) * steps
+    products = panels * (s.mr // 16) * (s.nr // 16)
+    loads = panels * (s.mr // 16 + s.nr // 16)
+    hz = arch.ghz * 1e9
+    compute_s = (products * TILE_PRODUCT_CYCLES + loads * TILE_LOAD_CYCLES) / hz
+    finish_s = min(rows, M) * cols / hw.lanes * FINISH_CYCLES_PER_VECTOR / hz
+    pack_s = 4.0 * min(rows, M) * K / (arch.pack_gbps * 1e9)
+    prepacked = op_kind(op.kind).prepacked_timing
+    floor_s = _floor_s(op, s, hw, arch, min(1.0, rows / max(1, M)), prepacked)
+    overhead_s = arch.call_overhead_s + (arch.fork_join_s if s.threads > 1 else 0.0)
+    seconds = max(compute_s, floor_s) + finish_s + pack_s + overhead_s
+    return Estimate(seconds, op.flops / seconds / 1e9, compute_s, finish_s + pack_s, overhead_s)
 
 
 def _efficiency(s: MatmulSchedule, hw: HardwareSpec, arch: ArchConstants, b: _Blocking) -> float:

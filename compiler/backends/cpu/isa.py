@@ -336,7 +336,47 @@ def dialect_for(isa: str, features: tuple[str, ...] = ()) -> IsaDialect:
         base = replace(base, int8=_AVX512_VNNI_INT8, native=base.native | {"int8"})
     if "avx512_bf16" in features:
         base = replace(base, bf16=_AVX512_BF16, native=base.native | {"bf16"})
-    return base
+    tiles = tuple((dtype, _amx(dtype)) for dtype, needs in AMX_FEATURES.items()
+                  if dtype in base.native and needs <= set(features))
+    return replace(base, tiles=tiles) if tiles else base
+
+
+AMX_FEATURES = {"int8": frozenset({"amx_tile", "amx_int8"}),
+                "bf16": frozenset({"amx_tile", "amx_bf16"})}
+"""The CPU features a dtype's AMX tiles need (beside its AVX-512 dot product)."""
+
+
+def _amx(dtype: str) -> str:
+    """The AMX tile vocabulary of ``dtype`` (``IsaDialect.tiles``): ``tdpbusd`` (u8 x s8,
+    int32) or ``tdpbf16ps`` (bf16 pairs, float32), every tile 16 rows x 64 bytes."""
+    target, dot, tk = (("amx-int8", "_tile_dpbusd", 64) if dtype == "int8"
+                       else ("amx-bf16", "_tile_dpbf16ps", 32))
+    return f"""\
+#include <string.h>
+#pragma GCC target("amx-tile,{target}")
+const int tc_needs_tiles = 1;
+#define TK {tk}
+typedef struct {{
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+}} tc_tile_config;
+static inline void TCONFIG(void) {{
+  tc_tile_config c;
+  memset(&c, 0, sizeof c);
+  c.palette = 1;
+  for (int t = 0; t < 8; t++) {{
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }}
+  _tile_loadconfig(&c);
+}}
+#define TZERO(t) _tile_zero(t)
+#define TLOAD(t, p, stride) _tile_loadd(t, (const void *)(p), (stride))
+#define TSTORE(t, p, stride) _tile_stored(t, (void *)(p), (stride))
+#define TDOT(c, a, b) {dot}(c, a, b)
+#define TRELEASE() _tile_release()
+"""
 
 
 def dialect(isa: str) -> IsaDialect:

@@ -18,6 +18,7 @@ from tunecache.compiler.backends import Timer
 from tunecache.compiler.backends.cpu.build import open_verified
 from tunecache.compiler.backends.cpu.runner import time_rotating_function
 from tunecache.compiler.backends.cpu.threads import configure_openmp
+from tunecache.compiler.backends.cpu.tiles import request_tile_state
 from tunecache.compiler.buffers import aligned_copy, aligned_empty
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.ops import OpSignature
@@ -38,6 +39,8 @@ class Kernel:
         # run at load time): see tunecache.compiler.backends.cpu.build.open_verified.
         with open_verified(self.path) as loadable:
             self._lib = ctypes.CDLL(loadable)
+        if hasattr(self._lib, "tc_needs_tiles"):
+            request_tile_state()  # before its first tile instruction, or it dies of SIGILL
         self._entry = self._lib.tc_kernel
         self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         self._entry.restype = ctypes.c_int

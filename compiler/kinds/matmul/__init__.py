@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from tunecache.compiler.backends import backend_for
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
@@ -24,6 +25,7 @@ from tunecache.compiler.kinds.matmul.emit import generate_matmul
 from tunecache.compiler.kinds.matmul.emit_dot import generate_matmul_dot
 from tunecache.compiler.kinds.matmul.emit_lowp import dynamic_a, float_a, generate_lowp
 from tunecache.compiler.kinds.matmul.emit_strassen import generate_strassen
+from tunecache.compiler.kinds.matmul.emit_tiles import TILE_REGISTERS, TILE_ROWS, tiles_used
 from tunecache.compiler.kinds.matmul.space import (
     LOOP_ORDERS,
     PARALLEL_AXES,
@@ -254,13 +256,37 @@ def gemm_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> list[
     """:func:`matmul_problems`, and for int8 and bf16 the knobs their kernel has one value
     of and its tile's limit."""
     found = matmul_problems(op, s, hw)
-    if op.dtype != "float32":
+    if op.dtype != "float32" and s.loop_order == "amx":
+        fixed = {k: v for k, v in LOWP_KNOBS.items() if k != "loop_order"}
+        found += [f"{_a(op.dtype)} matmul takes {knob}={want!r}, not {getattr(s, knob)!r}"
+                  for knob, want in fixed.items() if getattr(s, knob) != want]
+        found += tile_problems(op, s, hw)
+    elif op.dtype != "float32":
         found += [f"{_a(op.dtype)} matmul takes {knob}={want!r}, not {getattr(s, knob)!r}"
                   for knob, want in LOWP_KNOBS.items() if getattr(s, knob) != want]
         accumulators = s.mr * (s.nr // hw.lanes)
         if accumulators > hw.vector_registers // 2:
             found.append(f"{_a(op.dtype)} tile {s.mr}x{s.nr} has {accumulators} accumulators; "
                          f"at most {hw.vector_registers // 2} on {hw.isa}")
+    return found
+
+
+def tile_dtypes(hw: HardwareSpec) -> frozenset[str]:
+    """The dtypes whose matmuls ``hw`` runs on matrix tiles (AMX)."""
+    return frozenset(dtype for dtype, _ in backend_for(hw).dialect(hw).tiles)
+
+
+def tile_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> list[str]:
+    """Why ``loop_order=amx`` cannot run ``op`` under ``s`` on ``hw`` (empty: it can)."""
+    found = []
+    if op.dtype not in tile_dtypes(hw):
+        found.append(f"loop_order=amx needs {op.dtype} matrix tiles (AMX); {hw.hw_id} has none")
+    if s.mr % TILE_ROWS or s.nr % TILE_ROWS:
+        found.append(f"loop_order=amx takes mr and nr in whole tiles of {TILE_ROWS}, "
+                     f"not {s.mr}x{s.nr}")
+    elif tiles_used(s.mr, s.nr) > TILE_REGISTERS:
+        found.append(f"tile {s.mr}x{s.nr} needs {tiles_used(s.mr, s.nr)} tile registers "
+                     f"(C, A and B); there are {TILE_REGISTERS}")
     return found
 
 
@@ -274,6 +300,12 @@ def default_gemm_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -
     # Columns in blocks whose packed B (up to 2 bytes an element) fills L2, which every row
     # tile then reads from L2: 128x3072x768 swept whole ran 1.54 ms, in 640-column blocks
     # 1.40 (320: 1.64; 1280: 1.49; one thread, Zen 4).
+    if op.dtype in tile_dtypes(hw):
+        # Two by two tiles of C: each K step loads two A and two B tiles for four products.
+        nr = 2 * TILE_ROWS
+        return replace(s, mr=2 * TILE_ROWS, nr=nr, nc=lowp_column_block(op, hw, nr),
+                       mc=2 * TILE_ROWS, pack_a=0, pack_b=1, strassen=0, loop_order="amx",
+                       unroll=1, parallel="m")
     nr = (4 if hw.vector_registers >= 32 else 2) * hw.lanes
     return replace(s, mr=4, nr=nr, nc=lowp_column_block(op, hw, nr), mc=max(4, s.mc // 4 * 4),
                    pack_a=0, pack_b=1, strassen=0, loop_order="jpi", unroll=1, parallel="m")
@@ -292,8 +324,8 @@ def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int | str, ...]
     K's block (no N blocks); the rows ``M`` and every other knob leave the packed bytes the
     same."""
     n, k, nr = op.dim("N"), op.dim("K"), s.nr
-    if op.dtype != "float32":
-        return n, k, nr, op.dtype  # one panel layout per dtype and width
+    if op.dtype != "float32":  # one panel layout per dtype, width and K padding
+        return (n, k, nr, op.dtype) + (("amx",) if s.loop_order == "amx" else ())
     if s.strassen:
         return (n, k, int(op.trans_b), nr, min(s.kc, strassen_blocks(op, s.strassen)[2]), 0,
                 s.strassen)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamble
 from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS, TILE_SIZES, tile_rows
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 
@@ -90,10 +91,10 @@ _BODY = """\
 {weights}
   BARRIER();
   split_range((M + MR - 1) / MR, TID, NTH, &lo, &hi);
-  for (long j0 = 0; j0 < NP; j0 += NC)
+{start}  for (long j0 = 0; j0 < NP; j0 += NC)
     for (long tile = lo; tile < hi; tile++)
       tc_lowp_rows(Ap, Bp, (tc_t *)C, {scale}, {bias}, tile * MR, j0, MIN(NP, j0 + NC));
-"""
+{end}"""
 _PREPARE = "  tc_lowp_pack_a(A, qa, Ap, lo, hi);"
 _PREPARE_DYNAMIC = """\
   /* A's range over every thread's rows, then its parameters, its rows quantized with them
@@ -214,13 +215,15 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     dynamic = dynamic_a(op)
     ta, tb, tacc = TYPES[op.dtype]
     tc = "float" if "dequant" in op.epilogue else tacc
-    vocabulary = d.int8 if op.dtype == "int8" else d.bf16
+    tiles = s.loop_order == "amx"
+    vocabulary = (d.int8 if op.dtype == "int8" else d.bf16) + d.tile_vocabulary(op.dtype) * tiles
     sizes = (f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tacc} tacc_t;\n"
              f"typedef {tc} tc_t;\n"
-             "#define KG ((K + IGROUP - 1) / IGROUP)\n#define KP (KG * IGROUP)\n"
-             # (+ 4: IBCAST may read a whole group's word past the last pair)
-             "#define A_BYTES ((M * KP * (long)sizeof(ta_t) + 4 + 63) / 64 * 64)\n"
-             "#define B_BYTES (KG * NP * IGROUP * (long)sizeof(ib_t))\n"
+             + (TILE_SIZES if tiles else
+                "#define KG ((K + IGROUP - 1) / IGROUP)\n#define KP (KG * IGROUP)\n"
+                # (+ 4: IBCAST may read a whole group's word past the last pair)
+                "#define A_BYTES ((M * KP * (long)sizeof(ta_t) + 4 + 63) / 64 * 64)\n")
+             + "#define B_BYTES (KG * NP * IGROUP * (long)sizeof(ib_t))\n"
              "#define DYN_BYTES " + ("(((2 * TEAM + 2 * N) * 4 + 63) / 64 * 64)\n"
                                      if dynamic else "0\n"))
     packed = PackedWeights("((B_BYTES + 3) / 4)",
@@ -230,12 +233,15 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         return _BODY.format(prepare=_PREPARE_DYNAMIC if dynamic else _PREPARE,
                             weights=_PACKED_ONCE if once else _PACK_PER_CALL,
                             scale="dq" if dynamic else "scale",
-                            bias="dq + N" if dynamic else "bias")
+                            bias="dq + N" if dynamic else "bias",
+                            start="  TCONFIG();\n" if tiles else "",
+                            end="  TRELEASE();\n" if tiles else "")
 
     return "\n".join([
         preamble(d, constants, s.threads), "#include <stdint.h>\n#include <math.h>",
         vocabulary, sizes, scalar_helpers(op.epilogue), _PACK_A % _a_row(op), _PACK_B,
-        _DYNAMIC if dynamic else "", _finish(op), _rows(s.mr, nv),
+        _DYNAMIC if dynamic else "", _finish(op),
+        tile_rows(s.mr // TILE_ROWS, s.nr // TILE_ROWS) if tiles else _rows(s.mr, nv),
         kernel_entries(op, body, threads=s.threads,
                        ws_floats="((A_BYTES + DYN_BYTES + B_BYTES + 3) / 4)",
                        packed=packed, packed_ws_floats="((A_BYTES + DYN_BYTES + 3) / 4)",

@@ -43,7 +43,7 @@ from tunecache.compiler.schedule import (
 
 MAX_KC = 8192
 UNROLLS = (1, 2, 4, 8)
-LOOP_ORDERS = ("jpi", "ipj", "dot")
+LOOP_ORDERS = ("jpi", "ipj", "dot", "amx")
 PARALLEL_AXES = ("m", "n", "batch")
 
 
@@ -86,7 +86,7 @@ def matmul_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> lis
         problems.append(f"nr={s.nr} must be a positive multiple of {lanes} ({hw.isa} lanes)")
     elif s.nr // lanes > MAX_NR_VECTORS:
         problems.append(f"nr={s.nr} exceeds {MAX_NR_VECTORS} vectors of {lanes} lanes")
-    elif 1 <= s.mr <= MAX_MR:
+    elif 1 <= s.mr <= MAX_MR and s.loop_order != "amx":  # tiles: gemm_problems
         nv = s.nr // lanes
         needed = s.mr * nv + nv + 1
         if needed > hw.vector_registers:
@@ -111,6 +111,8 @@ def matmul_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> lis
             problems.append("loop_order=dot reads A and B in place: use pack_a=0, pack_b=0")
     elif s.pack_b == 0 and op.trans_b:
         problems.append("pack_b=0 needs B stored untransposed (layout ?n); this op has B transposed")
+    if s.loop_order == "amx" and (op.dtype == "float32" or "B" in op.dims_dict):
+        problems.append("loop_order=amx (matrix tiles) is for int8 and bf16 matmuls")
     if s.loop_order not in LOOP_ORDERS:
         problems.append(f"loop_order={s.loop_order!r}; expected one of {', '.join(LOOP_ORDERS)}")
     if s.unroll not in UNROLLS:

@@ -1,0 +1,62 @@
+"""The matrix-tile (AMX) engine of the low-precision matmul (``loop_order=amx``).
+
+A tile is 16 rows of 64 bytes: 16 rows of A by ``TK`` K elements (64 u8 or 32 bf16), 16
+K groups of B's packed layout (``[K groups][NP][IGROUP]``, the VNNI layout, so the packing
+is the vector engine's) by 16 columns, and 16 x 16 int32 or float32 of C. Eight tiles: a
+``mr x nr`` register tile of C takes ``mr/16 * nr/16`` of them, plus ``mr/16`` of A and
+``nr/16`` of B. Each K step loads the A and B tiles once and multiplies every pair; the C
+tiles are stored to a buffer on the stack and each row finished by the vector epilogue.
+A's rows are packed to whole tiles of K (zero past K) in a buffer of whole ``mr`` tiles of
+rows; the rows past M are never written, and their C rows never stored.
+"""
+
+from __future__ import annotations
+
+TILE_ROWS = 16
+"""Rows (and 4-byte columns) of one tile."""
+TILE_REGISTERS = 8
+
+TILE_SIZES = """\
+#define KP ((K + TK - 1) / TK * TK)
+#define KG (KP / IGROUP)
+#define MP ((M + MR - 1) / MR * MR)
+#define A_BYTES ((MP * KP * (long)sizeof(ta_t) + 63) / 64 * 64)
+"""
+
+
+def tiles_used(mr: int, nr: int) -> int:
+    """Tile registers an ``mr x nr`` tile of C takes with its A and B tiles."""
+    mt, nt = mr // TILE_ROWS, nr // TILE_ROWS
+    return mt * nt + mt + nt
+
+
+def tile_rows(mt: int, nt: int) -> str:
+    """``tc_lowp_rows`` on tiles: rows ``i0 .. i0 + MR`` of C, panels ``j0 .. j1``, with
+    ``mt x nt`` C tiles (registers 0 ..), then ``mt`` A tiles and ``nt`` B tiles."""
+    c = {(r, t): r * nt + t for r in range(mt) for t in range(nt)}
+    a = [mt * nt + r for r in range(mt)]
+    b = [mt * nt + mt + t for t in range(nt)]
+    zero = "".join(f"    TZERO({c[k]});\n" for k in sorted(c))
+    loads = "".join(f"      TLOAD({a[r]}, a + {r * TILE_ROWS} * KP + k, KP * sizeof(ta_t));\n"
+                    for r in range(mt))
+    loads += "".join(f"      TLOAD({b[t]}, bk + {t * TILE_ROWS} * IGROUP, B_STRIDE);\n"
+                     for t in range(nt))
+    dots = "".join(f"      TDOT({c[r, t]}, {a[r]}, {b[t]});\n" for r in range(mt) for t in range(nt))
+    stores = "".join(f"    TSTORE({c[r, t]}, out + {r * TILE_ROWS} * NR + {t * TILE_ROWS}, "
+                     "NR * sizeof(tacc_t));\n" for r in range(mt) for t in range(nt))
+    return (
+        "#define B_STRIDE (NP * IGROUP * (long)sizeof(ib_t))\n"
+        "static void tc_lowp_rows(const ta_t *Ap, const ib_t *Bp, tc_t *C, const float *scale,\n"
+        "                         const float *bias, long i0, long j0, long j1) {\n"
+        "  const long rows = MIN(MR, M - i0);\n"
+        "  const ta_t *a = Ap + i0 * KP;\n"
+        "  tacc_t out[MR * NR] __attribute__((aligned(64)));\n"
+        "  for (long j = j0; j < j1; j += NR) {\n"
+        + zero +
+        "    for (long k = 0; k < KP; k += TK) {\n"
+        "      const ib_t *bk = Bp + ((k / IGROUP) * NP + j) * IGROUP;\n"
+        + loads + dots + "    }\n" + stores +
+        "    const long width = MIN(NR, N - j);\n"
+        "    for (long r = 0; r < rows; r++)\n"
+        "      tc_lowp_finish(out + r * NR, C + (i0 + r) * N + j, j, width, scale, bias);\n"
+        "  }\n}\n")
