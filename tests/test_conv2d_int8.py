@@ -22,7 +22,10 @@ from tunecache.compiler.schedule import default_schedule, problems
 HW = local_spec()
 SPECS = [*(replace(HW.with_isa(isa), features=()) for isa in runnable_isas(HW))]
 if HW.features:
-    SPECS.append(HW.with_isa(HW.isa))  # with VNNI, where the CPU has it
+    SPECS.append(HW.with_isa(HW.isa))  # with VNNI and AMX tiles, where the CPU has them
+    VECTORS = tuple(f for f in HW.features if not f.startswith("amx"))
+    if HW.features != VECTORS:  # and the vector kernel on a CPU with tiles
+        SPECS.append(replace(HW.with_isa(HW.isa), features=VECTORS))
 CASES = [
     dict(N=1, C=16, H=8, W=8, F=32, R=3, S=3, pads=1),
     dict(N=2, C=20, H=7, W=9, F=24, R=3, S=3, pads=(1, 0, 1, 2), stride=2),

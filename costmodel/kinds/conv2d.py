@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tunecache.compiler.backends import ArchConstants
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.conv2d.lowp import packed_channels, pixel_channels
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
     conv2d_blocks,
@@ -26,6 +27,11 @@ from tunecache.costmodel.analytic import (
 )
 from tunecache.costmodel.kinds import CostKind, FeatureBlock, l2, register
 from tunecache.costmodel.kinds.elementwise import HEAVY, STEP_OPS
+from tunecache.costmodel.kinds.matmul import (
+    FINISH_CYCLES_PER_VECTOR,
+    TILE_LOAD_CYCLES,
+    TILE_PRODUCT_CYCLES,
+)
 
 # Register tiles that broadcast (direct: pixels; implicit GEMM: channels) take the matmul's
 # latency margin (analytic.LATENCY_MARGIN). Implicit GEMM: at AVX2 on Zen 4, ResNet-50's
@@ -88,6 +94,8 @@ def estimate_conv2d(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     """
     arch = constants(hw)
     n, groups, cg, fg, p, q, rs, depthwise = _conv_dims(op)
+    if s.loop_order == "amx":
+        return _estimate_tiles(op, s, hw)
     if depthwise and s.algorithm == "direct" and not s.pack_w:
         return _estimate_plane(op, s, hw)
     if s.algorithm == "winograd":
@@ -331,6 +339,28 @@ def _estimate_winograd(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> 
                                           if T > 1 else 0.0))
     seconds = compute_s + memory_s + overhead_s
     return Estimate(seconds, op.flops / seconds / 1e9, compute_s, memory_s, overhead_s)
+
+
+def _estimate_tiles(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Estimate:
+    """Estimate for ``loop_order=amx``: the busiest thread's output rows, each as tiles of
+    ``ow_block`` pixels (a row narrower than a tile still takes a whole one) by
+    ``oc_block`` channels, a product per C tile and a load per A and B tile for every
+    channel block and tap; plus packing X, finishing each pixel and the call."""
+    arch = constants(hw)
+    d = op.dims_dict
+    kc, ks = packed_channels(d["C"], d["S"], pixel_channels(op, s))
+    steps = ceil_div(kc, pixel_channels(op, s)) * d["R"] * ks
+    rows = ceil_div(d["N"] * ceil_div(d["F"], s.oc_block) * op.out_h, s.threads)
+    tiles = rows * ceil_div(op.out_w, s.ow_block) * steps
+    mt, nt = s.ow_block // 16, s.oc_block // 16
+    hz = arch.ghz * 1e9
+    compute_s = tiles * (mt * nt * TILE_PRODUCT_CYCLES + (mt + nt) * TILE_LOAD_CYCLES) / hz
+    outputs = d["N"] * d["F"] * op.out_h * op.out_w / s.threads
+    finish_s = outputs / hw.lanes * FINISH_CYCLES_PER_VECTOR / hz
+    pack_s = 4.0 * d["N"] * d["C"] * d["H"] * d["W"] / s.threads / (arch.pack_gbps * 1e9)
+    overhead_s = arch.call_overhead_s + (arch.fork_join_s if s.threads > 1 else 0.0)
+    seconds = compute_s + finish_s + pack_s + overhead_s
+    return Estimate(seconds, op.flops / seconds / 1e9, compute_s, finish_s + pack_s, overhead_s)
 
 
 def _op_values(op: OpSignature) -> tuple[float, ...]:

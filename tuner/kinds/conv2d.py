@@ -19,10 +19,13 @@ from tunecache.compiler.kinds.conv2d.space import (
     pixel_grid,
     winograd_shape,
 )
+from tunecache.compiler.kinds.matmul import tile_dtypes
+from tunecache.compiler.kinds.matmul.emit_tiles import TILE_BYTES
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MAX_MR, problems
 from tunecache.costmodel.analytic import round_up
 from tunecache.tuner.kinds import Strata, TunerKind, balanced, register, threads_axes
+from tunecache.tuner.kinds.matmul import TILE_SHAPES
 
 
 def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv2dSchedule]:
@@ -34,6 +37,7 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
     Three- and four-vector direct tiles (4 and 2 pixels at AVX2) measured fastest on
     several of ResNet-50's blocked 1x1 layers on the AVX2 Zen 3 VM: the 1024->2048 stride-2
     one ran 3.2 ms with 3 vectors x 4 pixels against 3.9-4.0 ms with one or two vectors."""
+    yield from _tile_pool(op, hw, threads)
     d = op.dims_dict
     xi, xo = conv2d_blocks(op)
     lanes, regs = hw.lanes, hw.vector_registers
@@ -91,6 +95,17 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
                             pack_w=pack_w, threads=threads, parallel=par)
 
 
+def _tile_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv2dSchedule]:
+    """Matrix-tile (AMX) schedules of an int8 or bf16 conv2d where ``hw`` has the tiles:
+    pixels x channels in whole tiles (:data:`TILE_SHAPES`), a tile row of channels a packed
+    pixel block."""
+    if op.dtype not in tile_dtypes(hw):
+        return
+    for ow, oc in TILE_SHAPES:
+        yield Conv2dSchedule(oc_block=oc, ow_block=ow, ic_block=TILE_BYTES // op.dtype_bytes,
+                             loop_order="amx", threads=threads)
+
+
 def _direct_axes(op: OpSignature, threads: int) -> list[str]:
     """The thread splits direct tiles of ``op`` are tuned with: the one a model runs
     (``space.local_axis``) where that rule applies, else every one worth trying."""
@@ -146,7 +161,8 @@ def _winograd_pool(op: OpSignature, hw: HardwareSpec,
 
 def _tile_key(s: Conv2dSchedule) -> tuple[object, ...]:
     plane = s.algorithm == "direct" and not s.pack_w
-    return ("plane" if plane else s.algorithm, s.oc_block, s.ow_block, s.oh_block)
+    name = "amx" if s.loop_order == "amx" else "plane" if plane else s.algorithm
+    return (name, s.oc_block, s.ow_block, s.oh_block)
 
 
 def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
@@ -165,6 +181,8 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
         if not problems(op, s, hw):
             strata.setdefault(_tile_key(s), []).append(s)
 
+    for tiled in _tile_pool(op, hw, threads):
+        add(tiled)
     # On a flat pixel grid a tile is oh x ow pixels in a row: one row per tile, any width.
     flat = flat_pixels(op)
     widths = set(range(1, MAX_OW_BLOCK + 1)) if flat else {1, 2, 4, 7, 8, 12, 14, 16, 28}
@@ -268,7 +286,7 @@ def _challengers(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[C
 
 
 def _algorithm(s: Conv2dSchedule) -> str:
-    return s.algorithm
+    return "amx" if s.loop_order == "amx" else s.algorithm
 
 
 KIND = register(TunerKind(name="conv2d", pool=_conv_pool, tile_key=_tile_key, grid=_grid,

@@ -22,22 +22,24 @@ from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamb
 from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.conv2d.common import shape_constants
-from tunecache.compiler.kinds.conv2d.lowp import packed_channels
+from tunecache.compiler.kinds.conv2d.emit_tiles import tile_row
+from tunecache.compiler.kinds.conv2d.lowp import packed_channels, pixel_channels
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import channel_block
+from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS
 from tunecache.compiler.ops import OpSignature
 
 TYPES = {"int8": ("uint8_t", "int8_t", "int32_t"), "bf16": ("uint16_t", "uint16_t", "float")}
 """C types of the packed input, the weights as given and the accumulators, per dtype."""
 
 _TYPES = """\
-/* Xq's pixels: KC channels (C, or the S taps of C channels when WIDE), KS taps a row loop
-   walks, KSW columns between output pixels, KWP columns a row. */
-#define CB ((KC + 15) / 16)
-#define GPB (16 / IGROUP)
+/* Xq's pixels: KC channels (C, or the S taps of C channels when WIDE) in blocks of PIXC,
+   KS taps a row loop walks, KSW columns between output pixels, KWP columns a row. */
+#define CB ((KC + PIXC - 1) / PIXC)
+#define GPB (PIXC / IGROUP)
 #define FT ((FOUT + OCB - 1) / OCB)  /* FOUT: F, or a blocked Y's F with its spare lanes */
 /* a row narrower than a tile reads past its end: slack for the last row */
-#define XQ_BYTES ((((long)NB * CB * HP * KWP + OWB * KSW) * 16 * (long)sizeof(ta_t) + 63) / 64 * 64)
+#define XQ_BYTES ((((long)NB * CB * HP * KWP + OWB * KSW) * PIXC * (long)sizeof(ta_t) + 63) / 64 * 64)
 #define WQ_ITEMS ((long)FT * CB * R * KS * GPB * OCB * IGROUP)
 """
 
@@ -53,7 +55,7 @@ static void tc_q_pack_w(const tb_t *w, ib_t *wp) {
           for (long g = 0; g < GPB; g++)
             for (long o = 0; o < OCB; o++)
               for (long e = 0; e < IGROUP; e++, i++) {
-                const long f = t * OCB + o, k = cb * 16 + g * IGROUP + e;
+                const long f = t * OCB + o, k = cb * PIXC + g * IGROUP + e;
                 const long c = WIDE ? k % C : k, tap = WIDE ? k / C : s;
                 wp[i] = (f < F && k < KC) ? IB_FROM(w[((f * C + c) * R + r) * S + tap]) : 0;
               }
@@ -84,34 +86,34 @@ static inline ta_t tc_q_one(float v) {
 
 _BLOCK_X = """\
 /* X's rows [lo, hi) of (n, cb, hp) into Xq; the border holds the fill (memset: a byte, as
-   bf16's fill is 0); PIXEL converts the 16 channels cb * 16 + k of (h, w) into out. */
+   bf16's fill is 0); PIXEL converts the PIXC channels cb * PIXC + k of (h, w) into out. */
 static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
   %s
   for (long item = lo; item < hi; item++) {
     const long hp = item %% HP, cb = item / HP %% CB, n = item / HP / CB, h = hp - PT;
-    ta_t *restrict row = Xq + item * WP * 16;
+    ta_t *restrict row = Xq + item * WP * PIXC;
     if (h < 0 || h >= H) {
-      memset(row, fill, WP * 16 * sizeof(ta_t));
+      memset(row, fill, WP * PIXC * sizeof(ta_t));
       continue;
     }
-    memset(row, fill, PL * 16 * sizeof(ta_t));
-    memset(row + (PL + W) * 16, fill, (WP - PL - W) * 16 * sizeof(ta_t));
+    memset(row, fill, PL * PIXC * sizeof(ta_t));
+    memset(row + (PL + W) * PIXC, fill, (WP - PL - W) * PIXC * sizeof(ta_t));
     for (long w = 0; w < W; w++) {
-      ta_t *restrict out = row + (PL + w) * 16;
+      ta_t *restrict out = row + (PL + w) * PIXC;
 %s
     }
   }
 }
 """
-_SCALAR_PIXEL = "      for (long k = 0; k < 16; k++) out[k] = %s;"
+_SCALAR_PIXEL = "      for (long k = 0; k < PIXC; k++) out[k] = %s;"
 # int8 from a channel-blocked X whose blocks hold whole vectors: tc_q_one's steps on LANES
 # channels at a time (NaN to the low end, ties to even), the same bytes.
 _VECTOR_SETUP = """\
 const vec vs = VSET1(scale), vlo = VSET1(-z), vhi = VSET1(255.0f - z), vz = VSET1(z);
   const vec vm = VSET1(12582912.0f);"""
 _VECTOR_PIXEL = """\
-      for (long k = 0; k < 16; k += LANES) {
-        const long c = cb * 16 + k;
+      for (long k = 0; k < PIXC; k += LANES) {
+        const long c = cb * PIXC + k;
         vec v = VMAX(VDIV(VLOADU(X + (((n * %d + c / %d) * H + h) * W + w) * %d + c %% %d), vs),
                      vlo);
         v = VMIN(v, vhi);
@@ -120,25 +122,25 @@ _VECTOR_PIXEL = """\
 _WIDE_X = """\
 /* WIDE: X's rows [lo, hi) of (n, cb, hp) into Xq, output column q's pixel holding the S
    taps of the C channels it reads (channel k: tap k / C of channel k %% C). Row h of every
-   channel is converted once into qrow (C x WP, the border at the fill; C < 16 here), then
-   each pixel gathers its bytes; channels past S * C hold the fill. */
+   channel is converted once into qrow (C x WP, the border at the fill; C < PIXC here), then
+   each pixel gathers its PIXC values; channels past S * C hold the fill. */
 static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
   %s
   ta_t qrow[C * WP];
   for (long item = lo; item < hi; item++) {
     const long hp = item %% HP, cb = item / HP %% CB, n = item / HP / CB, h = hp - PT;
-    ta_t *restrict row = Xq + item * KWP * 16;
+    ta_t *restrict row = Xq + item * KWP * PIXC;
     for (long i = 0; i < C * WP; i++) qrow[i] = fill;
     if (h >= 0 && h < H)
       for (long c = 0; c < C; c++)
         for (long w = 0; w < W; w++) qrow[c * WP + PL + w] = %s;
-    long at[16];
-    for (long k = 0; k < 16; k++) {
-      const long kc = cb * 16 + k;
+    long at[PIXC];
+    for (long k = 0; k < PIXC; k++) {
+      const long kc = cb * PIXC + k;
       at[k] = kc < KC ? (kc %% C) * WP + kc / C : -1;
     }
     for (long q = 0; q < KWP; q++)
-      for (long k = 0; k < 16; k++) row[q * 16 + k] = at[k] < 0 ? fill : qrow[at[k] + q * SW];
+      for (long k = 0; k < PIXC; k++) row[q * PIXC + k] = at[k] < 0 ? fill : qrow[at[k] + q * SW];
   }
 }
 """
@@ -151,9 +153,16 @@ _BODY = """\
 %s
   BARRIER();
   split_range((long)NB * FT * P, TID, NTH, &lo, &hi);
-  for (long item = lo; item < hi; item++)
+%s  for (long item = lo; item < hi; item++)
     tc_q_row(Xq, Wq, scale, bias, add, chan, Y, item / P / FT, item / P %% FT, item %% P);
-"""
+%s"""
+
+
+def _body(once: bool, tiles: bool) -> str:
+    """The kernel's body: X packed, the weights (packed once, or here), the rows; the tile
+    kernel configures its thread's tiles around them."""
+    return _BODY % (_PACKED_ONCE if once else _PACK_PER_CALL, "  TCONFIG();\n" * tiles,
+                    "  TRELEASE();\n" * tiles)
 _PACK_PER_CALL = """\
   ib_t *Wq = (ib_t *)((char *)ws + XQ_BYTES);
   if (TID == 0) tc_q_pack_w((const tb_t *)Wt, Wq);"""
@@ -168,31 +177,31 @@ def _x_channel(op: OpSignature) -> str:
     return f"X[(((n * {-(-op.dim('C') // x)} + c / {x}) * H + h) * W + w) * {x} + c % {x}]"
 
 
-def _pack_x(op: OpSignature, lanes: int) -> str:
-    """``tc_q_pack_x`` for ``op``: whole 16-channel blocks of X's pixels (int8 from a
+def _pack_x(op: OpSignature, lanes: int, pixc: int) -> str:
+    """``tc_q_pack_x`` for ``op``: whole ``pixc``-channel blocks of X's pixels (int8 from a
     channel-blocked X a vector at a time), or WIDE pixels."""
     helper, setup, one = _CONVERT[op.dtype]
-    if packed_channels(op.dim("C"), op.dim("S")) != (op.dim("C"), op.dim("S")):
+    if packed_channels(op.dim("C"), op.dim("S"), pixc) != (op.dim("C"), op.dim("S")):
         return helper + "\n" + _WIDE_X % (setup, one.replace("X_AT", _x_channel(op)))
     x, c = channel_block(op.attr("layout")), op.dim("C")
-    # Every vector within one block of X, and X's padded blocks cover Xq's 16-channel blocks.
-    if op.dtype == "int8" and x and x % lanes == 0 and -(-c // x) * x >= -(-c // 16) * 16:
+    # Every vector within one block of X, and X's padded blocks cover Xq's channel blocks.
+    if op.dtype == "int8" and x and x % lanes == 0 and -(-c // x) * x >= -(-c // pixc) * pixc:
         pixel = _VECTOR_PIXEL % (-(-c // x), x, x, x)
         return helper + "\n" + _BLOCK_X % (setup + "\n  " + _VECTOR_SETUP, pixel)
-    pixel = _SCALAR_PIXEL % one.replace("X_AT", _x_index(op))
+    pixel = _SCALAR_PIXEL % one.replace("X_AT", _x_index(op, pixc))
     return helper + "\n" + _BLOCK_X % (setup, pixel)
 
 
-def _x_index(op: OpSignature) -> str:
-    """X's element for channel ``cb * 16 + k`` of pixel (n, h, w), 0 past C: 16 contiguous
-    floats a pixel when X is ``nchw16c``."""
+def _x_index(op: OpSignature, pixc: int) -> str:
+    """X's element for channel ``cb * PIXC + k`` of pixel (n, h, w), 0 past C: ``pixc``
+    contiguous floats a pixel when X's blocks are that wide."""
     x, c = channel_block(op.attr("layout")), op.dim("C")
-    if x == 16:
-        return f"X[(((n * {-(-c // 16)} + cb) * H + h) * W + w) * 16 + k]"
+    if x == pixc:
+        return f"X[(((n * {-(-c // x)} + cb) * H + h) * W + w) * {x} + k]"
     if x:
-        return (f"(cb * 16 + k < {-(-c // x) * x} ? X[(((n * {-(-c // x)} + (cb * 16 + k) / {x})"
-                f" * H + h) * W + w) * {x} + k % {x}] : 0.0f)")
-    return "(cb * 16 + k < C ? X[((n * C + cb * 16 + k) * H + h) * W + w] : 0.0f)"
+        return (f"(cb * PIXC + k < {-(-c // x) * x} ? X[(((n * {-(-c // x)} + (cb * PIXC + k)"
+                f" / {x}) * H + h) * W + w) * {x} + (cb * PIXC + k) % {x}] : 0.0f)")
+    return "(cb * PIXC + k < C ? X[((n * C + cb * PIXC + k) * H + h) * W + w] : 0.0f)"
 
 
 def _y_index(op: OpSignature) -> str:
@@ -252,7 +261,7 @@ def _row(nv: int, owb: int) -> str:
     loads = "".join(f"            const ibv_t b{v} = ILOADB(w + {v} * LANES * IGROUP);\n"
                     for v in range(nv))
     steps = "".join(
-        f"            {{ const ia_t a = IBCAST(x + {p} * KSW * 16);\n"
+        f"            {{ const ia_t a = IBCAST(x + {p} * KSW * PIXC);\n"
         + "".join(f"              c{p}_{v} = IDOT(c{p}_{v}, a, b{v});\n" for v in range(nv))
         + "            }\n" for p in range(owb))
     stores = "".join(
@@ -274,7 +283,7 @@ def _row(nv: int, owb: int) -> str:
         "      for (long r = 0; r < R; r++)\n"
         "        for (long s = 0; s < KS; s++) {\n"
         "          const ta_t *xs = Xq + (((n * CB + cb) * HP + oh * SH + r) * KWP\n"
-        "                                 + first * KSW + s) * 16;\n"
+        "                                 + first * KSW + s) * PIXC;\n"
         "          for (long g = 0; g < GPB; g++, w += OCB * IGROUP) {\n"
         "            const ta_t *x = xs + g * IGROUP;\n"
         + loads + steps + "          }\n        }\n"
@@ -285,9 +294,10 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
     """The int8 or bf16 kernel of ``op`` under the (legal) direct schedule ``s`` in dialect
     ``d``."""
     x = channel_block(op.attr("out_layout"))
-    kc, ks = packed_channels(op.dim("C"), op.dim("S"))
+    pixc, tiles = pixel_channels(op, s), s.loop_order == "amx"
+    kc, ks = packed_channels(op.dim("C"), op.dim("S"), pixc)
     wide = ks != op.dim("S")
-    constants = {**shape_constants(op), "OCB": s.oc_block, "OWB": s.ow_block,
+    constants = {**shape_constants(op), "OCB": s.oc_block, "OWB": s.ow_block, "PIXC": pixc,
                  "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F"),
                  "KC": kc, "KS": ks, "WIDE": int(wide), "KSW": 1 if wide else op.dim("stride_w"),
                  "KWP": op.out_w if wide else "WP"}
@@ -297,13 +307,14 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
     int8 = op.dtype == "int8"
     return "\n".join([
         preamble(d, constants, s.threads), "#include <stdint.h>\n#include <string.h>",
-        d.int8 if int8 else d.bf16,
+        (d.int8 if int8 else d.bf16) + d.tile_vocabulary(op.dtype) * tiles,
         f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tacc} tacc_t;\n" + _TYPES,
         "#define VCVTI(p) tc_cvt_i32(p)\n" + _CVT if int8 else "#define VCVTI(p) VLOAD(p)\n",
         scalar_helpers(op.epilogue), _PACK_W,
-        _pack_x(op, d.lanes),
-        _finish(op, d), _row(s.oc_block // d.lanes, s.ow_block),
-        kernel_entries(op, lambda once: _BODY % (_PACKED_ONCE if once else _PACK_PER_CALL),
+        _pack_x(op, d.lanes, pixc), _finish(op, d),
+        tile_row(s.ow_block // TILE_ROWS, s.oc_block // TILE_ROWS) if tiles
+        else _row(s.oc_block // d.lanes, s.ow_block),
+        kernel_entries(op, lambda once: _body(once, tiles),
                        threads=s.threads, rename={"W": "Wt"},
                        optional=("qa", "scale", "add", CHANNEL_OPERAND),
                        ws_floats="((XQ_BYTES + WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",

@@ -20,13 +20,19 @@ from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import from_layout, to_layout
-from tunecache.compiler.kinds.matmul import quantize_u8
+from tunecache.compiler.kinds.matmul import quantize_u8, tile_dtypes
+from tunecache.compiler.kinds.matmul.emit_tiles import (
+    TILE_BYTES,
+    TILE_REGISTERS,
+    TILE_ROWS,
+    tiles_used,
+)
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import threads_problem
 
 __all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "bf16_variant", "block_fill",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
-           "packed_channels"]
+           "packed_channels", "pixel_channels"]
 
 LOWP_KNOBS: dict[str, int | str] = {"algorithm": "direct", "pack_w": 1, "oh_block": 1,
                                     "loop_order": "fp", "unroll_kw": 0}
@@ -42,12 +48,18 @@ float32 FMA's work: ResNet-50's 3-channel stem with its taps folded ran 2.09 ms 
 in float32 (Zen 4), so RGB stems stay float32 under ``--precision bf16``."""
 
 
-def packed_channels(c: int, s: int) -> tuple[int, int]:
+def packed_channels(c: int, s: int, pixc: int = 16) -> tuple[int, int]:
     """``(channels of a packed pixel, taps a row loop walks)`` for C channels and S taps a
     row: the S taps folded into the pixel (channel ``k`` is tap ``k // C`` of channel
-    ``k % C``) where that takes fewer 16-channel blocks (a 3-channel 7x7 stem: 2 blocks, not
-    7), else C and S."""
-    return (s * c, 1) if -(-s * c // 16) < s * -(-c // 16) else (c, s)
+    ``k % C``) where that takes fewer ``pixc``-channel blocks (a 3-channel 7x7 stem: 2
+    blocks of 16, not 7), else C and S."""
+    return (s * c, 1) if -(-s * c // pixc) < s * -(-c // pixc) else (c, s)
+
+
+def pixel_channels(op: OpSignature, s: Conv2dSchedule) -> int:
+    """The channels of one block of a packed pixel: 16 for the vector kernel, a tile row of
+    64 bytes for the tile kernel (``loop_order=amx``: 64 u8 or 32 bf16)."""
+    return TILE_BYTES // op.dtype_bytes if s.loop_order == "amx" else 16
 
 
 def block_fill(op: OpSignature) -> float:
@@ -85,9 +97,13 @@ def bf16_variant(op: OpSignature) -> tuple[OpSignature, bool] | None:
 
 
 def lowp_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
-    """Every reason ``s`` is illegal for the int8 conv2d ``op`` on ``hw``."""
+    """Every reason ``s`` is illegal for the int8 or bf16 conv2d ``op`` on ``hw``."""
+    tiles = s.loop_order == "amx"
     found = [f"a low-precision conv2d takes {knob}={want!r}, not {getattr(s, knob)!r}"
-             for knob, want in LOWP_KNOBS.items() if getattr(s, knob) != want]
+             for knob, want in LOWP_KNOBS.items()
+             if getattr(s, knob) != want and not (tiles and knob == "loop_order")]
+    if tiles:
+        return found + _tile_problems(op, s, hw) + threads_problem(s.threads, hw)
     lanes = hw.lanes
     if s.oc_block < lanes or s.oc_block % lanes or s.oc_block > MAX_VECTORS * lanes:
         found.append(f"oc_block={s.oc_block} must be 1 to {MAX_VECTORS} vectors of {lanes}")
@@ -97,6 +113,24 @@ def lowp_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[
                      f"more than {max_accumulators(hw, s.oc_block // lanes)} accumulators on "
                      f"{hw.isa}")
     return found + threads_problem(s.threads, hw)
+
+
+def _tile_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
+    """Why the tile kernel cannot run ``op`` under ``s`` on ``hw`` (empty: it can)."""
+    found = []
+    if op.dtype not in tile_dtypes(hw):
+        found.append(f"loop_order=amx needs {op.dtype} matrix tiles (AMX); {hw.hw_id} has none")
+    if s.ow_block % TILE_ROWS or s.oc_block % TILE_ROWS or not s.ow_block or not s.oc_block:
+        found.append(f"loop_order=amx takes ow_block and oc_block in whole tiles of "
+                     f"{TILE_ROWS}, not {s.ow_block} and {s.oc_block}")
+    elif tiles_used(s.ow_block, s.oc_block) > TILE_REGISTERS:
+        found.append(f"a tile of {s.ow_block} pixels x {s.oc_block} channels needs "
+                     f"{tiles_used(s.ow_block, s.oc_block)} tile registers; there are "
+                     f"{TILE_REGISTERS}")
+    if s.ic_block != pixel_channels(op, s):
+        found.append(f"loop_order=amx packs {pixel_channels(op, s)} {op.dtype} channels a "
+                     f"pixel block: ic_block={pixel_channels(op, s)}, not {s.ic_block}")
+    return found
 
 
 def max_accumulators(hw: HardwareSpec, vectors: int) -> int:
@@ -109,8 +143,16 @@ def max_accumulators(hw: HardwareSpec, vectors: int) -> int:
 
 
 def default_lowp_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> Conv2dSchedule:
-    """Two vectors of channels (one for few channels), as many pixels as
-    :func:`max_accumulators` allows, at most the row."""
+    """On matrix tiles where ``hw`` has them for the dtype: two tiles of pixels (one for
+    rows of at most 16) by two of channels (one for at most 16). Else two vectors of
+    channels (one for few channels), as many pixels as :func:`max_accumulators` allows, at
+    most the row."""
+    if op.dtype in tile_dtypes(hw):
+        mt = 2 if op.out_w > TILE_ROWS else 1
+        nt = 2 if op.dim("F") > TILE_ROWS else 1
+        return Conv2dSchedule(oc_block=nt * TILE_ROWS, ow_block=mt * TILE_ROWS,
+                              ic_block=TILE_BYTES // op.dtype_bytes, loop_order="amx",
+                              threads=threads)
     nv = 2 if op.dim("F") >= 2 * hw.lanes else 1
     width = max(1, min(max_accumulators(hw, nv) // nv, op.out_w, 14))
     return Conv2dSchedule(oc_block=nv * hw.lanes, ow_block=width, ic_block=16,

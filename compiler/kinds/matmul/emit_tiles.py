@@ -14,6 +14,8 @@ from __future__ import annotations
 
 TILE_ROWS = 16
 """Rows (and 4-byte columns) of one tile."""
+TILE_BYTES = 64
+"""Bytes of one tile row."""
 TILE_REGISTERS = 8
 
 TILE_SIZES = """\

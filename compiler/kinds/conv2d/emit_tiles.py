@@ -1,0 +1,52 @@
+"""The matrix-tile (AMX) engine of the int8 and bf16 conv2d (``loop_order=amx``).
+
+The packed input's pixels hold ``PIXC`` channels a block, one tile row of 64 bytes (64 u8
+or 32 bf16), so one tile of A is 16 output pixels of a row (``KSW`` pixels apart in Xq) by a
+block's channels for one tap, and one tile of B the matching ``GPB = 16`` K groups of the
+packed weights by 16 output channels. A ``ow_block x oc_block`` tile of output takes
+``ow_block/16 * oc_block/16`` C tiles, ``ow_block/16`` A and ``oc_block/16`` B tiles; for
+every channel block and tap it loads each once and multiplies every pair. The C tiles are
+stored to a buffer and each pixel finished by the vector kernel's ``tc_q_store``. A row
+narrower than the tile reads into Xq's slack; those pixels are not stored.
+"""
+
+from __future__ import annotations
+
+from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS
+
+
+def tile_row(mt: int, nt: int) -> str:
+    """``tc_q_row`` on ``mt x nt`` C tiles (registers 0 ..), then ``mt`` A and ``nt`` B."""
+    c = {(r, t): r * nt + t for r in range(mt) for t in range(nt)}
+    a = [mt * nt + r for r in range(mt)]
+    b = [mt * nt + mt + t for t in range(nt)]
+    zero = "".join(f"    TZERO({c[k]});\n" for k in sorted(c))
+    loads = "".join(f"          TLOAD({a[r]}, xs + {r * TILE_ROWS} * KSW * PIXC, X_STRIDE);\n"
+                    for r in range(mt))
+    loads += "".join(f"          TLOAD({b[t]}, w + {t * TILE_ROWS} * IGROUP, W_STRIDE);\n"
+                     for t in range(nt))
+    dots = "".join(f"          TDOT({c[r, t]}, {a[r]}, {b[t]});\n"
+                   for r in range(mt) for t in range(nt))
+    stores = "".join(f"    TSTORE({c[r, t]}, out + {r * TILE_ROWS} * OCB + {t * TILE_ROWS}, "
+                     "OCB * sizeof(tacc_t));\n" for r in range(mt) for t in range(nt))
+    return (
+        "#define X_STRIDE (KSW * PIXC * (long)sizeof(ta_t))\n"
+        "#define W_STRIDE (OCB * IGROUP * (long)sizeof(ib_t))\n"
+        "static void tc_q_row(const ta_t *Xq, const ib_t *Wq, const float *scale,\n"
+        "    const float *bias, const float *add, const float *chan, float *Y, long n, long t,\n"
+        "    long oh) {\n"
+        "  tacc_t out[OWB * OCB] __attribute__((aligned(64)));\n"
+        "  for (long ow0 = 0; ow0 < Q; ow0 += OWB) {\n"
+        "    const long first = Q >= OWB ? MIN(ow0, Q - OWB) : 0;\n"
+        + zero +
+        "    const ib_t *w = Wq + t * CB * R * KS * GPB * OCB * IGROUP;\n"
+        "    for (long cb = 0; cb < CB; cb++)\n"
+        "      for (long r = 0; r < R; r++)\n"
+        "        for (long s = 0; s < KS; s++, w += GPB * OCB * IGROUP) {\n"
+        "          const ta_t *xs = Xq + (((n * CB + cb) * HP + oh * SH + r) * KWP\n"
+        "                                 + first * KSW + s) * PIXC;\n"
+        + loads + dots + "        }\n" + stores +
+        "    for (long p = 0; p < OWB; p++)\n"
+        "      if (first + p >= ow0 && first + p < Q)\n"
+        "        tc_q_store(out + p * OCB, scale, bias, add, chan, Y, n, t * OCB, oh, first + p);\n"
+        "  }\n}\n")

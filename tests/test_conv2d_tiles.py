@@ -1,0 +1,103 @@
+"""The int8 and bf16 conv2d on AMX tiles (``loop_order=amx``, issue 53): 64-byte pixel
+blocks, every tile shape, rows narrower than a tile, strides, folded stems and residuals,
+the same integers as the vector kernel; schedules refused where they cannot run. Generating
+and checking needs no AMX; running does (skipped without)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tunecache.compiler.codegen import generate
+from tunecache.compiler.hardware import cpu_features, local_spec, runnable_isas
+from tunecache.compiler.kinds.conv2d import Conv2dSchedule, conv2d_op
+from tunecache.compiler.ops import OpSignature
+from tunecache.compiler.runtime import check_result, compile_kernel, random_inputs, reference
+from tunecache.compiler.schedule import default_schedule, problems
+from tunecache.tuner.search.roller import candidates
+
+HW = local_spec()
+AMX = {"amx_tile", "amx_int8", "amx_bf16"} <= set(cpu_features())
+needs_amx = pytest.mark.skipif(not AMX, reason="needs a CPU with AMX-INT8 and AMX-BF16")
+TILED = replace(HW.with_isa("avx512") if "avx512" in runnable_isas(HW) else HW, isa="avx512",
+                vector_bits=512,
+                features=("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni"))
+UNTILED = replace(TILED, features=("avx512_bf16", "avx512_vnni"))
+CASES = [  # (C, H, W, F, R, S, stride, pads, layout)
+    (64, 9, 40, 48, 3, 3, 1, 1, "nchw16c"),   # a row of 40: a whole tile and an overlapped one
+    (130, 7, 7, 33, 3, 3, 1, 1, "nchw"),      # rows narrower than a tile, channels past blocks
+    (3, 20, 20, 64, 7, 7, 2, 3, "nchw"),      # an RGB stem: taps folded into the pixel
+    (256, 6, 18, 64, 1, 1, 2, 0, "nchw16c"),  # strided 1x1
+]
+SHAPES = [(32, 32), (16, 48), (16, 16)]
+
+
+def _op(case: int, dtype: str) -> OpSignature:
+    c, h, w, f, r, s, stride, pads, layout = CASES[case]
+    epilogue = "dequant+bias+add+relu" if dtype == "int8" else "bias+add+relu"
+    return conv2d_op(2, c, h, w, f, r, s, stride=stride, pads=pads, dtype=dtype,
+                     epilogue=epilogue, layout=layout, out_layout=layout)
+
+
+def _tiled(op: OpSignature, ow: int, oc: int) -> Conv2dSchedule:
+    s = default_schedule(op, TILED, 2)
+    assert isinstance(s, Conv2dSchedule) and s.loop_order == "amx"
+    return s.replace(ow_block=ow, oc_block=oc)
+
+
+@needs_amx
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize(("ow", "oc"), SHAPES)
+def test_int8_tiles_give_the_vector_kernels_integers(case: int, ow: int, oc: int) -> None:
+    op = _op(case, "int8")
+    inputs = random_inputs(op, seed=case)
+    tiled = compile_kernel(op, _tiled(op, ow, oc), HW)(*inputs)
+    vectors = compile_kernel(op, default_schedule(op, UNTILED, 2), UNTILED)(*inputs)
+    np.testing.assert_array_equal(tiled, vectors)
+    assert check_result(op, inputs, tiled, reference(op, inputs)) is None
+
+
+@needs_amx
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_bf16_tiles_accumulate_in_float32(case: int) -> None:
+    op = _op(case, "bf16")
+    inputs = random_inputs(op, seed=case)
+    tiled = compile_kernel(op, _tiled(op, 32, 32), HW)(*inputs)
+    assert check_result(op, inputs, tiled, reference(op, inputs)) is None
+
+
+def test_the_kernel_uses_tiles_and_64_byte_pixels_where_the_spec_has_them() -> None:
+    for dtype, dot, pixc in (("int8", "_tile_dpbusd", 64), ("bf16", "_tile_dpbf16ps", 32)):
+        op = _op(0, dtype)
+        s = default_schedule(op, TILED)
+        assert isinstance(s, Conv2dSchedule) and s.ic_block == pixc
+        code = generate(op, s, TILED).code
+        assert dot in code and f"#define PIXC {pixc}" in code
+        plain = generate(op, default_schedule(op, UNTILED), UNTILED).code
+        assert "_tile_" not in plain and "#define PIXC 16" in plain
+
+
+def test_tile_schedules_are_refused_where_they_cannot_run() -> None:
+    op = _op(0, "int8")
+    s = _tiled(op, 32, 32)
+    assert any("needs int8 matrix tiles (AMX)" in p for p in problems(op, s, UNTILED))
+    assert any("needs 9 tile registers" in p
+               for p in problems(op, s.replace(ow_block=16, oc_block=64), TILED))
+    assert any("ic_block=64, not 16" in p for p in problems(op, s.replace(ic_block=16), TILED))
+    assert any("whole tiles of 16" in p for p in problems(op, s.replace(ow_block=14), TILED))
+    assert any("loop_order='amx'" in p for p in problems(_float32(), s, TILED))
+
+
+def test_the_tiler_proposes_tiles_first_where_there_are_tiles() -> None:
+    op = _op(0, "int8")
+    ranked = [c.schedule for c in candidates(op, TILED, k=8, threads=1)]
+    assert isinstance(ranked[0], Conv2dSchedule) and ranked[0].loop_order == "amx"
+    assert any(getattr(s, "loop_order", "") != "amx" for s in ranked)  # vectors compete
+    assert all(getattr(c.schedule, "loop_order", "") != "amx"
+               for c in candidates(op, UNTILED, k=8, threads=1))
+
+
+def _float32() -> OpSignature:
+    return conv2d_op(1, 64, 9, 40, 48, 3, 3, pads=1)
