@@ -30,6 +30,8 @@ CASES = [  # (C, H, W, F, R, S, stride, pads, layout)
     (130, 7, 7, 33, 3, 3, 1, 1, "nchw"),      # rows narrower than a tile, channels past blocks
     (3, 20, 20, 64, 7, 7, 2, 3, "nchw"),      # an RGB stem: taps folded into the pixel
     (256, 6, 18, 64, 1, 1, 2, 0, "nchw16c"),  # strided 1x1
+    (96, 7, 7, 40, 1, 1, 1, 0, "nchw16c"),    # 1x1: the image's pixels as one row
+    (40, 5, 9, 24, 1, 1, 1, 0, "nchw"),       # the same on planes
 ]
 SHAPES = [(32, 32), (16, 48), (16, 16)]
 

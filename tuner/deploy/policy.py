@@ -39,6 +39,7 @@ from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import Schedule, default_schedule, problems
 from tunecache.costmodel.analytic import estimate
+from tunecache.tuner.kinds import tuner_kind
 from tunecache.tuner.search import Ranker, roller
 from tunecache.tuner.search.refit import Nearest
 
@@ -114,7 +115,7 @@ def best_guess(op: OpSignature, hw: HardwareSpec, model: Ranker | None = None,
         if problems(op, schedule, hw):
             schedule = default_schedule(op, hw, 1)
         return Guess(schedule, "default", None)
-    if model is not None and use_model:
+    if model is not None and use_model and not tuner_kind(op.kind).unseen(pool[0].schedule):
         scores = list(model.predict(op, [c.schedule for c in pool], hw))
         best = max(range(len(pool)), key=lambda i: (scores[i], -pool[i].rank))
         return Guess(pool[best].schedule, "model", pool[best].estimate.seconds)

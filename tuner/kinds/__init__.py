@@ -49,6 +49,10 @@ class TunerKind:
     * ``challengers(op, schedule, hw)`` — schedules like the tiler's first that its estimate
       ranks lower for a cost it weighs poorly on some machines; a tuning job measures them
       right after it (kinds with no such doubt leave the default).
+    * ``unseen(schedule)`` — whether ``schedule`` runs an engine the learned cost model's
+      features do not describe (matrix tiles): the compile-time policy ranks a miss whose
+      tiler top-1 is one by the estimate, not the model, which would score it as the
+      vector kernel of the same knobs (kinds with one engine leave the default).
     """
 
     name: str
@@ -61,6 +65,7 @@ class TunerKind:
         lambda op, schedule, hw: [])
     challengers: Callable[[OpSignature, Any, HardwareSpec], list[Any]] = (
         lambda op, schedule, hw: [])
+    unseen: Callable[[Any], bool] = lambda schedule: False
 
 
 _REGISTRY: LayerRegistry[TunerKind] = LayerRegistry(__name__, "tuner", "the tiler has no model")

@@ -291,4 +291,4 @@ def _algorithm(s: Conv2dSchedule) -> str:
 
 KIND = register(TunerKind(name="conv2d", pool=_conv_pool, tile_key=_tile_key, grid=_grid,
                           neighbours=_neighbours, algorithm=_algorithm,
-                          challengers=_challengers))
+                          challengers=_challengers, unseen=lambda s: s.loop_order == "amx"))

@@ -400,4 +400,5 @@ def _algorithm(s: MatmulSchedule) -> str:
 
 KIND = register(TunerKind(name="matmul", pool=_matmul_pool, tile_key=_tile_key, grid=_grid,
                           neighbours=_neighbours, algorithm=_algorithm,
-                          in_place_weights=_in_place_weights, challengers=_challengers))
+                          in_place_weights=_in_place_weights, challengers=_challengers,
+                          unseen=lambda s: s.loop_order == "amx"))

@@ -24,7 +24,7 @@ from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.conv2d.common import shape_constants
 from tunecache.compiler.kinds.conv2d.emit_tiles import tile_row
 from tunecache.compiler.kinds.conv2d.lowp import packed_channels, pixel_channels
-from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, flat_pixels
 from tunecache.compiler.kinds.layouts import channel_block
 from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS
 from tunecache.compiler.ops import OpSignature
@@ -134,13 +134,18 @@ static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long
     if (h >= 0 && h < H)
       for (long c = 0; c < C; c++)
         for (long w = 0; w < W; w++) qrow[c * WP + PL + w] = %s;
-    long at[PIXC];
+    long at[PIXC], live = 0;
     for (long k = 0; k < PIXC; k++) {
       const long kc = cb * PIXC + k;
       at[k] = kc < KC ? (kc %% C) * WP + kc / C : -1;
+      live = at[k] < 0 ? live : k + 1;
     }
+    /* the channels past the last live one: the fill, a byte (bf16's is 0) */
+    if (live < PIXC)
+      for (long q = 0; q < KWP; q++)
+        memset(row + q * PIXC + live, fill, (PIXC - live) * sizeof(ta_t));
     for (long q = 0; q < KWP; q++)
-      for (long k = 0; k < PIXC; k++) row[q * PIXC + k] = at[k] < 0 ? fill : qrow[at[k] + q * SW];
+      for (long k = 0; k < live; k++) row[q * PIXC + k] = at[k] < 0 ? fill : qrow[at[k] + q * SW];
   }
 }
 """
@@ -297,7 +302,13 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
     pixc, tiles = pixel_channels(op, s), s.loop_order == "amx"
     kc, ks = packed_channels(op.dim("C"), op.dim("S"), pixc)
     wide = ks != op.dim("S")
-    constants = {**shape_constants(op), "OCB": s.oc_block, "OWB": s.ow_block, "PIXC": pixc,
+    shape = shape_constants(op)
+    if tiles and flat_pixels(op):
+        # An image's pixels are one run in every layout: one row of them, no row's end
+        # leaves a part tile (a 7x7 map in 16-pixel tiles computed 16 for 7).
+        pixels = op.out_h * op.out_w
+        shape.update(H=1, W=pixels, P=1, Q=pixels, HP=1, WP=pixels)
+    constants = {**shape, "OCB": s.oc_block, "OWB": s.ow_block, "PIXC": pixc,
                  "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F"),
                  "KC": kc, "KS": ks, "WIDE": int(wide), "KSW": 1 if wide else op.dim("stride_w"),
                  "KWP": op.out_w if wide else "WP"}

@@ -22,7 +22,12 @@ from __future__ import annotations
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamble
 from tunecache.compiler.codegen.epilogue import render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS, TILE_SIZES, tile_rows
+from tunecache.compiler.kinds.matmul.emit_tiles import (
+    TILE_PACK_B,
+    TILE_ROWS,
+    TILE_SIZES,
+    tile_rows,
+)
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 
@@ -239,7 +244,8 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
 
     return "\n".join([
         preamble(d, constants, s.threads), "#include <stdint.h>\n#include <math.h>",
-        vocabulary, sizes, scalar_helpers(op.epilogue), _PACK_A % _a_row(op), _PACK_B,
+        vocabulary, sizes, scalar_helpers(op.epilogue), _PACK_A % _a_row(op),
+        TILE_PACK_B if tiles else _PACK_B,
         _DYNAMIC if dynamic else "", _finish(op),
         tile_rows(s.mr // TILE_ROWS, s.nr // TILE_ROWS) if tiles else _rows(s.mr, nv),
         kernel_entries(op, body, threads=s.threads,

@@ -1,8 +1,10 @@
 """The matrix-tile (AMX) engine of the low-precision matmul (``loop_order=amx``).
 
 A tile is 16 rows of 64 bytes: 16 rows of A by ``TK`` K elements (64 u8 or 32 bf16), 16
-K groups of B's packed layout (``[K groups][NP][IGROUP]``, the VNNI layout, so the packing
-is the vector engine's) by 16 columns, and 16 x 16 int32 or float32 of C. Eight tiles: a
+K groups of B by 16 columns, and 16 x 16 int32 or float32 of C. B is packed in 16-column
+panels of all its K groups (``[N/16][K groups][16][IGROUP]``), so a B tile is 1 KiB in one
+piece: in the vector kernel's ``[K groups][N][IGROUP]`` its 16 rows lay ``4 N`` bytes
+apart, a multiple of 4 KiB for BERT's 3072 columns, all in one set of L1. Eight tiles: a
 ``mr x nr`` register tile of C takes ``mr/16 * nr/16`` of them, plus ``mr/16`` of A and
 ``nr/16`` of B. Each K step loads the A and B tiles once and multiplies every pair; the C
 tiles are stored to a buffer on the stack and each row finished by the vector epilogue.
@@ -26,6 +28,21 @@ TILE_SIZES = """\
 """
 
 
+TILE_PACK_B = """\
+/* B (K x N) into [NP / 16][KG][16][IGROUP] of ib_t, zero-padded: each 16-column panel's K
+   groups in a row, so one B tile is 1 KiB in one piece: groups [g0, g1). */
+static void tc_lowp_pack_b(const tb_t *Bs, ib_t *Bp, long g0, long g1) {
+  for (long g = g0; g < g1; g++)
+    for (long n = 0; n < NP; n++)
+      for (long t = 0; t < IGROUP; t++) {
+        const long k = g * IGROUP + t;
+        Bp[((n / 16 * KG + g) * 16 + n % 16) * IGROUP + t] =
+            (k < K && n < N) ? IB_FROM(Bs[k * N + n]) : 0;
+      }
+}
+"""
+
+
 def tiles_used(mr: int, nr: int) -> int:
     """Tile registers an ``mr x nr`` tile of C takes with its A and B tiles."""
     mt, nt = mr // TILE_ROWS, nr // TILE_ROWS
@@ -41,13 +58,13 @@ def tile_rows(mt: int, nt: int) -> str:
     zero = "".join(f"    TZERO({c[k]});\n" for k in sorted(c))
     loads = "".join(f"      TLOAD({a[r]}, a + {r * TILE_ROWS} * KP + k, KP * sizeof(ta_t));\n"
                     for r in range(mt))
-    loads += "".join(f"      TLOAD({b[t]}, bk + {t * TILE_ROWS} * IGROUP, B_STRIDE);\n"
+    loads += "".join(f"      TLOAD({b[t]}, bk + {t} * KG * 16 * IGROUP, B_STRIDE);\n"
                      for t in range(nt))
     dots = "".join(f"      TDOT({c[r, t]}, {a[r]}, {b[t]});\n" for r in range(mt) for t in range(nt))
     stores = "".join(f"    TSTORE({c[r, t]}, out + {r * TILE_ROWS} * NR + {t * TILE_ROWS}, "
                      "NR * sizeof(tacc_t));\n" for r in range(mt) for t in range(nt))
     return (
-        "#define B_STRIDE (NP * IGROUP * (long)sizeof(ib_t))\n"
+        "#define B_STRIDE (16 * IGROUP * (long)sizeof(ib_t))\n"
         "static void tc_lowp_rows(const ta_t *Ap, const ib_t *Bp, tc_t *C, const float *scale,\n"
         "                         const float *bias, long i0, long j0, long j1) {\n"
         "  const long rows = MIN(MR, M - i0);\n"
@@ -56,7 +73,7 @@ def tile_rows(mt: int, nt: int) -> str:
         "  for (long j = j0; j < j1; j += NR) {\n"
         + zero +
         "    for (long k = 0; k < KP; k += TK) {\n"
-        "      const ib_t *bk = Bp + ((k / IGROUP) * NP + j) * IGROUP;\n"
+        "      const ib_t *bk = Bp + (j / 16 * KG + k / IGROUP) * 16 * IGROUP;\n"
         + loads + dots + "    }\n" + stores +
         "    const long width = MIN(NR, N - j);\n"
         "    for (long r = 0; r < rows; r++)\n"
