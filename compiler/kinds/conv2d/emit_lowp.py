@@ -114,10 +114,27 @@ const vec vs = VSET1(scale), vlo = VSET1(-z), vhi = VSET1(255.0f - z), vz = VSET
 _VECTOR_PIXEL = """\
       for (long k = 0; k < PIXC; k += LANES) {
         const long c = cb * PIXC + k;
+        if (c >= %d) {  /* past X's padded channels: the zero point */
+          memset(out + k, fill, LANES);
+          continue;
+        }
         vec v = VMAX(VDIV(VLOADU(X + (((n * %d + c / %d) * H + h) * W + w) * %d + c %% %d), vs),
                      vlo);
         v = VMIN(v, vhi);
         VSTORE_U8(out + k, VADD(VSUB(VADD(v, vm), vm), vz));
+      }"""
+# bf16 from a channel-blocked X: X's blocks of XB channels converted whole (a loop over XB
+# contiguous floats the compiler vectorises; tc_q_one's rounding, the same bits), blocks
+# past X's padded channels zero.
+_BLOCKED_PIXEL = """\
+      for (long k = 0; k < PIXC; k += %(x)d) {
+        const long c = cb * PIXC + k;
+        if (c >= %(padded)d) {
+          memset(out + k, 0, %(x)d * sizeof(ta_t));
+          continue;
+        }
+        const float *src = X + (((n * %(blocks)d + c / %(x)d) * H + h) * W + w) * %(x)d;
+        for (long e = 0; e < %(x)d; e++) out[k + e] = tc_q_one(src[e]);
       }"""
 _WIDE_X = """\
 /* WIDE: X's rows [lo, hi) of (n, cb, hp) into Xq, output column q's pixel holding the S
@@ -189,10 +206,13 @@ def _pack_x(op: OpSignature, lanes: int, pixc: int) -> str:
     if packed_channels(op.dim("C"), op.dim("S"), pixc) != (op.dim("C"), op.dim("S")):
         return helper + "\n" + _WIDE_X % (setup, one.replace("X_AT", _x_channel(op)))
     x, c = channel_block(op.attr("layout")), op.dim("C")
-    # Every vector within one block of X, and X's padded blocks cover Xq's channel blocks.
-    if op.dtype == "int8" and x and x % lanes == 0 and -(-c // x) * x >= -(-c // pixc) * pixc:
-        pixel = _VECTOR_PIXEL % (-(-c // x), x, x, x)
+    # Every vector within one block of X; vectors past X's padded channels hold the fill.
+    if op.dtype == "int8" and x and x % lanes == 0:
+        pixel = _VECTOR_PIXEL % (-(-c // x) * x, -(-c // x), x, x, x)
         return helper + "\n" + _BLOCK_X % (setup + "\n  " + _VECTOR_SETUP, pixel)
+    if op.dtype == "bf16" and x and pixc % x == 0:
+        pixel = _BLOCKED_PIXEL % {"x": x, "padded": -(-c // x) * x, "blocks": -(-c // x)}
+        return helper + "\n" + _BLOCK_X % (setup, pixel)
     pixel = _SCALAR_PIXEL % one.replace("X_AT", _x_index(op, pixc))
     return helper + "\n" + _BLOCK_X % (setup, pixel)
 
