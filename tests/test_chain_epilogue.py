@@ -20,6 +20,7 @@ from tunecache.compiler.codegen.epilogue import chain_rows, reference, render
 from tunecache.compiler.errors import OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, local_spec, runnable_isas
 from tunecache.compiler.kinds.conv2d import conv2d_op
+from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.runtime import compile_kernel, random_inputs
 from tunecache.compiler.runtime import reference as op_reference
 from tunecache.compiler.schedule import default_schedule
@@ -115,6 +116,70 @@ def test_quantized_batchnorm_chain_joins_the_convolution(tmp_path: Path) -> None
     assert not [n for n in graph.kernel_nodes if n.op.kind == "elementwise"
                 and graph.kernel_nodes.index(n) < 2]
     x = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    theirs = ort.InferenceSession(str(path), options,
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ours = compile_model(path, store=tmp_path / "store", policy="analytic").run({"x": x})["y"]
+    scale = {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+    last = next(n for n in onnx.load(path).graph.node if n.output[0] == "y")
+    steps = np.abs(ours - theirs) / float(scale[last.input[1]])
+    assert steps.max() <= 1.0 + 1e-4, f"{steps.max():.3f} quantization steps apart"
+
+
+MATMUL_CHAIN = "dequant+bias+cdiv+cmax+cmin+qround+cmul+cadd"
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa + "+".join(("", *s.features)) for s in SPECS])
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+def test_low_precision_matmul_applies_a_chain_over_its_columns(hw: HardwareSpec,
+                                                               dtype: str) -> None:
+    epilogue = MATMUL_CHAIN if dtype == "int8" else MATMUL_CHAIN.replace("dequant+", "")
+    op = matmul_op(37, 70, 99, dtype=dtype, a_type="float32", epilogue=epilogue)
+    inputs = list(random_inputs(op, seed=5))
+    n = op.dim("N")
+    rng = np.random.default_rng(5)
+    inputs[-1] = np.stack([np.full(n, 0.25), np.full(n, -20.0), np.full(n, 20.0),
+                           rng.choice([0.5, 2.0], n), rng.integers(-3, 4, n)]).astype(np.float32)
+    want = op_reference(op, tuple(inputs))
+    for threads in (1, 2):
+        got = compile_kernel(op, default_schedule(op, hw, threads), hw)(*inputs)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+    with pytest.raises(OpSignatureError, match="int8 or bf16"):
+        matmul_op(8, 8, 8, epilogue="bias+cmul")
+
+
+def _mlp(path: Path) -> Path:
+    """x -> MatMul (64) -> Add bias -> Relu -> MatMul (32): what onnxruntime quantizes into
+    quantize-dequantize pairs around the bias and the activation."""
+    rng = np.random.default_rng(21)
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) / 8).astype(np.float32), name)
+             for name, shape in (("w1", (48, 64)), ("b1", (64,)), ("w2", (64, 32)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 48])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_quantized_bias_and_activation_chain_joins_the_matmul(tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime.quantization")
+    rng = np.random.default_rng(22)
+    path = quantize_qdq(_mlp(tmp_path / "mlp.onnx"), tmp_path / "mlp.int8.onnx",
+                        [{"x": rng.standard_normal((16, 48)).astype(np.float32)}
+                         for _ in range(4)])
+    graph = frontend.load_graph(path)
+    if graph.kernel_nodes[0].op.dtype != "int8":
+        pytest.skip("this CPU runs QDQ products as float32 kernels (no int8 dot product)")
+    first = graph.kernel_nodes[0]
+    assert first.op.kind == "matmul" and chain_rows(first.op.epilogue) >= 4
+    assert graph.kernel_nodes[1].op.kind == "matmul"  # no element-wise kernel between
+    x = rng.standard_normal((16, 48)).astype(np.float32)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     theirs = ort.InferenceSession(str(path), options,

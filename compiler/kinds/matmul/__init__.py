@@ -16,10 +16,11 @@ from dataclasses import replace
 import numpy as np
 
 from tunecache.compiler.backends import backend_for
+from tunecache.compiler.codegen.epilogue import CHAIN_STEPS, CHANNEL_OPERAND, chain_rows
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.kinds import ChannelView, OpKind, register
 from tunecache.compiler.kinds.elementwise import KIND as ELEMENTWISE
 from tunecache.compiler.kinds.matmul.emit import generate_matmul
 from tunecache.compiler.kinds.matmul.emit_dot import generate_matmul_dot
@@ -113,6 +114,8 @@ def gemm_arguments(op: OpSignature) -> tuple[TensorArg, ...]:
         args.append(TensorArg("zsum", (N,), "input", "float32"))
     if "bias" in op.epilogue:
         args.append(TensorArg("bias", (N,), "input", c_type))
+    if chain_rows(op.epilogue):
+        args.append(TensorArg(CHANNEL_OPERAND, (chain_rows(op.epilogue), N), "input"))
     args.append(TensorArg("C", c_shape, "output", c_type))
     return tuple(args)
 
@@ -158,12 +161,13 @@ def gemm_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
     if op.trans_b:
         b = np.swapaxes(b, -1, -2)
     names = [arg.name for arg in op.arguments() if arg.role == "input"]
-    operands = {name: inputs[i] for i, name in enumerate(names) if name in ("scale", "bias")}
+    operands = {name: inputs[i] for i, name in enumerate(names)
+                if name in ("scale", "bias", CHANNEL_OPERAND)}
     if dynamic_a(op):
         scale, zero = (float(v) for v in dynamic_params(inputs[0]))
         zsum = inputs[names.index("zsum")]
-        operands = {"scale": scale * operands["scale"],
-                    "bias": operands["bias"] - scale * zero * zsum}
+        operands.update(scale=scale * operands["scale"],
+                        bias=operands["bias"] - scale * zero * zsum)
     return epilogue_reference(op.epilogue, np.matmul(a, b), operands)
 
 
@@ -192,6 +196,9 @@ def _lowp_problems(op: OpSignature) -> list[str]:
     if op.dtype == "float32":
         if float_a(op):
             found.append(f"a_type={op.attr('a_type')} is for low-precision matmuls")
+        if chain_rows(op.epilogue) or "qround" in op.epilogue:
+            found.append("an element-wise chain (cadd, cmul, qround, ...) follows an int8 or "
+                         "bf16 matmul's epilogue, not a float32 one's")
         return found
     if dynamic_a(op) and (op.dtype != "int8" or op.epilogue[:2] != ("dequant", "bias")):
         found.append("a_type=dynamic is for int8 matmuls whose epilogue starts with "
@@ -216,6 +223,15 @@ def fuse_activation(producer: OpSignature, reader: OpSignature) -> OpSignature |
             or (reader.dim("M"), reader.dim("N")) != (producer.dim("M"), producer.dim("N"))):
         return None
     return replace(producer, epilogue=producer.epilogue + reader.epilogue)
+
+
+def channel_view(op: OpSignature) -> ChannelView | None:
+    """``OpKind.channel_view``: an int8 or bf16 matmul takes a chain over its columns (``M``
+    rows of ``N``, a per-column operand one value per column)."""
+    if op.dtype == "float32":
+        return None
+    return ChannelView(rows=op.dim("M"), cols=op.dim("N"), per_channel="row",
+                       channels=op.dim("N"))
 
 
 def bf16_variant(op: OpSignature) -> tuple[OpSignature, bool] | None:
@@ -339,6 +355,7 @@ KIND = register(OpKind(
     name="matmul",
     spec=KindSpec(dims=("M", "N", "K"), attrs={"layout": LAYOUTS, "a_type": A_TYPES},
                   epilogues=("dequant", "bias", *ACTIVATIONS), check=_signature_problems,
+                  epilogue_tail=tuple(CHAIN_STEPS.values()),
                   dtypes=("float32", "int8", "bf16"), omit_default=frozenset({"a_type"})),
     arguments=gemm_arguments,
     flops=gemm_flops,
@@ -356,6 +373,7 @@ KIND = register(OpKind(
     packed_weights_layout=packed_b_layout,
     fuses=fuse_activation,
     bf16_variant=bf16_variant,
+    channel_view=channel_view,
     examples=("matmul(M=128,N=768,K=768,epilogue=bias)", "matmul(M=1,N=1000,K=2048,layout=nt)",
               "matmul(M=97,N=13,K=511,layout=tn,epilogue=bias+relu)",
               "matmul(M=128,N=3072,K=768,epilogue=bias+gelu_erf)"),

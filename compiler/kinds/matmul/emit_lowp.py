@@ -20,7 +20,7 @@ A packing, Strassen and loop orders do not apply (``gemm_problems``).
 from __future__ import annotations
 
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamble
-from tunecache.compiler.codegen.epilogue import render, scalar_helpers
+from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.matmul.emit_tiles import (
     TILE_PACK_B,
@@ -98,7 +98,7 @@ _BODY = """\
   split_range((M + MR - 1) / MR, TID, NTH, &lo, &hi);
 {start}  for (long j0 = 0; j0 < NP; j0 += NC)
     for (long tile = lo; tile < hi; tile++)
-      tc_lowp_rows(Ap, Bp, (tc_t *)C, {scale}, {bias}, tile * MR, j0, MIN(NP, j0 + NC));
+      tc_lowp_rows(Ap, Bp, (tc_t *)C, {scale}, {bias}, chan, tile * MR, j0, MIN(NP, j0 + NC));
 {end}"""
 _PREPARE = "  tc_lowp_pack_a(A, qa, Ap, lo, hi);"
 _PREPARE_DYNAMIC = """\
@@ -162,15 +162,17 @@ def _finish(op: OpSignature) -> str:
     """``tc_lowp_finish``: one tile row's accumulators, epilogue applied, into C: whole
     vectors of the accumulators as floats through the vector epilogue, then a scalar tail."""
     head = ("static inline void tc_lowp_finish(const tacc_t *acc, tc_t *c, long j, "
-            "long width, const float *scale, const float *bias) {\n")
+            "long width, const float *scale, const float *bias, const float *chan) {\n")
     if not op.epilogue:
-        return (head + "  (void)j; (void)scale; (void)bias;\n"
+        return (head + "  (void)j; (void)scale; (void)bias; (void)chan;\n"
                 "  memcpy(c, acc, (size_t)width * sizeof(tc_t));\n}\n")
     vector = render(op.epilogue, "v", {"scale": "VLOADU(scale + j + t)",
-                                       "bias": "VLOADU(bias + j + t)"}, vector=True)
-    scalar = render(op.epilogue, "v", {"scale": "scale[j + t]", "bias": "bias[j + t]"},
-                    vector=False)
-    return (head + "  (void)scale; (void)bias;\n"
+                                       "bias": "VLOADU(bias + j + t)",
+                                       CHANNEL_OPERAND: "VLOADU(chan + {i} * N + j + t)"},
+                    vector=True)
+    scalar = render(op.epilogue, "v", {"scale": "scale[j + t]", "bias": "bias[j + t]",
+                                       CHANNEL_OPERAND: "chan[{i} * N + j + t]"}, vector=False)
+    return (head + "  (void)scale; (void)bias; (void)chan;\n"
             "  float f[NR] __attribute__((aligned(64)));\n"
             "  for (long t = 0; t < NR; t++) f[t] = (float)acc[t];\n"
             "  long t = 0;\n"
@@ -192,11 +194,12 @@ def _rows(mr: int, nv: int) -> str:
     stores = "".join(
         f"    if ({r} < rows) {{\n"
         + "".join(f"      ISTOREU(out + {v} * LANES, c{r}_{v});\n" for v in range(nv))
-        + f"      tc_lowp_finish(out, C + (i0 + {r}) * N + j, j, width, scale, bias);\n    }}\n"
+        + f"      tc_lowp_finish(out, C + (i0 + {r}) * N + j, j, width, scale, bias, chan);\n"
+        "    }\n"
         for r in range(mr))
     return (
         "static void tc_lowp_rows(const ta_t *Ap, const ib_t *Bp, tc_t *C, const float *scale,\n"
-        "                         const float *bias, long i0, long j0, long j1) {\n"
+        "    const float *bias, const float *chan, long i0, long j0, long j1) {\n"
         "  const long rows = MIN(MR, M - i0);\n"
         + "".join(f"  const ta_t *a_{r} = Ap + MIN(i0 + {r}, M - 1) * KP;\n"
                   for r in range(mr))
@@ -251,7 +254,7 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
         kernel_entries(op, body, threads=s.threads,
                        ws_floats="((A_BYTES + DYN_BYTES + B_BYTES + 3) / 4)",
                        packed=packed, packed_ws_floats="((A_BYTES + DYN_BYTES + 3) / 4)",
-                       optional=("qa", "scale", "bias", "zsum")),
+                       optional=("qa", "scale", "bias", "zsum", CHANNEL_OPERAND)),
     ])
 
 

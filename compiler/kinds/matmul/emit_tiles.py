@@ -66,7 +66,7 @@ def tile_rows(mt: int, nt: int) -> str:
     return (
         "#define B_STRIDE (16 * IGROUP * (long)sizeof(ib_t))\n"
         "static void tc_lowp_rows(const ta_t *Ap, const ib_t *Bp, tc_t *C, const float *scale,\n"
-        "                         const float *bias, long i0, long j0, long j1) {\n"
+        "    const float *bias, const float *chan, long i0, long j0, long j1) {\n"
         "  const long rows = MIN(MR, M - i0);\n"
         "  const ta_t *a = Ap + i0 * KP;\n"
         "  tacc_t out[MR * NR] __attribute__((aligned(64)));\n"
@@ -77,5 +77,5 @@ def tile_rows(mt: int, nt: int) -> str:
         + loads + dots + "    }\n" + stores +
         "    const long width = MIN(NR, N - j);\n"
         "    for (long r = 0; r < rows; r++)\n"
-        "      tc_lowp_finish(out + r * NR, C + (i0 + r) * N + j, j, width, scale, bias);\n"
+        "      tc_lowp_finish(out + r * NR, C + (i0 + r) * N + j, j, width, scale, bias, chan);\n"
         "  }\n}\n")
