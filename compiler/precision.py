@@ -67,7 +67,7 @@ def apply_precision(graph: Graph, hw: HardwareSpec, precision: str) -> tuple[Gra
         return graph, PrecisionPlan(precision, "fp32", 0, f"{hw.hw_id} has no bf16 dot "
                                     "product (AVX512-BF16 or AMX-BF16): compiled in fp32")
     constants = dict(graph.constants)
-    steps = [_bf16_node(step, constants) if isinstance(step, KernelNode) else step
+    steps = [_bf16_node(step, constants, hw) if isinstance(step, KernelNode) else step
              for step in graph.steps]
     changed = sum(a is not b for a, b in zip(steps, graph.steps, strict=True))
     lowered = replace(graph, constants=MappingProxyType(constants), steps=tuple(steps))
@@ -75,12 +75,13 @@ def apply_precision(graph: Graph, hw: HardwareSpec, precision: str) -> tuple[Gra
                                   "" if changed else "no product with constant weights")
 
 
-def _bf16_node(node: KernelNode, constants: dict[str, np.ndarray]) -> KernelNode:
+def _bf16_node(node: KernelNode, constants: dict[str, np.ndarray],
+               hw: HardwareSpec) -> KernelNode:
     """``node`` as its kind's bf16 kernel (``OpKind.bf16_variant``) when it has one and
     constant weights, those rounded to bfloat16 once (per weights and orientation); else
     ``node`` itself."""
     variant = op_kind(node.op.kind).bf16_variant
-    found = variant(node.op) if variant is not None else None
+    found = variant(node.op, hw) if variant is not None else None
     weights = constants.get(node.inputs[1]) if found is not None else None
     if found is None or weights is None:
         return node

@@ -13,6 +13,7 @@ import pytest
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import cpu_features, local_spec, runnable_isas
 from tunecache.compiler.kinds.conv2d import Conv2dSchedule, conv2d_op
+from tunecache.compiler.kinds.conv2d.lowp import bf16_variant
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, compile_kernel, random_inputs, reference
 from tunecache.compiler.schedule import default_schedule, problems
@@ -103,3 +104,10 @@ def test_the_tiler_proposes_tiles_first_where_there_are_tiles() -> None:
 
 def _float32() -> OpSignature:
     return conv2d_op(1, 64, 9, 40, 48, 3, 3, pads=1)
+
+
+def test_bf16_takes_rgb_stems_only_on_tiles() -> None:
+    stem = conv2d_op(1, 3, 224, 224, 64, 7, 7, stride=2, pads=3, epilogue="bias+relu")
+    assert bf16_variant(stem, UNTILED) is None  # twice float32's work a cycle: no gain
+    found = bf16_variant(stem, TILED)
+    assert found is not None and found[0].dtype == "bf16"

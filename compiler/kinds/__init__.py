@@ -111,10 +111,11 @@ class OpKind:
       that keeps each thread's share of that input in its own core's caches, say), legal
       wherever the given one is (the contract tests check it). Tuning measures, and
       compiles serve, these schedules (:func:`tunecache.compiler.schedule.in_model`).
-    * ``bf16_variant(op)`` — optional: for a float32 op with constant weights (its second
-      input), the same computation as a bf16 kernel reading the float32 activations, and
-      whether it reads those weights transposed (2-D); None where the kind has no such
-      kernel for ``op``. The precision policy (:mod:`tunecache.compiler.precision`) asks it.
+    * ``bf16_variant(op, hw)`` — optional: for a float32 op with constant weights (its
+      second input), the same computation as a bf16 kernel reading the float32 activations,
+      and whether it reads those weights transposed (2-D); None where the kind has no such
+      kernel for ``op``, or none that pays on ``hw``. The precision policy
+      (:mod:`tunecache.compiler.precision`) asks it.
     * ``channel_view(op)`` — optional: how ``op``'s output lines up with an element-wise chain
       that could follow in its epilogue (``codegen.epilogue.CHAIN_STEPS`` in its spec's
       ``epilogue_tail``), or None where its kernel has no such epilogue for ``op``.
@@ -143,7 +144,8 @@ class OpKind:
     packed_weights_layout: Callable[[OpSignature, Any], Hashable] | None = None
     fuses: Callable[[OpSignature, OpSignature], OpSignature | None] | None = None
     in_model: Callable[[OpSignature, Any], Any] | None = None
-    bf16_variant: Callable[[OpSignature], tuple[OpSignature, bool] | None] | None = None
+    bf16_variant: Callable[[OpSignature, HardwareSpec],
+                           tuple[OpSignature, bool] | None] | None = None
     channel_view: Callable[[OpSignature], ChannelView | None] | None = None
     chain_view: Callable[[OpSignature], ChainView | None] | None = None
 

@@ -350,8 +350,13 @@ def _estimate_tiles(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     d = op.dims_dict
     kc, ks = packed_channels(d["C"], d["S"], pixel_channels(op, s))
     steps = ceil_div(kc, pixel_channels(op, s)) * d["R"] * ks
-    rows = ceil_div(d["N"] * ceil_div(d["F"], s.oc_block) * op.out_h, s.threads)
-    tiles = rows * ceil_div(op.out_w, s.ow_block) * steps
+    blocks = d["N"] * ceil_div(d["F"], s.oc_block)
+    if ks == d["S"] and d["stride_h"] == d["stride_w"] == 1:  # rows WP wide, one plane
+        plane = op.out_h * (d["W"] + d["pad_l"] + d["pad_r"])
+        tiles = ceil_div(blocks * ceil_div(plane, s.ow_block), s.threads) * steps
+    else:
+        rows = ceil_div(blocks * op.out_h, s.threads)
+        tiles = rows * ceil_div(op.out_w, s.ow_block) * steps
     mt, nt = s.ow_block // 16, s.oc_block // 16
     hz = arch.ghz * 1e9
     compute_s = tiles * (mt * nt * TILE_PRODUCT_CYCLES + (mt + nt) * TILE_LOAD_CYCLES) / hz

@@ -22,9 +22,9 @@ from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamb
 from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, render, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.conv2d.common import shape_constants
-from tunecache.compiler.kinds.conv2d.emit_tiles import tile_row
+from tunecache.compiler.kinds.conv2d.emit_tiles import tile_plane, tile_row
 from tunecache.compiler.kinds.conv2d.lowp import packed_channels, pixel_channels
-from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, flat_pixels
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import channel_block
 from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS
 from tunecache.compiler.ops import OpSignature
@@ -39,7 +39,7 @@ _TYPES = """\
 #define GPB (PIXC / IGROUP)
 #define FT ((FOUT + OCB - 1) / OCB)  /* FOUT: F, or a blocked Y's F with its spare lanes */
 /* a row narrower than a tile reads past its end: slack for the last row */
-#define XQ_BYTES ((((long)NB * CB * HP * KWP + OWB * KSW) * PIXC * (long)sizeof(ta_t) + 63) / 64 * 64)
+#define XQ_BYTES ((((long)NB * CB * HP * KWP + OWB * KSW + S) * PIXC * (long)sizeof(ta_t) + 63) / 64 * 64)
 #define WQ_ITEMS ((long)FT * CB * R * KS * GPB * OCB * IGROUP)
 """
 
@@ -174,9 +174,10 @@ _BODY = """\
   tc_q_pack_x((const float *)X, qa, Xq, lo, hi);
 %s
   BARRIER();
-  split_range((long)NB * FT * P, TID, NTH, &lo, &hi);
+  split_range((long)NB * FT * ROWS, TID, NTH, &lo, &hi);
 %s  for (long item = lo; item < hi; item++)
-    tc_q_row(Xq, Wq, scale, bias, add, chan, Y, item / P / FT, item / P %% FT, item %% P);
+    tc_q_row(Xq, Wq, scale, bias, add, chan, Y, item / ROWS / FT, item / ROWS %% FT,
+             item %% ROWS);
 %s"""
 
 
@@ -323,12 +324,9 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
     kc, ks = packed_channels(op.dim("C"), op.dim("S"), pixc)
     wide = ks != op.dim("S")
     shape = shape_constants(op)
-    if tiles and flat_pixels(op):
-        # An image's pixels are one run in every layout: one row of them, no row's end
-        # leaves a part tile (a 7x7 map in 16-pixel tiles computed 16 for 7).
-        pixels = op.out_h * op.out_w
-        shape.update(H=1, W=pixels, P=1, Q=pixels, HP=1, WP=pixels)
-    constants = {**shape, "OCB": s.oc_block, "OWB": s.ow_block, "PIXC": pixc,
+    plane = tiles and not wide and op.dim("stride_h") == op.dim("stride_w") == 1
+    rows = -(-op.out_h * int(shape["WP"]) // s.ow_block) if plane else op.out_h
+    constants = {**shape, "OCB": s.oc_block, "OWB": s.ow_block, "PIXC": pixc, "ROWS": rows,
                  "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F"),
                  "KC": kc, "KS": ks, "WIDE": int(wide), "KSW": 1 if wide else op.dim("stride_w"),
                  "KWP": op.out_w if wide else "WP"}
@@ -343,8 +341,8 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
         "#define VCVTI(p) tc_cvt_i32(p)\n" + _CVT if int8 else "#define VCVTI(p) VLOAD(p)\n",
         scalar_helpers(op.epilogue), _PACK_W,
         _pack_x(op, d.lanes, pixc), _finish(op, d),
-        tile_row(s.ow_block // TILE_ROWS, s.oc_block // TILE_ROWS) if tiles
-        else _row(s.oc_block // d.lanes, s.ow_block),
+        (tile_plane if plane else tile_row)(s.ow_block // TILE_ROWS, s.oc_block // TILE_ROWS)
+        if tiles else _row(s.oc_block // d.lanes, s.ow_block),
         kernel_entries(op, lambda once: _body(once, tiles),
                        threads=s.threads, rename={"W": "Wt"},
                        optional=("qa", "scale", "add", CHANNEL_OPERAND),

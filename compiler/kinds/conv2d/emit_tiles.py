@@ -50,3 +50,44 @@ def tile_row(mt: int, nt: int) -> str:
         "      if (first + p >= ow0 && first + p < Q)\n"
         "        tc_q_store(out + p * OCB, scale, bias, add, chan, Y, n, t * OCB, oh, first + p);\n"
         "  }\n}\n")
+
+
+def tile_plane(mt: int, nt: int) -> str:
+    """``tc_q_row`` for a stride-1 convolution, its output seen as rows of ``WP`` pixels (the
+    padded input's width, the last ``WP - Q`` of each row not stored): output pixel ``p`` of
+    that plane reads Xq's pixel ``p + r * WP + s`` for tap (r, s), so 16 consecutive ones
+    are one A tile ``PIXC`` apart, whatever the row width. Item ``tile`` is pixels ``tile *
+    OWB ..`` of the plane: a 7x7 map (9 wide padded) computes 22% more pixels than it keeps,
+    not the 56% of a 16-pixel tile a row; a 1x1's plane is its pixels, none lost."""
+    c = {(r, t): r * nt + t for r in range(mt) for t in range(nt)}
+    a = [mt * nt + r for r in range(mt)]
+    b = [mt * nt + mt + t for t in range(nt)]
+    zero = "".join(f"  TZERO({c[k]});\n" for k in sorted(c))
+    loads = "".join(f"        TLOAD({a[r]}, xs + {r * TILE_ROWS} * PIXC, X_STRIDE);\n"
+                    for r in range(mt))
+    loads += "".join(f"        TLOAD({b[t]}, w + {t * TILE_ROWS} * IGROUP, W_STRIDE);\n"
+                     for t in range(nt))
+    dots = "".join(f"        TDOT({c[r, t]}, {a[r]}, {b[t]});\n"
+                   for r in range(mt) for t in range(nt))
+    stores = "".join(f"  TSTORE({c[r, t]}, out + {r * TILE_ROWS} * OCB + {t * TILE_ROWS}, "
+                     "OCB * sizeof(tacc_t));\n" for r in range(mt) for t in range(nt))
+    return (
+        "#define X_STRIDE (PIXC * (long)sizeof(ta_t))\n"
+        "#define W_STRIDE (OCB * IGROUP * (long)sizeof(ib_t))\n"
+        "static void tc_q_row(const ta_t *Xq, const ib_t *Wq, const float *scale,\n"
+        "    const float *bias, const float *add, const float *chan, float *Y, long n, long t,\n"
+        "    long tile) {\n"
+        "  tacc_t out[OWB * OCB] __attribute__((aligned(64)));\n"
+        "  const long p0 = tile * OWB;\n"
+        + zero +
+        "  const ib_t *w = Wq + t * CB * R * KS * GPB * OCB * IGROUP;\n"
+        "  for (long cb = 0; cb < CB; cb++)\n"
+        "    for (long r = 0; r < R; r++)\n"
+        "      for (long s = 0; s < KS; s++, w += GPB * OCB * IGROUP) {\n"
+        "        const ta_t *xs = Xq + (((n * CB + cb) * HP + r) * WP + p0 + s) * PIXC;\n"
+        + loads + dots + "      }\n" + stores +
+        "  for (long p = 0; p < OWB; p++) {\n"
+        "    const long oh = (p0 + p) / WP, ow = (p0 + p) % WP;\n"
+        "    if (oh < P && ow < Q)\n"
+        "      tc_q_store(out + p * OCB, scale, bias, add, chan, Y, n, t * OCB, oh, ow);\n"
+        "  }\n}\n")

@@ -234,7 +234,7 @@ def channel_view(op: OpSignature) -> ChannelView | None:
                        channels=op.dim("N"))
 
 
-def bf16_variant(op: OpSignature) -> tuple[OpSignature, bool] | None:
+def bf16_variant(op: OpSignature, hw: HardwareSpec) -> tuple[OpSignature, bool] | None:
     """``OpKind.bf16_variant``: a float32 matmul (A stored as written) whose epilogue the bf16
     kernel has, as that kernel rounding float32 A itself; its B transposed when stored so."""
     if op.dtype != "float32" or op.trans_a or \
