@@ -189,3 +189,56 @@ def test_quantized_bias_and_activation_chain_joins_the_matmul(tmp_path: Path) ->
     last = next(n for n in onnx.load(path).graph.node if n.output[0] == "y")
     steps = np.abs(ours - theirs) / float(scale[last.input[1]])
     assert steps.max() <= 1.0 + 1e-4, f"{steps.max():.3f} quantization steps apart"
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa + "+".join(("", *s.features)) for s in SPECS])
+@pytest.mark.parametrize("layout", ["nchw", "nchw16c"])
+def test_a_residual_within_the_chain_is_added_in_place(hw: HardwareSpec, layout: str) -> None:
+    op = conv2d_op(1, 20, 9, 7, 40, 3, 3, pads=1, dtype="int8", epilogue=QDQ_BN + "+radd+relu",
+                   layout=layout, out_layout=layout)
+    exact, add = _exact_inputs(op, seed=4), random_inputs(op, seed=4)[5]
+    inputs = (*exact[:5], add, exact[-1])
+    want = op_reference(op, inputs)
+    got = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def _residual_cnn(path: Path) -> Path:
+    """x -> Conv 3x3 (16) -> Relu -> Conv 1x1 (16) -> Add x -> Relu -> Conv 1x1 (8)."""
+    rng = np.random.default_rng(31)
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) / 6).astype(np.float32), name)
+             for name, shape in (("w1", (16, 16, 3, 3)), ("b1", (16,)), ("w2", (16, 16, 1, 1)),
+                                 ("b2", (16,)), ("w3", (8, 16, 1, 1)), ("b3", (8,)))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"]),
+             helper.make_node("Add", ["c2", "x"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 9, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 9, 9])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_quantized_residual_add_joins_the_convolution(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("onnxruntime.quantization")
+    rng = np.random.default_rng(32)
+    path = quantize_qdq(_residual_cnn(tmp_path / "res.onnx"), tmp_path / "res.int8.onnx",
+                        [{"x": rng.standard_normal((1, 16, 9, 9)).astype(np.float32)}
+                         for _ in range(4)])
+    graph = frontend.load_graph(path)
+    convs = [n for n in graph.kernel_nodes if n.op.kind == "conv2d"]
+    if convs[0].op.dtype != "int8":
+        pytest.skip("this CPU runs QDQ products as float32 kernels (no int8 dot product)")
+    others = [n.op for n in graph.kernel_nodes if n.op.kind != "conv2d"]
+    assert all(op.attr("operand") != "full" for op in others)  # x's own pair, no add
+    assert "radd" in convs[1].op.epilogue
+    x = {"x": rng.standard_normal((1, 16, 9, 9)).astype(np.float32)}
+    folded = compile_model(path, store=tmp_path / "store", policy="analytic").run(x)["y"]
+    from tunecache.compiler.lowering import chains
+    monkeypatch.setattr(chains, "_residual", lambda *args: None)
+    apart = compile_model(path, store=tmp_path / "store", policy="analytic").run(x)["y"]
+    np.testing.assert_array_equal(folded, apart)  # the same floats, one kernel fewer

@@ -41,8 +41,8 @@ from scipy import special
 
 from tunecache.compiler.codegen.isa import SCALAR_MATH
 
-__all__ = ["CHAIN_STEPS", "CHANNEL_OPERAND", "CHANNEL_STEPS", "STEPS", "Step", "chain_rows",
-           "operand_tensors", "reference", "render", "scalar_helpers"]
+__all__ = ["CHAIN_STEPS", "CHANNEL_OPERAND", "CHANNEL_STEPS", "RESIDUAL_STEP", "STEPS", "Step",
+           "chain_rows", "operand_tensors", "reference", "render", "scalar_helpers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +108,10 @@ CHAIN_STEPS = MappingProxyType({"add": "cadd", "sub": "csub", "mul": "cmul", "di
                                 "max": "cmax", "min": "cmin", "qround": "qround",
                                 "relu": "relu", "clip6": "clip6"})
 """The element-wise chain steps a producer's epilogue can take, by their chain name."""
+RESIDUAL_STEP = "radd"
+"""A residual added within a chain (a quantized network adds its branches after the
+quantize-dequantize pair of each): ``add``'s operand, where the ordered epilogue's ``add``
+would come too early."""
 
 
 STEPS: Mapping[str, Step] = MappingProxyType({
@@ -115,6 +119,8 @@ STEPS: Mapping[str, Step] = MappingProxyType({
                  operand="bias"),
     "add": Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_binary(np.add),
                 operand="add"),
+    RESIDUAL_STEP: Step(vector="VADD({x}, {y})", scalar="{x} += {y};", numpy=_binary(np.add),
+                        operand="add"),
     # NaN stays NaN (as in onnxruntime's Relu and Clip): the vector max and min return their
     # second operand when either is NaN, so the value goes second.
     "relu": Step(vector="VRELU({x})", scalar="if ({x} < 0.0f) {x} = 0.0f;",

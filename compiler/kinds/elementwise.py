@@ -115,11 +115,13 @@ def operand_block(op: OpSignature) -> int:
 def _chain_view(op: OpSignature) -> ChainView | None:
     """``OpKind.chain_view``: a float32 chain of the steps a producer's epilogue can take
     (:data:`~tunecache.compiler.codegen.epilogue.CHAIN_STEPS`) with ``scalar``, ``row`` or
-    ``col`` operands (or none)."""
+    ``col`` operands (or none), or a residual: ``add`` of a ``full`` operand, then unary
+    steps."""
     mode = op.attr("operand")
+    residual = mode == "full" and binary_count(op) == 1 and op.epilogue[0] == "add"
     if op.dtype != "float32" or not op.epilogue or \
             any(step not in CHAIN_STEPS for step in op.epilogue) or \
-            (mode not in ("scalar", "row", "col") and binary_count(op)):
+            (mode not in ("scalar", "row", "col") and binary_count(op) and not residual):
         return None
     return ChainView(op.dim("M"), op.dim("N"), op.attr("operand"), op.epilogue)
 

@@ -23,7 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from tunecache.compiler.codegen.epilogue import CHAIN_STEPS, chain_rows
+from tunecache.compiler.codegen.epilogue import (
+    CHAIN_STEPS,
+    RESIDUAL_STEP,
+    chain_rows,
+    operand_tensors,
+)
 from tunecache.compiler.errors import OpSignatureError
 from tunecache.compiler.graph import KernelNode
 from tunecache.compiler.kinds import ChainView, ChannelView, op_kind
@@ -60,11 +65,16 @@ def _fold(step: Any, steps: list[Any], read: dict[str, list[int]],
     if view is None or len(users) != 1 or ctx.is_graph_output(step.output):
         return None
     reader = steps[users[0]]
-    if not isinstance(reader, KernelNode) or reader.inputs[0] != step.output:
+    if not isinstance(reader, KernelNode) or step.output not in reader.inputs[:2]:
         return None
     chain_of = op_kind(reader.op.kind).chain_view
     chain = chain_of(reader.op) if chain_of is not None else None
     if chain is None or not _lines_up(chain, view):
+        return None
+    if chain.operand == "full":
+        residual = _residual(step, reader, chain, steps)
+        return None if residual is None else (residual, users[0])
+    if reader.inputs[0] != step.output:
         return None
     rows = _channel_rows(chain, reader.inputs[1:], view, ctx)
     op = _with_chain(step.op, chain)
@@ -80,6 +90,34 @@ def _fold(step: Any, steps: list[Any], read: dict[str, list[int]],
     node = replace(step, nodes=step.nodes + reader.nodes, op=op, inputs=(*inputs, chan),
                    output=reader.output, output_shape=reader.output_shape)
     return node, users[0]
+
+
+def _residual(step: KernelNode, reader: KernelNode, chain: ChainView,
+              steps: list[Any]) -> KernelNode | None:
+    """``step`` with ``reader``'s residual add (``x + r``, either way round: the same float)
+    and the unary chain steps after it in its epilogue (``radd``: ``r`` becomes its ``add``
+    operand), or None: when its kind takes no residual, it has one already, or ``r`` is
+    computed after it."""
+    other = [name for name in reader.inputs if name != step.output]
+    unary = all(CHAIN_STEPS.get(name) in ("relu", "clip6", "qround") for name in chain.steps[1:])
+    spec = op_kind(step.op.kind).spec
+    if (chain.steps[:1] != ("add",) or not unary or len(other) != 1 or len(reader.inputs) != 2
+            or RESIDUAL_STEP not in spec.epilogue_tail
+            or "add" in operand_tensors(step.op.epilogue)):
+        return None
+    made = {s.output: i for i, s in enumerate(steps) if isinstance(s, KernelNode)}
+    if made.get(other[0], -1) > steps.index(step):
+        return None  # the residual is not there yet where the kernel runs
+    try:
+        op = OpSignature(step.op.kind, step.op.dims, step.op.dtype, step.op.attrs,
+                         (*step.op.epilogue, RESIDUAL_STEP,
+                          *(CHAIN_STEPS[name] for name in chain.steps[1:])))
+    except OpSignatureError:
+        return None
+    inputs = list(step.inputs)
+    inputs.insert(len(inputs) - bool(chain_rows(step.op.epilogue)), other[0])
+    return replace(step, nodes=step.nodes + reader.nodes, op=op, inputs=tuple(inputs),
+                   output=reader.output, output_shape=reader.output_shape)
 
 
 def _lines_up(chain: ChainView, view: ChannelView) -> bool:

@@ -24,7 +24,13 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tunecache.compiler.codegen.epilogue import CHAIN_STEPS, CHANNEL_OPERAND, chain_rows
+from tunecache.compiler.codegen.epilogue import (
+    CHAIN_STEPS,
+    CHANNEL_OPERAND,
+    RESIDUAL_STEP,
+    chain_rows,
+    operand_tensors,
+)
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.elements import to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
@@ -125,7 +131,7 @@ def _signature_problems(op: OpSignature) -> list[str]:
         found += lowp_signature_problems(op)
     elif "dequant" in op.epilogue:
         found.append("dequant is an int8 conv2d's epilogue step")
-    elif chain_rows(op.epilogue) or "qround" in op.epilogue:
+    elif chain_rows(op.epilogue) or {"qround", RESIDUAL_STEP} & set(op.epilogue):
         found.append("an element-wise chain (cadd, cmul, qround, ...) follows an int8 or bf16 "
                      "conv2d's epilogue, not a float32 one's")
     return found + kernel_extent_problems(op)
@@ -146,7 +152,7 @@ def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
         args.append(TensorArg("scale", (d["F"],), "input"))
     if "bias" in op.epilogue:
         args.append(TensorArg("bias", (d["F"],), "input"))
-    if "add" in op.epilogue:
+    if "add" in operand_tensors(op.epilogue):  # before an activation, or within a chain
         args.append(TensorArg("add", out_shape, "input"))
     if chain_rows(op.epilogue):
         args.append(TensorArg(CHANNEL_OPERAND, (chain_rows(op.epilogue), d["F"]), "input"))
@@ -281,7 +287,7 @@ KIND = register(OpKind(
         dims=("N", "C", "H", "W", "F", "R", "S"),
         attrs={"layout": LAYOUTS, "out_layout": LAYOUTS},
         epilogues=("dequant", "bias", "add", *ACTIVATIONS),
-        epilogue_tail=tuple(CHAIN_STEPS.values()),
+        epilogue_tail=(*CHAIN_STEPS.values(), RESIDUAL_STEP),
         params={
             "stride_h": (1, 1), "stride_w": (1, 1),
             "pad_t": (0, 0), "pad_l": (0, 0), "pad_b": (0, 0), "pad_r": (0, 0),

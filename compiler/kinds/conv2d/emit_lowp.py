@@ -19,7 +19,12 @@ vectors of output channels into Y in its layout. ``ic_block``, ``loop_order`` an
 from __future__ import annotations
 
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamble
-from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, render, scalar_helpers
+from tunecache.compiler.codegen.epilogue import (
+    CHANNEL_OPERAND,
+    operand_tensors,
+    render,
+    scalar_helpers,
+)
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.conv2d.common import shape_constants
 from tunecache.compiler.kinds.conv2d.emit_tiles import tile_plane, tile_row
@@ -259,7 +264,7 @@ def _finish(op: OpSignature, d: IsaDialect) -> str:
              f"    if (f < F) {{\n      const int m = (int)(F - f);\n      vec v = VCVTI(acc + j);\n"
              f"      {part}\n      VSTOREU(Y + at, VFILL_PART(v, m, 0.0f));\n      continue;\n"
              "    }\n") if blocked else ""
-    if not channel_block(op.attr("out_layout")) and "add" not in op.epilogue:
+    if not channel_block(op.attr("out_layout")) and "add" not in operand_tensors(op.epilogue):
         # A plain Y: the epilogue on whole vectors all the same, each lane stored to its
         # channel's plane (a residual operand would need the same gather: element-wise).
         whole = (f"    if (f + LANES <= F) {{\n      vec v = VCVTI(acc + j);\n      {vector}\n"
