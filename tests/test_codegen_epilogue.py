@@ -63,7 +63,7 @@ def _numpy(steps: tuple[str, ...], x: np.ndarray, operands: dict[str, np.ndarray
         if step == "dequant":
             y = y * operands["scale"]
         else:
-            y = _UNARY[step](y) if step in _UNARY else y + operands[step]
+            y = _UNARY[step](y) if step in _UNARY else y + operands[str(STEPS[step].operand)]
     return y
 
 
