@@ -334,3 +334,32 @@ def test_exploration_samples_the_grid_and_resumes_without_repeats(tmp_path: Path
     # repeats aside)
     assert frame[frame["source"] != "confirm"]["schedule_id"].is_unique
     assert again.ops[0].status == "skipped" or again.ops[0].trials == 0
+
+
+def test_an_int8_convolution_is_tuned_against_onnxruntimes_float32_conv(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    from tunecache.compiler.kinds.conv2d import conv2d_op
+
+    op = conv2d_op(1, 32, 10, 10, 32, 3, 3, pads=1, dtype="int8", epilogue="dequant+bias+relu")
+    with Runner(HW, FAST) as runner:  # a one-node Conv takes no int8 weights: the float32 one
+        summary = run_job([Workload(op, 1, "q")], HW, Store(tmp_path),
+                          JobOptions(trials=2, refine=False, baseline=True), runner=runner)
+    [result] = summary.ops
+    assert result.status == "tuned", result.note
+    assert result.baseline == "onnxruntime" and result.baseline_gflops
+
+
+def test_a_failing_baseline_is_a_note_not_the_end_of_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tunecache.tuner.jobs import run as job_run
+
+    def refuse(*args: Any) -> None:
+        raise RuntimeError("the peer refused the model")
+
+    monkeypatch.setattr(job_run, "measure_baseline", refuse)
+    with Runner(HW, FAST) as runner:
+        summary = run_job([Workload(C, 1, "c")], HW, Store(tmp_path),
+                          JobOptions(trials=2, refine=False, baseline=True), runner=runner)
+    [result] = summary.ops
+    assert result.status == "tuned" and result.best_gflops
+    assert result.baseline is None and "baseline failed: RuntimeError" in (result.note or "")

@@ -403,18 +403,27 @@ def _baseline(op: OpSignature, threads: int, runner: Runner
 
 def _timed_baseline(op: OpSignature, threads: int, runner: Runner, deadline: float | None,
                     clock: Callable[[], float]) -> tuple[str | None, float | None, bool, str | None]:
-    """:func:`_baseline` bounded by ``deadline``: skipped (with a note) when none is left."""
+    """:func:`_baseline` bounded by ``deadline``: skipped (with a note) when none is left; a
+    baseline that fails is a note, never the job's end (the tuned schedule stands)."""
     if deadline is None:
-        return (*_baseline(op, threads, runner), None)
+        return _noted_baseline(op, threads, runner)
     remaining = deadline - clock()
     if remaining < MIN_MEASURE_S:
         return None, None, False, "baseline skipped: the op's budget was spent"
     original = runner.timing
     runner.timing = within(original, remaining)
     try:
-        return (*_baseline(op, threads, runner), None)
+        return _noted_baseline(op, threads, runner)
     finally:
         runner.timing = original
+
+
+def _noted_baseline(op: OpSignature, threads: int, runner: Runner
+                    ) -> tuple[str | None, float | None, bool, str | None]:
+    try:
+        return (*_baseline(op, threads, runner), None)
+    except Exception as exc:  # a peer refusing the op ends only the comparison
+        return None, None, False, f"baseline failed: {type(exc).__name__}: {exc}"
 
 
 def _summarise(workload: Workload, result: OpTuneResult, runner: Runner,

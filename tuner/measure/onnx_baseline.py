@@ -74,8 +74,13 @@ def run_conv(op: OpSignature, inputs: tuple[np.ndarray, ...], threads: int = 1) 
 def time_onnxruntime_conv(op: OpSignature, threads: int, timing: dict[str, Any],
                           seed: int = 0) -> list[float]:
     """Per-call seconds of each repeat (same protocol as the measurement worker). A conv2d
-    on blocked layouts is compared with onnxruntime's NCHW convolution of the same shape."""
+    on blocked layouts is compared with onnxruntime's NCHW convolution of the same shape, an
+    int8 or bf16 one with onnxruntime's float32 convolution (what quantizing replaces; a
+    one-node Conv takes no integer weights), the bias its only epilogue step."""
     op = nchw_conv2d(op)
+    if op.dtype != "float32":
+        op = OpSignature(op.kind, op.dims, "float32", op.attrs,
+                         ("bias",) if "bias" in op.epilogue else ())
     inputs = random_inputs(op, seed)
     bias = inputs[2] if "bias" in op.epilogue else None
     sess = conv_session(op, inputs[1], bias, threads)
