@@ -105,7 +105,8 @@ def _residual(step: KernelNode, reader: KernelNode, chain: ChainView,
             or RESIDUAL_STEP not in spec.epilogue_tail
             or "add" in operand_tensors(step.op.epilogue)):
         return None
-    made = {s.output: i for i, s in enumerate(steps) if isinstance(s, KernelNode)}
+    made = {name: i for i, s in enumerate(steps)
+            for name in ((s.output,) if isinstance(s, KernelNode) else getattr(s, "outputs", ()))}
     if made.get(other[0], -1) > steps.index(step):
         return None  # the residual is not there yet where the kernel runs
     try:

@@ -1,19 +1,22 @@
 """C code of the int8 and bf16 conv2d kernels (``dtype=int8|bf16``, a ``direct`` schedule).
 
 Dense convolutions (one group, no dilation) of float32 activations: each call quantizes X
-with ``qa = [scale, zero point]`` into ``Xq[N][CB][Hp][Wp][16]`` (uint8, 16 channels a
-pixel, the border and the channels past C filled with the zero point, which the zero-point
-term of the bias already accounts for) — for bf16, rounds X to bfloat16 there, the border
-and spare channels zero — then each thread takes (image, ``oc_block`` tile,
-output row) items: a register tile of ``ow_block`` pixels x ``oc_block / lanes`` vectors of
-int32 accumulators sums, for every 16-channel block, tap and ``IGROUP`` of channels, the
-dialect's dot product of the pixel's ``IGROUP`` broadcast channels with a vector of packed
-weights (``IsaDialect.int8``: ``vpdpbusd`` with VNNI; ``IsaDialect.bf16``: ``vdpbf16ps`` with
-AVX512-BF16, float32 accumulators). The weights (int8 or bfloat16 ``[F][C][R][S]``)
-are packed once into ``[F/oc_block][CB][R][S][16/IGROUP][oc_block][IGROUP]``. The epilogue
-(``dequant`` per-channel scales, ``bias``, a residual ``add``, an activation) runs on whole
-vectors of output channels into Y in its layout. ``ic_block``, ``loop_order`` and
-``parallel`` do not apply (``lowp_problems``).
+with ``qa = [scale, zero point]`` into ``Xq[N][CB][Hp][Wp][PIXC]`` (uint8, ``PIXC`` channels
+a pixel block, the border and the channels past C filled with the zero point, which the
+zero-point term of the bias already accounts for) — for bf16, rounds X to bfloat16 there,
+the border and spare channels zero. ``PIXC`` is 16 for the vector kernel and one tile row
+(64 bytes) for the tile kernel (``loop_order=amx``, :mod:`.emit_tiles`). In the vector
+kernel each thread takes (image, ``oc_block`` tile, output row) items: a register tile of
+``ow_block`` pixels x ``oc_block / lanes`` vectors of int32 accumulators sums, for every
+channel block, tap and ``IGROUP`` of channels, the dialect's dot product of the pixel's
+``IGROUP`` broadcast channels with a vector of packed weights (``IsaDialect.int8``:
+``vpdpbusd`` with VNNI; ``IsaDialect.bf16``: ``vdpbf16ps`` with AVX512-BF16, float32
+accumulators). The weights (int8 or bfloat16 ``[F][C][R][S]``) are packed once into
+``[F/oc_block][CB][R][S][PIXC/IGROUP][oc_block][IGROUP]``. The epilogue (``dequant``
+per-channel scales, ``bias``, a residual ``add``, an activation, then chain steps and a
+residual ``radd``) runs on whole vectors of output channels into Y in its layout.
+``ic_block`` (the tile kernel's ``PIXC``), ``loop_order`` (``amx`` or not) and ``parallel``
+are the other knobs (``lowp_problems``).
 """
 
 from __future__ import annotations
