@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -102,20 +103,21 @@ def _bn_cnn(path: Path) -> Path:
     return path
 
 
-def test_quantized_batchnorm_chain_joins_the_convolution(tmp_path: Path) -> None:
-    ort = pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnxruntime.quantization")
-    rng = np.random.default_rng(12)
-    path = quantize_qdq(_bn_cnn(tmp_path / "bn_cnn.onnx"), tmp_path / "bn_cnn.int8.onnx",
-                        [{"x": rng.standard_normal((1, 16, 10, 10)).astype(np.float32)}
+def _quantized(build: Any, tmp_path: Path, shape: tuple[int, ...], seed: int
+               ) -> tuple[Path, np.random.Generator]:
+    """The model ``build`` writes, quantized by onnxruntime (static QDQ) on four seeded
+    batches of ``x``; and the generator for the test's own input."""
+    rng = np.random.default_rng(seed)
+    path = quantize_qdq(build(tmp_path / "model.onnx"), tmp_path / "model.int8.onnx",
+                        [{"x": rng.standard_normal(shape).astype(np.float32)}
                          for _ in range(4)])
-    graph = frontend.load_graph(path)
-    first = graph.kernel_nodes[0]
-    assert (first.op.kind, first.op.dtype) == ("conv2d", "int8")
-    assert chain_rows(first.op.epilogue) >= 6  # pair, BatchNormalization, pair, Clip, pair
-    assert not [n for n in graph.kernel_nodes if n.op.kind == "elementwise"
-                and graph.kernel_nodes.index(n) < 2]
-    x = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
+    return path, rng
+
+
+def _steps_from_onnxruntime(path: Path, x: np.ndarray, tmp_path: Path) -> float:
+    """How many of ``y``'s quantization steps ours is from onnxruntime's reference path (no
+    graph optimisations) on ``x``, at most."""
+    ort = pytest.importorskip("onnxruntime")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     theirs = ort.InferenceSession(str(path), options,
@@ -123,8 +125,21 @@ def test_quantized_batchnorm_chain_joins_the_convolution(tmp_path: Path) -> None
     ours = compile_model(path, store=tmp_path / "store", policy="analytic").run({"x": x})["y"]
     scale = {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
     last = next(n for n in onnx.load(path).graph.node if n.output[0] == "y")
-    steps = np.abs(ours - theirs) / float(scale[last.input[1]])
-    assert steps.max() <= 1.0 + 1e-4, f"{steps.max():.3f} quantization steps apart"
+    return float((np.abs(ours - theirs) / float(scale[last.input[1]])).max())
+
+
+def test_quantized_batchnorm_chain_joins_the_convolution(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime.quantization")
+    path, rng = _quantized(_bn_cnn, tmp_path, (1, 16, 10, 10), seed=12)
+    graph = frontend.load_graph(path)
+    first = graph.kernel_nodes[0]
+    assert (first.op.kind, first.op.dtype) == ("conv2d", "int8")
+    assert chain_rows(first.op.epilogue) >= 6  # pair, BatchNormalization, pair, Clip, pair
+    assert not [n for n in graph.kernel_nodes if n.op.kind == "elementwise"
+                and graph.kernel_nodes.index(n) < 2]
+    x = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
+    steps = _steps_from_onnxruntime(path, x, tmp_path)
+    assert steps <= 1.0 + 1e-4, f"{steps:.3f} quantization steps apart"
 
 
 MATMUL_CHAIN = "dequant+bias+cdiv+cmax+cmin+qround+cmul+cadd"
@@ -167,28 +182,17 @@ def _mlp(path: Path) -> Path:
 
 
 def test_quantized_bias_and_activation_chain_joins_the_matmul(tmp_path: Path) -> None:
-    ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxruntime.quantization")
-    rng = np.random.default_rng(22)
-    path = quantize_qdq(_mlp(tmp_path / "mlp.onnx"), tmp_path / "mlp.int8.onnx",
-                        [{"x": rng.standard_normal((16, 48)).astype(np.float32)}
-                         for _ in range(4)])
+    path, rng = _quantized(_mlp, tmp_path, (16, 48), seed=22)
     graph = frontend.load_graph(path)
     if graph.kernel_nodes[0].op.dtype != "int8":
         pytest.skip("this CPU runs QDQ products as float32 kernels (no int8 dot product)")
     first = graph.kernel_nodes[0]
     assert first.op.kind == "matmul" and chain_rows(first.op.epilogue) >= 4
     assert graph.kernel_nodes[1].op.kind == "matmul"  # no element-wise kernel between
-    x = rng.standard_normal((16, 48)).astype(np.float32)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    theirs = ort.InferenceSession(str(path), options,
-                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    ours = compile_model(path, store=tmp_path / "store", policy="analytic").run({"x": x})["y"]
-    scale = {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
-    last = next(n for n in onnx.load(path).graph.node if n.output[0] == "y")
-    steps = np.abs(ours - theirs) / float(scale[last.input[1]])
-    assert steps.max() <= 1.0 + 1e-4, f"{steps.max():.3f} quantization steps apart"
+    steps = _steps_from_onnxruntime(path, rng.standard_normal((16, 48)).astype(np.float32),
+                                    tmp_path)
+    assert steps <= 1.0 + 1e-4, f"{steps:.3f} quantization steps apart"
 
 
 @pytest.mark.parametrize("hw", SPECS, ids=[s.isa + "+".join(("", *s.features)) for s in SPECS])
@@ -225,10 +229,7 @@ def _residual_cnn(path: Path) -> Path:
 def test_a_quantized_residual_add_joins_the_convolution(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("onnxruntime.quantization")
-    rng = np.random.default_rng(32)
-    path = quantize_qdq(_residual_cnn(tmp_path / "res.onnx"), tmp_path / "res.int8.onnx",
-                        [{"x": rng.standard_normal((1, 16, 9, 9)).astype(np.float32)}
-                         for _ in range(4)])
+    path, rng = _quantized(_residual_cnn, tmp_path, (1, 16, 9, 9), seed=32)
     graph = frontend.load_graph(path)
     convs = [n for n in graph.kernel_nodes if n.op.kind == "conv2d"]
     if convs[0].op.dtype != "int8":

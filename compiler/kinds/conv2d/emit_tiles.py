@@ -12,23 +12,15 @@ narrower than the tile reads into Xq's slack; those pixels are not stored.
 
 from __future__ import annotations
 
-from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS
+from tunecache.compiler.kinds.matmul.emit_tiles import tile_block
 
 
 def tile_row(mt: int, nt: int) -> str:
     """``tc_q_row`` on ``mt x nt`` C tiles (registers 0 ..), then ``mt`` A and ``nt`` B."""
-    c = {(r, t): r * nt + t for r in range(mt) for t in range(nt)}
-    a = [mt * nt + r for r in range(mt)]
-    b = [mt * nt + mt + t for t in range(nt)]
-    zero = "".join(f"    TZERO({c[k]});\n" for k in sorted(c))
-    loads = "".join(f"          TLOAD({a[r]}, xs + {r * TILE_ROWS} * KSW * PIXC, X_STRIDE);\n"
-                    for r in range(mt))
-    loads += "".join(f"          TLOAD({b[t]}, w + {t * TILE_ROWS} * IGROUP, W_STRIDE);\n"
-                     for t in range(nt))
-    dots = "".join(f"          TDOT({c[r, t]}, {a[r]}, {b[t]});\n"
-                   for r in range(mt) for t in range(nt))
-    stores = "".join(f"    TSTORE({c[r, t]}, out + {r * TILE_ROWS} * OCB + {t * TILE_ROWS}, "
-                     "OCB * sizeof(tacc_t));\n" for r in range(mt) for t in range(nt))
+    block = tile_block(mt, nt, "xs + {r16} * KSW * PIXC, X_STRIDE",
+                       "w + {t16} * IGROUP, W_STRIDE",
+                       "out + {r16} * OCB + {t16}, OCB * sizeof(tacc_t)", outer=4, inner=10)
+    zero, loads, dots, stores = block.zero, block.loads, block.dots, block.stores
     return (
         "#define X_STRIDE (KSW * PIXC * (long)sizeof(ta_t))\n"
         "#define W_STRIDE (OCB * IGROUP * (long)sizeof(ib_t))\n"
@@ -59,18 +51,9 @@ def tile_plane(mt: int, nt: int) -> str:
     are one A tile ``PIXC`` apart, whatever the row width. Item ``tile`` is pixels ``tile *
     OWB ..`` of the plane: a 7x7 map (9 wide padded) computes 22% more pixels than it keeps,
     not the 56% of a 16-pixel tile a row; a 1x1's plane is its pixels, none lost."""
-    c = {(r, t): r * nt + t for r in range(mt) for t in range(nt)}
-    a = [mt * nt + r for r in range(mt)]
-    b = [mt * nt + mt + t for t in range(nt)]
-    zero = "".join(f"  TZERO({c[k]});\n" for k in sorted(c))
-    loads = "".join(f"        TLOAD({a[r]}, xs + {r * TILE_ROWS} * PIXC, X_STRIDE);\n"
-                    for r in range(mt))
-    loads += "".join(f"        TLOAD({b[t]}, w + {t * TILE_ROWS} * IGROUP, W_STRIDE);\n"
-                     for t in range(nt))
-    dots = "".join(f"        TDOT({c[r, t]}, {a[r]}, {b[t]});\n"
-                   for r in range(mt) for t in range(nt))
-    stores = "".join(f"  TSTORE({c[r, t]}, out + {r * TILE_ROWS} * OCB + {t * TILE_ROWS}, "
-                     "OCB * sizeof(tacc_t));\n" for r in range(mt) for t in range(nt))
+    block = tile_block(mt, nt, "xs + {r16} * PIXC, X_STRIDE", "w + {t16} * IGROUP, W_STRIDE",
+                       "out + {r16} * OCB + {t16}, OCB * sizeof(tacc_t)", outer=2, inner=8)
+    zero, loads, dots, stores = block.zero, block.loads, block.dots, block.stores
     return (
         "#define X_STRIDE (PIXC * (long)sizeof(ta_t))\n"
         "#define W_STRIDE (OCB * IGROUP * (long)sizeof(ib_t))\n"

@@ -14,6 +14,8 @@ rows; the rows past M are never written, and their C rows never stored.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 TILE_ROWS = 16
 """Rows (and 4-byte columns) of one tile."""
 TILE_BYTES = 64
@@ -49,20 +51,47 @@ def tiles_used(mr: int, nr: int) -> int:
     return mt * nt + mt + nt
 
 
+@dataclass(frozen=True)
+class TileBlock:
+    """The C statements of an ``mt x nt`` block of C tiles (registers ``0 ..``, then ``mt``
+    A tiles and ``nt`` B tiles): zero the C tiles, load A and B for one K step, multiply
+    every pair, store the C tiles."""
+
+    zero: str
+    loads: str
+    dots: str
+    stores: str
+
+
+def tile_block(mt: int, nt: int, a: str, b: str, c: str, outer: int,
+               inner: int) -> TileBlock:
+    """:class:`TileBlock` whose A tile ``r``'s address and stride are ``a``, B tile ``t``'s
+    ``b`` and C tile ``(r, t)``'s store ``c``, formatted with ``r``, ``t`` and ``r16``,
+    ``t16`` (their first row and column); zero and store statements indented ``outer``
+    spaces, the K step's ``inner``."""
+    cs = {(r, t): r * nt + t for r in range(mt) for t in range(nt)}
+    pad, deep = " " * outer, " " * inner
+
+    def at(template: str, r: int = 0, t: int = 0) -> str:
+        return template.format(r=r, t=t, r16=r * TILE_ROWS, t16=t * TILE_ROWS)
+
+    return TileBlock(
+        zero="".join(f"{pad}TZERO({cs[k]});\n" for k in sorted(cs)),
+        loads="".join(f"{deep}TLOAD({mt * nt + r}, {at(a, r=r)});\n" for r in range(mt))
+        + "".join(f"{deep}TLOAD({mt * nt + mt + t}, {at(b, t=t)});\n" for t in range(nt)),
+        dots="".join(f"{deep}TDOT({cs[r, t]}, {mt * nt + r}, {mt * nt + mt + t});\n"
+                     for r in range(mt) for t in range(nt)),
+        stores="".join(f"{pad}TSTORE({cs[r, t]}, {at(c, r, t)});\n"
+                       for r in range(mt) for t in range(nt)))
+
+
 def tile_rows(mt: int, nt: int) -> str:
     """``tc_lowp_rows`` on tiles: rows ``i0 .. i0 + MR`` of C, panels ``j0 .. j1``, with
     ``mt x nt`` C tiles (registers 0 ..), then ``mt`` A tiles and ``nt`` B tiles."""
-    c = {(r, t): r * nt + t for r in range(mt) for t in range(nt)}
-    a = [mt * nt + r for r in range(mt)]
-    b = [mt * nt + mt + t for t in range(nt)]
-    zero = "".join(f"    TZERO({c[k]});\n" for k in sorted(c))
-    loads = "".join(f"      TLOAD({a[r]}, a + {r * TILE_ROWS} * KP + k, KP * sizeof(ta_t));\n"
-                    for r in range(mt))
-    loads += "".join(f"      TLOAD({b[t]}, bk + {t} * KG * 16 * IGROUP, B_STRIDE);\n"
-                     for t in range(nt))
-    dots = "".join(f"      TDOT({c[r, t]}, {a[r]}, {b[t]});\n" for r in range(mt) for t in range(nt))
-    stores = "".join(f"    TSTORE({c[r, t]}, out + {r * TILE_ROWS} * NR + {t * TILE_ROWS}, "
-                     "NR * sizeof(tacc_t));\n" for r in range(mt) for t in range(nt))
+    block = tile_block(mt, nt, "a + {r16} * KP + k, KP * sizeof(ta_t)",
+                       "bk + {t} * KG * 16 * IGROUP, B_STRIDE",
+                       "out + {r16} * NR + {t16}, NR * sizeof(tacc_t)", outer=4, inner=6)
+    zero, loads, dots, stores = block.zero, block.loads, block.dots, block.stores
     return (
         "#define B_STRIDE (16 * IGROUP * (long)sizeof(ib_t))\n"
         "static void tc_lowp_rows(const ta_t *Ap, const ib_t *Bp, tc_t *C, const float *scale,\n"
