@@ -26,7 +26,9 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
   ``FEXP(x)`` is the same for one ``float`` in plain C (no libm: kernels link nothing), for
   scalar epilogue loops (``FTANH`` and ``FERF``, outside the prelude, in :data:`SCALAR_MATH`);
 * more element-wise math: ``VNEG``, ``VABS``, ``VSQRT``, ``VSIGNOF(x, m)`` (``m >= 0`` with
-  the sign of ``x``), ``VSEL_LT(x, y, a, b)`` (per lane ``x < y ? a : b``), ``VTANH(v)``
+  the sign of ``x``), ``VSEL_LT(x, y, a, b)`` (per lane ``x < y ? a : b``), ``VRCP(v)``
+  (``1/v`` within 2 ulp for normal ``v``: an estimate refined by a Newton step where the ISA
+  has one, a division elsewhere; NaN stays NaN), ``VTANH(v)``
   (odd polynomial below ``|v| = 0.625``, ``1 - 2/(e**2|v| + 1)`` above; within 2e-7
   relative), ``VERF(v)`` (``v*P(v*v)`` below ``|v| = 1``, within 2e-7 relative;
   Abramowitz-Stegun 7.1.26 above, within 4e-7 absolute);
@@ -198,6 +200,7 @@ static inline void VSTORE_U8(void *p, vec v) {
 static inline vec VABS(vec a) { return (vec)((vec_i)a & ~TC_SIGN_BITS); }
 static inline vec VSIGNOF(vec x, vec m) { return (vec)((vec_i)m | ((vec_i)x & TC_SIGN_BITS)); }
 static inline vec VSEL_LT(vec x, vec y, vec a, vec b) { return tc_select(x < y, a, b); }
+#define VRCP(x) VDIV(VSET1(1.0f), (x))
 static inline vec VSQRT(vec a) {
   vec r;
   for (int i = 0; i < 4; i++) r[i] = __builtin_sqrtf(a[i]);
@@ -228,7 +231,7 @@ static inline vec VERF(vec x) {
   p = VFMA(p, z, VSET1(-3.761262582423300e-1f));
   p = VFMA(p, z, VSET1(1.128379165726710f));
   vec small = VMUL(p, x);
-  vec t = VDIV(VSET1(1.0f), VFMA(a, VSET1(0.3275911f), VSET1(1.0f)));
+  vec t = VRCP(VFMA(a, VSET1(0.3275911f), VSET1(1.0f)));
   vec s = VFMA(VSET1(1.061405429f), t, VSET1(-1.453152027f));
   s = VFMA(s, t, VSET1(1.421413741f));
   s = VFMA(s, t, VSET1(-0.284496736f));
