@@ -22,7 +22,7 @@ Ratios are medians over rounds of ours ÷ the best peer in the same round. Error
 max |x - onnxruntime| ÷ max |onnxruntime| on the same input.
 
     python benchmarks/lowp_models.py [--only bert_base,resnet50] [--threads 1,2]
-        [--repeat 20] [--no-write] [--section lowp_models_avx2]
+        [--repeat 20] [--tune TRIALS] [--no-write] [--section lowp_models_avx2]
 
 Needs onnxruntime and OpenVINO (``pip install 'tunecache[onnxruntime,openvino]'``).
 """
@@ -128,6 +128,8 @@ def _float16(key: str, feeds: Feeds, work: Path) -> list[str]:
 
 
 def _open(engine: str, path: Path, feeds: Feeds, threads: int, work: Path) -> mzl.Opened:
+    if engine.endswith("-tuned"):
+        return _open_tuned(path, feeds, threads, work, _precision(engine))
     if engine.startswith("tunecache"):
         return _open_tunecache(path, feeds, threads, work, engine.removeprefix("tunecache-")
                                if engine != "tunecache" else "fp32")
@@ -152,6 +154,48 @@ def _open_tunecache(path: Path, feeds: Feeds, threads: int, work: Path,
                              precision=precision)
     return mzl.Opened(lambda: compiled.run(feeds), lambda: mzl._first_output(compiled, feeds),
                       {"cold_s": time.perf_counter() - start})
+
+
+def _precision(engine: str) -> str:
+    return "bf16" if engine.startswith("tunecache-bf16") else "fp32"
+
+
+def _tuned_store(path: Path, threads: int, precision: str, work: Path) -> Path:
+    return work / f"tuned-{path.stem}-{threads}-{precision}"
+
+
+def tune(path: Path, threads: int, work: Path, trials: int, precision: str) -> None:
+    """``--tune``'s job (a child process): the ops ``path`` compiled at ``precision`` runs,
+    ``trials`` candidates each, into a fresh store, published."""
+    from tunecache.cache.store import Store
+    from tunecache.compiler.frontend import kernel_ops
+    from tunecache.compiler.hardware import local_spec
+    from tunecache.datasets.suites import Workload
+    from tunecache.tuner.jobs import JobOptions, run_job
+
+    with np.load(work / f"{path.stem}-feeds.npz", allow_pickle=False) as data:
+        shapes = {name: data[name].shape for name in data.files}
+    hw = replace(local_spec(), cores=threads)
+    store = Store(_tuned_store(path, threads, precision, work))
+    workloads = [Workload(op, count, label) for op, count, label
+                 in kernel_ops(path, shapes, hw=hw, precision=precision)]
+    run_job(workloads, hw, store, JobOptions(trials=trials, refine=False, baseline=False))
+    store.publish(hw.hw_id)
+
+
+def _open_tuned(path: Path, feeds: Feeds, threads: int, work: Path,
+                precision: str) -> mzl.Opened:
+    from tunecache.cache.store import Store
+    from tunecache.compiler.hardware import local_spec
+    from tunecache.tuner.deploy import compile_model
+
+    hw = replace(local_spec(), cores=threads)
+    compiled = compile_model(path, store=Store(_tuned_store(path, threads, precision, work)),
+                             policy="balanced", record_wanted=False, hw=hw,
+                             input_shapes={k: v.shape for k, v in feeds.items()},
+                             precision=precision)
+    return mzl.Opened(lambda: compiled.run(feeds), lambda: mzl._first_output(compiled, feeds),
+                      {})
 
 
 def _open_openvino_default(path: Path, feeds: Feeds, threads: int) -> mzl.Opened:
@@ -260,14 +304,33 @@ def _peers(ours: str, m: dict[str, mzl.Measurement]) -> tuple[str, ...]:
     """What ``ours`` is compared with: float32 against float32 (onnxruntime, OpenVINO f32),
     ``--precision bf16`` against OpenVINO at its default precision, a quantized file against
     both peers running it."""
-    if ours == "tunecache-bf16":
+    if ours.startswith("tunecache-bf16"):
         return ("openvino",)
     if "openvino-f32" in m:
         return ("onnxruntime", "openvino-f32")
     return ("onnxruntime", "openvino")
 
 
-def _measure(keys: Sequence[str], threads: Sequence[int], repeat: int, work: Path) -> list[str]:
+def _tuned_engine(key: str, variant: str) -> str | None:
+    """What ``--tune`` adds for ``variant``: the float file tuned at bf16 (the precision the
+    bar compares), a quantized file as it is; the float16 files are not tuned."""
+    if variant == key:
+        return "tunecache-bf16-tuned"
+    return None if variant.endswith(".fp16") else "tunecache-tuned"
+
+
+def _tune_child(variant: str, n: int, work: Path, trials: int, engine: str) -> None:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, __file__, "--tune-child", _precision(engine),
+                    str(work / f"{variant}.onnx"), "--threads", str(n), "--work", str(work),
+                    "--tune", str(trials)], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    print(f"{variant}: tuned at {n} thread(s) in {time.perf_counter() - start:.0f} s",
+          file=sys.stderr, flush=True)
+
+
+def _measure(keys: Sequence[str], threads: Sequence[int], repeat: int, work: Path,
+             trials: int = 0) -> list[str]:
     rows = []
     for key in keys:
         print(f"{key}: preparing", file=sys.stderr, flush=True)
@@ -275,8 +338,11 @@ def _measure(keys: Sequence[str], threads: Sequence[int], repeat: int, work: Pat
         np.savez(work / f"{key}-feeds.npz", **feeds)
         for variant in [key, *_quantized(key, feeds, work), *_float16(key, feeds, work)]:
             engines = FLOAT_ENGINES if variant == key else QUANT_ENGINES
+            tuned = _tuned_engine(key, variant) if trials else None
             for n in threads:
-                m = _lockstep(engines, variant, n, repeat, work)
+                if tuned:
+                    _tune_child(variant, n, work, trials, tuned)
+                m = _lockstep((*engines, *([tuned] if tuned else [])), variant, n, repeat, work)
                 precision_file = work / "openvino-precision.txt"
                 ov = precision_file.read_text() if precision_file.exists() else "?"
                 for row in _rows(variant, n, m, work, ov):
@@ -285,7 +351,7 @@ def _measure(keys: Sequence[str], threads: Sequence[int], repeat: int, work: Pat
     return rows
 
 
-def _report(rows: Sequence[str], repeat: int, versions: str) -> str:
+def _report(rows: Sequence[str], repeat: int, versions: str, trials: int = 0) -> str:
     from _report import git_revision, machine_summary
 
     return "\n".join([
@@ -295,7 +361,10 @@ def _report(rows: Sequence[str], repeat: int, versions: str) -> str:
         "static QDQ by onnxruntime.quantization (u8 activations, s8 per-channel weights), "
         "`.dyn` = dynamic (MatMulInteger), `.fp16` = onnxruntime's float16 converter "
         "(ours computes it in float32). Every engine in its own process, all open at "
-        f"once, {repeat} lockstep rounds; ours untuned (analytic, shipped seed). Ratio = "
+        f"once, {repeat} lockstep rounds; ours untuned (analytic, shipped seed)"
+        + (f", and `-tuned` after a job of {trials} trials per op the compiled file runs "
+           "(the float file at bf16), in a store of its own per file and thread count"
+           if trials else "") + ". Ratio = "
         "median over rounds of ours ÷ the fastest peer in the same round on the same file: "
         "ours f32 against onnxruntime and OpenVINO f32, ours `--precision bf16` against "
         "OpenVINO at its default precision, a quantized file against onnxruntime and "
@@ -314,11 +383,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--section", default=None,
                         help="write a block of its own (one per machine: lowp_models_avx2)")
+    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
+                        help="also measure ours tuned: TRIALS candidates per op, a job per "
+                             "file and thread count (the float files tuned at bf16)")
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "MODEL"))
+    parser.add_argument("--tune-child", nargs=2, metavar=("PRECISION", "MODEL"))
     parser.add_argument("--work", type=Path)
     args = parser.parse_args(argv)
     if args.child:
         child(args.child[0], Path(args.child[1]), int(args.threads), args.work)
+        return 0
+    if args.tune_child:
+        tune(Path(args.tune_child[1]), int(args.threads), args.work, args.tune,
+             args.tune_child[0])
         return 0
     keys = [k for k in args.only.split(",") if k]
     unknown = [k for k in keys if k not in MODELS]
@@ -335,8 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     versions = f"onnxruntime {onnxruntime.__version__}, OpenVINO {openvino.__version__}"
     with tempfile.TemporaryDirectory(prefix="lowp-models-") as tmp:
         rows = _measure(keys, [int(t) for t in args.threads.split(",")], args.repeat,
-                        Path(tmp))
-    markdown = _report(rows, args.repeat, versions)
+                        Path(tmp), args.tune)
+    markdown = _report(rows, args.repeat, versions, args.tune)
     print(markdown)
     if not args.no_write:
         from _report import write_section
