@@ -4,6 +4,7 @@ portable vector-extension dialect built for x86-64 (the vocabulary is documented
 
 from __future__ import annotations
 
+import functools
 import platform
 from dataclasses import replace
 
@@ -337,6 +338,12 @@ def kernel_flags(d: IsaDialect, threads: int) -> tuple[str, ...]:
     return BASE_FLAGS + d.flags + (("-fopenmp",) if threads > 1 else ())
 
 
+AMX_FEATURES = {"int8": frozenset({"amx_tile", "amx_int8"}),
+                "bf16": frozenset({"amx_tile", "amx_bf16"})}
+"""The CPU features a dtype's AMX tiles need (beside its AVX-512 dot product)."""
+
+
+@functools.lru_cache(maxsize=64)
 def dialect_for(isa: str, features: tuple[str, ...] = ()) -> IsaDialect:
     """The dialect of ``isa`` on a CPU with ``features``: AVX-512's int8 words use VNNI and
     its bf16 words AVX512-BF16 where the CPU has them."""
@@ -350,11 +357,6 @@ def dialect_for(isa: str, features: tuple[str, ...] = ()) -> IsaDialect:
     tiles = tuple((dtype, _amx(dtype)) for dtype, needs in AMX_FEATURES.items()
                   if dtype in base.native and needs <= set(features))
     return replace(base, tiles=tiles) if tiles else base
-
-
-AMX_FEATURES = {"int8": frozenset({"amx_tile", "amx_int8"}),
-                "bf16": frozenset({"amx_tile", "amx_bf16"})}
-"""The CPU features a dtype's AMX tiles need (beside its AVX-512 dot product)."""
 
 
 def _amx(dtype: str) -> str:

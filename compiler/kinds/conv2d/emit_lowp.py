@@ -31,7 +31,7 @@ from tunecache.compiler.codegen.epilogue import (
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.conv2d.common import shape_constants
 from tunecache.compiler.kinds.conv2d.emit_tiles import tile_plane, tile_row
-from tunecache.compiler.kinds.conv2d.lowp import packed_channels, pixel_channels
+from tunecache.compiler.kinds.conv2d.lowp import packed_channels, pixel_channels, tiles_plane
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import channel_block
 from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS
@@ -332,7 +332,7 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
     kc, ks = packed_channels(op.dim("C"), op.dim("S"), pixc)
     wide = ks != op.dim("S")
     shape = shape_constants(op)
-    plane = tiles and not wide and op.dim("stride_h") == op.dim("stride_w") == 1
+    plane = tiles and tiles_plane(op)
     rows = -(-op.out_h * int(shape["WP"]) // s.ow_block) if plane else op.out_h
     constants = {**shape, "OCB": s.oc_block, "OWB": s.ow_block, "PIXC": pixc, "ROWS": rows,
                  "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F"),

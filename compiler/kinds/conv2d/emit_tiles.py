@@ -15,6 +15,16 @@ from __future__ import annotations
 from tunecache.compiler.kinds.matmul.emit_tiles import tile_block
 
 
+def _head(x_stride: str, item: str) -> str:
+    """The tile strides and ``tc_q_row``'s head, its last parameter ``item``, its C buffer."""
+    return (f"#define X_STRIDE ({x_stride} * (long)sizeof(ta_t))\n"
+            "#define W_STRIDE (OCB * IGROUP * (long)sizeof(ib_t))\n"
+            "static void tc_q_row(const ta_t *Xq, const ib_t *Wq, const float *scale,\n"
+            "    const float *bias, const float *add, const float *chan, float *Y, long n,\n"
+            f"    long t, long {item}) {{\n"
+            "  tacc_t out[OWB * OCB] __attribute__((aligned(64)));\n")
+
+
 def tile_row(mt: int, nt: int) -> str:
     """``tc_q_row`` on ``mt x nt`` C tiles (registers 0 ..), then ``mt`` A and ``nt`` B."""
     block = tile_block(mt, nt, "xs + {r16} * KSW * PIXC, X_STRIDE",
@@ -22,12 +32,7 @@ def tile_row(mt: int, nt: int) -> str:
                        "out + {r16} * OCB + {t16}, OCB * sizeof(tacc_t)", outer=4, inner=10)
     zero, loads, dots, stores = block.zero, block.loads, block.dots, block.stores
     return (
-        "#define X_STRIDE (KSW * PIXC * (long)sizeof(ta_t))\n"
-        "#define W_STRIDE (OCB * IGROUP * (long)sizeof(ib_t))\n"
-        "static void tc_q_row(const ta_t *Xq, const ib_t *Wq, const float *scale,\n"
-        "    const float *bias, const float *add, const float *chan, float *Y, long n, long t,\n"
-        "    long oh) {\n"
-        "  tacc_t out[OWB * OCB] __attribute__((aligned(64)));\n"
+        _head("KSW * PIXC", "oh") +
         "  for (long ow0 = 0; ow0 < Q; ow0 += OWB) {\n"
         "    const long first = Q >= OWB ? MIN(ow0, Q - OWB) : 0;\n"
         + zero +
@@ -55,12 +60,7 @@ def tile_plane(mt: int, nt: int) -> str:
                        "out + {r16} * OCB + {t16}, OCB * sizeof(tacc_t)", outer=2, inner=8)
     zero, loads, dots, stores = block.zero, block.loads, block.dots, block.stores
     return (
-        "#define X_STRIDE (PIXC * (long)sizeof(ta_t))\n"
-        "#define W_STRIDE (OCB * IGROUP * (long)sizeof(ib_t))\n"
-        "static void tc_q_row(const ta_t *Xq, const ib_t *Wq, const float *scale,\n"
-        "    const float *bias, const float *add, const float *chan, float *Y, long n, long t,\n"
-        "    long tile) {\n"
-        "  tacc_t out[OWB * OCB] __attribute__((aligned(64)));\n"
+        _head("PIXC", "tile") +
         "  const long p0 = tile * OWB;\n"
         + zero +
         "  const ib_t *w = Wq + t * CB * R * KS * GPB * OCB * IGROUP;\n"

@@ -32,7 +32,7 @@ from tunecache.compiler.schedule import threads_problem
 
 __all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "bf16_variant", "block_fill",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
-           "packed_channels", "pixel_channels"]
+           "packed_channels", "pixel_channels", "tiles_plane"]
 
 LOWP_KNOBS: dict[str, int | str] = {"algorithm": "direct", "pack_w": 1, "oh_block": 1,
                                     "loop_order": "fp", "unroll_kw": 0}
@@ -54,6 +54,15 @@ def packed_channels(c: int, s: int, pixc: int = 16) -> tuple[int, int]:
     ``k % C``) where that takes fewer ``pixc``-channel blocks (a 3-channel 7x7 stem: 2
     blocks of 16, not 7), else C and S."""
     return (s * c, 1) if -(-s * c // pixc) < s * -(-c // pixc) else (c, s)
+
+
+def tiles_plane(op: OpSignature) -> bool:
+    """Whether the tile kernel sweeps ``op``'s output as one plane of rows ``WP`` wide
+    (:func:`~tunecache.compiler.kinds.conv2d.emit_tiles.tile_plane`): stride 1, the taps not
+    folded into the pixel; else it tiles each output row."""
+    d = op.dims_dict
+    folded = packed_channels(d["C"], d["S"], TILE_BYTES // op.dtype_bytes)[1] != d["S"]
+    return d["stride_h"] == d["stride_w"] == 1 and not folded
 
 
 def pixel_channels(op: OpSignature, s: Conv2dSchedule) -> int:
@@ -151,8 +160,8 @@ def default_lowp_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -
     channels (one for few channels), as many pixels as :func:`max_accumulators` allows, at
     most the row."""
     if op.dtype in tile_dtypes(hw):
-        plane = op.out_h * op.out_w if op.dim("stride_w") == 1 else op.out_w
-        mt = 2 if plane > TILE_ROWS else 1
+        swept = op.out_h * op.out_w if tiles_plane(op) else op.out_w
+        mt = 2 if swept > TILE_ROWS else 1
         nt = 2 if op.dim("F") > TILE_ROWS else 1
         return Conv2dSchedule(oc_block=nt * TILE_ROWS, ow_block=mt * TILE_ROWS,
                               ic_block=TILE_BYTES // op.dtype_bytes, loop_order="amx",
