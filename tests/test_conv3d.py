@@ -16,6 +16,7 @@ pytest.importorskip("onnxruntime")
 from onnx_support import compile_and_compare, op_model
 
 from tunecache.compiler.frontend import load_graph
+from tunecache.compiler.onnx_ops.registry import engine
 
 
 def _model(x: list[int], w: list[int], bias: bool = True, follow: str | None = None,
@@ -57,5 +58,8 @@ def test_relu_after_it_and_no_bias(tmp_path: Path) -> None:
 
 def test_grouped_conv3d_is_left_to_the_reference_and_matches(tmp_path: Path) -> None:
     model = _model([1, 4, 3, 5, 5], [4, 2, 3, 3, 3], group=2, pads=[1] * 6)
-    assert "Conv" in {n.op_type for n in load_graph(model).onnx_nodes}
+    [node] = [n for n in load_graph(model).onnx_nodes if n.op_type == "Conv"]
+    # named for what runs it: set up once with the plan, not numpy's Conv handing it on
+    assert engine("Conv", 17, node.attrs) == "reference"
+    assert engine("Conv", 17, {"kernel_shape": [3, 3], "pads": [1] * 4}) == "numpy"
     compile_and_compare(model, tmp_path)

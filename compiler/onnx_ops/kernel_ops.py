@@ -13,7 +13,13 @@ import numpy as np
 
 from tunecache.compiler.kinds.conv2d import conv2d_nchw
 from tunecache.compiler.onnx_ops.pooling import resolve_pads
-from tunecache.compiler.onnx_ops.registry import Array, as_array, opt_input, register
+from tunecache.compiler.onnx_ops.registry import (
+    DECLINES,
+    Array,
+    as_array,
+    opt_input,
+    register,
+)
 
 
 @register("MatMul")
@@ -42,12 +48,22 @@ def _gemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) 
     return [as_array(y, a.dtype)]
 
 
+def _three_d(attrs: Mapping[str, Any], outputs: Sequence[str]) -> bool:
+    """A 3-D convolution by its attributes (a grouped one, or weights computed at run time:
+    the rewrite takes the rest), which the reference runs, set up once with the plan."""
+    lengths = {"kernel_shape": 2, "strides": 2, "dilations": 2, "pads": 4}
+    return any(len(attrs.get(name, ())) > most for name, most in lengths.items())
+
+
+DECLINES["Conv"] = _three_d
+
+
 @register("Conv")
 def _conv(inputs: Sequence[Array | None], attrs: Mapping[str, Any], opset: int) -> list[Array]:
     x, w = inputs[0], inputs[1]
     bias = opt_input(inputs, 2)
     assert x is not None and w is not None
-    if x.ndim > 4:  # 3-D (a grouped one, or weights computed at run time): the reference's
+    if x.ndim > 4:  # a 3-D node whose attributes did not say so (DECLINES below)
         from tunecache.compiler.onnx_ops.reference import reference_function
 
         names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
