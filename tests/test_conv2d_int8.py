@@ -152,3 +152,44 @@ def test_blocked_and_plain_inputs_quantize_alike_nan_and_inf_included(hw: Hardwa
     blocked_inputs = [to_layout(x, "nchw16c"), *inputs[1:]]
     theirs = compile_kernel(blocked, default_schedule(blocked, hw), hw)(*blocked_inputs)
     np.testing.assert_array_equal(from_layout(theirs, "nchw16c", plain.dim("F")), ours)
+
+
+QUANTIZE = "cdiv+cmax+cmin+qround+cadd"
+U8_CASES = [("x", "dequant+bias+relu"), ("y", f"dequant+bias+relu+{QUANTIZE}"),
+            ("x+y+add", f"dequant+bias+radd+{QUANTIZE}"), ("add", "dequant+bias+radd+cmul")]
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[_name(s) for s in SPECS])
+@pytest.mark.parametrize(("held", "epilogue"), U8_CASES, ids=[c[0] for c in U8_CASES])
+@pytest.mark.parametrize("layout", ["nchw", "nchw16c"])
+def test_uint8_activations_match_the_reference(hw: HardwareSpec, held: str, epilogue: str,
+                                               layout: str) -> None:
+    # X already quantized (its bytes copied, the border the zero point), Y quantized by the
+    # epilogue's closing steps, a residual dequantized with aq: the float32 kernel's values.
+    for case in (CASES[1], dict(N=1, C=3, H=12, W=12, F=16, R=7, S=7, pads=3, stride=2)):
+        kw = dict(case)
+        dims = [int(kw.pop(k)) for k in ("N", "C", "H", "W", "F", "R", "S")]  # type: ignore[call-overload]
+        op = conv2d_op(*dims, **kw, dtype="int8", epilogue=epilogue,  # type: ignore[arg-type]
+                       layout=layout, out_layout=layout, u8=held)
+        inputs = random_inputs(op, seed=9)
+        out = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
+        assert out.dtype == (np.uint8 if "y" in held else np.float32)
+        assert check_result(op, inputs, out, reference(op, inputs)) is None
+        if "y" in held:  # the random quantizer spreads the outputs over uint8
+            assert len(np.unique(out)) > 32
+
+
+def test_uint8_activations_are_named_in_the_signature() -> None:
+    plain = _op(CASES[0], "nchw16c", f"dequant+bias+{QUANTIZE}")
+    assert "u8=" not in str(plain)  # op ids of float32-activation kernels stay as stored
+    held = conv2d_op(1, 16, 8, 8, 32, 3, 3, pads=1, dtype="int8", u8="x+y",
+                     epilogue=f"dequant+bias+{QUANTIZE}")
+    assert "u8=x+y" in str(held) and OpSignature.parse(str(held)) == held
+    args = {a.name: a.dtype for a in held.arguments()}
+    assert args["X"] == args["Y"] == "uint8"
+    with pytest.raises(OpSignatureError, match="quantized"):
+        conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="int8", u8="y", epilogue="dequant+bias+relu")
+    with pytest.raises(OpSignatureError, match="residual"):
+        conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="int8", u8="add", epilogue="dequant+bias")
+    with pytest.raises(OpSignatureError, match="int8"):
+        conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="bf16", u8="x", epilogue="bias")

@@ -36,7 +36,8 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
   ``2*lanes`` floats from ``p``), ``VSTREAM(p, v)`` (non-temporal store to an address
   aligned to the vector size; a plain store on ``generic``) and ``VSFENCE()`` (orders
   streaming stores; call it before a kernel returns); ``VSTORE_U8(p, v)`` (the lanes, whole
-  numbers in 0..255, as ``lanes`` bytes at ``p``).
+  numbers in 0..255, as ``lanes`` bytes at ``p``) and ``VLOAD_U8(p)`` (``lanes`` bytes at
+  ``p`` as floats).
 
 Outside the prelude, in :attr:`IsaDialect.log` (a kernel that needs it places it after the
 prelude): ``VLOG(v)``, ln v per lane for positive, normal, finite ``v`` (0, subnormals,
@@ -195,6 +196,10 @@ _GENERIC_MORE = """\
 #define VSFENCE() ((void)0)
 static inline void VSTORE_U8(void *p, vec v) {
   for (int i = 0; i < 4; i++) ((unsigned char *)p)[i] = (unsigned char)(int)v[i];
+}
+static inline vec VLOAD_U8(const void *p) {
+  const unsigned char *b = (const unsigned char *)p;
+  return (vec){(float)b[0], (float)b[1], (float)b[2], (float)b[3]};
 }
 #define TC_SIGN_BITS ((vec_i){-2147483647 - 1, -2147483647 - 1, -2147483647 - 1, -2147483647 - 1})
 static inline vec VABS(vec a) { return (vec)((vec_i)a & ~TC_SIGN_BITS); }

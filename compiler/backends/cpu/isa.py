@@ -182,6 +182,8 @@ static inline __m512 VRCP(__m512 x) {
 #define VSFENCE() _mm_sfence()
 #define VSTORE_U8(p, v) \
   _mm_storeu_si128((__m128i *)(void *)(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)))
+#define VLOAD_U8(p) \
+  _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))))
 static inline __m512 VLOADS2(const float *p) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   return _mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16));
@@ -206,6 +208,8 @@ static inline void VSTORE_U8(void *p, __m256 v) {
   const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
   _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
 }
+#define VLOAD_U8(p) \
+  _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p))))
 static inline __m256 VLOADS2(const float *p) {
   /* a0 a2 b0 b2 | a4 a6 b4 b6, then the 64-bit pairs reordered to a0 a2 a4 a6 b0 b2 b4 b6 */
   __m256 t = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _MM_SHUFFLE(2, 0, 2, 0));

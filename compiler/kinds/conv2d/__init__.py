@@ -15,7 +15,9 @@ An int8 or bf16 conv2d's epilogue may go on with an element-wise chain over its 
 BatchNormalization and a Clip after a quantized convolution (:func:`channel_view`).
 Attributes: ``layout`` (X's layout) and ``out_layout`` (Y's and
 ``add``'s; left out of the text while ``nchw``), each ``nchw`` or a channel-blocked
-``nchw{x}c`` (:mod:`tunecache.compiler.kinds.layouts`). Schedules: ``space.py``; kernels:
+``nchw{x}c`` (:mod:`tunecache.compiler.kinds.layouts`); ``u8`` (int8 only, left out while
+``none``): which of X, Y and the residual ``add`` an int8 conv2d holds as uint8 activations
+between kernels (``x+y+add``, :data:`~.lowp.U8_CHOICES`). Schedules: ``space.py``; kernels:
 ``emit.py`` (which picks the algorithm's emitter module); docs/CONV2D.md.
 """
 
@@ -38,12 +40,16 @@ from tunecache.compiler.kinds import ChannelView, OpKind, register
 from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
 from tunecache.compiler.kinds.conv2d.lowp import (
     MIN_LOWP_FILL,
+    U8_CHOICES,
     bf16_variant,
     block_fill,
     default_lowp_schedule,
     lowp_problems,
     lowp_reference,
     lowp_signature_problems,
+    quantizer_rows,
+    u8_tensors,
+    with_u8,
 )
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
@@ -86,36 +92,34 @@ def conv2d_op(N: int, C: int, H: int, W: int, F: int, R: int, S: int, *,
               stride: int | tuple[int, int] = 1, pads: int | tuple[int, int, int, int] = 0,
               dilation: int | tuple[int, int] = 1, groups: int = 1,
               epilogue: tuple[str, ...] | str = (), dtype: str = "float32",
-              layout: str = NCHW, out_layout: str = NCHW) -> OpSignature:
+              layout: str = NCHW, out_layout: str = NCHW, u8: str = "none") -> OpSignature:
     """``Y[N,F,P,Q] = conv(X[N,C,H,W], W[F,C/groups,R,S])``.
 
     ``stride`` and ``dilation`` are ``(h, w)`` or one int for both; ``pads`` is
     ``(top, left, bottom, right)`` (ONNX ``pads`` order) or one int for all four.
     ``layout`` is X's layout, ``out_layout`` Y's (and the residual's): ``nchw`` or
-    ``nchw{x}c``.
+    ``nchw{x}c``. ``u8`` names the tensors an int8 conv2d holds as uint8 (``x+y``).
     """
     return OpSignature(
         KIND.name,
         (("N", N), ("C", C), ("H", H), ("W", W), ("F", F), ("R", R), ("S", S),
          *window_params(stride, pads, dilation), ("groups", groups)),
         dtype,
-        (("layout", layout), ("out_layout", out_layout)),
+        (("layout", layout), ("out_layout", out_layout), ("u8", u8)),
         epilogue_tuple(epilogue),
     )
 
 
 def nchw_conv2d(op: OpSignature) -> OpSignature:
     """``op`` with plain ``nchw`` input and output (itself when it has them)."""
-    plain = ((name, NCHW) for name, _ in op.attrs)
-    return op if all(v == NCHW for _, v in op.attrs) else OpSignature(
-        op.kind, op.dims, op.dtype, tuple(plain), op.epilogue)
+    return with_attrs(op, layout=NCHW, out_layout=NCHW)
 
 
 def _signature_problems(op: OpSignature) -> list[str]:
     d = op.dims_dict
     found = []
     g = d["groups"]
-    blocks = {channel_block(layout) for _, layout in op.attrs} - {0}
+    blocks = {channel_block(op.attr(name)) for name in ("layout", "out_layout")} - {0}
     if len(blocks) > 1:
         found.append(f"layout={op.attr('layout')} and out_layout={op.attr('out_layout')} "
                      "block channels differently; use one block size")
@@ -141,8 +145,10 @@ def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     d = op.dims_dict
     out_shape = tensor_shape(d["N"], d["F"], op.out_h, op.out_w, op.attr("out_layout"))
     int8 = op.dtype == "int8"
+    u8 = u8_tensors(op)
     args = [
-        TensorArg("X", tensor_shape(d["N"], d["C"], d["H"], d["W"], op.attr("layout")), "input"),
+        TensorArg("X", tensor_shape(d["N"], d["C"], d["H"], d["W"], op.attr("layout")), "input",
+                  "uint8" if "x" in u8 else "float32"),
         TensorArg("W", (d["F"], d["C"] // d["groups"], d["R"], d["S"]), "input",
                   {"int8": "int8", "bf16": "bfloat16"}.get(op.dtype, "float32")),
     ]
@@ -153,10 +159,12 @@ def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     if "bias" in op.epilogue:
         args.append(TensorArg("bias", (d["F"],), "input"))
     if "add" in operand_tensors(op.epilogue):  # before an activation, or within a chain
-        args.append(TensorArg("add", out_shape, "input"))
+        args.append(TensorArg("add", out_shape, "input", "uint8" if "add" in u8 else "float32"))
+    if "add" in u8:
+        args.append(TensorArg("aq", (2,), "input"))
     if chain_rows(op.epilogue):
         args.append(TensorArg(CHANNEL_OPERAND, (chain_rows(op.epilogue), d["F"]), "input"))
-    args.append(TensorArg("Y", out_shape, "output"))
+    args.append(TensorArg("Y", out_shape, "output", "uint8" if "y" in u8 else "float32"))
     return tuple(args)
 
 
@@ -233,20 +241,27 @@ def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
 def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     """Standard normal inputs, as for every kind; blocked tensors get zero padding lanes.
     An int8 conv2d's weights are integers over int8's range, its ``qa`` ``[1/32, 128]``
-    (standard normal X spans most of uint8)."""
+    (standard normal X spans most of uint8); uint8 activations (``u8``) are uniform bytes,
+    ``aq`` as ``qa``."""
     d = op.dims_dict
-    out: list[np.ndarray] = [random_tensor(rng, d["N"], d["C"], d["H"], d["W"],
-                                           op.attr("layout"))]
+    x = op.arguments()[0]
+    out: list[np.ndarray] = [
+        rng.integers(0, 256, size=x.shape).astype(np.uint8) if x.dtype == "uint8"
+        else random_tensor(rng, d["N"], d["C"], d["H"], d["W"], op.attr("layout"))]
     for arg in op.arguments()[1:-1]:
-        if arg.dtype == "int8":
+        if arg.dtype == "uint8":
+            out.append(rng.integers(0, 256, size=arg.shape).astype(np.uint8))
+        elif arg.dtype == "int8":
             out.append(rng.integers(-128, 128, size=arg.shape).astype(np.int8))
         elif arg.dtype == "bfloat16":
             out.append(to_bfloat16(rng.standard_normal(arg.shape, dtype=np.float32)))
-        elif arg.name == "qa":
+        elif arg.name in ("qa", "aq"):
             out.append(np.array([1 / 32, 128], np.float32))
         elif arg.name == "add":
             out.append(random_tensor(rng, d["N"], d["F"], op.out_h, op.out_w,
                                      op.attr("out_layout")))
+        elif arg.name == CHANNEL_OPERAND and "y" in u8_tensors(op):
+            out.append(quantizer_rows(op, rng.standard_normal(arg.shape, dtype=np.float32)))
         else:
             out.append(rng.standard_normal(arg.shape, dtype=np.float32))
     return tuple(out)
@@ -285,7 +300,7 @@ KIND = register(OpKind(
     name="conv2d",
     spec=KindSpec(
         dims=("N", "C", "H", "W", "F", "R", "S"),
-        attrs={"layout": LAYOUTS, "out_layout": LAYOUTS},
+        attrs={"layout": LAYOUTS, "out_layout": LAYOUTS, "u8": U8_CHOICES},
         epilogues=("dequant", "bias", "add", *ACTIVATIONS),
         epilogue_tail=(*CHAIN_STEPS.values(), RESIDUAL_STEP),
         params={
@@ -294,7 +309,7 @@ KIND = register(OpKind(
             "dil_h": (1, 1), "dil_w": (1, 1), "groups": (1, 1),
         },
         check=_signature_problems,
-        omit_default=frozenset({"out_layout"}),
+        omit_default=frozenset({"out_layout", "u8"}),
         dtypes=("float32", "int8", "bf16"),
     ),
     arguments=_arguments,
@@ -319,6 +334,7 @@ KIND = register(OpKind(
     relayout=_relayout,
     bf16_variant=bf16_variant,
     channel_view=channel_view,
+    with_u8=with_u8,
     examples=("conv2d(N=1,C=64,H=56,W=56,F=64,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,"
               "epilogue=bias+relu)",
               "conv2d(N=1,C=32,H=28,W=28,F=32,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,"

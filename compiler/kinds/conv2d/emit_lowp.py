@@ -31,7 +31,12 @@ from tunecache.compiler.codegen.epilogue import (
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.conv2d.common import shape_constants
 from tunecache.compiler.kinds.conv2d.emit_tiles import tile_plane, tile_row
-from tunecache.compiler.kinds.conv2d.lowp import packed_channels, pixel_channels, tiles_plane
+from tunecache.compiler.kinds.conv2d.lowp import (
+    packed_channels,
+    pixel_channels,
+    tiles_plane,
+    u8_tensors,
+)
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import channel_block
 from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS
@@ -90,12 +95,14 @@ static inline ta_t tc_q_one(float v) {
 }""", "(void)qa;\n  const ta_t fill = 0;", "tc_q_one(X_AT)"),
 }
 """Per dtype: ``tc_q_one`` converting one float of X as Xq holds it, the packing's setup
-(``fill``: Xq's border) and the call converting ``X_AT``."""
+(``fill``: Xq's border) and the call converting ``X_AT``; ``u8``: an int8 conv2d's X
+already quantized (its bytes copied)."""
+_CONVERT["u8"] = ("", "const ta_t fill = (ta_t)(int)qa[1];", "X_AT")
 
 _BLOCK_X = """\
 /* X's rows [lo, hi) of (n, cb, hp) into Xq; the border holds the fill (memset: a byte, as
    bf16's fill is 0); PIXEL converts the PIXC channels cb * PIXC + k of (h, w) into out. */
-static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
+static void tc_q_pack_x(const tx_t *X, const float *qa, ta_t *Xq, long lo, long hi) {
   %s
   for (long item = lo; item < hi; item++) {
     const long hp = item %% HP, cb = item / HP %% CB, n = item / HP / CB, h = hp - PT;
@@ -144,12 +151,21 @@ _BLOCKED_PIXEL = """\
         const float *src = X + (((n * %(blocks)d + c / %(x)d) * H + h) * W + w) * %(x)d;
         for (long e = 0; e < %(x)d; e++) out[k + e] = tc_q_one(src[e]);
       }"""
+# uint8 X, channel-blocked: each of X's blocks of XB channels copied whole.
+_U8_PIXEL = """\
+      for (long k = 0; k < PIXC; k += %(x)d) {
+        const long c = cb * PIXC + k;
+        if (c >= %(padded)d)
+          memset(out + k, fill, %(x)d);
+        else
+          memcpy(out + k, X + (((n * %(blocks)d + c / %(x)d) * H + h) * W + w) * %(x)d, %(x)d);
+      }"""
 _WIDE_X = """\
 /* WIDE: X's rows [lo, hi) of (n, cb, hp) into Xq, output column q's pixel holding the S
    taps of the C channels it reads (channel k: tap k / C of channel k %% C). Row h of every
    channel is converted once into qrow (C x WP, the border at the fill; C < PIXC here), then
    each pixel gathers its PIXC values; channels past S * C hold the fill. */
-static void tc_q_pack_x(const float *X, const float *qa, ta_t *Xq, long lo, long hi) {
+static void tc_q_pack_x(const tx_t *X, const float *qa, ta_t *Xq, long lo, long hi) {
   %s
   ta_t qrow[C * WP];
   for (long item = lo; item < hi; item++) {
@@ -179,13 +195,13 @@ _BODY = """\
   ta_t *Xq = (ta_t *)ws;
   long lo, hi;
   split_range((long)NB * CB * HP, TID, NTH, &lo, &hi);
-  tc_q_pack_x((const float *)X, qa, Xq, lo, hi);
+  tc_q_pack_x((const tx_t *)X, qa, Xq, lo, hi);
 %s
   BARRIER();
   split_range((long)NB * FT * ROWS, TID, NTH, &lo, &hi);
 %s  for (long item = lo; item < hi; item++)
-    tc_q_row(Xq, Wq, scale, bias, add, chan, Y, item / ROWS / FT, item / ROWS %% FT,
-             item %% ROWS);
+    tc_q_row(Xq, Wq, scale, bias, (const tadd_t *)add, aq, chan, (ty_t *)Y, item / ROWS / FT,
+             item / ROWS %% FT, item %% ROWS);
 %s"""
 
 
@@ -211,31 +227,35 @@ def _x_channel(op: OpSignature) -> str:
 def _pack_x(op: OpSignature, lanes: int, pixc: int) -> str:
     """``tc_q_pack_x`` for ``op``: whole ``pixc``-channel blocks of X's pixels (int8 from a
     channel-blocked X a vector at a time), or WIDE pixels."""
-    helper, setup, one = _CONVERT[op.dtype]
+    u8 = "x" in u8_tensors(op)
+    helper, setup, one = _CONVERT["u8" if u8 else op.dtype]
     if packed_channels(op.dim("C"), op.dim("S"), pixc) != (op.dim("C"), op.dim("S")):
         return helper + "\n" + _WIDE_X % (setup, one.replace("X_AT", _x_channel(op)))
     x, c = channel_block(op.attr("layout")), op.dim("C")
+    if u8 and x and pixc % x == 0:
+        pixel = _U8_PIXEL % {"x": x, "padded": -(-c // x) * x, "blocks": -(-c // x)}
+        return _BLOCK_X % (setup, pixel)
     # Every vector within one block of X; vectors past X's padded channels hold the fill.
-    if op.dtype == "int8" and x and x % lanes == 0:
+    if op.dtype == "int8" and x and x % lanes == 0 and not u8:
         pixel = _VECTOR_PIXEL % (-(-c // x) * x, -(-c // x), x, x, x)
         return helper + "\n" + _BLOCK_X % (setup + "\n  " + _VECTOR_SETUP, pixel)
     if op.dtype == "bf16" and x and pixc % x == 0:
         pixel = _BLOCKED_PIXEL % {"x": x, "padded": -(-c // x) * x, "blocks": -(-c // x)}
         return helper + "\n" + _BLOCK_X % (setup, pixel)
-    pixel = _SCALAR_PIXEL % one.replace("X_AT", _x_index(op, pixc))
+    pixel = _SCALAR_PIXEL % one.replace("X_AT", _x_index(op, pixc, "fill" if u8 else "0.0f"))
     return helper + "\n" + _BLOCK_X % (setup, pixel)
 
 
-def _x_index(op: OpSignature, pixc: int) -> str:
-    """X's element for channel ``cb * PIXC + k`` of pixel (n, h, w), 0 past C: ``pixc``
-    contiguous floats a pixel when X's blocks are that wide."""
+def _x_index(op: OpSignature, pixc: int, past: str) -> str:
+    """X's element for channel ``cb * PIXC + k`` of pixel (n, h, w), ``past`` past C:
+    ``pixc`` contiguous elements a pixel when X's blocks are that wide."""
     x, c = channel_block(op.attr("layout")), op.dim("C")
     if x == pixc:
         return f"X[(((n * {-(-c // x)} + cb) * H + h) * W + w) * {x} + k]"
     if x:
         return (f"(cb * PIXC + k < {-(-c // x) * x} ? X[(((n * {-(-c // x)} + (cb * PIXC + k)"
-                f" / {x}) * H + h) * W + w) * {x} + (cb * PIXC + k) % {x}] : 0.0f)")
-    return "(cb * PIXC + k < C ? X[((n * C + cb * PIXC + k) * H + h) * W + w] : 0.0f)"
+                f" / {x}) * H + h) * W + w) * {x} + (cb * PIXC + k) % {x}] : {past})")
+    return f"(cb * PIXC + k < C ? X[((n * C + cb * PIXC + k) * H + h) * W + w] : {past})"
 
 
 def _y_index(op: OpSignature) -> str:
@@ -246,44 +266,54 @@ def _y_index(op: OpSignature) -> str:
     return f"(((n * {-(-op.dim('F') // x)} + f / {x}) * P + oh) * Q + ow) * {x} + f % {x}"
 
 
+def _operands(op: OpSignature, part: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """Where ``tc_q_store``'s epilogue reads its operands, as vector C (the first ``m`` lanes
+    when ``part``) and as scalar C: a uint8 residual dequantized with ``aq``."""
+    load = "VLOADU_PART({p}, m)" if part else "VLOADU({p})"
+    vector = {"scale": load.format(p="scale + f"), "bias": load.format(p="bias + f"),
+              "add": "VLOADU(add + at)", CHANNEL_OPERAND: load.format(p="chan + {i} * F + f")}
+    scalar = {"scale": "scale[f]", "bias": "bias[f]", "add": "add[at]",
+              CHANNEL_OPERAND: "chan[{i} * F + f]"}
+    if "add" in u8_tensors(op):
+        vector["add"] = "VMUL(VSUB(VLOAD_U8(add + at), VSET1(aq[1])), VSET1(aq[0]))"
+        scalar["add"] = "(((float)add[at] - aq[1]) * aq[0])"
+    return vector, scalar
+
+
 def _finish(op: OpSignature, d: IsaDialect) -> str:
     """``tc_q_store``: one pixel's ``OCB`` accumulators (channels ``f0..``), epilogue
-    applied, into Y: whole vectors where Y holds ``LANES`` channels contiguously."""
-    operands = {"scale": "VLOADU(scale + f)", "bias": "VLOADU(bias + f)",
-                "add": "VLOADU(add + at)", CHANNEL_OPERAND: "VLOADU(chan + {i} * F + f)"}
+    applied, into Y (``ty_t``, stored by ``TY_STORE``/``TY``): whole vectors where Y holds
+    ``LANES`` channels contiguously."""
+    operands, scalars = _operands(op, False)
     vector = render(op.epilogue, "v", operands, vector=True)
-    scalar = render(op.epilogue, "u", {"scale": "scale[f]", "bias": "bias[f]",
-                                       "add": "add[at]", CHANNEL_OPERAND: "chan[{i} * F + f]"},
-                    vector=False)
-    part = render(op.epilogue, "v", {
-        "scale": "VLOADU_PART(scale + f, m)", "bias": "VLOADU_PART(bias + f, m)",
-        "add": "VLOADU(add + at)", CHANNEL_OPERAND: "VLOADU_PART(chan + {i} * F + f, m)"},
-        vector=True)
+    scalar = render(op.epilogue, "u", scalars, vector=False)
+    part = render(op.epilogue, "v", _operands(op, True)[0], vector=True)
     blocked = channel_block(op.attr("out_layout")) % d.lanes == 0 and \
         channel_block(op.attr("out_layout")) > 0
     # A blocked Y holds LANES channels contiguously; its last block's lanes past F are zero.
     whole = (f"    if (f + LANES <= F) {{\n      vec v = VCVTI(acc + j);\n      {vector}\n"
-             "      VSTOREU(Y + at, v);\n      continue;\n    }\n"
+             "      TY_STORE(Y + at, v);\n      continue;\n    }\n"
              f"    if (f < F) {{\n      const int m = (int)(F - f);\n      vec v = VCVTI(acc + j);\n"
-             f"      {part}\n      VSTOREU(Y + at, VFILL_PART(v, m, 0.0f));\n      continue;\n"
+             f"      {part}\n      TY_STORE(Y + at, VFILL_PART(v, m, 0.0f));\n      continue;\n"
              "    }\n") if blocked else ""
     if not channel_block(op.attr("out_layout")) and "add" not in operand_tensors(op.epilogue):
         # A plain Y: the epilogue on whole vectors all the same, each lane stored to its
         # channel's plane (a residual operand would need the same gather: element-wise).
         whole = (f"    if (f + LANES <= F) {{\n      vec v = VCVTI(acc + j);\n      {vector}\n"
                  "      float t[LANES] __attribute__((aligned(64)));\n      VSTORE(t, v);\n"
-                 "      for (long k = 0; k < LANES; k++) Y[at + k * (long)P * Q] = t[k];\n"
+                 "      for (long k = 0; k < LANES; k++) Y[at + k * (long)P * Q] = TY(t[k]);\n"
                  "      continue;\n    }\n")
     padded = "FOUT"  # a blocked Y's channels past F are zeros, as every kernel leaves them
     return ("static inline void tc_q_store(const tacc_t *acc, const float *scale,\n"
-            "    const float *bias, const float *add, const float *chan, float *Y, long n,\n"
-            "    long f0, long oh, long ow) {\n  (void)add; (void)chan;\n"
+            "    const float *bias, const tadd_t *add, const float *aq, const float *chan,\n"
+            "    ty_t *Y, long n, long f0, long oh, long ow) {\n"
+            "  (void)add; (void)aq; (void)chan;\n"
             f"  for (long j = 0; j < OCB && f0 + j < {padded}; j += LANES) {{\n"
             "    long f = f0 + j, at = " + _y_index(op) + ";\n" + whole
             + f"    for (long k = 0; k < LANES && f0 + j + k < {padded}; k++) {{\n"
               "      f = f0 + j + k;\n      at = " + _y_index(op) + ";\n"
-              "      if (f >= F) {\n        Y[at] = 0.0f;\n        continue;\n      }\n"
-              f"      float u = (float)acc[j + k];\n      {scalar}\n      Y[at] = u;\n"
+              "      if (f >= F) {\n        Y[at] = TY(0.0f);\n        continue;\n      }\n"
+              f"      float u = (float)acc[j + k];\n      {scalar}\n      Y[at] = TY(u);\n"
               "    }\n  }\n}\n")
 
 
@@ -301,13 +331,13 @@ def _row(nv: int, owb: int) -> str:
     stores = "".join(
         f"    if (first + {p} >= ow0 && first + {p} < Q) {{\n"
         + "".join(f"      ISTOREU(out + {v} * LANES, c{p}_{v});\n" for v in range(nv))
-        + f"      tc_q_store(out, scale, bias, add, chan, Y, n, t * OCB, oh, first + {p});\n"
+        + f"      tc_q_store(out, scale, bias, add, aq, chan, Y, n, t * OCB, oh, first + {p});\n"
         "    }\n"
         for p in range(owb))
     return (
         "static void tc_q_row(const ta_t *Xq, const ib_t *Wq, const float *scale,\n"
-        "    const float *bias, const float *add, const float *chan, float *Y, long n, long t,\n"
-        "    long oh) {\n"
+        "    const float *bias, const tadd_t *add, const float *aq, const float *chan, ty_t *Y,\n"
+        "    long n, long t, long oh) {\n"
         "  tacc_t out[OCB] __attribute__((aligned(64)));\n"
         "  for (long ow0 = 0; ow0 < Q; ow0 += OWB) {\n"
         "    const long first = Q >= OWB ? MIN(ow0, Q - OWB) : 0;\n"
@@ -345,7 +375,8 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
     return "\n".join([
         preamble(d, constants, s.threads), "#include <stdint.h>\n#include <string.h>",
         (d.int8 if int8 else d.bf16) + d.tile_vocabulary(op.dtype) * tiles,
-        f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tacc} tacc_t;\n" + _TYPES,
+        f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tacc} tacc_t;\n" + _TYPES
+        + _activation_types(op),
         "#define VCVTI(p) tc_cvt_i32(p)\n" + _CVT if int8 else "#define VCVTI(p) VLOAD(p)\n",
         scalar_helpers(op.epilogue), _PACK_W,
         _pack_x(op, d.lanes, pixc), _finish(op, d),
@@ -353,10 +384,22 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
         if tiles else _row(s.oc_block // d.lanes, s.ow_block),
         kernel_entries(op, lambda once: _body(once, tiles),
                        threads=s.threads, rename={"W": "Wt"},
-                       optional=("qa", "scale", "add", CHANNEL_OPERAND),
+                       optional=("qa", "scale", "add", "aq", CHANNEL_OPERAND),
                        ws_floats="((XQ_BYTES + WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
                        packed=packed, packed_ws_floats="((XQ_BYTES + 3) / 4)"),
     ])
+
+
+def _activation_types(op: OpSignature) -> str:
+    """C types of X, Y and the residual (``tx_t``, ``ty_t``, ``tadd_t``: float, or uint8
+    where ``op`` holds them so), and Y's stores: ``TY(u)`` one value, ``TY_STORE(p, v)`` a
+    vector (a uint8 Y's values are whole numbers in 0..255 by then)."""
+    u8 = u8_tensors(op)
+    kinds = {t: "uint8_t" if t in u8 else "float" for t in ("x", "y", "add")}
+    stores = ("#define TY(u) ((uint8_t)(int)(u))\n#define TY_STORE(p, v) VSTORE_U8((p), (v))\n"
+              if "y" in u8 else "#define TY(u) (u)\n#define TY_STORE(p, v) VSTOREU((p), (v))\n")
+    return (f"typedef {kinds['x']} tx_t;\ntypedef {kinds['y']} ty_t;\n"
+            f"typedef {kinds['add']} tadd_t;\n" + stores)
 
 
 _CVT = """\

@@ -20,8 +20,8 @@ def _head(x_stride: str, item: str) -> str:
     return (f"#define X_STRIDE ({x_stride} * (long)sizeof(ta_t))\n"
             "#define W_STRIDE (OCB * IGROUP * (long)sizeof(ib_t))\n"
             "static void tc_q_row(const ta_t *Xq, const ib_t *Wq, const float *scale,\n"
-            "    const float *bias, const float *add, const float *chan, float *Y, long n,\n"
-            f"    long t, long {item}) {{\n"
+            "    const float *bias, const tadd_t *add, const float *aq, const float *chan,\n"
+            f"    ty_t *Y, long n, long t, long {item}) {{\n"
             "  tacc_t out[OWB * OCB] __attribute__((aligned(64)));\n")
 
 
@@ -45,7 +45,8 @@ def tile_row(mt: int, nt: int) -> str:
         + loads + dots + "        }\n" + stores +
         "    for (long p = 0; p < OWB; p++)\n"
         "      if (first + p >= ow0 && first + p < Q)\n"
-        "        tc_q_store(out + p * OCB, scale, bias, add, chan, Y, n, t * OCB, oh, first + p);\n"
+        "        tc_q_store(out + p * OCB, scale, bias, add, aq, chan, Y, n, t * OCB, oh,\n"
+        "                   first + p);\n"
         "  }\n}\n")
 
 
@@ -72,5 +73,5 @@ def tile_plane(mt: int, nt: int) -> str:
         "  for (long p = 0; p < OWB; p++) {\n"
         "    const long oh = (p0 + p) / WP, ow = (p0 + p) % WP;\n"
         "    if (oh < P && ow < Q)\n"
-        "      tc_q_store(out + p * OCB, scale, bias, add, chan, Y, n, t * OCB, oh, ow);\n"
+        "      tc_q_store(out + p * OCB, scale, bias, add, aq, chan, Y, n, t * OCB, oh, ow);\n"
         "  }\n}\n")

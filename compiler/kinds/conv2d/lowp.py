@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND
+from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, operand_tensors
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
@@ -30,9 +30,20 @@ from tunecache.compiler.kinds.matmul.emit_tiles import (
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import threads_problem
 
-__all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "bf16_variant", "block_fill",
+__all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "U8_CHOICES", "bf16_variant", "block_fill",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
-           "packed_channels", "pixel_channels", "tiles_plane"]
+           "packed_channels", "pixel_channels", "quantizer_rows", "tiles_plane", "u8_tensors",
+           "with_u8"]
+
+U8_TENSORS = ("x", "y", "add")
+"""The activations an int8 conv2d may hold as uint8, in the ``u8`` attribute's order."""
+U8_CHOICES = ("none", *("+".join(t for i, t in enumerate(U8_TENSORS) if mask >> i & 1)
+                        for mask in range(1, 1 << len(U8_TENSORS))))
+"""The ``u8`` attribute's values: ``none`` (the default), ``x``, ``y``, ``x+y``, ... An
+int8 conv2d's X as uint8 (``x``) is already quantized with ``qa`` (the kernel copies its
+bytes); its Y as uint8 (``y``) is the epilogue's last value, a whole number in 0..255 (the
+chain that quantized it ends by adding the zero point); a uint8 residual (``add``) stands
+for ``(add - aq[1]) * aq[0]``. Activations flow between int8 kernels a byte each, not four."""
 
 LOWP_KNOBS: dict[str, int | str] = {"algorithm": "direct", "pack_w": 1, "oh_block": 1,
                                     "loop_order": "fp", "unroll_kw": 0}
@@ -77,10 +88,53 @@ def block_fill(op: OpSignature) -> float:
     return kc / (16 * -(-kc // 16))
 
 
+U8_QUANTIZER = ("cmax", "cmin", "qround", "cadd")
+"""How an int8 conv2d's epilogue ends when it writes uint8 Y: saturated to ``[-z, 255 -
+z]``, rounded, plus ``z`` (the zero point): QuantizeLinear's steps after its divide (which
+comes before, as a ``cdiv`` or composed into earlier steps)."""
+
+
+def quantizer_rows(op: OpSignature, chan: np.ndarray) -> np.ndarray:
+    """``chan`` (random rows for ``op``'s chain) with the rows of its closing
+    :data:`U8_QUANTIZER` made a quantizer of zero point 128, and a ``cdiv`` before it a
+    scale at which the epilogue's values spread over uint8 rather than saturate (random
+    inputs)."""
+    out = np.array(chan, dtype=np.float32)
+    out[-3:] = np.array([[-128.0], [127.0], [128.0]], np.float32)
+    if op.epilogue[-len(U8_QUANTIZER) - 1] == "cdiv":
+        out[-4] = 240.0 * (op.dim("C") * op.dim("R") * op.dim("S")) ** 0.5
+    return out
+
+
+def u8_tensors(op: OpSignature) -> frozenset[str]:
+    """The tensors ``op`` holds as uint8 (its ``u8`` attribute)."""
+    held = op.attr("u8")
+    return frozenset() if held == "none" else frozenset(held.split("+"))
+
+
+def with_u8(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
+    """``OpKind.with_u8``: ``op`` holding ``tensors`` (and those it held) as uint8, or None
+    where it cannot: not int8, or a tensor it lacks (a residual without ``add``)."""
+    held = u8_tensors(op) | tensors
+    if op.dtype != "int8" or not held <= set(U8_TENSORS) or (
+            "add" in held and "add" not in operand_tensors(op.epilogue)) or (
+            "y" in held and op.epilogue[-len(U8_QUANTIZER):] != U8_QUANTIZER):
+        return None
+    text = "+".join(t for t in U8_TENSORS if t in held) or "none"
+    return OpSignature(op.kind, op.dims, op.dtype,
+                       tuple((k, text if k == "u8" else v) for k, v in op.attrs), op.epilogue)
+
+
 def lowp_signature_problems(op: OpSignature) -> list[str]:
     """Why an int8 or bf16 conv2d signature has no kernel (empty when it has)."""
     d = op.dims_dict
     found = []
+    if u8_tensors(op) and op.dtype != "int8":
+        found.append(f"u8={op.attr('u8')} is for int8 conv2ds")
+    if "add" in u8_tensors(op) and "add" not in operand_tensors(op.epilogue):
+        found.append("u8=...add needs a residual (add or radd) in the epilogue")
+    if "y" in u8_tensors(op) and op.epilogue[-len(U8_QUANTIZER):] != U8_QUANTIZER:
+        found.append(f"a uint8 Y is quantized: the epilogue ends {'+'.join(U8_QUANTIZER)}")
     a = f"an {op.dtype}" if op.dtype[0] in "aeiou" else f"a {op.dtype}"
     if d["groups"] != 1:
         found.append(f"{a} conv2d is dense (groups=1) so far, not groups={d['groups']}")
@@ -180,7 +234,7 @@ def lowp_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
     args = dict(zip(names, inputs, strict=True))
     plain = from_layout(args["X"], op.attr("layout"), d["C"])
     if op.dtype == "int8":
-        x = quantize_u8(plain, args["qa"])
+        x = plain if "x" in u8_tensors(op) else quantize_u8(plain, args["qa"])
         zero = int(np.float32(args["qa"][1]))
     else:
         x = from_bfloat16(to_bfloat16(np.asarray(plain, dtype=np.float32)))
@@ -201,4 +255,7 @@ def lowp_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
         operands[CHANNEL_OPERAND] = args[CHANNEL_OPERAND].reshape(-1, 1, d["F"], 1, 1)
     if "add" in args:
         operands["add"] = from_layout(args["add"], op.attr("out_layout"), d["F"])
+        if "aq" in args:  # a uint8 residual, dequantized as DequantizeLinear does
+            aq = np.asarray(args["aq"], np.float32)
+            operands["add"] = (operands["add"].astype(np.float32) - aq[1]) * aq[0]
     return to_layout(epilogue_reference(op.epilogue, acc, operands), op.attr("out_layout"))
