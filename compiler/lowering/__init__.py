@@ -74,6 +74,9 @@ class FusionContext(Protocol):
         """The position of the only node reading ``tensor``, if fusing it away is safe (one
         use, not a graph output, not yet taken)."""
 
+    def consumers_of(self, tensor: str) -> tuple[int, ...]:
+        """The positions of every node reading ``tensor``, taken by a fusion or not."""
+
     def consumers(self, tensor: str) -> tuple[int, ...] | None:
         """The positions of every node reading ``tensor``, if fusing them all away is safe
         (read at least once, not a graph output, none taken); None otherwise."""
@@ -232,7 +235,7 @@ def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | Non
 
 BUILTIN_LOWERINGS = ("attention", "rowwise", "rmsnorm", "pool", "lrn", "rotary",
                      "elementwise", "batchnorm", "split", "quantized", "conv", "matmul", "chains",
-                     "dead")
+                     "u8", "affine", "dead")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried
 in: attention first (its scaling Mul and mask Add would otherwise start a scaled softmax or
 an element-wise chain), then the residual-Add + LayerNormalization pattern, the RMSNorm chain
@@ -240,8 +243,10 @@ and the rotary embedding before an element-wise chain claims their Add, Sqrt, Ne
 the quantized MatMul/Gemm (integer kernels where the operands are dequantized, before the
 float32 mapping would take them); the plain Conv and MatMul/Gemm kernels last, after every
 pattern starting at such a node; ``chains`` holds the step pass folding element-wise chains
-into the kernels they follow; ``dead`` holds only the step pass that drops unread
-steps, which runs after every other."""
+into the kernels they follow, ``u8`` the one passing quantized activations between int8
+kernels as uint8 (after the fold: it reads the quantizers the fold put in epilogues),
+``affine`` the one composing each epilogue's runs of per-channel multiplies and adds;
+``dead`` holds only the step pass that drops unread steps, which runs after every other."""
 
 
 def register_lowering(*op_types: str, explains: bool = False

@@ -155,6 +155,9 @@ class Lowerer:
         position = self.readers[tensor][-1]
         return None if self.taken[position] else position
 
+    def consumers_of(self, tensor: str) -> tuple[int, ...]:
+        return tuple(sorted(set(self.readers.get(tensor, ()))))
+
     def consumers(self, tensor: str) -> tuple[int, ...] | None:
         readers = self.readers.get(tensor, [])
         if not readers or tensor in self.graph_outputs or any(self.taken[p] for p in readers):

@@ -109,9 +109,17 @@ def lower_quantized_matmul(ctx: FusionContext, position: int) -> Any:
     return ctx.finish(position, fused, sig, inputs, out)
 
 
+PRODUCTS = ("Conv", "MatMul", "Gemm")
+"""The nodes an int8 kernel stands for, reading a quantized activation's float32 source."""
+
+
 def _activation(ctx: FusionContext, name: str) -> _Activation | str:
     """How ``name`` (a MatMul's A) was quantized: it must be ``DequantizeLinear`` of a
-    ``QuantizeLinear`` of float32, both per tensor with the same constant parameters."""
+    ``QuantizeLinear`` of float32, both per tensor with the same constant parameters. The
+    kernel reads the float32 source, which spares the pair, unless another kind of node
+    reads the pair's output: the pair is computed then anyway (folded into the source's
+    writer where that is its only reader, :mod:`.chains`), and reading its output, whose
+    quantization is the same integers, leaves the source one reader."""
     dq = _producer(ctx, name, "DequantizeLinear")
     q = _producer(ctx, dq.inputs[0], "QuantizeLinear") if dq is not None else None
     if dq is None or q is None:
@@ -122,7 +130,9 @@ def _activation(ctx: FusionContext, name: str) -> _Activation | str:
     scale, zero, signed = params[0]
     if not scale > 0.0:
         return "A's scale is not positive"
-    return _Activation(q.inputs[0], scale, zero + 128.0 if signed else zero)
+    others = ctx.is_graph_output(name) or any(
+        ctx.nodes[at].op_type not in PRODUCTS for at in ctx.consumers_of(name))
+    return _Activation(name if others else q.inputs[0], scale, zero + 128.0 if signed else zero)
 
 
 def _producer(ctx: FusionContext, name: str, op_type: str) -> GraphNode | None:

@@ -1,0 +1,136 @@
+"""Quantized activations between int8 kernels (issue 53): a kernel whose readers all take
+uint8 writes its output quantized, a byte an element, and they read the bytes
+(:mod:`tunecache.compiler.lowering.u8`); each epilogue's runs of per-channel multiplies and
+adds are composed into one of each (:mod:`tunecache.compiler.lowering.affine`). On an
+onnxruntime-quantized bottleneck block: which tensors go uint8, and that the model still
+agrees with onnxruntime running the same file to within one quantization step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx_support import quantize_qdq
+
+from tunecache.compiler import frontend
+from tunecache.compiler.codegen.epilogue import RESIDUAL_STEP
+from tunecache.compiler.graph import KernelNode
+from tunecache.compiler.kinds.conv2d.lowp import u8_tensors
+from tunecache.compiler.lowering import affine, u8
+from tunecache.tuner.deploy import compile_model
+
+SHAPE = (1, 16, 10, 10)
+
+
+def _bottleneck(path: Path) -> Path:
+    """x -> Conv 3x3 + Relu (s) -> [Conv 1x1 + BN + Relu -> Conv 3x3 + BN + Relu -> Conv 1x1
+    + BN] + s -> Relu -> Conv 1x1 (y): ResNet's block after a stem, BatchNormalization left
+    unfolded as onnxruntime's quantizer leaves it."""
+    rng = np.random.default_rng(41)
+    inits: list[onnx.TensorProto] = []
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["s"])]
+    inits += _conv_weights(rng, "0", 16, 16, 3)
+    source = "s"
+    for i, (f, k) in enumerate(((8, 1), (8, 3), (16, 1)), start=1):
+        c = 16 if i == 1 else 8
+        pad = [k // 2] * 4
+        nodes += [helper.make_node("Conv", [source, f"w{i}", f"b{i}"], [f"c{i}"], pads=pad),
+                  helper.make_node("BatchNormalization", [f"c{i}", f"g{i}", f"be{i}",
+                                                          f"mu{i}", f"v{i}"], [f"n{i}"])]
+        inits += _conv_weights(rng, str(i), f, c, k) + _batchnorm(rng, str(i), f)
+        source = f"n{i}"
+        if i < 3:
+            nodes.append(helper.make_node("Relu", [source], [f"r{i}"]))
+            source = f"r{i}"
+    nodes += [helper.make_node("Add", ["n3", "s"], ["a"]),
+              helper.make_node("Relu", ["a"], ["r"]),
+              helper.make_node("Conv", ["r", "w4", "b4"], ["y"])]
+    inits += _conv_weights(rng, "4", 16, 16, 1)
+    graph = helper.make_graph(
+        nodes, "bottleneck", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, SHAPE)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _conv_weights(rng: np.random.Generator, i: str, f: int, c: int, k: int
+                  ) -> list[onnx.TensorProto]:
+    w = rng.standard_normal((f, c, k, k)) / np.sqrt(c * k * k)
+    return [numpy_helper.from_array(w.astype(np.float32), f"w{i}"),
+            numpy_helper.from_array((rng.random(f) * 0.1).astype(np.float32), f"b{i}")]
+
+
+def _batchnorm(rng: np.random.Generator, i: str, f: int) -> list[onnx.TensorProto]:
+    values = {"g": 0.5 + rng.random(f), "be": rng.standard_normal(f) * 0.1,
+              "mu": rng.standard_normal(f) * 0.1, "v": 0.5 + rng.random(f)}
+    return [numpy_helper.from_array(v.astype(np.float32), f"{k}{i}") for k, v in values.items()]
+
+
+@pytest.fixture
+def quantized(tmp_path: Path) -> Path:
+    pytest.importorskip("onnxruntime.quantization")
+    rng = np.random.default_rng(42)
+    return quantize_qdq(_bottleneck(tmp_path / "block.onnx"), tmp_path / "block.int8.onnx",
+                        [{"x": rng.standard_normal(SHAPE).astype(np.float32)}
+                         for _ in range(4)])
+
+
+def _convs(path: Path) -> list[KernelNode]:
+    graph = frontend.load_graph(path)
+    convs = [n for n in graph.kernel_nodes if n.op.kind == "conv2d"]
+    if not convs or convs[0].op.dtype != "int8":
+        pytest.skip("this CPU runs QDQ products as float32 kernels (no int8 dot product)")
+    assert [n.op.kind for n in graph.kernel_nodes] == ["conv2d"] * 5  # no pair left apart
+    return convs
+
+
+def test_activations_between_int8_convolutions_are_uint8(quantized: Path) -> None:
+    held = [u8_tensors(n.op) for n in _convs(quantized)]
+    # The stem reads the float32 input; the last writes the float32 output; the block's
+    # residual is the stem's output, added from its bytes.
+    assert held == [{"y"}, {"x", "y"}, {"x", "y"}, {"x", "y", "add"}, {"x"}]
+    residual = _convs(quantized)[3]
+    assert RESIDUAL_STEP in residual.op.epilogue and residual.inputs.count("s") == 0
+
+
+def test_epilogue_runs_are_composed(quantized: Path) -> None:
+    # Between the clamps and roundings only one multiply and one add are left: no divide.
+    for node in _convs(quantized):
+        assert "cdiv" not in node.op.epilogue, node.op.epilogue
+        pairs = set(zip(node.op.epilogue, node.op.epilogue[1:], strict=False))
+        assert ("cmul", "cmul") not in pairs
+
+
+def _steps_from_onnxruntime(path: Path, tmp_path: Path, seed: int) -> float:
+    ort = pytest.importorskip("onnxruntime")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    x = np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+    theirs = ort.InferenceSession(str(path), options,
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ours = compile_model(path, store=tmp_path / "store", policy="analytic").run({"x": x})["y"]
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+    last = next(n for n in onnx.load(path).graph.node if n.output[0] == "y")
+    return float((np.abs(ours - theirs) / float(inits[last.input[1]])).max())
+
+
+def test_the_block_agrees_with_onnxruntime(quantized: Path, tmp_path: Path) -> None:
+    _convs(quantized)
+    for seed in (1, 2, 3):
+        steps = _steps_from_onnxruntime(quantized, tmp_path, seed)
+        assert steps <= 1.0 + 1e-4, f"{steps:.3f} quantization steps apart"
+
+
+def test_without_the_passes_the_same_model_agrees_too(quantized: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The passes change where values are stored and how epilogues round, not what they are.
+    monkeypatch.setattr(u8, "_rewrite", lambda *args: None)
+    monkeypatch.setattr(affine, "_composed", lambda *args: None)
+    graph = frontend.load_graph(quantized)
+    assert not any(u8_tensors(n.op) for n in graph.kernel_nodes if n.op.kind == "conv2d")
+    steps = _steps_from_onnxruntime(quantized, tmp_path, 1)
+    assert steps <= 1.0 + 1e-4, f"{steps:.3f} quantization steps apart"
