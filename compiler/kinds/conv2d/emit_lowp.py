@@ -24,6 +24,7 @@ from __future__ import annotations
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamble
 from tunecache.compiler.codegen.epilogue import (
     CHANNEL_OPERAND,
+    chain_rows,
     operand_tensors,
     render,
     scalar_helpers,
@@ -317,6 +318,40 @@ def _finish(op: OpSignature, d: IsaDialect) -> str:
               "    }\n  }\n}\n")
 
 
+def _store_block(op: OpSignature, d: IsaDialect) -> str:
+    """``tc_q_store_block``: a tile's ``OWB`` pixels (``pix[p]``: the pixel's index in Y's
+    plane, -1 for one not stored) of ``OCB`` channels from ``f0``, through the epilogue into
+    Y. Into a blocked Y of whole vectors, channel vector by channel vector: its scales,
+    bias and chain rows loaded once into registers for all the pixels (a store into Y may
+    alias them, so per pixel the compiler reloads every one); else pixel by pixel."""
+    x = channel_block(op.attr("out_layout"))
+    head = ("static inline void tc_q_store_block(const tacc_t *acc, const float *scale,\n"
+            "    const float *bias, const tadd_t *add, const float *aq, const float *chan,\n"
+            "    ty_t *Y, long n, long f0, const long *pix) {\n"
+            "  (void)add; (void)aq; (void)chan;\n")
+    each = ("  for (long p = 0; p < OWB; p++)\n    if (pix[p] >= 0)\n"
+            "      tc_q_store(acc + p * OCB, scale, bias, add, aq, chan, Y, n, f0, pix[p] / Q,\n"
+            "                 pix[p] % Q);\n")
+    if not x or x % d.lanes:
+        return head + each + "}\n"
+    vector, _ = _operands(op, False)
+    rows = chain_rows(op.epilogue)
+    held = {"scale": "h_scale", "bias": "h_bias", CHANNEL_OPERAND: "h_chan{i}"}
+    loads = [f"    const vec {held[t]} = {vector[t]};"
+             for t in ("scale", "bias") if t in operand_tensors(op.epilogue)]
+    loads += [f"    const vec h_chan{i} = VLOADU(chan + {i} * F + f);" for i in range(rows)]
+    epilogue = render(op.epilogue, "v", {**vector, **held}, vector=True)
+    return (head + "  if (f0 + OCB > F) {\n" + each.replace("\n  ", "\n    ") + "    return;\n  }\n"
+            "  for (long j = 0; j < OCB; j += LANES) {\n    const long f = f0 + j;\n"
+            + "\n".join(loads) + "\n"
+            f"    const long base = (n * {-(-op.dim('F') // x)} + f / {x}) * P * Q * {x} "
+            f"+ f % {x};\n"
+            "    for (long p = 0; p < OWB; p++) {\n      if (pix[p] < 0) continue;\n"
+            f"      const long at = base + pix[p] * {x};\n"
+            "      vec v = VCVTI(acc + p * OCB + j);\n"
+            f"      {epilogue}\n      TY_STORE(Y + at, v);\n    }}\n  }}\n}}\n")
+
+
 def _row(nv: int, owb: int) -> str:
     """``tc_q_row``: output row ``oh`` of channel tile ``t`` of image ``n``, in tiles of
     ``OWB`` pixels; the last tile ends at the row's end (overlapping the one before, whose
@@ -379,7 +414,7 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
         + _activation_types(op),
         "#define VCVTI(p) tc_cvt_i32(p)\n" + _CVT if int8 else "#define VCVTI(p) VLOAD(p)\n",
         scalar_helpers(op.epilogue), _PACK_W,
-        _pack_x(op, d.lanes, pixc), _finish(op, d),
+        _pack_x(op, d.lanes, pixc), _finish(op, d), _store_block(op, d) if tiles else "",
         (tile_plane if plane else tile_row)(s.ow_block // TILE_ROWS, s.oc_block // TILE_ROWS)
         if tiles else _row(s.oc_block // d.lanes, s.ow_block),
         kernel_entries(op, lambda once: _body(once, tiles),

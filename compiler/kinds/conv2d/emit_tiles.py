@@ -6,7 +6,8 @@ block's channels for one tap, and one tile of B the matching ``GPB = 16`` K grou
 packed weights by 16 output channels. A ``ow_block x oc_block`` tile of output takes
 ``ow_block/16 * oc_block/16`` C tiles, ``ow_block/16`` A and ``oc_block/16`` B tiles; for
 every channel block and tap it loads each once and multiplies every pair. The C tiles are
-stored to a buffer and each pixel finished by the vector kernel's ``tc_q_store``. A row
+stored to a buffer and finished by ``tc_q_store_block`` (the epilogue's operands held in
+registers across the tile's pixels). A row
 narrower than the tile reads into Xq's slack; those pixels are not stored.
 """
 
@@ -43,10 +44,10 @@ def tile_row(mt: int, nt: int) -> str:
         "          const ta_t *xs = Xq + (((n * CB + cb) * HP + oh * SH + r) * KWP\n"
         "                                 + first * KSW + s) * PIXC;\n"
         + loads + dots + "        }\n" + stores +
+        "    long pix[OWB];\n"
         "    for (long p = 0; p < OWB; p++)\n"
-        "      if (first + p >= ow0 && first + p < Q)\n"
-        "        tc_q_store(out + p * OCB, scale, bias, add, aq, chan, Y, n, t * OCB, oh,\n"
-        "                   first + p);\n"
+        "      pix[p] = first + p >= ow0 && first + p < Q ? oh * Q + first + p : -1;\n"
+        "    tc_q_store_block(out, scale, bias, add, aq, chan, Y, n, t * OCB, pix);\n"
         "  }\n}\n")
 
 
@@ -70,8 +71,9 @@ def tile_plane(mt: int, nt: int) -> str:
         "      for (long s = 0; s < KS; s++, w += GPB * OCB * IGROUP) {\n"
         "        const ta_t *xs = Xq + (((n * CB + cb) * HP + r) * WP + p0 + s) * PIXC;\n"
         + loads + dots + "      }\n" + stores +
+        "  long pix[OWB];\n"
         "  for (long p = 0; p < OWB; p++) {\n"
         "    const long oh = (p0 + p) / WP, ow = (p0 + p) % WP;\n"
-        "    if (oh < P && ow < Q)\n"
-        "      tc_q_store(out + p * OCB, scale, bias, add, aq, chan, Y, n, t * OCB, oh, ow);\n"
-        "  }\n}\n")
+        "    pix[p] = oh < P && ow < Q ? oh * Q + ow : -1;\n"
+        "  }\n"
+        "  tc_q_store_block(out, scale, bias, add, aq, chan, Y, n, t * OCB, pix);\n}\n")
