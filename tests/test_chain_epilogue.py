@@ -24,7 +24,7 @@ from tunecache.compiler.kinds.conv2d import conv2d_op
 from tunecache.compiler.kinds.matmul import matmul_op
 from tunecache.compiler.runtime import compile_kernel, random_inputs
 from tunecache.compiler.runtime import reference as op_reference
-from tunecache.compiler.schedule import default_schedule
+from tunecache.compiler.schedule import default_schedule, problems
 from tunecache.tuner.deploy import compile_model
 
 HW = local_spec()
@@ -243,3 +243,64 @@ def test_a_quantized_residual_add_joins_the_convolution(tmp_path: Path,
     monkeypatch.setattr(chains, "_residual", lambda *args: None)
     apart = compile_model(path, store=tmp_path / "store", policy="analytic").run(x)["y"]
     np.testing.assert_array_equal(folded, apart)  # the same floats, one kernel fewer
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa + "+".join(("", *s.features)) for s in SPECS])
+@pytest.mark.parametrize("layout", ["nchw", "nchw16c"])
+def test_float32_depthwise_convolution_applies_a_chain(hw: HardwareSpec, layout: str) -> None:
+    # A quantized MobileNet's depthwise layers stay float32 (their weights dequantized) and
+    # take the pair and BatchNormalization after them into their stores.
+    for stride in (1, 2):
+        op = conv2d_op(1, 32, 13, 13, 32, 3, 3, stride=stride, pads=1, groups=32,
+                       layout=layout, out_layout=layout, epilogue="bias+" + QDQ_BN[13:])
+        inputs = random_inputs(op, seed=stride)
+        got = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
+        want = op_reference(op, inputs)
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_a_float32_chain_needs_a_whole_block_depthwise_direct_kernel() -> None:
+    chain = "bias+cmul+cadd"
+    with pytest.raises(OpSignatureError, match="depthwise"):
+        conv2d_op(1, 32, 8, 8, 32, 3, 3, pads=1, epilogue=chain)  # dense
+    with pytest.raises(OpSignatureError, match="depthwise"):
+        conv2d_op(1, 24, 8, 8, 24, 3, 3, pads=1, groups=24, epilogue=chain)  # 24 channels
+    op = conv2d_op(1, 32, 8, 8, 32, 3, 3, pads=1, groups=32, epilogue=chain)
+    plane = replace(default_schedule(op, HW, 1), pack_w=0)
+    assert any("pack_w=1" in p for p in problems(op, plane, HW))
+
+
+def test_quantized_depthwise_chain_joins_the_convolution(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime.quantization")
+    path, rng = _quantized(_depthwise_cnn, tmp_path, (1, 32, 10, 10), seed=14)
+    graph = frontend.load_graph(path)
+    convs = [n.op for n in graph.kernel_nodes if n.op.kind == "conv2d"]
+    assert (convs[0].dtype, convs[0].dim("groups")) == ("float32", 32)
+    assert chain_rows(convs[0].epilogue) >= 2  # the pair and the normalization, composed
+    # Only x's own pair is left element-wise (a float32 kernel reads the pair's output).
+    assert [n.op.kind for n in graph.kernel_nodes].count("elementwise") == 1
+    x = rng.standard_normal((1, 32, 10, 10)).astype(np.float32)
+    steps = _steps_from_onnxruntime(path, x, tmp_path)
+    assert steps <= 1.0 + 1e-4, f"{steps:.3f} quantization steps apart"
+
+
+def _depthwise_cnn(path: Path) -> Path:
+    """x -> depthwise Conv 3x3 (32) -> BatchNormalization -> Relu -> Conv 1x1 (16)."""
+    rng = np.random.default_rng(13)
+
+    def init(name: str, array: np.ndarray) -> onnx.TensorProto:
+        return numpy_helper.from_array(array.astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], group=32),
+             helper.make_node("BatchNormalization", ["c1", "g", "beta", "mu", "var"], ["n1"]),
+             helper.make_node("Relu", ["n1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"])]
+    inits = [init("w1", rng.standard_normal((32, 1, 3, 3)) / 3),
+             init("g", 0.5 + rng.random(32)), init("beta", rng.standard_normal(32) * 0.1),
+             init("mu", rng.standard_normal(32) * 0.1), init("var", 0.5 + rng.random(32)),
+             init("w2", rng.standard_normal((16, 32, 1, 1)) / 6), init("b2", rng.random(16))]
+    graph = helper.make_graph(
+        nodes, "dw_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 10, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 10, 10])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path

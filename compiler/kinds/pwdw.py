@@ -483,6 +483,8 @@ def fuse_pointwise_depthwise(producer: OpSignature, reader: OpSignature) -> OpSi
     reading it, as one pwdw op."""
     if not (_pointwise(producer) and _depthwise_reader(reader, producer.attr("out_layout"))):
         return None
+    if not set(reader.epilogue) <= {"bias", *ACTIVATIONS}:
+        return None  # an element-wise chain the fused kernel's stores do not apply
     d, e = producer.dims_dict, reader.dims_dict
     return pwdw_op(d["N"], d["C"], d["H"], d["W"], d["F"], e["R"], e["S"],
                    stride=(e["stride_h"], e["stride_w"]),

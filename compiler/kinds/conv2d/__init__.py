@@ -135,9 +135,12 @@ def _signature_problems(op: OpSignature) -> list[str]:
         found += lowp_signature_problems(op)
     elif "dequant" in op.epilogue:
         found.append("dequant is an int8 conv2d's epilogue step")
-    elif chain_rows(op.epilogue) or {"qround", RESIDUAL_STEP} & set(op.epilogue):
+    elif (chain_rows(op.epilogue) or "qround" in op.epilogue) and not _chained_depthwise(op):
         found.append("an element-wise chain (cadd, cmul, qround, ...) follows an int8 or bf16 "
-                     "conv2d's epilogue, not a float32 one's")
+                     "conv2d's epilogue, or a float32 depthwise one's of whole 16-channel "
+                     "blocks")
+    elif RESIDUAL_STEP in op.epilogue:
+        found.append("radd follows an int8 or bf16 conv2d's epilogue, not a float32 one's")
     return found + kernel_extent_problems(op)
 
 
@@ -168,10 +171,19 @@ def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     return tuple(args)
 
 
+def _chained_depthwise(op: OpSignature) -> bool:
+    """Whether ``op`` is a float32 depthwise conv2d that takes an element-wise chain: its
+    direct kernel's stores apply it (a quantized MobileNet's pair and BatchNormalization
+    after each depthwise layer), in whole 16-channel blocks (no padding lanes to keep at
+    zero through the chain's steps)."""
+    return op.dtype == "float32" and is_depthwise(op) and op.dim("F") % 16 == 0
+
+
 def channel_view(op: OpSignature) -> ChannelView | None:
-    """``OpKind.channel_view``: an int8 or bf16 conv2d writing NCHW takes a chain over its
-    channels (``M = N*F`` rows of ``P*Q``, a per-channel operand one value per row)."""
-    if op.dtype == "float32" or op.attr("out_layout") != NCHW:
+    """``OpKind.channel_view``: an int8 or bf16 conv2d, or a float32 depthwise one
+    (:func:`_chained_depthwise`), writing NCHW takes a chain over its channels (``M = N*F``
+    rows of ``P*Q``, a per-channel operand one value per row)."""
+    if (op.dtype == "float32" and not _chained_depthwise(op)) or op.attr("out_layout") != NCHW:
         return None
     d = op.dims_dict
     return ChannelView(rows=d["N"] * d["F"], cols=op.out_h * op.out_w, per_channel="col",
@@ -231,11 +243,15 @@ def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
                     (d["stride_h"], d["stride_w"]),
                     (d["pad_t"], d["pad_l"], d["pad_b"], d["pad_r"]),
                     (d["dil_h"], d["dil_w"]), d["groups"])
-    residual = from_layout(inputs[-1], out_layout, d["F"]) if "add" in op.epilogue else None
+    args = dict(zip([a.name for a in op.arguments() if a.role == "input"], inputs, strict=True))
+    operands: dict[str, np.ndarray] = {}
+    if "add" in args:
+        operands["add"] = from_layout(args["add"], out_layout, d["F"])
+    if CHANNEL_OPERAND in args:
+        operands[CHANNEL_OPERAND] = args[CHANNEL_OPERAND].reshape(-1, 1, d["F"], 1, 1)
     # The bias is in y already (conv2d_nchw adds it).
     steps = tuple(step for step in op.epilogue if step != "bias")
-    y = epilogue_reference(steps, y, {} if residual is None else {"add": residual})
-    return to_layout(y, out_layout)
+    return to_layout(epilogue_reference(steps, y, operands), out_layout)
 
 
 def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarray, ...]:

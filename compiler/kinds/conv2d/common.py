@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries
+from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND
 from tunecache.compiler.ops import OpSignature
 
 
@@ -20,7 +21,8 @@ def shape_constants(op: OpSignature) -> dict[str, int | str]:
 
 
 def conv2d_entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool,
-                   items: str = "WPACK_ITEMS", packed_ws_floats: str | None = None) -> str:
+                   items: str = "WPACK_ITEMS", packed_ws_floats: str | None = None,
+                   chain: bool = False) -> str:
     """``tc_kernel`` and ``tc_time`` around ``conv_body``; with ``prepack``, also the
     pre-packed-weights ABI.
 
@@ -28,10 +30,14 @@ def conv2d_entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool,
     (``WB_FLOATS`` floats, by ``pack_weights`` over ``items``); ``tc_kernel_packed`` reads that
     buffer in W's place and skips the per-call repacking. Constant weights are packed once,
     when a model is compiled. ``packed_ws_floats``: the packed entry's smaller workspace,
-    when the per-call packing has its own region at the end of ``ws_floats``.
+    when the per-call packing has its own region at the end of ``ws_floats``. With
+    ``chain``, ``conv_body`` takes the chain rows (``chan``, NULL without) after ``add``.
     """
     packed = PackedWeights("WB_FLOATS", f"  pack_weights(weights, packed, 0, {items});")
+    rows = " chan," if chain else ""
     return kernel_entries(
-        op, lambda is_packed: f"conv_body(X, Wt, bias, add, Y, ws, TID, NTH, {int(is_packed)});",
-        threads=threads, ws_floats=ws_floats, rename={"W": "Wt"}, optional=("bias", "add"),
+        op, lambda is_packed: f"conv_body(X, Wt, bias, add,{rows} Y, ws, TID, NTH, "
+                              f"{int(is_packed)});",
+        threads=threads, ws_floats=ws_floats, rename={"W": "Wt"},
+        optional=("bias", "add", CHANNEL_OPERAND) if chain else ("bias", "add"),
         packed=packed if prepack else None, packed_ws_floats=packed_ws_floats)

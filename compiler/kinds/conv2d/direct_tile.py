@@ -11,7 +11,7 @@ and the blocked store.
 
 from __future__ import annotations
 
-from tunecache.compiler.codegen.epilogue import render
+from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, chain_rows, render
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, micro_kernel
 from tunecache.compiler.kinds.conv2d.direct_plan import DirectPlan
@@ -102,15 +102,18 @@ def blocked_store(op: OpSignature, s: Conv2dSchedule, lanes: int, xo: int) -> st
     for v in range(s.oc_block // lanes):
         off = f"(i * Q + j) * XO + {(v * lanes // xo) * block + v * lanes % xo}"
         epi = render(op.epilogue, "t", {"bias": f"VLOADU(bp + {v * lanes})",
-                                        "add": f"VLOADU(ad + {off})"}, vector=True)
+                                        "add": f"VLOADU(ad + {off})",
+                                        CHANNEL_OPERAND: f"VLOADU(cp + {{i}} * F + {v * lanes})"},
+                     vector=True)
         put = (f"{{ vec t = VLOAD(tile + (i * TW + j) * OCB + {v * lanes}); "
                f"{epi + ' ' if epi else ''}VSTOREU(y + {off}, t); }}")
         guard = f"if ({v} < vmax) " if v and s.oc_block > xo else ""
         lines.append(f"      {guard}{put}")
     body = "\n".join(lines)
+    chan_param = " const float *restrict cp," if chain_rows(op.epilogue) else ""
     return f"""\
 static void store_tile(const float *restrict tile, float *restrict y, const float *restrict bp,
-                       const float *restrict ad, long th, long tw, long vmax) {{
+                       const float *restrict ad,{chan_param} long th, long tw, long vmax) {{
   (void)bp; (void)ad; (void)vmax;
   for (long i = 0; i < th; i++)
     for (long j = 0; j < tw; j++) {{
@@ -131,9 +134,9 @@ def store_tile_code(op: OpSignature, s: Conv2dSchedule, lanes: int, plan: Direct
         epi = epilogue_scalar(op, "v", "f", "o_off + j * XO")
         return f"""\
 static void store_tile(const float *restrict tile, float *restrict Y, const float *restrict bias,
-                       const float *restrict add, long n, long f0, long fvalid, long p0, long q0,
-                       long th, long tw) {{
-  (void)bias; (void)add;
+                       const float *restrict add, const float *restrict chan, long n, long f0,
+                       long fvalid, long p0, long q0, long th, long tw) {{
+  (void)bias; (void)add; (void)chan;
   for (long o = 0; o < fvalid; o++) {{
     const long f = f0 + o;
     for (long i = 0; i < th; i++) {{
@@ -160,9 +163,9 @@ static void zero_lanes(float *restrict Y, long lo, long hi) {{
     epi = "" if vector else epilogue_scalar(op, "v", "f", "o_off + j")
     return (tile_epilogue(op, s, lanes) if vector else "") + f"""\
 static void store_tile(const float *restrict tile, float *restrict Y, const float *restrict bias,
-                       const float *restrict add, long n, long f0, long fvalid, long p0, long q0,
-                       long th, long tw) {{
-  (void)bias; (void)add;
+                       const float *restrict add, const float *restrict chan, long n, long f0,
+                       long fvalid, long p0, long q0, long th, long tw) {{
+  (void)bias; (void)add; (void)chan;
   for (long o = 0; o < fvalid; o++) {{
     const long f = f0 + o;
     for (long i = 0; i < th; i++) {{

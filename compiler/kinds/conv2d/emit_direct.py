@@ -11,7 +11,7 @@ from __future__ import annotations
 import textwrap
 
 from tunecache.compiler.codegen.abi import ALIGN_FLOATS, preamble
-from tunecache.compiler.codegen.epilogue import scalar_helpers
+from tunecache.compiler.codegen.epilogue import chain_rows, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
 from tunecache.compiler.kinds.conv2d.direct_pack import BAND_REFRESH, DENSE_BAND_REFRESH, pack_code
@@ -170,17 +170,20 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: DirectPl
             head += "  float *Bp = ws + OFF_BP + tid * BP_STRIDE;\n"
             head += "  for (long f = 0; f < BP_FLOATS; f++) Bp[f] = f < F ? bias[f] : 0.0f;\n"
         bp = "Bp + f0" if plan.bias_floats else "NULL"
+        cp = " chan + f0," if chain_rows(op.epilogue) else ""
         nv = s.oc_block // d.lanes
         vmax = f"MIN({nv}, (CBY * XO - f0) / {d.lanes})" if s.oc_block > plan.xo else str(nv)
         after = f"""
         const long f0 = {f0};
         float *yp = Y + ((n * CBY + f0 / XO) * P + p0) * Q * XO + q0 * XO + f0 % XO;
-        store_tile(tile, yp, {bp}, add ? add + (yp - Y) : NULL, th, tw, {vmax});"""
+        store_tile(tile, yp, {bp}, add ? add + (yp - Y) : NULL,{cp} th, tw, {vmax});"""
     elif plan.sink == "nchw" and vector_tile_epilogue(op):
-        after = (f"\n        tile_epilogue(tile, bias, {f0}, {fvalid});"
-                 f"\n        store_tile(tile, Y, bias, add, n, {f0}, {fvalid}, p0, q0, th, tw);")
+        after = (f"\n        tile_epilogue(tile, bias, chan, {f0}, {fvalid});"
+                 f"\n        store_tile(tile, Y, bias, add, chan, n, {f0}, {fvalid}, p0, q0, th,"
+                 " tw);")
     else:
-        after = f"\n        store_tile(tile, Y, bias, add, n, {f0}, {fvalid}, p0, q0, th, tw);"
+        after = (f"\n        store_tile(tile, Y, bias, add, chan, n, {f0}, {fvalid}, p0, q0, th,"
+                 " tw);")
     # Threads wait for each other only for what they packed together.
     barrier = "BARRIER();" if pack else "if (!packed) { BARRIER(); }"
     tail = ""
@@ -189,8 +192,10 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: DirectPl
                 "zero_lanes(Y, lo, hi); }\n")
     return f"""\
 static void conv_body(const float *restrict X, const float *restrict Wt,
-                      const float *restrict bias, const float *restrict add, float *restrict Y,
+                      const float *restrict bias, const float *restrict add,
+                      const float *restrict chan, float *restrict Y,
                       float *ws, int tid, int nth, int packed) {{
+  (void)chan;
 {head}{pack}  if (!packed) {{
     long lo, hi; split_range(WPACK_ITEMS, tid, nth, &lo, &hi); pack_weights(Wt, Wb_ws, lo, hi);
   }}
@@ -254,5 +259,5 @@ def generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
                               chunked=bool(kcb)))
     out.append(store_tile_code(op, s, d.lanes, plan))
     out.append(_conv_body(op, s, d, plan, variants, kcb))
-    out.append(conv2d_entries(op, s.threads, f"{ws_floats}L", prepack=True))
+    out.append(conv2d_entries(op, s.threads, f"{ws_floats}L", prepack=True, chain=True))
     return "\n".join(out)

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from tunecache.compiler.codegen.epilogue import chain_rows
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.layouts import channel_block, layout_problems
 from tunecache.compiler.ops import OpSignature
@@ -171,9 +172,12 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
         return found
     if s.algorithm == "winograd":
         return _winograd_problems(op, s, hw)
+    if chain_rows(op.epilogue) and not (direct and s.pack_w == 1):
+        found.append("an element-wise chain runs in the direct kernel's stores: "
+                     "algorithm=direct with pack_w=1")
     blocked = _blocked_problems(op, s, hw)
     if direct and s.pack_w == 0 and is_depthwise(op):
-        return _plane_problems(op, s, hw) + blocked
+        return found + _plane_problems(op, s, hw) + blocked
     found += blocked
     # The vector dimension is output channels for direct, output pixels for gemm.
     vec_knob, vec_value = ("oc_block", s.oc_block) if direct else ("ow_block", s.ow_block)
