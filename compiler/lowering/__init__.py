@@ -235,7 +235,7 @@ def silu_nodes(ctx: FusionContext, position: int, value: str) -> list[int] | Non
 
 BUILTIN_LOWERINGS = ("attention", "rowwise", "rmsnorm", "pool", "lrn", "rotary",
                      "elementwise", "batchnorm", "split", "quantized", "conv", "matmul", "chains",
-                     "u8", "affine", "dead")
+                     "pairs", "u8", "affine", "dead")
 """Modules loaded on first use, in this order, which is the order their lowerings are tried
 in: attention first (its scaling Mul and mask Add would otherwise start a scaled softmax or
 an element-wise chain), then the residual-Add + LayerNormalization pattern, the RMSNorm chain
@@ -243,7 +243,8 @@ and the rotary embedding before an element-wise chain claims their Add, Sqrt, Ne
 the quantized MatMul/Gemm (integer kernels where the operands are dequantized, before the
 float32 mapping would take them); the plain Conv and MatMul/Gemm kernels last, after every
 pattern starting at such a node; ``chains`` holds the step pass folding element-wise chains
-into the kernels they follow, ``u8`` the one passing quantized activations between int8
+into the kernels they follow, ``pairs`` the one dropping quantize-dequantize pairs on
+values already on their grid, ``u8`` the one passing quantized activations between int8
 kernels as uint8 (after the fold: it reads the quantizers the fold put in epilogues),
 ``affine`` the one composing each epilogue's runs of per-channel multiplies and adds;
 ``dead`` holds only the step pass that drops unread steps, which runs after every other."""

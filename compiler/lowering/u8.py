@@ -29,7 +29,7 @@ from tunecache.compiler.lowering import StepContext, readers, register_step_pass
 from tunecache.compiler.lowering.dead import drop_unread
 from tunecache.compiler.ops import OpSignature
 
-__all__ = ["uint8_activations"]
+__all__ = ["QDQ_TAIL", "pair_grid", "uint8_activations"]
 
 QDQ_TAIL = ("cdiv", "cmax", "cmin", "qround", "cmul")
 """A quantize-dequantize pair folded into an epilogue (its rows: scale, low, high, scale)."""
@@ -114,9 +114,9 @@ def _argument(step: KernelNode, name: str, ctx: StepContext) -> tuple[float, ...
     return None if value is None else tuple(float(v) for v in np.asarray(value).reshape(-1))
 
 
-def _pair_quantizer(writer: KernelNode, ctx: StepContext) -> _Quantizer | None:
-    """The uint8 quantizer whose quantize-dequantize pair ends ``writer``'s epilogue, with
-    the same scale and bounds in every channel, or None."""
+def pair_grid(writer: KernelNode, ctx: StepContext) -> tuple[float, float, float] | None:
+    """``(scale, low, high)`` of the quantize-dequantize pair ending ``writer``'s epilogue,
+    the same in every channel, or None."""
     if writer.op.epilogue[-len(QDQ_TAIL):] != QDQ_TAIL:
         return None
     chan = ctx.constants.get(writer.inputs[_argument_names(writer.op).index(CHANNEL_OPERAND)])
@@ -125,10 +125,17 @@ def _pair_quantizer(writer: KernelNode, ctx: StepContext) -> _Quantizer | None:
     rows = np.asarray(chan, np.float32)[-4:]
     if not (rows == rows[:, :1]).all():
         return None
-    scale, low, high, again = rows[:, 0]
-    if scale != again or not scale > 0 or high - low != 255.0:
+    scale, low, high, again = (float(v) for v in rows[:, 0])
+    return (scale, low, high) if scale == again and scale > 0 else None
+
+
+def _pair_quantizer(writer: KernelNode, ctx: StepContext) -> _Quantizer | None:
+    """The uint8 quantizer whose quantize-dequantize pair ends ``writer``'s epilogue, or
+    None."""
+    grid = pair_grid(writer, ctx)
+    if grid is None or grid[2] - grid[1] != 255.0:
         return None
-    return _Quantizer(np.float32(scale), float(-low))
+    return _Quantizer(np.float32(grid[0]), -grid[1])
 
 
 def _writer(writer: KernelNode, quantizer: _Quantizer, paired: bool,
