@@ -281,6 +281,23 @@ def quantize_qdq(source: Any, out: Any, batches: Sequence[Mapping[str, np.ndarra
     return out
 
 
+def quantization_steps(path: Any, feeds: Mapping[str, np.ndarray], ours: np.ndarray,
+                       output: str = "y") -> float:
+    """How many of ``output``'s quantization steps (the scale of the ``DequantizeLinear``
+    writing it) ``ours`` is from onnxruntime's reference path (no graph optimisations) on
+    ``feeds``, at most."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    theirs = session.run([output], dict(feeds))[0]
+    model = onnx.load(str(path))
+    scales = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    last = next(n for n in model.graph.node if n.output[0] == output)
+    return float((np.abs(ours - theirs) / float(scales[last.input[1]])).max())
+
+
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Standard-normal float32 inputs for every declared model input (static shapes)."""
     rng = np.random.default_rng(seed)

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_support import quantize_qdq
+from onnx_support import quantization_steps, quantize_qdq
 
 from tunecache.compiler import frontend
 from tunecache.compiler.codegen.epilogue import chain_rows, reference, render
@@ -79,23 +79,24 @@ def test_int8_convolution_applies_the_chain_exactly(hw: HardwareSpec, layout: st
         np.testing.assert_array_equal(got, want.astype(np.float32))
 
 
+def _float(name: str, array: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(array.astype(np.float32), name)
+
+
 def _bn_cnn(path: Path) -> Path:
     """x -> Conv 3x3 (32) -> BatchNormalization -> Clip(0, 6) -> Conv 1x1 (24): a network
     whose BatchNormalization was not folded before quantization."""
     rng = np.random.default_rng(11)
 
-    def init(name: str, array: np.ndarray) -> onnx.TensorProto:
-        return numpy_helper.from_array(array.astype(np.float32), name)
-
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
              helper.make_node("BatchNormalization", ["c1", "g", "beta", "mu", "var"], ["n1"]),
              helper.make_node("Clip", ["n1", "lo", "hi"], ["r1"]),
              helper.make_node("Conv", ["r1", "w2", "b2"], ["y"])]
-    inits = [init("w1", rng.standard_normal((32, 16, 3, 3)) / 12), init("b1", rng.random(32)),
-             init("g", 0.5 + rng.random(32)), init("beta", rng.standard_normal(32) * 0.1),
-             init("mu", rng.standard_normal(32) * 0.1), init("var", 0.5 + rng.random(32)),
-             init("lo", np.array(0.0)), init("hi", np.array(6.0)),
-             init("w2", rng.standard_normal((24, 32, 1, 1)) / 6), init("b2", rng.random(24))]
+    inits = [_float("w1", rng.standard_normal((32, 16, 3, 3)) / 12), _float("b1", rng.random(32)),
+             _float("g", 0.5 + rng.random(32)), _float("beta", rng.standard_normal(32) * 0.1),
+             _float("mu", rng.standard_normal(32) * 0.1), _float("var", 0.5 + rng.random(32)),
+             _float("lo", np.array(0.0)), _float("hi", np.array(6.0)),
+             _float("w2", rng.standard_normal((24, 32, 1, 1)) / 6), _float("b2", rng.random(24))]
     graph = helper.make_graph(
         nodes, "bn_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 10, 10])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 10, 10])], inits)
@@ -115,17 +116,8 @@ def _quantized(build: Any, tmp_path: Path, shape: tuple[int, ...], seed: int
 
 
 def _steps_from_onnxruntime(path: Path, x: np.ndarray, tmp_path: Path) -> float:
-    """How many of ``y``'s quantization steps ours is from onnxruntime's reference path (no
-    graph optimisations) on ``x``, at most."""
-    ort = pytest.importorskip("onnxruntime")
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    theirs = ort.InferenceSession(str(path), options,
-                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     ours = compile_model(path, store=tmp_path / "store", policy="analytic").run({"x": x})["y"]
-    scale = {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
-    last = next(n for n in onnx.load(path).graph.node if n.output[0] == "y")
-    return float((np.abs(ours - theirs) / float(scale[last.input[1]])).max())
+    return quantization_steps(path, {"x": x}, ours)
 
 
 def test_quantized_batchnorm_chain_joins_the_convolution(tmp_path: Path) -> None:
@@ -288,17 +280,14 @@ def _depthwise_cnn(path: Path) -> Path:
     """x -> depthwise Conv 3x3 (32) -> BatchNormalization -> Relu -> Conv 1x1 (16)."""
     rng = np.random.default_rng(13)
 
-    def init(name: str, array: np.ndarray) -> onnx.TensorProto:
-        return numpy_helper.from_array(array.astype(np.float32), name)
-
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], group=32),
              helper.make_node("BatchNormalization", ["c1", "g", "beta", "mu", "var"], ["n1"]),
              helper.make_node("Relu", ["n1"], ["r1"]),
              helper.make_node("Conv", ["r1", "w2", "b2"], ["y"])]
-    inits = [init("w1", rng.standard_normal((32, 1, 3, 3)) / 3),
-             init("g", 0.5 + rng.random(32)), init("beta", rng.standard_normal(32) * 0.1),
-             init("mu", rng.standard_normal(32) * 0.1), init("var", 0.5 + rng.random(32)),
-             init("w2", rng.standard_normal((16, 32, 1, 1)) / 6), init("b2", rng.random(16))]
+    inits = [_float("w1", rng.standard_normal((32, 1, 3, 3)) / 3),
+             _float("g", 0.5 + rng.random(32)), _float("beta", rng.standard_normal(32) * 0.1),
+             _float("mu", rng.standard_normal(32) * 0.1), _float("var", 0.5 + rng.random(32)),
+             _float("w2", rng.standard_normal((16, 32, 1, 1)) / 6), _float("b2", rng.random(16))]
     graph = helper.make_graph(
         nodes, "dw_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 10, 10])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 10, 10])], inits)

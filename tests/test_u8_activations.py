@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_support import quantize_qdq
+from onnx_support import quantization_steps, quantize_qdq
 
 from tunecache.compiler import frontend
 from tunecache.compiler.codegen.epilogue import RESIDUAL_STEP
@@ -106,16 +106,9 @@ def test_epilogue_runs_are_composed(quantized: Path) -> None:
 
 
 def _steps_from_onnxruntime(path: Path, tmp_path: Path, seed: int) -> float:
-    ort = pytest.importorskip("onnxruntime")
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     x = np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
-    theirs = ort.InferenceSession(str(path), options,
-                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     ours = compile_model(path, store=tmp_path / "store", policy="analytic").run({"x": x})["y"]
-    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
-    last = next(n for n in onnx.load(path).graph.node if n.output[0] == "y")
-    return float((np.abs(ours - theirs) / float(inits[last.input[1]])).max())
+    return quantization_steps(path, {"x": x}, ours)
 
 
 def test_the_block_agrees_with_onnxruntime(quantized: Path, tmp_path: Path) -> None:
