@@ -39,7 +39,7 @@ from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.conv2d import ACTIVATIONS, conv2d_nchw, conv2d_op, is_depthwise
 from tunecache.compiler.kinds.conv2d import KIND as CONV2D
-from tunecache.compiler.kinds.conv2d.common import shape_constants
+from tunecache.compiler.kinds.conv2d.common import shape_constants, y_storage
 from tunecache.compiler.kinds.conv2d.emit import blocked_store, direct_ukr
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import (
@@ -444,7 +444,7 @@ def generate_pwdw(op: OpSignature, s: PwdwSchedule, d: IsaDialect) -> str:
     variants.setdefault((P - (npb - 1) * th, Q - (nqt - 1) * tw), "ukr_corner")
     for (vh, vw), name in variants.items():
         out.append(direct_ukr(name, vh, vw, dw_s, d, depthwise=True, xi=bb))
-    out.append(blocked_store(dw, dw_s, d.lanes, xb))
+    out.append(y_storage(dw) + blocked_store(dw, dw_s, d.lanes, xb))
     dispatch = "\n          else ".join(f"if (th == {vh} && tw == {vw}) {name}(xb, w2, tile);"
                                         for (vh, vw), name in variants.items())
     split = ("split_range(NB * CBY, tid, nth, &it_lo, &it_hi); g_lo = 0; g_hi = NG;"

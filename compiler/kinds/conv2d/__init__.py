@@ -48,6 +48,7 @@ from tunecache.compiler.kinds.conv2d.lowp import (
     lowp_reference,
     lowp_signature_problems,
     quantizer_rows,
+    u8_problems,
     u8_tensors,
     with_u8,
 )
@@ -141,6 +142,8 @@ def _signature_problems(op: OpSignature) -> list[str]:
                      "blocks")
     elif RESIDUAL_STEP in op.epilogue:
         found.append("radd follows an int8 or bf16 conv2d's epilogue, not a float32 one's")
+    if op.dtype == "float32":
+        found += u8_problems(op)
     return found + kernel_extent_problems(op)
 
 

@@ -20,6 +20,16 @@ def shape_constants(op: OpSignature) -> dict[str, int | str]:
     }
 
 
+def y_storage(op: OpSignature) -> str:
+    """C of Y's element type ``ty_t`` and its stores: ``TY(u)`` one value, ``TY_STORE(p, v)``
+    a vector; float, or uint8 where ``op`` writes its output quantized (``u8=...y``, the
+    epilogue's values whole numbers in 0..255 by then)."""
+    if op.attr("u8") != "none" and "y" in op.attr("u8").split("+"):
+        return ("#include <stdint.h>\ntypedef uint8_t ty_t;\n#define TY(u) ((uint8_t)(int)(u))\n"
+                "#define TY_STORE(p, v) VSTORE_U8((p), (v))\n")
+    return "typedef float ty_t;\n#define TY(u) (u)\n#define TY_STORE(p, v) VSTOREU((p), (v))\n"
+
+
 def conv2d_entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool,
                    items: str = "WPACK_ITEMS", packed_ws_floats: str | None = None,
                    chain: bool = False) -> str:
@@ -31,12 +41,13 @@ def conv2d_entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool,
     buffer in W's place and skips the per-call repacking. Constant weights are packed once,
     when a model is compiled. ``packed_ws_floats``: the packed entry's smaller workspace,
     when the per-call packing has its own region at the end of ``ws_floats``. With
-    ``chain``, ``conv_body`` takes the chain rows (``chan``, NULL without) after ``add``.
+    ``chain``, ``conv_body`` takes the chain rows (``chan``, NULL without) after ``add``, and Y
+    as :func:`y_storage`'s ``ty_t``.
     """
     packed = PackedWeights("WB_FLOATS", f"  pack_weights(weights, packed, 0, {items});")
-    rows = " chan," if chain else ""
+    rows, y = (" chan,", "(ty_t *)Y") if chain else ("", "Y")
     return kernel_entries(
-        op, lambda is_packed: f"conv_body(X, Wt, bias, add,{rows} Y, ws, TID, NTH, "
+        op, lambda is_packed: f"conv_body(X, Wt, bias, add,{rows} {y}, ws, TID, NTH, "
                               f"{int(is_packed)});",
         threads=threads, ws_floats=ws_floats, rename={"W": "Wt"},
         optional=("bias", "add", CHANNEL_OPERAND) if chain else ("bias", "add"),

@@ -106,13 +106,13 @@ def blocked_store(op: OpSignature, s: Conv2dSchedule, lanes: int, xo: int) -> st
                                         CHANNEL_OPERAND: f"VLOADU(cp + {{i}} * F + {v * lanes})"},
                      vector=True)
         put = (f"{{ vec t = VLOAD(tile + (i * TW + j) * OCB + {v * lanes}); "
-               f"{epi + ' ' if epi else ''}VSTOREU(y + {off}, t); }}")
+               f"{epi + ' ' if epi else ''}TY_STORE(y + {off}, t); }}")
         guard = f"if ({v} < vmax) " if v and s.oc_block > xo else ""
         lines.append(f"      {guard}{put}")
     body = "\n".join(lines)
     chan_param = " const float *restrict cp," if chain_rows(op.epilogue) else ""
     return f"""\
-static void store_tile(const float *restrict tile, float *restrict y, const float *restrict bp,
+static void store_tile(const float *restrict tile, ty_t *restrict y, const float *restrict bp,
                        const float *restrict ad,{chan_param} long th, long tw, long vmax) {{
   (void)bp; (void)ad; (void)vmax;
   for (long i = 0; i < th; i++)
@@ -133,7 +133,7 @@ def store_tile_code(op: OpSignature, s: Conv2dSchedule, lanes: int, plan: Direct
     if plan.sink == "scalar":
         epi = epilogue_scalar(op, "v", "f", "o_off + j * XO")
         return f"""\
-static void store_tile(const float *restrict tile, float *restrict Y, const float *restrict bias,
+static void store_tile(const float *restrict tile, ty_t *restrict Y, const float *restrict bias,
                        const float *restrict add, const float *restrict chan, long n, long f0,
                        long fvalid, long p0, long q0, long th, long tw) {{
   (void)bias; (void)add; (void)chan;
@@ -144,17 +144,17 @@ static void store_tile(const float *restrict tile, float *restrict Y, const floa
       for (long j = 0; j < tw; j++) {{
         float v = tile[(i * TW + j) * OCB + o];
         {epi}
-        Y[o_off + j * XO] = v;
+        Y[o_off + j * XO] = TY(v);
       }}
     }}
   }}
 }}
 
 /* Y's lanes beyond F (the last block's padding) are zero. Items: (n, pixel). */
-static void zero_lanes(float *restrict Y, long lo, long hi) {{
+static void zero_lanes(ty_t *restrict Y, long lo, long hi) {{
   for (long t = lo; t < hi; t++) {{
-    float *restrict y = Y + ((t / (P * Q) * CBY + CBY - 1) * P * Q + t % (P * Q)) * XO;
-    for (long l = F - (CBY - 1) * XO; l < XO; l++) y[l] = 0.0f;
+    ty_t *restrict y = Y + ((t / (P * Q) * CBY + CBY - 1) * P * Q + t % (P * Q)) * XO;
+    for (long l = F - (CBY - 1) * XO; l < XO; l++) y[l] = TY(0.0f);
   }}
 }}
 """
@@ -162,7 +162,7 @@ static void zero_lanes(float *restrict Y, long lo, long hi) {{
     vector = vector_tile_epilogue(op)
     epi = "" if vector else epilogue_scalar(op, "v", "f", "o_off + j")
     return (tile_epilogue(op, s, lanes) if vector else "") + f"""\
-static void store_tile(const float *restrict tile, float *restrict Y, const float *restrict bias,
+static void store_tile(const float *restrict tile, ty_t *restrict Y, const float *restrict bias,
                        const float *restrict add, const float *restrict chan, long n, long f0,
                        long fvalid, long p0, long q0, long th, long tw) {{
   (void)bias; (void)add; (void)chan;
@@ -170,11 +170,11 @@ static void store_tile(const float *restrict tile, float *restrict Y, const floa
     const long f = f0 + o;
     for (long i = 0; i < th; i++) {{
       const long o_off = ((n * F + f) * P + p0 + i) * Q + q0;
-      float *restrict y = Y + o_off;
+      ty_t *restrict y = Y + o_off;
       for (long j = 0; j < tw; j++) {{
         float v = tile[(i * TW + j) * OCB + o];
         {epi}
-        y[j] = v;
+        y[j] = TY(v);
       }}
     }}
   }}

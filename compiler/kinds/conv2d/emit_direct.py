@@ -13,7 +13,7 @@ import textwrap
 from tunecache.compiler.codegen.abi import ALIGN_FLOATS, preamble
 from tunecache.compiler.codegen.epilogue import chain_rows, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants
+from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants, y_storage
 from tunecache.compiler.kinds.conv2d.direct_pack import BAND_REFRESH, DENSE_BAND_REFRESH, pack_code
 from tunecache.compiler.kinds.conv2d.direct_plan import (
     DirectPlan,
@@ -175,7 +175,7 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: DirectPl
         vmax = f"MIN({nv}, (CBY * XO - f0) / {d.lanes})" if s.oc_block > plan.xo else str(nv)
         after = f"""
         const long f0 = {f0};
-        float *yp = Y + ((n * CBY + f0 / XO) * P + p0) * Q * XO + q0 * XO + f0 % XO;
+        ty_t *yp = Y + ((n * CBY + f0 / XO) * P + p0) * Q * XO + q0 * XO + f0 % XO;
         store_tile(tile, yp, {bp}, add ? add + (yp - Y) : NULL,{cp} th, tw, {vmax});"""
     elif plan.sink == "nchw" and vector_tile_epilogue(op):
         after = (f"\n        tile_epilogue(tile, bias, chan, {f0}, {fvalid});"
@@ -193,7 +193,7 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: DirectPl
     return f"""\
 static void conv_body(const float *restrict X, const float *restrict Wt,
                       const float *restrict bias, const float *restrict add,
-                      const float *restrict chan, float *restrict Y,
+                      const float *restrict chan, ty_t *restrict Y,
                       float *ws, int tid, int nth, int packed) {{
   (void)chan;
 {head}{pack}  if (!packed) {{
@@ -245,7 +245,7 @@ def generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
                          PART_STRIDE=stride)
         ws_floats += s.threads * stride
     out = [preamble(d, constants, s.threads), *filter(None, [scalar_helpers(op.epilogue)]),
-           pack_code(plan)]
+           y_storage(op), pack_code(plan)]
     flat = flat_taps(op, s, plan.depthwise)
     if flat:
         out.append(tap_table(op))

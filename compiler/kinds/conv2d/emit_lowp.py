@@ -30,7 +30,7 @@ from tunecache.compiler.codegen.epilogue import (
     scalar_helpers,
 )
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.kinds.conv2d.common import shape_constants
+from tunecache.compiler.kinds.conv2d.common import shape_constants, y_storage
 from tunecache.compiler.kinds.conv2d.emit_tiles import tile_plane, tile_row
 from tunecache.compiler.kinds.conv2d.lowp import (
     packed_channels,
@@ -430,11 +430,8 @@ def _activation_types(op: OpSignature) -> str:
     where ``op`` holds them so), and Y's stores: ``TY(u)`` one value, ``TY_STORE(p, v)`` a
     vector (a uint8 Y's values are whole numbers in 0..255 by then)."""
     u8 = u8_tensors(op)
-    kinds = {t: "uint8_t" if t in u8 else "float" for t in ("x", "y", "add")}
-    stores = ("#define TY(u) ((uint8_t)(int)(u))\n#define TY_STORE(p, v) VSTORE_U8((p), (v))\n"
-              if "y" in u8 else "#define TY(u) (u)\n#define TY_STORE(p, v) VSTOREU((p), (v))\n")
-    return (f"typedef {kinds['x']} tx_t;\ntypedef {kinds['y']} ty_t;\n"
-            f"typedef {kinds['add']} tadd_t;\n" + stores)
+    kinds = {t: "uint8_t" if t in u8 else "float" for t in ("x", "add")}
+    return (f"typedef {kinds['x']} tx_t;\ntypedef {kinds['add']} tadd_t;\n" + y_storage(op))
 
 
 _CVT = """\

@@ -32,8 +32,8 @@ from tunecache.compiler.schedule import threads_problem
 
 __all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "U8_CHOICES", "bf16_variant", "block_fill",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
-           "packed_channels", "pixel_channels", "quantizer_rows", "tiles_plane", "u8_tensors",
-           "with_u8"]
+           "packed_channels", "pixel_channels", "quantizer_rows", "tiles_plane", "u8_problems",
+           "u8_tensors", "with_u8"]
 
 U8_TENSORS = ("x", "y", "add")
 """The activations an int8 conv2d may hold as uint8, in the ``u8`` attribute's order."""
@@ -102,7 +102,9 @@ def quantizer_rows(op: OpSignature, chan: np.ndarray) -> np.ndarray:
     out = np.array(chan, dtype=np.float32)
     out[-3:] = np.array([[-128.0], [127.0], [128.0]], np.float32)
     if op.epilogue[-len(U8_QUANTIZER) - 1] == "cdiv":
-        out[-4] = 240.0 * (op.dim("C") * op.dim("R") * op.dim("S")) ** 0.5
+        taps = op.dim("C") // op.dim("groups") * op.dim("R") * op.dim("S")
+        # int8: sums of u8 x s8 products times standard normal scales; float32: of normals
+        out[-4] = (240.0 if op.dtype == "int8" else 1 / 40) * taps ** 0.5
     return out
 
 
@@ -116,13 +118,37 @@ def with_u8(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
     """``OpKind.with_u8``: ``op`` holding ``tensors`` (and those it held) as uint8, or None
     where it cannot: not int8, or a tensor it lacks (a residual without ``add``)."""
     held = u8_tensors(op) | tensors
+    if op.dtype == "float32" and held == {"y"} and _quantizes(op):
+        return _holding(op, held)
     if op.dtype != "int8" or not held <= set(U8_TENSORS) or (
             "add" in held and "add" not in operand_tensors(op.epilogue)) or (
             "y" in held and op.epilogue[-len(U8_QUANTIZER):] != U8_QUANTIZER):
         return None
+    return _holding(op, held)
+
+
+def _quantizes(op: OpSignature) -> bool:
+    """Whether a float32 conv2d's epilogue ends with the quantizer (a depthwise one's
+    chain: its kernel then stores bytes, for the int8 convolution reading them)."""
+    return op.epilogue[-len(U8_QUANTIZER):] == U8_QUANTIZER and op.dim("groups") == op.dim(
+        "C") == op.dim("F") and op.dim("F") % 16 == 0
+
+
+def _holding(op: OpSignature, held: frozenset[str]) -> OpSignature:
     text = "+".join(t for t in U8_TENSORS if t in held) or "none"
     return OpSignature(op.kind, op.dims, op.dtype,
                        tuple((k, text if k == "u8" else v) for k, v in op.attrs), op.epilogue)
+
+
+def u8_problems(op: OpSignature) -> list[str]:
+    """Why a float32 conv2d cannot hold what its ``u8`` names (empty: it holds nothing, or
+    only a quantized Y of a depthwise chain)."""
+    held = u8_tensors(op)
+    if not held or (held == {"y"} and _quantizes(op)):
+        return []
+    return [f"u8={op.attr('u8')}: a float32 conv2d writes uint8 Y only, a depthwise one of "
+            f"whole 16-channel blocks whose epilogue ends {'+'.join(U8_QUANTIZER)}; the "
+            "others are an int8 conv2d's"]
 
 
 def lowp_signature_problems(op: OpSignature) -> list[str]:
