@@ -413,9 +413,11 @@ def test_blocked_kernels_skip_the_layout_conversions() -> None:
     depthwise = code(blocked_conv(1, 32, 8, 8, 32, 3, 3, groups=32))
     assert "pack_input" not in depthwise and "VLOADU(xr + (0 * SH * WP + 0 * SW) * XI" in depthwise
     for blocked in (in_place, bordered, depthwise):  # whole vectors into Y, no transposition
-        assert "VSTOREU(y + (i * Q + j) * XO + 0, t)" in blocked and "y[j] = v;" not in blocked
+        assert "TY_STORE(y + (i * Q + j) * XO + 0, t)" in blocked
+        assert "#define TY_STORE(p, v) VSTOREU((p), (v))" in blocked  # float32 Y
+        assert "y[j] = TY(v);" not in blocked
     plain = code(conv2d_op(1, 32, 8, 8, 32, 1, 1))
-    assert "pack_input(X, Xb, lo, hi)" in plain and "y[j] = v;" in plain
+    assert "pack_input(X, Xb, lo, hi)" in plain and "y[j] = TY(v);" in plain
 
 
 def test_blocked_input_skips_the_copy_in_the_estimate() -> None:
