@@ -83,6 +83,16 @@ def _float(name: str, array: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(array.astype(np.float32), name)
 
 
+def _save(path: Path, nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto],
+          x_shape: list[int], y_shape: list[int]) -> Path:
+    """The graph ``x -> nodes -> y`` as an opset-17 model at ``path``."""
+    graph = helper.make_graph(
+        nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def _bn_cnn(path: Path) -> Path:
     """x -> Conv 3x3 (32) -> BatchNormalization -> Clip(0, 6) -> Conv 1x1 (24): a network
     whose BatchNormalization was not folded before quantization."""
@@ -97,11 +107,7 @@ def _bn_cnn(path: Path) -> Path:
              _float("mu", rng.standard_normal(32) * 0.1), _float("var", 0.5 + rng.random(32)),
              _float("lo", np.array(0.0)), _float("hi", np.array(6.0)),
              _float("w2", rng.standard_normal((24, 32, 1, 1)) / 6), _float("b2", rng.random(24))]
-    graph = helper.make_graph(
-        nodes, "bn_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 10, 10])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 10, 10])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
+    return _save(path, nodes, inits, [1, 16, 10, 10], [1, 24, 10, 10])
 
 
 def _quantized(build: Any, tmp_path: Path, shape: tuple[int, ...], seed: int
@@ -305,8 +311,4 @@ def _depthwise_cnn(path: Path) -> Path:
              _float("g", 0.5 + rng.random(32)), _float("beta", rng.standard_normal(32) * 0.1),
              _float("mu", rng.standard_normal(32) * 0.1), _float("var", 0.5 + rng.random(32)),
              _float("w2", rng.standard_normal((16, 32, 1, 1)) / 6), _float("b2", rng.random(16))]
-    graph = helper.make_graph(
-        nodes, "dw_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 10, 10])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 10, 10])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
+    return _save(path, nodes, inits, [1, 32, 10, 10], [1, 16, 10, 10])

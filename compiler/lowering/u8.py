@@ -51,23 +51,26 @@ def uint8_activations(steps: list[Any], ctx: StepContext) -> list[Any]:
     """``steps`` with every activation whose writer and readers all take uint8 held so
     (unread steps dropped first: a pair an int8 kernel spared still reads its source)."""
     steps = drop_unread(steps, ctx)
+    # A rewrite changes only constant inputs, so who reads each activation stays as it was.
+    read = readers(steps)
     for position in range(len(steps)):
-        rewritten = _rewrite(position, steps, ctx)
+        rewritten = _rewrite(position, steps, read, ctx)
         if rewritten is not None:
             for at, node in rewritten.items():
                 steps[at] = node
     return steps
 
 
-def _rewrite(position: int, steps: list[Any], ctx: StepContext) -> dict[int, KernelNode] | None:
+def _rewrite(position: int, steps: list[Any], read: dict[str, list[int]],
+             ctx: StepContext) -> dict[int, KernelNode] | None:
     """The writer at ``position`` and its readers rewritten to pass its output as uint8
     (by position), or None where one of them cannot."""
     writer = steps[position]
     if not isinstance(writer, KernelNode) or ctx.is_graph_output(writer.output):
         return None
-    users = readers(steps).get(writer.output, [])
-    roles = [_role(steps[at], writer.output) for at in users]
-    if not users or None in roles or len(set(users)) != len(users):
+    users = read.get(writer.output, [])
+    roles = [_role(steps[at], writer.output) for at in users]  # None for a step reading it twice
+    if not users or None in roles:
         return None
     tail = _pair_quantizer(writer, ctx)
     quantizing = {_argument(steps[at], "qa", ctx) for at, role in zip(users, roles, strict=True)

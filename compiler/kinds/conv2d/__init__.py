@@ -43,6 +43,7 @@ from tunecache.compiler.kinds.conv2d.lowp import (
     U8_CHOICES,
     bf16_variant,
     block_fill,
+    chained_depthwise,
     default_lowp_schedule,
     lowp_problems,
     lowp_reference,
@@ -136,7 +137,7 @@ def _signature_problems(op: OpSignature) -> list[str]:
         found += lowp_signature_problems(op)
     elif "dequant" in op.epilogue:
         found.append("dequant is an int8 conv2d's epilogue step")
-    elif (chain_rows(op.epilogue) or "qround" in op.epilogue) and not _chained_depthwise(op):
+    elif (chain_rows(op.epilogue) or "qround" in op.epilogue) and not chained_depthwise(op):
         found.append("an element-wise chain (cadd, cmul, qround, ...) follows an int8 or bf16 "
                      "conv2d's epilogue, or a float32 depthwise one's of whole 16-channel "
                      "blocks")
@@ -174,19 +175,11 @@ def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     return tuple(args)
 
 
-def _chained_depthwise(op: OpSignature) -> bool:
-    """Whether ``op`` is a float32 depthwise conv2d that takes an element-wise chain: its
-    direct kernel's stores apply it (a quantized MobileNet's pair and BatchNormalization
-    after each depthwise layer), in whole 16-channel blocks (no padding lanes to keep at
-    zero through the chain's steps)."""
-    return op.dtype == "float32" and is_depthwise(op) and op.dim("F") % 16 == 0
-
-
 def channel_view(op: OpSignature) -> ChannelView | None:
     """``OpKind.channel_view``: an int8 or bf16 conv2d, or a float32 depthwise one
-    (:func:`_chained_depthwise`), writing NCHW takes a chain over its channels (``M = N*F``
+    (:func:`chained_depthwise`), writing NCHW takes a chain over its channels (``M = N*F``
     rows of ``P*Q``, a per-channel operand one value per row)."""
-    if (op.dtype == "float32" and not _chained_depthwise(op)) or op.attr("out_layout") != NCHW:
+    if (op.dtype == "float32" and not chained_depthwise(op)) or op.attr("out_layout") != NCHW:
         return None
     d = op.dims_dict
     return ChannelView(rows=d["N"] * d["F"], cols=op.out_h * op.out_w, per_channel="col",

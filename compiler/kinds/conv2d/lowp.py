@@ -31,6 +31,7 @@ from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import threads_problem
 
 __all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "U8_CHOICES", "bf16_variant", "block_fill",
+           "chained_depthwise",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
            "packed_channels", "pixel_channels", "quantizer_rows", "tiles_plane", "u8_problems",
            "u8_tensors", "with_u8"]
@@ -127,11 +128,19 @@ def with_u8(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
     return _holding(op, held)
 
 
+def chained_depthwise(op: OpSignature) -> bool:
+    """Whether ``op`` is a float32 depthwise conv2d that takes an element-wise chain: its
+    direct kernel's stores apply it (a quantized MobileNet's pair and BatchNormalization
+    after each depthwise layer), in whole 16-channel blocks (no padding lanes to keep at
+    zero through the chain's steps)."""
+    d = op.dims_dict
+    return op.dtype == "float32" and d["groups"] == d["C"] == d["F"] and d["F"] % 16 == 0
+
+
 def _quantizes(op: OpSignature) -> bool:
     """Whether a float32 conv2d's epilogue ends with the quantizer (a depthwise one's
     chain: its kernel then stores bytes, for the int8 convolution reading them)."""
-    return op.epilogue[-len(U8_QUANTIZER):] == U8_QUANTIZER and op.dim("groups") == op.dim(
-        "C") == op.dim("F") and op.dim("F") % 16 == 0
+    return op.epilogue[-len(U8_QUANTIZER):] == U8_QUANTIZER and chained_depthwise(op)
 
 
 def _holding(op: OpSignature, held: frozenset[str]) -> OpSignature:
