@@ -4,8 +4,9 @@
 constant weights whose kind has a bf16 kernel for them (``OpKind.bf16_variant``: matmuls,
 dense undilated convolutions) as bf16 kernels with float32 accumulation, what OpenVINO's CPU
 plugin does by default on hardware with bf16 dot products: the weights are rounded to
-bfloat16 once, here, and the kernel rounds its float32 activations while packing them, so
-the graph around it is unchanged. Products of two activations (attention) and grouped or
+bfloat16 once, here, and the kernel rounds its float32 activations while packing them; an
+activation only bf16 kernels write and read flows between them as bfloat16
+(:mod:`tunecache.compiler.lowering.bf16`). Products of two activations (attention) and grouped or
 depthwise convolutions stay float32 (no bf16 kernels for them yet). On hardware whose
 dialect has no bf16 dot product (no
 AVX512-BF16 or AMX-BF16) the policy keeps float32 and says so: the widening emulation
@@ -24,6 +25,7 @@ from tunecache.compiler.elements import to_bfloat16
 from tunecache.compiler.graph import Graph, KernelNode, ModelError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
+from tunecache.compiler.lowering.bf16 import bfloat16_activations
 
 __all__ = ["PRECISIONS", "PrecisionPlan", "apply_precision", "int8_kernels_pay"]
 
@@ -70,6 +72,7 @@ def apply_precision(graph: Graph, hw: HardwareSpec, precision: str) -> tuple[Gra
     steps = [_bf16_node(step, constants, hw) if isinstance(step, KernelNode) else step
              for step in graph.steps]
     changed = sum(a is not b for a, b in zip(steps, graph.steps, strict=True))
+    steps = bfloat16_activations(steps, frozenset(t.name for t in graph.outputs))
     lowered = replace(graph, constants=MappingProxyType(constants), steps=tuple(steps))
     return lowered, PrecisionPlan(precision, "bf16" if changed else "fp32", changed,
                                   "" if changed else "no product with constant weights")

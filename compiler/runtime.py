@@ -21,7 +21,7 @@ from tunecache.compiler.backends import (
 )
 from tunecache.compiler.buffers import aligned_empty, as_aligned
 from tunecache.compiler.codegen import KernelSource, generate
-from tunecache.compiler.elements import decoded, storage_dtype, to_bfloat16
+from tunecache.compiler.elements import decoded, from_bfloat16, storage_dtype, to_bfloat16
 from tunecache.compiler.errors import KernelArgumentError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
@@ -158,9 +158,10 @@ def tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, f
     kind = op_kind(op.kind)
     if kind.tolerance is not None:
         return kind.tolerance(op, inputs)
-    if op.arguments()[-1].dtype == "uint8":
+    out = op.arguments()[-1].dtype
+    if out == "uint8":
         return 0.0, 1.0  # a requantized activation: a float32 rounding tie apart at most
-    if np.dtype(op.arguments()[-1].dtype).kind in "iu":
+    if out != "bfloat16" and np.dtype(out).kind in "iu":
         return 0.0, 0.0  # integer accumulation is exact
     k = kind.reduction_length(op)
     inputs = decoded(op, inputs)
@@ -176,6 +177,9 @@ def check_result(op: OpSignature, inputs: tuple[np.ndarray, ...], result: np.nda
         bad = int(np.count_nonzero(~np.isfinite(result)))
         return f"{bad} of {result.size} outputs are not finite (unwritten or corrupted)"
     rtol, atol = tolerance(op, inputs)
+    if op.arguments()[-1].dtype == "bfloat16":
+        # a bfloat16 output: rounded to nearest, within half of its 2**-7 relative spacing
+        result, rtol = from_bfloat16(result), rtol + 2.0 ** -8
     err = np.abs(result.astype(np.float64) - expected)
     limit = atol + rtol * np.abs(expected)
     if np.all(err <= limit):

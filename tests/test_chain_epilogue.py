@@ -263,7 +263,7 @@ def test_float32_depthwise_convolution_writes_a_quantized_output(hw: HardwareSpe
                                                                  layout: str) -> None:
     # Its chain ending with the quantizer, it stores bytes for the int8 convolution after it.
     op = conv2d_op(1, 32, 13, 13, 32, 3, 3, pads=1, groups=32, layout=layout,
-                   out_layout=layout, u8="y", epilogue="bias+cmul+cadd+cdiv+cmax+cmin+qround+cadd")
+                   out_layout=layout, narrow="y", epilogue="bias+cmul+cadd+cdiv+cmax+cmin+qround+cadd")
     inputs = random_inputs(op, seed=4)
     got = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
     assert got.dtype == np.uint8 and len(np.unique(got)) > 32
@@ -277,7 +277,7 @@ def test_a_float32_chain_needs_a_whole_block_depthwise_direct_kernel() -> None:
     with pytest.raises(OpSignatureError, match="depthwise"):
         conv2d_op(1, 24, 8, 8, 24, 3, 3, pads=1, groups=24, epilogue=chain)  # 24 channels
     with pytest.raises(OpSignatureError, match="uint8 Y only"):
-        conv2d_op(1, 32, 8, 8, 32, 3, 3, pads=1, groups=32, epilogue=chain, u8="y")
+        conv2d_op(1, 32, 8, 8, 32, 3, 3, pads=1, groups=32, epilogue=chain, narrow="y")
     op = conv2d_op(1, 32, 8, 8, 32, 3, 3, pads=1, groups=32, epilogue=chain)
     plane = replace(default_schedule(op, HW, 1), pack_w=0)
     assert any("pack_w=1" in p for p in problems(op, plane, HW))
@@ -293,7 +293,7 @@ def test_quantized_depthwise_chain_joins_the_convolution(tmp_path: Path) -> None
     # Only x's own pair is left element-wise (a float32 kernel reads the pair's output).
     assert [n.op.kind for n in graph.kernel_nodes].count("elementwise") == 1
     if convs[1].dtype == "int8":  # which reads the depthwise output as bytes
-        assert convs[0].attr("u8") == "y" and convs[1].attr("u8") == "x"
+        assert convs[0].attr("narrow") == "y" and convs[1].attr("narrow") == "x"
     x = rng.standard_normal((1, 32, 10, 10)).astype(np.float32)
     steps = _steps_from_onnxruntime(path, x, tmp_path)
     assert steps <= 1.0 + 1e-4, f"{steps:.3f} quantization steps apart"

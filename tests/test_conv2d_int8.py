@@ -170,7 +170,7 @@ def test_uint8_activations_match_the_reference(hw: HardwareSpec, held: str, epil
         kw = dict(case)
         dims = [int(kw.pop(k)) for k in ("N", "C", "H", "W", "F", "R", "S")]  # type: ignore[call-overload]
         op = conv2d_op(*dims, **kw, dtype="int8", epilogue=epilogue,  # type: ignore[arg-type]
-                       layout=layout, out_layout=layout, u8=held)
+                       layout=layout, out_layout=layout, narrow=held)
         inputs = random_inputs(op, seed=9)
         out = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
         assert out.dtype == (np.uint8 if "y" in held else np.float32)
@@ -179,17 +179,39 @@ def test_uint8_activations_match_the_reference(hw: HardwareSpec, held: str, epil
             assert len(np.unique(out)) > 32
 
 
+@pytest.mark.parametrize("hw", SPECS, ids=[_name(s) for s in SPECS])
+@pytest.mark.parametrize("held", ["x", "y", "x+y+add"])
+@pytest.mark.parametrize("layout", ["nchw", "nchw16c"])
+def test_bfloat16_activations_match_the_reference(hw: HardwareSpec, held: str,
+                                                  layout: str) -> None:
+    # X as bfloat16 (its elements copied, the border zero), Y rounded to bfloat16 by the
+    # store, a residual read as bfloat16; the few-channel stem folds its taps (WIDE).
+    for case in (CASES[1], CASES[2], dict(N=1, C=3, H=12, W=12, F=16, R=7, S=7, pads=3,
+                                          stride=2)):
+        kw = dict(case)
+        dims = [int(kw.pop(k)) for k in ("N", "C", "H", "W", "F", "R", "S")]  # type: ignore[call-overload]
+        op = conv2d_op(*dims, **kw, dtype="bf16", epilogue="bias+add+relu",  # type: ignore[arg-type]
+                       layout=layout, out_layout=layout, narrow=held)
+        inputs = random_inputs(op, seed=4)
+        out = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
+        assert out.dtype == (np.uint16 if "y" in held else np.float32)
+        assert check_result(op, inputs, out, reference(op, inputs)) is None
+
+
 def test_uint8_activations_are_named_in_the_signature() -> None:
     plain = _op(CASES[0], "nchw16c", f"dequant+bias+{QUANTIZE}")
-    assert "u8=" not in str(plain)  # op ids of float32-activation kernels stay as stored
-    held = conv2d_op(1, 16, 8, 8, 32, 3, 3, pads=1, dtype="int8", u8="x+y",
+    assert "narrow=" not in str(plain)  # op ids of float32-activation kernels stay as stored
+    held = conv2d_op(1, 16, 8, 8, 32, 3, 3, pads=1, dtype="int8", narrow="x+y",
                      epilogue=f"dequant+bias+{QUANTIZE}")
-    assert "u8=x+y" in str(held) and OpSignature.parse(str(held)) == held
+    assert "narrow=x+y" in str(held) and OpSignature.parse(str(held)) == held
     args = {a.name: a.dtype for a in held.arguments()}
     assert args["X"] == args["Y"] == "uint8"
     with pytest.raises(OpSignatureError, match="quantized"):
-        conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="int8", u8="y", epilogue="dequant+bias+relu")
+        conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="int8", narrow="y", epilogue="dequant+bias+relu")
     with pytest.raises(OpSignatureError, match="residual"):
-        conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="int8", u8="add", epilogue="dequant+bias")
-    with pytest.raises(OpSignatureError, match="int8"):
-        conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="bf16", u8="x", epilogue="bias")
+        conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="int8", narrow="add", epilogue="dequant+bias")
+    with pytest.raises(OpSignatureError, match="narrow"):
+        conv2d_op(1, 16, 8, 8, 32, 3, 3, narrow="x", epilogue="bias")  # float32: no narrow X
+    bf16 = conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="bf16", narrow="x+y", epilogue="bias+relu")
+    args = {a.name: a.dtype for a in bf16.arguments()}
+    assert args["X"] == args["Y"] == "bfloat16"  # a bf16 conv2d's narrow tensors

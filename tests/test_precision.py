@@ -15,7 +15,7 @@ from onnx_support import bert_layer_model, mlp_model, resnet_model
 from test_cli_compiler import tunecache
 
 from tunecache.compiler import frontend
-from tunecache.compiler.graph import Graph, ModelError
+from tunecache.compiler.graph import Graph, KernelNode, ModelError
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.passes import plan_graph
 from tunecache.compiler.precision import apply_precision
@@ -122,3 +122,43 @@ def test_tuning_a_model_at_bf16_tunes_the_kernels_it_will_run(tmp_path: Path) ->
     compiled = tunecache("compile", str(path), "--precision", "bf16", "--policy", "cache-only",
                          "--root", str(tmp_path / "store"), "--json")
     assert json.loads(compiled.stdout)["actions"] == {"cache": len(ops)}
+
+
+@pytest.mark.skipif(WITH_BF16 is None, reason="needs AVX-512 to generate bf16 kernels for")
+def test_activations_between_bf16_convolutions_flow_as_bfloat16() -> None:
+    assert WITH_BF16 is not None
+    lowered, _ = apply_precision(_graph(resnet_model()), WITH_BF16, "bf16")
+    steps, outputs = lowered.steps, {t.name for t in lowered.outputs}
+    narrowed = 0
+    for node in lowered.kernel_nodes:
+        held = node.op.attr("narrow") if node.op.kind == "conv2d" else "none"
+        users = [s for s in steps if node.output in s.inputs]
+        readable = node.op.dtype == "bf16" and users and node.output not in outputs and all(
+            isinstance(s, KernelNode) and s.op.dtype == "bf16" for s in users)
+        # a bf16 writer whose every reader is a bf16 kernel hands it bfloat16 ...
+        assert ("y" in held.split("+")) == bool(readable and all(
+            s.op.kind == "conv2d" for s in users)), node.op
+        narrowed += "y" in held.split("+")
+        for user in users if "y" in held.split("+") else ():
+            role = {"X": "x", "add": "add"}[
+                [a.name for a in user.op.arguments()][user.inputs.index(node.output)]]
+            assert role in user.op.attr("narrow").split("+")  # ... and each takes it so
+    assert narrowed >= 3
+    assert {lowered.kernel_nodes[-1].op.arguments()[-1].dtype} == {"float32"}
+
+
+@pytest.mark.skipif(not BF16, reason="needs a CPU with AVX512-BF16 to run bf16 kernels")
+def test_a_bf16_cnn_with_bfloat16_activations_stays_near_fp32(tmp_path: Path) -> None:
+    path = tmp_path / "resnet.onnx"
+    onnx.save(resnet_model(), path)
+    compiled = compile_model(path, store=tmp_path / "store", policy="analytic",
+                             precision="bf16")
+    held = [n.op.attr("narrow") for n in compiled.graph.kernel_nodes if n.op.kind == "conv2d"]
+    assert any("y" in h for h in held) and any("x" in h for h in held)
+    fp32 = compile_model(path, store=tmp_path / "store", policy="analytic")
+    feeds = {i.name: np.random.default_rng(6).standard_normal(i.shape).astype(np.float32)
+             for i in fp32.graph.inputs}
+    ours, exact = compiled.run(feeds), fp32.run(feeds)
+    for name, value in exact.items():
+        assert ours[name].dtype == np.float32
+        assert np.abs(ours[name] - value).max() <= 3e-2 * np.abs(value).max()

@@ -18,7 +18,7 @@ from onnx_support import quantization_steps, quantize_qdq
 from tunecache.compiler import frontend
 from tunecache.compiler.codegen.epilogue import RESIDUAL_STEP
 from tunecache.compiler.graph import KernelNode
-from tunecache.compiler.kinds.conv2d.lowp import u8_tensors
+from tunecache.compiler.kinds.conv2d.lowp import narrow_tensors
 from tunecache.compiler.lowering import affine, u8
 from tunecache.tuner.deploy import compile_model
 
@@ -89,7 +89,7 @@ def _convs(path: Path) -> list[KernelNode]:
 
 
 def test_activations_between_int8_convolutions_are_uint8(quantized: Path) -> None:
-    held = [u8_tensors(n.op) for n in _convs(quantized)]
+    held = [narrow_tensors(n.op) for n in _convs(quantized)]
     # The stem reads the float32 input; the last writes the float32 output; the block's
     # residual is the stem's output, added from its bytes.
     assert held == [{"y"}, {"x", "y"}, {"x", "y"}, {"x", "y", "add"}, {"x"}]
@@ -124,7 +124,7 @@ def test_without_the_passes_the_same_model_agrees_too(quantized: Path, tmp_path:
     monkeypatch.setattr(u8, "_rewrite", lambda *args: None)
     monkeypatch.setattr(affine, "_composed", lambda *args: None)
     graph = frontend.load_graph(quantized)
-    assert not any(u8_tensors(n.op) for n in graph.kernel_nodes if n.op.kind == "conv2d")
+    assert not any(narrow_tensors(n.op) for n in graph.kernel_nodes if n.op.kind == "conv2d")
     steps = _steps_from_onnxruntime(quantized, tmp_path, 1)
     assert steps <= 1.0 + 1e-4, f"{steps:.3f} quantization steps apart"
 

@@ -37,6 +37,8 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
   aligned to the vector size; a plain store on ``generic``) and ``VSFENCE()`` (orders
   streaming stores; call it before a kernel returns); ``VSTORE_U8(p, v)`` (the lanes, whole
   numbers in 0..255, as ``lanes`` bytes at ``p``) and ``VLOAD_U8(p)`` (``lanes`` bytes at
+  ``p`` as floats); ``VSTORE_BF16(p, v)`` (the lanes rounded to bfloat16, nearest with ties
+  to even, as ``lanes`` bit patterns at ``p``) and ``VLOAD_BF16(p)`` (``lanes`` bfloat16 at
   ``p`` as floats).
 
 Outside the prelude, in :attr:`IsaDialect.log` (a kernel that needs it places it after the
@@ -200,6 +202,20 @@ static inline void VSTORE_U8(void *p, vec v) {
 static inline vec VLOAD_U8(const void *p) {
   const unsigned char *b = (const unsigned char *)p;
   return (vec){(float)b[0], (float)b[1], (float)b[2], (float)b[3]};
+}
+static inline void VSTORE_BF16(void *p, vec v) {
+  for (int i = 0; i < 4; i++) {
+    union { float f; unsigned int u; } c = {v[i]};
+    ((unsigned short *)p)[i] = (unsigned short)((c.u + 0x7FFFu + ((c.u >> 16) & 1u)) >> 16);
+  }
+}
+static inline vec VLOAD_BF16(const void *p) {
+  vec v;
+  for (int i = 0; i < 4; i++) {
+    union { unsigned int u; float f; } c = {(unsigned int)((const unsigned short *)p)[i] << 16};
+    v[i] = c.f;
+  }
+  return v;
 }
 #define TC_SIGN_BITS ((vec_i){-2147483647 - 1, -2147483647 - 1, -2147483647 - 1, -2147483647 - 1})
 static inline vec VABS(vec a) { return (vec)((vec_i)a & ~TC_SIGN_BITS); }

@@ -121,7 +121,7 @@ class OpKind:
       ``epilogue_tail``), or None where its kernel has no such epilogue for ``op``.
     * ``chain_view(op)`` — optional: ``op`` as an element-wise chain such an epilogue can
       take, or None (:mod:`tunecache.compiler.lowering.chains` asks both).
-    * ``with_u8(op, tensors)`` — optional: an int8 op holding the named activations (``x``,
+    * ``with_narrow(op, tensors)`` — optional: an int8 op holding the named activations (``x``,
       its quantized input, ``y``, its output, ``add``, its residual) as uint8, or None
       where its kernel cannot (:mod:`tunecache.compiler.lowering.u8` asks it).
     """
@@ -151,7 +151,7 @@ class OpKind:
                            tuple[OpSignature, bool] | None] | None = None
     channel_view: Callable[[OpSignature], ChannelView | None] | None = None
     chain_view: Callable[[OpSignature], ChainView | None] | None = None
-    with_u8: Callable[[OpSignature, frozenset[str]], OpSignature | None] | None = None
+    with_narrow: Callable[[OpSignature, frozenset[str]], OpSignature | None] | None = None
 
 
 _KINDS: dict[str, OpKind] = {}

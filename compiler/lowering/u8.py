@@ -5,7 +5,7 @@ quantizes it with its ``qa = [scale, zero point]`` (:mod:`.quantized`), and the 
 wrote that activation often ends its epilogue with the same quantizer's
 quantize-dequantize pair (:mod:`.chains`): four bytes an element go through memory for a
 value that fits in one, and every reader divides by the scale again. Where every reader of
-a kernel's output can take it as uint8 (``OpKind.with_u8``) — an int8 kernel quantizing
+a kernel's output can take it as uint8 (``OpKind.with_narrow``) — an int8 kernel quantizing
 it with one ``[scale, zero point]`` (its ``x``), or a residual it adds (its ``add``, which
 it dequantizes with ``aq``) — the writer ends its epilogue with that quantizer instead
 (``cdiv+cmax+cmin+qround+cadd``: the pair's last multiply becomes the zero point's add, or
@@ -98,7 +98,7 @@ def _rewrite(position: int, steps: list[Any], read: dict[str, list[int]],
 def _role(step: Any, tensor: str) -> str | None:
     """How ``step`` reads ``tensor`` where it could take it as uint8: ``x`` (the input it
     quantizes with ``qa``), ``add`` (its residual), else None."""
-    if not isinstance(step, KernelNode) or op_kind(step.op.kind).with_u8 is None or \
+    if not isinstance(step, KernelNode) or op_kind(step.op.kind).with_narrow is None or \
             step.inputs.count(tensor) != 1:
         return None
     name = _argument_names(step.op)[step.inputs.index(tensor)]
@@ -157,7 +157,7 @@ def _writer(writer: KernelNode, quantizer: _Quantizer, paired: bool,
         epilogue = writer.op.epilogue + QUANTIZE_TAIL
     else:
         return None
-    op = _with_u8(writer.op, epilogue, "y")
+    op = _with_narrow(writer.op, epilogue, "y")
     if op is None or (old is None and paired):
         return None
     s, z = quantizer.scale, quantizer.zero
@@ -191,7 +191,7 @@ def _quantizer_rows(old: np.ndarray | None, paired: bool, scale: np.float32, zer
 def _reader(step: KernelNode, role: str, tensor: str, quantizer: _Quantizer,
             ctx: StepContext) -> KernelNode | None:
     """``step`` taking ``tensor`` as uint8 in ``role``; a residual with its ``aq``."""
-    op = _with_u8(step.op, step.op.epilogue, role)
+    op = _with_narrow(step.op, step.op.epilogue, role)
     if op is None:
         return None
     inputs = list(step.inputs)
@@ -203,9 +203,9 @@ def _reader(step: KernelNode, role: str, tensor: str, quantizer: _Quantizer,
     return replace(step, op=op, inputs=tuple(inputs))
 
 
-def _with_u8(op: OpSignature, epilogue: tuple[str, ...], role: str) -> OpSignature | None:
+def _with_narrow(op: OpSignature, epilogue: tuple[str, ...], role: str) -> OpSignature | None:
     """``op`` with ``epilogue``, holding ``role``'s tensor as uint8, or None."""
-    to_u8 = op_kind(op.kind).with_u8
+    to_u8 = op_kind(op.kind).with_narrow
     if to_u8 is None:
         return None
     try:

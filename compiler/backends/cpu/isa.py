@@ -184,6 +184,14 @@ static inline __m512 VRCP(__m512 x) {
   _mm_storeu_si128((__m128i *)(void *)(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)))
 #define VLOAD_U8(p) \
   _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))))
+static inline void VSTORE_BF16(void *p, __m512 v) {
+  const __m512i b = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), one);
+  const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+}
+#define VLOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32( \
+  _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16))
 static inline __m512 VLOADS2(const float *p) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   return _mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16));
@@ -210,6 +218,16 @@ static inline void VSTORE_U8(void *p, __m256 v) {
 }
 #define VLOAD_U8(p) \
   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p))))
+static inline void VSTORE_BF16(void *p, __m256 v) {
+  const __m256i b = _mm256_castps_si256(v), one = _mm256_set1_epi32(1);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), one);
+  const __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+  _mm_storeu_si128((__m128i *)p,
+                   _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+#define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32( \
+  _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))), 16))
 static inline __m256 VLOADS2(const float *p) {
   /* a0 a2 b0 b2 | a4 a6 b4 b6, then the 64-bit pairs reordered to a0 a2 a4 a6 b0 b2 b4 b6 */
   __m256 t = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _MM_SHUFFLE(2, 0, 2, 0));

@@ -15,10 +15,11 @@ An int8 or bf16 conv2d's epilogue may go on with an element-wise chain over its 
 BatchNormalization and a Clip after a quantized convolution (:func:`channel_view`).
 Attributes: ``layout`` (X's layout) and ``out_layout`` (Y's and
 ``add``'s; left out of the text while ``nchw``), each ``nchw`` or a channel-blocked
-``nchw{x}c`` (:mod:`tunecache.compiler.kinds.layouts`); ``u8`` (int8 only, left out while
-``none``): which of X, Y and the residual ``add`` an int8 conv2d holds as uint8 activations
-between kernels (``x+y+add``, :data:`~.lowp.U8_CHOICES`). Schedules: ``space.py``; kernels:
-``emit.py`` (which picks the algorithm's emitter module); docs/CONV2D.md.
+``nchw{x}c`` (:mod:`tunecache.compiler.kinds.layouts`); ``narrow`` (left out while
+``none``): which of X, Y and the residual ``add`` an int8 or bf16 conv2d holds as uint8 or
+bfloat16 activations between kernels (``x+y+add``, :data:`~.lowp.NARROW_CHOICES`).
+Schedules: ``space.py``; kernels: ``emit.py`` (which picks the algorithm's emitter module);
+docs/CONV2D.md.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from tunecache.compiler.kinds import ChannelView, OpKind, register
 from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
 from tunecache.compiler.kinds.conv2d.lowp import (
     MIN_LOWP_FILL,
-    U8_CHOICES,
+    NARROW_CHOICES,
     bf16_variant,
     block_fill,
     chained_depthwise,
@@ -48,10 +49,11 @@ from tunecache.compiler.kinds.conv2d.lowp import (
     lowp_problems,
     lowp_reference,
     lowp_signature_problems,
+    narrow_problems,
+    narrow_tensors,
+    narrow_type,
     quantizer_rows,
-    u8_problems,
-    u8_tensors,
-    with_u8,
+    with_narrow,
 )
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
@@ -94,20 +96,21 @@ def conv2d_op(N: int, C: int, H: int, W: int, F: int, R: int, S: int, *,
               stride: int | tuple[int, int] = 1, pads: int | tuple[int, int, int, int] = 0,
               dilation: int | tuple[int, int] = 1, groups: int = 1,
               epilogue: tuple[str, ...] | str = (), dtype: str = "float32",
-              layout: str = NCHW, out_layout: str = NCHW, u8: str = "none") -> OpSignature:
+              layout: str = NCHW, out_layout: str = NCHW, narrow: str = "none") -> OpSignature:
     """``Y[N,F,P,Q] = conv(X[N,C,H,W], W[F,C/groups,R,S])``.
 
     ``stride`` and ``dilation`` are ``(h, w)`` or one int for both; ``pads`` is
     ``(top, left, bottom, right)`` (ONNX ``pads`` order) or one int for all four.
     ``layout`` is X's layout, ``out_layout`` Y's (and the residual's): ``nchw`` or
-    ``nchw{x}c``. ``u8`` names the tensors an int8 conv2d holds as uint8 (``x+y``).
+    ``nchw{x}c``. ``narrow`` names the tensors an int8 or bf16 conv2d holds as uint8 or
+    bfloat16 (``x+y``).
     """
     return OpSignature(
         KIND.name,
         (("N", N), ("C", C), ("H", H), ("W", W), ("F", F), ("R", R), ("S", S),
          *window_params(stride, pads, dilation), ("groups", groups)),
         dtype,
-        (("layout", layout), ("out_layout", out_layout), ("u8", u8)),
+        (("layout", layout), ("out_layout", out_layout), ("narrow", narrow)),
         epilogue_tuple(epilogue),
     )
 
@@ -144,34 +147,37 @@ def _signature_problems(op: OpSignature) -> list[str]:
     elif RESIDUAL_STEP in op.epilogue:
         found.append("radd follows an int8 or bf16 conv2d's epilogue, not a float32 one's")
     if op.dtype == "float32":
-        found += u8_problems(op)
+        found += narrow_problems(op)
     return found + kernel_extent_problems(op)
 
 
 def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     d = op.dims_dict
     out_shape = tensor_shape(d["N"], d["F"], op.out_h, op.out_w, op.attr("out_layout"))
-    int8 = op.dtype == "int8"
-    u8 = u8_tensors(op)
+    held = narrow_tensors(op)
+
+    def activation(tensor: str) -> str:
+        return narrow_type(op) if tensor in held else "float32"
+
     args = [
         TensorArg("X", tensor_shape(d["N"], d["C"], d["H"], d["W"], op.attr("layout")), "input",
-                  "uint8" if "x" in u8 else "float32"),
+                  activation("x")),
         TensorArg("W", (d["F"], d["C"] // d["groups"], d["R"], d["S"]), "input",
                   {"int8": "int8", "bf16": "bfloat16"}.get(op.dtype, "float32")),
     ]
-    if int8:
+    if op.dtype == "int8":
         args.append(TensorArg("qa", (2,), "input"))
     if "dequant" in op.epilogue:
         args.append(TensorArg("scale", (d["F"],), "input"))
     if "bias" in op.epilogue:
         args.append(TensorArg("bias", (d["F"],), "input"))
     if "add" in operand_tensors(op.epilogue):  # before an activation, or within a chain
-        args.append(TensorArg("add", out_shape, "input", "uint8" if "add" in u8 else "float32"))
-    if "add" in u8:
+        args.append(TensorArg("add", out_shape, "input", activation("add")))
+    if "add" in held and op.dtype == "int8":
         args.append(TensorArg("aq", (2,), "input"))
     if chain_rows(op.epilogue):
         args.append(TensorArg(CHANNEL_OPERAND, (chain_rows(op.epilogue), d["F"]), "input"))
-    args.append(TensorArg("Y", out_shape, "output", "uint8" if "y" in u8 else "float32"))
+    args.append(TensorArg("Y", out_shape, "output", activation("y")))
     return tuple(args)
 
 
@@ -260,19 +266,21 @@ def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarra
     out: list[np.ndarray] = [
         rng.integers(0, 256, size=x.shape).astype(np.uint8) if x.dtype == "uint8"
         else random_tensor(rng, d["N"], d["C"], d["H"], d["W"], op.attr("layout"))]
+    if x.dtype == "bfloat16":
+        out[0] = to_bfloat16(out[0])
     for arg in op.arguments()[1:-1]:
         if arg.dtype == "uint8":
             out.append(rng.integers(0, 256, size=arg.shape).astype(np.uint8))
         elif arg.dtype == "int8":
             out.append(rng.integers(-128, 128, size=arg.shape).astype(np.int8))
+        elif arg.name == "add":
+            add = random_tensor(rng, d["N"], d["F"], op.out_h, op.out_w, op.attr("out_layout"))
+            out.append(to_bfloat16(add) if arg.dtype == "bfloat16" else add)
         elif arg.dtype == "bfloat16":
             out.append(to_bfloat16(rng.standard_normal(arg.shape, dtype=np.float32)))
         elif arg.name in ("qa", "aq"):
             out.append(np.array([1 / 32, 128], np.float32))
-        elif arg.name == "add":
-            out.append(random_tensor(rng, d["N"], d["F"], op.out_h, op.out_w,
-                                     op.attr("out_layout")))
-        elif arg.name == CHANNEL_OPERAND and "y" in u8_tensors(op):
+        elif arg.name == CHANNEL_OPERAND and "y" in narrow_tensors(op):
             out.append(quantizer_rows(op, rng.standard_normal(arg.shape, dtype=np.float32)))
         else:
             out.append(rng.standard_normal(arg.shape, dtype=np.float32))
@@ -312,7 +320,7 @@ KIND = register(OpKind(
     name="conv2d",
     spec=KindSpec(
         dims=("N", "C", "H", "W", "F", "R", "S"),
-        attrs={"layout": LAYOUTS, "out_layout": LAYOUTS, "u8": U8_CHOICES},
+        attrs={"layout": LAYOUTS, "out_layout": LAYOUTS, "narrow": NARROW_CHOICES},
         epilogues=("dequant", "bias", "add", *ACTIVATIONS),
         epilogue_tail=(*CHAIN_STEPS.values(), RESIDUAL_STEP),
         params={
@@ -321,7 +329,7 @@ KIND = register(OpKind(
             "dil_h": (1, 1), "dil_w": (1, 1), "groups": (1, 1),
         },
         check=_signature_problems,
-        omit_default=frozenset({"out_layout", "u8"}),
+        omit_default=frozenset({"out_layout", "narrow"}),
         dtypes=("float32", "int8", "bf16"),
     ),
     arguments=_arguments,
@@ -346,7 +354,7 @@ KIND = register(OpKind(
     relayout=_relayout,
     bf16_variant=bf16_variant,
     channel_view=channel_view,
-    with_u8=with_u8,
+    with_narrow=with_narrow,
     examples=("conv2d(N=1,C=64,H=56,W=56,F=64,R=3,S=3,pad_t=1,pad_l=1,pad_b=1,pad_r=1,"
               "epilogue=bias+relu)",
               "conv2d(N=1,C=32,H=28,W=28,F=32,R=3,S=3,stride_h=2,stride_w=2,pad_t=1,pad_l=1,"

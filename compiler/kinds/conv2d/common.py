@@ -20,11 +20,34 @@ def shape_constants(op: OpSignature) -> dict[str, int | str]:
     }
 
 
+BF16_SCALAR = """\
+#include <stdint.h>
+#include <string.h>
+/* one float as bfloat16, nearest with ties to even; one bfloat16's value */
+static inline uint16_t tc_bf16_round(float v) {
+  uint32_t b;
+  memcpy(&b, &v, sizeof b);
+  return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+static inline float tc_bf16_value(uint16_t h) {
+  const uint32_t b = (uint32_t)h << 16;
+  float v;
+  memcpy(&v, &b, sizeof v);
+  return v;
+}
+"""
+"""C of the scalar bfloat16 conversions a kernel holding bfloat16 activations uses."""
+
+
 def y_storage(op: OpSignature) -> str:
     """C of Y's element type ``ty_t`` and its stores: ``TY(u)`` one value, ``TY_STORE(p, v)``
-    a vector; float, or uint8 where ``op`` writes its output quantized (``u8=...y``, the
-    epilogue's values whole numbers in 0..255 by then)."""
-    if op.attr("u8") != "none" and "y" in op.attr("u8").split("+"):
+    a vector; float, uint8 where ``op`` writes its output quantized (``narrow=...y``, the
+    epilogue's values whole numbers in 0..255 by then), or bfloat16 where a bf16 ``op``
+    writes it narrow (after :data:`BF16_SCALAR`)."""
+    if op.attr("narrow") != "none" and "y" in op.attr("narrow").split("+"):
+        if op.dtype == "bf16":
+            return ("typedef uint16_t ty_t;\n#define TY(u) tc_bf16_round(u)\n"
+                    "#define TY_STORE(p, v) VSTORE_BF16((p), (v))\n")
         return ("#include <stdint.h>\ntypedef uint8_t ty_t;\n#define TY(u) ((uint8_t)(int)(u))\n"
                 "#define TY_STORE(p, v) VSTORE_U8((p), (v))\n")
     return "typedef float ty_t;\n#define TY(u) (u)\n#define TY_STORE(p, v) VSTOREU((p), (v))\n"

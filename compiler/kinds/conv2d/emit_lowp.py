@@ -30,13 +30,14 @@ from tunecache.compiler.codegen.epilogue import (
     scalar_helpers,
 )
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.kinds.conv2d.common import shape_constants, y_storage
+from tunecache.compiler.kinds.conv2d.common import BF16_SCALAR, shape_constants, y_storage
 from tunecache.compiler.kinds.conv2d.emit_tiles import tile_plane, tile_row
 from tunecache.compiler.kinds.conv2d.lowp import (
+    narrow_tensors,
+    narrow_type,
     packed_channels,
     pixel_channels,
     tiles_plane,
-    u8_tensors,
 )
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import channel_block
@@ -45,6 +46,10 @@ from tunecache.compiler.ops import OpSignature
 
 TYPES = {"int8": ("uint8_t", "int8_t", "int32_t"), "bf16": ("uint16_t", "uint16_t", "float")}
 """C types of the packed input, the weights as given and the accumulators, per dtype."""
+
+WQ_CHUNK_BYTES = 512 * 1024
+"""The packed weights a chunk of channel tiles may hold (``TCH``): half of a 1 MiB L2, the
+smallest on machines with int8 or bf16 dot products (2 MiB on AMX Xeons)."""
 
 _TYPES = """\
 /* Xq's pixels: KC channels (C, or the S taps of C channels when WIDE) in blocks of PIXC,
@@ -55,6 +60,12 @@ _TYPES = """\
 /* a row narrower than a tile reads past its end: slack for the last row */
 #define XQ_BYTES ((((long)NB * CB * HP * KWP + OWB * KSW + S) * PIXC * (long)sizeof(ta_t) + 63) / 64 * 64)
 #define WQ_ITEMS ((long)FT * CB * R * KS * GPB * OCB * IGROUP)
+/* Rows sweep the channel tiles in chunks of TCH whose packed weights fit WQ_CHUNK_BYTES: a
+   row's pixels are read for every tile of the chunk while in L1, the chunk's weights stay
+   in L2 across the rows, and Xq is swept once a chunk (not once a tile). */
+#define WQ_TILE_BYTES ((long)CB * R * KS * GPB * OCB * IGROUP * (long)sizeof(ib_t))
+#define TCH (WQ_TILE_BYTES >= WQ_CHUNK_BYTES ? 1 : MIN(FT, WQ_CHUNK_BYTES / WQ_TILE_BYTES))
+#define NCH ((FT + TCH - 1) / TCH)
 """
 
 _PACK_W = """\
@@ -96,9 +107,10 @@ static inline ta_t tc_q_one(float v) {
 }""", "(void)qa;\n  const ta_t fill = 0;", "tc_q_one(X_AT)"),
 }
 """Per dtype: ``tc_q_one`` converting one float of X as Xq holds it, the packing's setup
-(``fill``: Xq's border) and the call converting ``X_AT``; ``u8``: an int8 conv2d's X
-already quantized (its bytes copied)."""
-_CONVERT["u8"] = ("", "const ta_t fill = (ta_t)(int)qa[1];", "X_AT")
+(``fill``: Xq's border) and the call converting ``X_AT``."""
+_NARROW_X = {"int8": ("", "const ta_t fill = (ta_t)(int)qa[1];", "X_AT"),
+             "bf16": ("", "(void)qa;\n  const ta_t fill = 0;", "X_AT")}
+"""``_CONVERT`` for an X held narrow (already uint8 or bfloat16, its elements copied)."""
 
 _BLOCK_X = """\
 /* X's rows [lo, hi) of (n, cb, hp) into Xq; the border holds the fill (memset: a byte, as
@@ -108,6 +120,7 @@ static void tc_q_pack_x(const tx_t *X, const float *qa, ta_t *Xq, long lo, long 
   for (long item = lo; item < hi; item++) {
     const long hp = item %% HP, cb = item / HP %% CB, n = item / HP / CB, h = hp - PT;
     ta_t *restrict row = Xq + item * WP * PIXC;
+    if (R < SH && hp %% SH >= R) continue;  /* a row no tap reads (a strided 1x1) */
     if (h < 0 || h >= H) {
       memset(row, fill, WP * PIXC * sizeof(ta_t));
       continue;
@@ -152,42 +165,40 @@ _BLOCKED_PIXEL = """\
         const float *src = X + (((n * %(blocks)d + c / %(x)d) * H + h) * W + w) * %(x)d;
         for (long e = 0; e < %(x)d; e++) out[k + e] = tc_q_one(src[e]);
       }"""
-# uint8 X, channel-blocked: each of X's blocks of XB channels copied whole.
-_U8_PIXEL = """\
+# a narrow X, channel-blocked: each of X's blocks of XB channels copied whole (the fill a
+# byte: bf16's is 0).
+_NARROW_PIXEL = """\
       for (long k = 0; k < PIXC; k += %(x)d) {
         const long c = cb * PIXC + k;
         if (c >= %(padded)d)
-          memset(out + k, fill, %(x)d);
+          memset(out + k, fill, %(x)d * sizeof(ta_t));
         else
-          memcpy(out + k, X + (((n * %(blocks)d + c / %(x)d) * H + h) * W + w) * %(x)d, %(x)d);
+          memcpy(out + k, X + (((n * %(blocks)d + c / %(x)d) * H + h) * W + w) * %(x)d,
+                 %(x)d * sizeof(ta_t));
       }"""
 _WIDE_X = """\
 /* WIDE: X's rows [lo, hi) of (n, cb, hp) into Xq, output column q's pixel holding the S
-   taps of the C channels it reads (channel k: tap k / C of channel k %% C). Row h of every
-   channel is converted once into qrow (C x WP, the border at the fill; C < PIXC here), then
-   each pixel gathers its PIXC values; channels past S * C hold the fill. */
+   taps of the C channels it reads (channel k: tap k / C of channel k %% C). Row h is
+   converted once into qrow pixel-major (WP x C, the border at the fill; C < PIXC here), so
+   column q's KC channels are qrow's KC elements from q * SW * C, copied whole; channels past
+   KC hold the fill. */
 static void tc_q_pack_x(const tx_t *X, const float *qa, ta_t *Xq, long lo, long hi) {
   %s
-  ta_t qrow[C * WP];
+  ta_t qrow[WP * C];
   for (long item = lo; item < hi; item++) {
     const long hp = item %% HP, cb = item / HP %% CB, n = item / HP / CB, h = hp - PT;
     ta_t *restrict row = Xq + item * KWP * PIXC;
-    for (long i = 0; i < C * WP; i++) qrow[i] = fill;
+    if (R < SH && hp %% SH >= R) continue;  /* a row no tap reads */
+    for (long i = 0; i < WP * C; i++) qrow[i] = fill;
     if (h >= 0 && h < H)
-      for (long c = 0; c < C; c++)
-        for (long w = 0; w < W; w++) qrow[c * WP + PL + w] = %s;
-    long at[PIXC], live = 0;
-    for (long k = 0; k < PIXC; k++) {
-      const long kc = cb * PIXC + k;
-      at[k] = kc < KC ? (kc %% C) * WP + kc / C : -1;
-      live = at[k] < 0 ? live : k + 1;
+      for (long w = 0; w < W; w++)
+        for (long c = 0; c < C; c++) qrow[(PL + w) * C + c] = %s;
+    const long first = cb * PIXC, live = MIN(PIXC, KC - first);
+    for (long q = 0; q < KWP; q++) {
+      memcpy(row + q * PIXC, qrow + q * SW * C + first, live * sizeof(ta_t));
+      /* the channels past the last live one: the fill, a byte (bf16's is 0) */
+      if (live < PIXC) memset(row + q * PIXC + live, fill, (PIXC - live) * sizeof(ta_t));
     }
-    /* the channels past the last live one: the fill, a byte (bf16's is 0) */
-    if (live < PIXC)
-      for (long q = 0; q < KWP; q++)
-        memset(row + q * PIXC + live, fill, (PIXC - live) * sizeof(ta_t));
-    for (long q = 0; q < KWP; q++)
-      for (long k = 0; k < live; k++) row[q * PIXC + k] = at[k] < 0 ? fill : qrow[at[k] + q * SW];
   }
 }
 """
@@ -199,10 +210,13 @@ _BODY = """\
   tc_q_pack_x((const tx_t *)X, qa, Xq, lo, hi);
 %s
   BARRIER();
-  split_range((long)NB * FT * ROWS, TID, NTH, &lo, &hi);
-%s  for (long item = lo; item < hi; item++)
-    tc_q_row(Xq, Wq, scale, bias, (const tadd_t *)add, aq, chan, (ty_t *)Y, item / ROWS / FT,
-             item / ROWS %% FT, item %% ROWS);
+  split_range((long)NB * NCH * ROWS * TCH, TID, NTH, &lo, &hi);
+%s  for (long item = lo; item < hi; item++) {
+    const long t = item / TCH / ROWS %% NCH * TCH + item %% TCH;
+    if (t < FT)
+      tc_q_row(Xq, Wq, scale, bias, (const tadd_t *)add, aq, chan, (ty_t *)Y,
+               item / TCH / ROWS / NCH, t, item / TCH %% ROWS);
+  }
 %s"""
 
 
@@ -228,22 +242,22 @@ def _x_channel(op: OpSignature) -> str:
 def _pack_x(op: OpSignature, lanes: int, pixc: int) -> str:
     """``tc_q_pack_x`` for ``op``: whole ``pixc``-channel blocks of X's pixels (int8 from a
     channel-blocked X a vector at a time), or WIDE pixels."""
-    u8 = "x" in u8_tensors(op)
-    helper, setup, one = _CONVERT["u8" if u8 else op.dtype]
+    narrow = "x" in narrow_tensors(op)
+    helper, setup, one = (_NARROW_X if narrow else _CONVERT)[op.dtype]
     if packed_channels(op.dim("C"), op.dim("S"), pixc) != (op.dim("C"), op.dim("S")):
         return helper + "\n" + _WIDE_X % (setup, one.replace("X_AT", _x_channel(op)))
     x, c = channel_block(op.attr("layout")), op.dim("C")
-    if u8 and x and pixc % x == 0:
-        pixel = _U8_PIXEL % {"x": x, "padded": -(-c // x) * x, "blocks": -(-c // x)}
+    if narrow and x and pixc % x == 0:
+        pixel = _NARROW_PIXEL % {"x": x, "padded": -(-c // x) * x, "blocks": -(-c // x)}
         return _BLOCK_X % (setup, pixel)
     # Every vector within one block of X; vectors past X's padded channels hold the fill.
-    if op.dtype == "int8" and x and x % lanes == 0 and not u8:
+    if op.dtype == "int8" and x and x % lanes == 0 and not narrow:
         pixel = _VECTOR_PIXEL % (-(-c // x) * x, -(-c // x), x, x, x)
         return helper + "\n" + _BLOCK_X % (setup + "\n  " + _VECTOR_SETUP, pixel)
     if op.dtype == "bf16" and x and pixc % x == 0:
         pixel = _BLOCKED_PIXEL % {"x": x, "padded": -(-c // x) * x, "blocks": -(-c // x)}
         return helper + "\n" + _BLOCK_X % (setup, pixel)
-    pixel = _SCALAR_PIXEL % one.replace("X_AT", _x_index(op, pixc, "fill" if u8 else "0.0f"))
+    pixel = _SCALAR_PIXEL % one.replace("X_AT", _x_index(op, pixc, "fill" if narrow else "0.0f"))
     return helper + "\n" + _BLOCK_X % (setup, pixel)
 
 
@@ -275,7 +289,9 @@ def _operands(op: OpSignature, part: bool) -> tuple[dict[str, str], dict[str, st
               "add": "VLOADU(add + at)", CHANNEL_OPERAND: load.format(p="chan + {i} * F + f")}
     scalar = {"scale": "scale[f]", "bias": "bias[f]", "add": "add[at]",
               CHANNEL_OPERAND: "chan[{i} * F + f]"}
-    if "add" in u8_tensors(op):
+    if "add" in narrow_tensors(op) and op.dtype == "bf16":
+        vector["add"], scalar["add"] = "VLOAD_BF16(add + at)", "tc_bf16_value(add[at])"
+    elif "add" in narrow_tensors(op):
         vector["add"] = "VMUL(VSUB(VLOAD_U8(add + at), VSET1(aq[1])), VSET1(aq[0]))"
         scalar["add"] = "(((float)add[at] - aq[1]) * aq[0])"
     return vector, scalar
@@ -402,7 +418,7 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
     constants = {**shape, "OCB": s.oc_block, "OWB": s.ow_block, "PIXC": pixc, "ROWS": rows,
                  "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F"),
                  "KC": kc, "KS": ks, "WIDE": int(wide), "KSW": 1 if wide else op.dim("stride_w"),
-                 "KWP": op.out_w if wide else "WP"}
+                 "KWP": op.out_w if wide else "WP", "WQ_CHUNK_BYTES": WQ_CHUNK_BYTES}
     packed = PackedWeights("((WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
                            "  tc_q_pack_w((const tb_t *)weights, (ib_t *)packed);")
     ta, tb, tacc = TYPES[op.dtype]
@@ -426,12 +442,14 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
 
 
 def _activation_types(op: OpSignature) -> str:
-    """C types of X, Y and the residual (``tx_t``, ``ty_t``, ``tadd_t``: float, or uint8
-    where ``op`` holds them so), and Y's stores: ``TY(u)`` one value, ``TY_STORE(p, v)`` a
-    vector (a uint8 Y's values are whole numbers in 0..255 by then)."""
-    u8 = u8_tensors(op)
-    kinds = {t: "uint8_t" if t in u8 else "float" for t in ("x", "add")}
-    return (f"typedef {kinds['x']} tx_t;\ntypedef {kinds['add']} tadd_t;\n" + y_storage(op))
+    """C types of X, Y and the residual (``tx_t``, ``ty_t``, ``tadd_t``: float, or uint8 or
+    bfloat16 where ``op`` holds them narrow), and Y's stores: ``TY(u)`` one value,
+    ``TY_STORE(p, v)`` a vector (a uint8 Y's values are whole numbers in 0..255 by then)."""
+    held = narrow_tensors(op)
+    narrow = {"uint8": "uint8_t", "bfloat16": "uint16_t"}[narrow_type(op)]
+    kinds = {t: narrow if t in held else "float" for t in ("x", "add")}
+    return (BF16_SCALAR * (op.dtype == "bf16" and bool(held))
+            + f"typedef {kinds['x']} tx_t;\ntypedef {kinds['add']} tadd_t;\n" + y_storage(op))
 
 
 _CVT = """\

@@ -30,21 +30,24 @@ from tunecache.compiler.kinds.matmul.emit_tiles import (
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import threads_problem
 
-__all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "U8_CHOICES", "bf16_variant", "block_fill",
+__all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "NARROW_CHOICES", "bf16_variant", "block_fill",
            "chained_depthwise",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
-           "packed_channels", "pixel_channels", "quantizer_rows", "tiles_plane", "u8_problems",
-           "u8_tensors", "with_u8"]
+           "narrow_problems", "narrow_tensors", "narrow_type", "packed_channels", "pixel_channels",
+           "quantizer_rows", "tiles_plane", "with_narrow"]
 
-U8_TENSORS = ("x", "y", "add")
-"""The activations an int8 conv2d may hold as uint8, in the ``u8`` attribute's order."""
-U8_CHOICES = ("none", *("+".join(t for i, t in enumerate(U8_TENSORS) if mask >> i & 1)
-                        for mask in range(1, 1 << len(U8_TENSORS))))
-"""The ``u8`` attribute's values: ``none`` (the default), ``x``, ``y``, ``x+y``, ... An
+NARROW_TENSORS = ("x", "y", "add")
+"""The activations a low-precision conv2d may hold narrow (:func:`narrow_type`), in the
+``narrow`` attribute's order."""
+NARROW_CHOICES = ("none", *("+".join(t for i, t in enumerate(NARROW_TENSORS) if mask >> i & 1)
+                            for mask in range(1, 1 << len(NARROW_TENSORS))))
+"""The ``narrow`` attribute's values: ``none`` (the default), ``x``, ``y``, ``x+y``, ... An
 int8 conv2d's X as uint8 (``x``) is already quantized with ``qa`` (the kernel copies its
 bytes); its Y as uint8 (``y``) is the epilogue's last value, a whole number in 0..255 (the
 chain that quantized it ends by adding the zero point); a uint8 residual (``add``) stands
-for ``(add - aq[1]) * aq[0]``. Activations flow between int8 kernels a byte each, not four."""
+for ``(add - aq[1]) * aq[0]``. A bf16 conv2d's narrow tensors are bfloat16: X as the kernel
+would have rounded it, Y and a residual rounded to nearest (ties to even). Activations flow
+between int8 kernels a byte each and between bf16 ones two bytes, not four."""
 
 LOWP_KNOBS: dict[str, int | str] = {"algorithm": "direct", "pack_w": 1, "oh_block": 1,
                                     "loop_order": "fp", "unroll_kw": 0}
@@ -109,21 +112,29 @@ def quantizer_rows(op: OpSignature, chan: np.ndarray) -> np.ndarray:
     return out
 
 
-def u8_tensors(op: OpSignature) -> frozenset[str]:
-    """The tensors ``op`` holds as uint8 (its ``u8`` attribute)."""
-    held = op.attr("u8")
+def narrow_tensors(op: OpSignature) -> frozenset[str]:
+    """The tensors ``op`` holds narrow (its ``narrow`` attribute)."""
+    held = op.attr("narrow")
     return frozenset() if held == "none" else frozenset(held.split("+"))
 
 
-def with_u8(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
-    """``OpKind.with_u8``: ``op`` holding ``tensors`` (and those it held) as uint8, or None
-    where it cannot: not int8, or a tensor it lacks (a residual without ``add``)."""
-    held = u8_tensors(op) | tensors
+def narrow_type(op: OpSignature) -> str:
+    """The element type of the tensors ``op`` holds narrow: bfloat16 for a bf16 conv2d,
+    else uint8."""
+    return "bfloat16" if op.dtype == "bf16" else "uint8"
+
+
+def with_narrow(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
+    """``OpKind.with_narrow``: ``op`` holding ``tensors`` (and those it held) narrow, or None
+    where it cannot: float32 (but a quantizing depthwise Y), a tensor it lacks (a residual
+    without ``add``), or an int8 Y its epilogue does not quantize."""
+    held = narrow_tensors(op) | tensors
     if op.dtype == "float32" and held == {"y"} and _quantizes(op):
         return _holding(op, held)
-    if op.dtype != "int8" or not held <= set(U8_TENSORS) or (
+    if op.dtype == "float32" or not held <= set(NARROW_TENSORS) or (
             "add" in held and "add" not in operand_tensors(op.epilogue)) or (
-            "y" in held and op.epilogue[-len(U8_QUANTIZER):] != U8_QUANTIZER):
+            op.dtype == "int8" and "y" in held and
+            op.epilogue[-len(U8_QUANTIZER):] != U8_QUANTIZER):
         return None
     return _holding(op, held)
 
@@ -144,19 +155,19 @@ def _quantizes(op: OpSignature) -> bool:
 
 
 def _holding(op: OpSignature, held: frozenset[str]) -> OpSignature:
-    text = "+".join(t for t in U8_TENSORS if t in held) or "none"
+    text = "+".join(t for t in NARROW_TENSORS if t in held) or "none"
     return OpSignature(op.kind, op.dims, op.dtype,
-                       tuple((k, text if k == "u8" else v) for k, v in op.attrs), op.epilogue)
+                       tuple((k, text if k == "narrow" else v) for k, v in op.attrs), op.epilogue)
 
 
-def u8_problems(op: OpSignature) -> list[str]:
-    """Why a float32 conv2d cannot hold what its ``u8`` names (empty: it holds nothing, or
+def narrow_problems(op: OpSignature) -> list[str]:
+    """Why a float32 conv2d cannot hold what its ``narrow`` names (empty: it holds nothing, or
     only a quantized Y of a depthwise chain)."""
-    held = u8_tensors(op)
+    held = narrow_tensors(op)
     if not held or (held == {"y"} and _quantizes(op)):
         return []
-    return [f"u8={op.attr('u8')}: a float32 conv2d writes uint8 Y only, a depthwise one of "
-            f"whole 16-channel blocks whose epilogue ends {'+'.join(U8_QUANTIZER)}; the "
+    return [f"narrow={op.attr('narrow')}: a float32 conv2d writes uint8 Y only, a depthwise "
+            f"one of whole 16-channel blocks whose epilogue ends {'+'.join(U8_QUANTIZER)}; the "
             "others are an int8 conv2d's"]
 
 
@@ -164,11 +175,10 @@ def lowp_signature_problems(op: OpSignature) -> list[str]:
     """Why an int8 or bf16 conv2d signature has no kernel (empty when it has)."""
     d = op.dims_dict
     found = []
-    if u8_tensors(op) and op.dtype != "int8":
-        found.append(f"u8={op.attr('u8')} is for int8 conv2ds")
-    if "add" in u8_tensors(op) and "add" not in operand_tensors(op.epilogue):
-        found.append("u8=...add needs a residual (add or radd) in the epilogue")
-    if "y" in u8_tensors(op) and op.epilogue[-len(U8_QUANTIZER):] != U8_QUANTIZER:
+    if "add" in narrow_tensors(op) and "add" not in operand_tensors(op.epilogue):
+        found.append("narrow=...add needs a residual (add or radd) in the epilogue")
+    if op.dtype == "int8" and "y" in narrow_tensors(op) and \
+            op.epilogue[-len(U8_QUANTIZER):] != U8_QUANTIZER:
         found.append(f"a uint8 Y is quantized: the epilogue ends {'+'.join(U8_QUANTIZER)}")
     a = f"an {op.dtype}" if op.dtype[0] in "aeiou" else f"a {op.dtype}"
     if d["groups"] != 1:
@@ -269,7 +279,7 @@ def lowp_reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarra
     args = dict(zip(names, inputs, strict=True))
     plain = from_layout(args["X"], op.attr("layout"), d["C"])
     if op.dtype == "int8":
-        x = plain if "x" in u8_tensors(op) else quantize_u8(plain, args["qa"])
+        x = plain if "x" in narrow_tensors(op) else quantize_u8(plain, args["qa"])
         zero = int(np.float32(args["qa"][1]))
     else:
         x = from_bfloat16(to_bfloat16(np.asarray(plain, dtype=np.float32)))
