@@ -72,7 +72,8 @@ def apply_precision(graph: Graph, hw: HardwareSpec, precision: str) -> tuple[Gra
     steps = [_bf16_node(step, constants, hw) if isinstance(step, KernelNode) else step
              for step in graph.steps]
     changed = sum(a is not b for a, b in zip(steps, graph.steps, strict=True))
-    steps = bfloat16_activations(steps, frozenset(t.name for t in graph.outputs))
+    tiles = any(dtype == "bf16" for dtype, _ in backend_for(hw).dialect(hw).tiles)
+    steps = bfloat16_activations(steps, frozenset(t.name for t in graph.outputs), tiles)
     lowered = replace(graph, constants=MappingProxyType(constants), steps=tuple(steps))
     return lowered, PrecisionPlan(precision, "bf16" if changed else "fp32", changed,
                                   "" if changed else "no product with constant weights")

@@ -106,27 +106,29 @@ class Builder:
 # -- models --------------------------------------------------------------------------------
 
 
-def resnet_model(opset: int = 13, batch: int = 1) -> onnx.ModelProto:
+def resnet_model(opset: int = 13, batch: int = 1, width: int = 8) -> onnx.ModelProto:
     """A tiny ResNet: stem conv+BN+Relu, MaxPool, an identity block, a projection block with
-    stride 2, GlobalAveragePool, Flatten, Gemm (transB)."""
+    stride 2, GlobalAveragePool, Flatten, Gemm (transB); ``width`` channels, twice as many
+    after the projection."""
     b = Builder(opset, seed=1)
+    w1, w2 = width, 2 * width
     x = b.input("image", [batch, 3, 16, 16])
-    y = b.node("Relu", [b.bn(b.conv(x, 3, 8, 3, stride=2, name="stem"), 8, name="stem_bn")],
+    y = b.node("Relu", [b.bn(b.conv(x, 3, w1, 3, stride=2, name="stem"), w1, name="stem_bn")],
                name="stem_relu")
     y = b.node("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     # identity block: conv-bn-relu, conv-bn, add, relu
-    t = b.node("Relu", [b.bn(b.conv(y, 8, 8, 3, name="b1_conv1"), 8, name="b1_bn1")],
+    t = b.node("Relu", [b.bn(b.conv(y, w1, w1, 3, name="b1_conv1"), w1, name="b1_bn1")],
                name="b1_relu1")
-    t = b.bn(b.conv(t, 8, 8, 3, name="b1_conv2"), 8, name="b1_bn2")
+    t = b.bn(b.conv(t, w1, w1, 3, name="b1_conv2"), w1, name="b1_bn2")
     y = b.node("Relu", [b.node("Add", [t, y], name="b1_add")], name="b1_relu2")
     # projection block: stride-2 conv with bias, shortcut 1x1 conv + BN
-    t = b.node("Relu", [b.bn(b.conv(y, 8, 16, 3, stride=2, bias=True, name="b2_conv1"), 16,
+    t = b.node("Relu", [b.bn(b.conv(y, w1, w2, 3, stride=2, bias=True, name="b2_conv1"), w2,
                              name="b2_bn1")], name="b2_relu1")
-    t = b.bn(b.conv(t, 16, 16, 3, name="b2_conv2"), 16, name="b2_bn2")
-    s = b.bn(b.conv(y, 8, 16, 1, stride=2, pad=0, name="b2_short"), 16, name="b2_short_bn")
+    t = b.bn(b.conv(t, w2, w2, 3, name="b2_conv2"), w2, name="b2_bn2")
+    s = b.bn(b.conv(y, w1, w2, 1, stride=2, pad=0, name="b2_short"), w2, name="b2_short_bn")
     y = b.node("Relu", [b.node("Add", [s, t], name="b2_add")], name="b2_relu2")
     y = b.node("Flatten", [b.node("GlobalAveragePool", [y])], axis=1)
-    w = b.weight(10, 16, prefix="fc_w")
+    w = b.weight(10, w2, prefix="fc_w")
     logits = b.node("Gemm", [y, w, b.const(np.linspace(-1, 1, 10, dtype=np.float32), "fc_b")],
                     name="fc", transB=1)
     return b.model([logits], "tiny_resnet")

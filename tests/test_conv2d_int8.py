@@ -181,11 +181,13 @@ def test_uint8_activations_match_the_reference(hw: HardwareSpec, held: str, epil
 
 @pytest.mark.parametrize("hw", SPECS, ids=[_name(s) for s in SPECS])
 @pytest.mark.parametrize("held", ["x", "y", "x+y+add"])
-@pytest.mark.parametrize("layout", ["nchw", "nchw16c"])
+@pytest.mark.parametrize("layout", ["nchw", "nchw16c", "nchw32c"])
 def test_bfloat16_activations_match_the_reference(hw: HardwareSpec, held: str,
                                                   layout: str) -> None:
     # X as bfloat16 (its elements copied, the border zero), Y rounded to bfloat16 by the
-    # store, a residual read as bfloat16; the few-channel stem folds its taps (WIDE).
+    # store, a residual read as bfloat16; the few-channel stem folds its taps (WIDE). On
+    # tiles, the 1x1 reads an nchw32c X in place, its 36 pixels one tile and a last one
+    # shifted back over four of them.
     for case in (CASES[1], CASES[2], dict(N=1, C=3, H=12, W=12, F=16, R=7, S=7, pads=3,
                                           stride=2)):
         kw = dict(case)

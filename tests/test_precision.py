@@ -17,6 +17,7 @@ from test_cli_compiler import tunecache
 from tunecache.compiler import frontend
 from tunecache.compiler.graph import Graph, KernelNode, ModelError
 from tunecache.compiler.hardware import local_spec
+from tunecache.compiler.kinds.layouts import TILE_ROW_LAYOUT
 from tunecache.compiler.passes import plan_graph
 from tunecache.compiler.precision import apply_precision
 from tunecache.tuner.deploy import compile_model
@@ -25,6 +26,8 @@ HW = local_spec()
 BF16 = "avx512_bf16" in HW.features
 WITH_BF16 = replace(HW.with_isa("avx512"), features=("avx512_bf16",)) \
     if "avx512" in HW.isa else None
+WITH_TILES = None if WITH_BF16 is None else replace(
+    WITH_BF16, features=("amx_bf16", "amx_tile", "avx512_bf16"))
 
 
 def _graph(model: onnx.ModelProto) -> Graph:
@@ -150,7 +153,7 @@ def test_activations_between_bf16_convolutions_flow_as_bfloat16() -> None:
 @pytest.mark.skipif(not BF16, reason="needs a CPU with AVX512-BF16 to run bf16 kernels")
 def test_a_bf16_cnn_with_bfloat16_activations_stays_near_fp32(tmp_path: Path) -> None:
     path = tmp_path / "resnet.onnx"
-    onnx.save(resnet_model(), path)
+    onnx.save(resnet_model(width=32), path)
     compiled = compile_model(path, store=tmp_path / "store", policy="analytic",
                              precision="bf16")
     held = [n.op.attr("narrow") for n in compiled.graph.kernel_nodes if n.op.kind == "conv2d"]
@@ -162,3 +165,22 @@ def test_a_bf16_cnn_with_bfloat16_activations_stays_near_fp32(tmp_path: Path) ->
     for name, value in exact.items():
         assert ours[name].dtype == np.float32
         assert np.abs(ours[name] - value).max() <= 3e-2 * np.abs(value).max()
+
+
+@pytest.mark.skipif(WITH_TILES is None, reason="needs AVX-512 to generate bf16 kernels for")
+def test_with_bf16_tiles_activations_between_convolutions_take_tile_row_blocks() -> None:
+    assert WITH_TILES is not None and WITH_BF16 is not None
+    without, _ = apply_precision(_graph(resnet_model(width=32)), WITH_BF16, "bf16")
+    assert not any(TILE_ROW_LAYOUT in (n.op.attr("layout"), n.op.attr("out_layout"))
+                   for n in without.kernel_nodes if n.op.kind == "conv2d")
+    lowered, _ = apply_precision(_graph(resnet_model(width=32)), WITH_TILES, "bf16")
+    convs = [n for n in lowered.kernel_nodes if n.op.kind == "conv2d"]
+    wide = {n.output for n in convs if n.op.attr("out_layout") == TILE_ROW_LAYOUT}
+    assert wide  # held in 64-byte blocks: only bfloat16 between bf16 convolutions
+    assert wide <= {n.output for n in convs if "y" in n.op.attr("narrow").split("+")}
+    for node in convs:
+        names = [a.name for a in node.op.arguments() if a.role == "input"]
+        roles = dict(zip(names, node.inputs, strict=False))
+        assert (node.op.attr("layout") == TILE_ROW_LAYOUT) == (roles["X"] in wide)
+        if "add" in roles:  # a residual lies in its reader's output layout
+            assert (roles["add"] in wide) == (node.output in wide)

@@ -24,16 +24,20 @@ from tunecache.compiler.hardware import HardwareSpec
 if TYPE_CHECKING:
     from tunecache.compiler.ops import OpSignature
 
-__all__ = ["BLOCKED", "LAYOUTS", "NCHW", "channel_block", "from_blocked", "from_layout",
+__all__ = ["BLOCKED", "LAYOUTS", "NCHW", "TILE_ROW_LAYOUT", "channel_block", "from_blocked", "from_layout",
            "layout_problems", "random_tensor", "tensor_shape", "to_blocked", "to_layout",
            "with_attrs"]
 
 NCHW = "nchw"
 BLOCKED = ("nchw8c", "nchw16c")
 LAYOUTS = (NCHW, *BLOCKED)
-"""Every layout, the default (``nchw``) first."""
+"""Every layout the layout plan chooses from, the default (``nchw``) first."""
+TILE_ROW_LAYOUT = "nchw32c"
+"""Blocks of one matrix-tile row of bfloat16 (64 bytes): a bf16 conv2d on tiles reads such
+an X in place, unpacked. Only bf16 conv2ds read and write it, between each other
+(:mod:`tunecache.compiler.lowering.bf16` chooses it)."""
 
-_BLOCKS = {"nchw": 0, "nchw8c": 8, "nchw16c": 16}
+_BLOCKS = {"nchw": 0, "nchw8c": 8, "nchw16c": 16, TILE_ROW_LAYOUT: 32}
 
 
 def channel_block(layout: str) -> int:
@@ -41,7 +45,7 @@ def channel_block(layout: str) -> int:
     try:
         return _BLOCKS[layout]
     except KeyError:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}"
+        raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(_BLOCKS)}"
                          ) from None
 
 

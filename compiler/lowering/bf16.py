@@ -10,6 +10,12 @@ to bfloat16 and the readers take it as it is: X is bit for bit what the reader w
 packed; a residual is rounded once more than in float32 (what OpenVINO's bf16 inference
 does), which the policy's error against float32 reports.
 
+On hardware with bf16 matrix tiles the activations handed over so are also stored in
+blocks of one tile row (``TILE_ROW_LAYOUT``, 32 channels): a reader that would pack its X
+into such blocks (a 1x1 convolution) reads it in place. A residual lies in its reader's
+output layout, so a writer changes layout only together with every convolution it hands a
+residual to, and each of those only with the writer of its own residual.
+
 Not a registered step pass: the policy chooses bf16 after the passes have run, on the
 planned steps, and calls :func:`bfloat16_activations` then.
 """
@@ -22,6 +28,7 @@ from typing import Any
 
 from tunecache.compiler.graph import KernelNode
 from tunecache.compiler.kinds import op_kind
+from tunecache.compiler.kinds.layouts import TILE_ROW_LAYOUT, channel_block
 from tunecache.compiler.lowering import readers
 
 __all__ = ["bfloat16_activations"]
@@ -31,10 +38,18 @@ _ROLES = {"X": "x", "add": "add"}
 in the ``narrow`` vocabulary."""
 
 
-def bfloat16_activations(steps: Sequence[Any], outputs: frozenset[str]) -> list[Any]:
+def bfloat16_activations(steps: Sequence[Any], outputs: frozenset[str],
+                         tile_rows: bool = False) -> list[Any]:
     """``steps`` with every activation written and read only by bf16 kernels that can hold
-    it as bfloat16 held so; ``outputs`` (the graph's) stay float32."""
-    steps = list(steps)
+    it as bfloat16 held so; ``outputs`` (the graph's) stay float32. With ``tile_rows``
+    (the machine has bf16 matrix tiles), those activations in tile-row blocks where the
+    residuals allow."""
+    narrowed = _narrow(list(steps), outputs)
+    return _tile_row_blocks(narrowed) if tile_rows else narrowed
+
+
+def _narrow(steps: list[Any], outputs: frozenset[str]) -> list[Any]:
+    """``steps`` with the activations bf16 kernels alone write and read as bfloat16."""
     read = readers(steps)  # a rewrite changes no step's inputs
     for position, writer in enumerate(steps):
         if not isinstance(writer, KernelNode) or writer.output in outputs:
@@ -71,3 +86,65 @@ def _narrowed(step: KernelNode, role: str) -> KernelNode | None:
         return None
     op = to_narrow(step.op, frozenset({role}))
     return None if op is None else replace(step, op=op)
+
+
+def _tile_row_blocks(steps: list[Any]) -> list[Any]:
+    """``steps`` with the bfloat16 activations between bf16 kernels in tile-row blocks,
+    where every writer, reader and residual involved can change its layout together; the
+    steps as they were where a kernel cannot take the layout."""
+    moved = _movable(steps)
+    out = list(steps)
+    for at, step in enumerate(steps):
+        relayout = _relayout_of(step)
+        if relayout is None:
+            continue
+        x = _inputs_named(step, "X")
+        src = TILE_ROW_LAYOUT if x and x[0] in moved else step.op.attr("layout")
+        dst = TILE_ROW_LAYOUT if step.output in moved else step.op.attr("out_layout")
+        if (src, dst) == (step.op.attr("layout"), step.op.attr("out_layout")):
+            continue
+        op = relayout(step.op, src, dst)
+        if op is None:
+            return steps
+        out[at] = replace(step, op=op)
+    return out
+
+
+def _movable(steps: list[Any]) -> set[str]:
+    """The bfloat16 activations that can move to tile-row blocks: each written by a kernel
+    with layouts, in whole blocks of channels, whose residual (if any) moves too, and read
+    as a residual only by kernels whose outputs move too (a residual lies in its reader's
+    output layout)."""
+    block = channel_block(TILE_ROW_LAYOUT)
+    # whole blocks only: a kernel's output holds as many elements as its ONNX shape
+    moved = {s.output for s in steps
+             if _relayout_of(s) is not None and s.op.arguments()[-1].dtype == "bfloat16"
+             and len(s.output_shape) == 4 and s.output_shape[1] % block == 0}
+    writer = {s.output: s for s in steps if isinstance(s, KernelNode)}
+    residual_readers: dict[str, list[str]] = {}
+    for s in steps:
+        for t in _inputs_named(s, "add"):
+            residual_readers.setdefault(t, []).append(s.output)
+    changed = True
+    while changed:
+        kept = {t for t in moved
+                if all(a in moved for a in _inputs_named(writer[t], "add"))
+                and all(r in moved for r in residual_readers.get(t, []))}
+        changed, moved = kept != moved, kept
+    return moved
+
+
+def _relayout_of(step: Any) -> Any:
+    """The bf16 kernel ``step``'s ``OpKind.relayout`` where it has layouts, else None."""
+    if not isinstance(step, KernelNode) or step.op.dtype != "bf16":
+        return None
+    kind = op_kind(step.op.kind)
+    return kind.relayout if kind.layout_slots is not None else None
+
+
+def _inputs_named(step: Any, name: str) -> list[str]:
+    """The tensors a kernel step passes as its argument ``name`` (none for other steps)."""
+    if not isinstance(step, KernelNode):
+        return []
+    names = [a.name for a in step.op.arguments() if a.role == "input"]
+    return [t for t, n in zip(step.inputs, names, strict=False) if n == name]

@@ -67,6 +67,7 @@ from tunecache.compiler.kinds.conv2d.space import (
 from tunecache.compiler.kinds.layouts import (
     LAYOUTS,
     NCHW,
+    TILE_ROW_LAYOUT,
     channel_block,
     from_layout,
     random_tensor,
@@ -125,7 +126,9 @@ def _signature_problems(op: OpSignature) -> list[str]:
     found = []
     g = d["groups"]
     blocks = {channel_block(op.attr(name)) for name in ("layout", "out_layout")} - {0}
-    if len(blocks) > 1:
+    if TILE_ROW_LAYOUT in (op.attr("layout"), op.attr("out_layout")) and op.dtype != "bf16":
+        found.append(f"{TILE_ROW_LAYOUT} holds bfloat16 between bf16 conv2ds only")
+    elif len(blocks) > 1 and op.dtype == "float32":
         found.append(f"layout={op.attr('layout')} and out_layout={op.attr('out_layout')} "
                      "block channels differently; use one block size")
     activations = [step for step in op.epilogue if step in ACTIVATIONS]
@@ -307,7 +310,7 @@ def _relayout(op: OpSignature, src: str, dst: str) -> OpSignature | None:
     grouped, not depthwise, convolution only with whole blocks per group."""
     d = op.dims_dict
     blocks = {channel_block(src), channel_block(dst)} - {0}
-    if len(blocks) > 1:
+    if len(blocks) > 1 and op.dtype == "float32":
         return None
     if blocks and d["groups"] > 1 and not is_depthwise(op):
         x = blocks.pop()
@@ -320,7 +323,8 @@ KIND = register(OpKind(
     name="conv2d",
     spec=KindSpec(
         dims=("N", "C", "H", "W", "F", "R", "S"),
-        attrs={"layout": LAYOUTS, "out_layout": LAYOUTS, "narrow": NARROW_CHOICES},
+        attrs={"layout": (*LAYOUTS, TILE_ROW_LAYOUT), "out_layout": (*LAYOUTS, TILE_ROW_LAYOUT),
+               "narrow": NARROW_CHOICES},
         epilogues=("dequant", "bias", "add", *ACTIVATIONS),
         epilogue_tail=(*CHAIN_STEPS.values(), RESIDUAL_STEP),
         params={

@@ -37,6 +37,7 @@ from tunecache.compiler.kinds.conv2d.lowp import (
     narrow_type,
     packed_channels,
     pixel_channels,
+    reads_x_in_place,
     tiles_plane,
 )
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
@@ -57,8 +58,10 @@ _TYPES = """\
 #define CB ((KC + PIXC - 1) / PIXC)
 #define GPB (PIXC / IGROUP)
 #define FT ((FOUT + OCB - 1) / OCB)  /* FOUT: F, or a blocked Y's F with its spare lanes */
-/* a row narrower than a tile reads past its end: slack for the last row */
-#define XQ_BYTES ((((long)NB * CB * HP * KWP + OWB * KSW + S) * PIXC * (long)sizeof(ta_t) + 63) / 64 * 64)
+/* a row narrower than a tile reads past its end: slack for the last row; IN_PLACE: X is
+   Xq already (reads_x_in_place), not packed */
+#define XQ_BYTES (IN_PLACE ? 0 : \
+  (((long)NB * CB * HP * KWP + OWB * KSW + S) * PIXC * (long)sizeof(ta_t) + 63) / 64 * 64)
 #define WQ_ITEMS ((long)FT * CB * R * KS * GPB * OCB * IGROUP)
 /* Rows sweep the channel tiles in chunks of TCH whose packed weights fit WQ_CHUNK_BYTES: a
    row's pixels are read for every tile of the chunk while in L1, the chunk's weights stay
@@ -204,10 +207,8 @@ static void tc_q_pack_x(const tx_t *X, const float *qa, ta_t *Xq, long lo, long 
 """
 
 _BODY = """\
-  ta_t *Xq = (ta_t *)ws;
   long lo, hi;
-  split_range((long)NB * CB * HP, TID, NTH, &lo, &hi);
-  tc_q_pack_x((const tx_t *)X, qa, Xq, lo, hi);
+%s
 %s
   BARRIER();
   split_range((long)NB * NCH * ROWS * TCH, TID, NTH, &lo, &hi);
@@ -218,13 +219,21 @@ _BODY = """\
                item / TCH / ROWS / NCH, t, item / TCH %% ROWS);
   }
 %s"""
+_PACK_X = """\
+  ta_t *Xq = (ta_t *)ws;
+  split_range((long)NB * CB * HP, TID, NTH, &lo, &hi);
+  tc_q_pack_x((const tx_t *)X, qa, Xq, lo, hi);"""
+_X_IN_PLACE = "  const ta_t *Xq = (const ta_t *)X;\n  (void)qa;"
 
 
-def _body(once: bool, tiles: bool) -> str:
-    """The kernel's body: X packed, the weights (packed once, or here), the rows; the tile
-    kernel configures its thread's tiles around them."""
-    return _BODY % (_PACKED_ONCE if once else _PACK_PER_CALL, "  TCONFIG();\n" * tiles,
+def _body(once: bool, tiles: bool, in_place: bool) -> str:
+    """The kernel's body: X packed (or read in place), the weights (packed once, or here),
+    the rows; the tile kernel configures its thread's tiles around them."""
+    return _BODY % (_X_IN_PLACE if in_place else _PACK_X,
+                    _PACKED_ONCE if once else _PACK_PER_CALL, "  TCONFIG();\n" * tiles,
                     "  TRELEASE();\n" * tiles)
+
+
 _PACK_PER_CALL = """\
   ib_t *Wq = (ib_t *)((char *)ws + XQ_BYTES);
   if (TID == 0) tc_q_pack_w((const tb_t *)Wt, Wq);"""
@@ -419,6 +428,8 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
                  "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F"),
                  "KC": kc, "KS": ks, "WIDE": int(wide), "KSW": 1 if wide else op.dim("stride_w"),
                  "KWP": op.out_w if wide else "WP", "WQ_CHUNK_BYTES": WQ_CHUNK_BYTES}
+    in_place = reads_x_in_place(op, s)
+    constants["IN_PLACE"] = int(in_place)
     packed = PackedWeights("((WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
                            "  tc_q_pack_w((const tb_t *)weights, (ib_t *)packed);")
     ta, tb, tacc = TYPES[op.dtype]
@@ -430,10 +441,10 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
         + _activation_types(op),
         "#define VCVTI(p) tc_cvt_i32(p)\n" + _CVT if int8 else "#define VCVTI(p) VLOAD(p)\n",
         scalar_helpers(op.epilogue), _PACK_W,
-        _pack_x(op, d.lanes, pixc), _finish(op, d), _store_block(op, d) if tiles else "",
+        "" if in_place else _pack_x(op, d.lanes, pixc), _finish(op, d), _store_block(op, d) if tiles else "",
         (tile_plane if plane else tile_row)(s.ow_block // TILE_ROWS, s.oc_block // TILE_ROWS)
         if tiles else _row(s.oc_block // d.lanes, s.ow_block),
-        kernel_entries(op, lambda once: _body(once, tiles),
+        kernel_entries(op, lambda once: _body(once, tiles, in_place),
                        threads=s.threads, rename={"W": "Wt"},
                        optional=("qa", "scale", "add", "aq", CHANNEL_OPERAND),
                        ws_floats="((XQ_BYTES + WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",

@@ -57,13 +57,15 @@ def tile_plane(mt: int, nt: int) -> str:
     that plane reads Xq's pixel ``p + r * WP + s`` for tap (r, s), so 16 consecutive ones
     are one A tile ``PIXC`` apart, whatever the row width. Item ``tile`` is pixels ``tile *
     OWB ..`` of the plane: a 7x7 map (9 wide padded) computes 22% more pixels than it keeps,
-    not the 56% of a 16-pixel tile a row; a 1x1's plane is its pixels, none lost."""
+    not the 56% of a 16-pixel tile a row; a 1x1's plane is its pixels, none lost. The last
+    tile ends at the plane's end (over pixels the one before stored, not stored again), so
+    no tile reads past the plane's last row: a 1x1 reads X in place to its last byte."""
     block = tile_block(mt, nt, "xs + {r16} * PIXC, X_STRIDE", "w + {t16} * IGROUP, W_STRIDE",
                        "out + {r16} * OCB + {t16}, OCB * sizeof(tacc_t)", outer=2, inner=8)
     zero, loads, dots, stores = block.zero, block.loads, block.dots, block.stores
     return (
         _head("PIXC", "tile") +
-        "  const long p0 = tile * OWB;\n"
+        "  const long p0 = P * WP >= OWB ? MIN(tile * OWB, P * WP - OWB) : tile * OWB;\n"
         + zero +
         "  const ib_t *w = Wq + t * CB * R * KS * GPB * OCB * IGROUP;\n"
         "  for (long cb = 0; cb < CB; cb++)\n"
@@ -74,6 +76,6 @@ def tile_plane(mt: int, nt: int) -> str:
         "  long pix[OWB];\n"
         "  for (long p = 0; p < OWB; p++) {\n"
         "    const long oh = (p0 + p) / WP, ow = (p0 + p) % WP;\n"
-        "    pix[p] = oh < P && ow < Q ? oh * Q + ow : -1;\n"
+        "    pix[p] = oh < P && ow < Q && p0 + p >= tile * OWB ? oh * Q + ow : -1;\n"
         "  }\n"
         "  tc_q_store_block(out, scale, bias, add, aq, chan, Y, n, t * OCB, pix);\n}\n")

@@ -19,7 +19,7 @@ from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
-from tunecache.compiler.kinds.layouts import from_layout, to_layout
+from tunecache.compiler.kinds.layouts import channel_block, from_layout, to_layout
 from tunecache.compiler.kinds.matmul import quantize_u8, tile_dtypes
 from tunecache.compiler.kinds.matmul.emit_tiles import (
     TILE_BYTES,
@@ -34,7 +34,7 @@ __all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "NARROW_CHOICES", "bf16_variant
            "chained_depthwise",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
            "narrow_problems", "narrow_tensors", "narrow_type", "packed_channels", "pixel_channels",
-           "quantizer_rows", "tiles_plane", "with_narrow"]
+           "quantizer_rows", "reads_x_in_place", "tiles_plane", "with_narrow"]
 
 NARROW_TENSORS = ("x", "y", "add")
 """The activations a low-precision conv2d may hold narrow (:func:`narrow_type`), in the
@@ -78,6 +78,19 @@ def tiles_plane(op: OpSignature) -> bool:
     d = op.dims_dict
     folded = packed_channels(d["C"], d["S"], TILE_BYTES // op.dtype_bytes)[1] != d["S"]
     return d["stride_h"] == d["stride_w"] == 1 and not folded
+
+
+def reads_x_in_place(op: OpSignature, s: Conv2dSchedule) -> bool:
+    """Whether the tile kernel reads ``op``'s X where it lies, unpacked: X already narrow
+    (bfloat16) in blocks of one tile row (``TILE_ROW_LAYOUT``, the packed pixel's
+    channels), a 1x1 of stride 1 without padding (the packed pixels would be X's), and at
+    least one tile of pixels (the plane's last tile then ends at X's last pixel)."""
+    d = op.dims_dict
+    return (s.loop_order == "amx" and "x" in narrow_tensors(op)
+            and channel_block(op.attr("layout")) == pixel_channels(op, s)
+            and d["R"] == d["S"] == d["stride_h"] == d["stride_w"] == 1
+            and not any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r"))
+            and op.out_h * op.out_w >= s.ow_block)
 
 
 def pixel_channels(op: OpSignature, s: Conv2dSchedule) -> int:
