@@ -185,10 +185,15 @@ static inline __m512 VRCP(__m512 x) {
 #define VLOAD_U8(p) \
   _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))))
 static inline void VSTORE_BF16(void *p, __m512 v) {
+#ifdef __AVX512BF16__
+  /* the instruction rounds to nearest even too (subnormals to zero) */
+  _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh(v));
+#else
   const __m512i b = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), one);
   const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
   _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+#endif
 }
 #define VLOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32( \
   _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16))

@@ -155,9 +155,9 @@ _VECTOR_PIXEL = """\
         v = VMIN(v, vhi);
         VSTORE_U8(out + k, VADD(VSUB(VADD(v, vm), vm), vz));
       }"""
-# bf16 from a channel-blocked X: X's blocks of XB channels converted whole (a loop over XB
-# contiguous floats the compiler vectorises; tc_q_one's rounding, the same bits), blocks
-# past X's padded channels zero.
+# bf16 from a channel-blocked X: X's blocks of XB channels converted whole (whole vectors
+# by VSTORE_BF16, else tc_q_one's loop; both round to nearest even), blocks past X's padded
+# channels zero.
 _BLOCKED_PIXEL = """\
       for (long k = 0; k < PIXC; k += %(x)d) {
         const long c = cb * PIXC + k;
@@ -166,7 +166,10 @@ _BLOCKED_PIXEL = """\
           continue;
         }
         const float *src = X + (((n * %(blocks)d + c / %(x)d) * H + h) * W + w) * %(x)d;
-        for (long e = 0; e < %(x)d; e++) out[k + e] = tc_q_one(src[e]);
+        if (%(x)d %% LANES == 0)
+          for (long e = 0; e < %(x)d; e += LANES) VSTORE_BF16(out + k + e, VLOADU(src + e));
+        else
+          for (long e = 0; e < %(x)d; e++) out[k + e] = tc_q_one(src[e]);
       }"""
 # a narrow X, channel-blocked: each of X's blocks of XB channels copied whole (the fill a
 # byte: bf16's is 0).

@@ -64,7 +64,9 @@ _QUANTIZE_ROW = """\
 _ROUND_ROW = """\
     const uint32_t *restrict x = (const uint32_t *)A + i * K;
     ta_t *restrict row = Ap + i * KP;
-    for (long k = 0; k < K; k++)
+    long k = 0;
+    for (; k + LANES <= K; k += LANES) VSTORE_BF16(row + k, VLOADU((const float *)x + k));
+    for (; k < K; k++)
       row[k] = (ta_t)((x[k] + 0x7FFFu + ((x[k] >> 16) & 1u)) >> 16);"""
 _PACK_A = """/* A's rows [lo, hi) into KP-element rows, zero-padded past K. */
 static void tc_lowp_pack_a(const void *A, const float *qa, ta_t *Ap, long lo, long hi) {
