@@ -270,6 +270,26 @@ def test_float32_depthwise_convolution_writes_a_quantized_output(hw: HardwareSpe
     assert np.abs(got.astype(np.float64) - op_reference(op, inputs)).max() <= 1.0
 
 
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa + "+".join(("", *s.features)) for s in SPECS])
+@pytest.mark.parametrize("layout", ["nchw", "nchw16c"])
+@pytest.mark.parametrize("held", ["x", "x+y"])
+def test_float32_depthwise_convolution_reads_a_quantized_input(hw: HardwareSpec, layout: str,
+                                                               held: str) -> None:
+    # Its X as bytes, dequantized with xq as the kernel copies X with its zero border.
+    op = conv2d_op(1, 32, 13, 11, 32, 3, 3, pads=1, stride=2, groups=32, layout=layout,
+                   out_layout=layout, narrow=held,
+                   epilogue="bias+cmul+cadd+cdiv+cmax+cmin+qround+cadd")
+    assert [a.name for a in op.arguments()][-2:] == ["xq", "Y"]
+    inputs = random_inputs(op, seed=5)
+    assert inputs[0].dtype == np.uint8
+    got = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
+    want = op_reference(op, inputs)
+    if held == "x":
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    else:
+        assert np.abs(got.astype(np.float64) - want).max() <= 1.0
+
+
 def test_a_float32_chain_needs_a_whole_block_depthwise_direct_kernel() -> None:
     chain = "bias+cmul+cadd"
     with pytest.raises(OpSignatureError, match="depthwise"):
@@ -278,6 +298,8 @@ def test_a_float32_chain_needs_a_whole_block_depthwise_direct_kernel() -> None:
         conv2d_op(1, 24, 8, 8, 24, 3, 3, pads=1, groups=24, epilogue=chain)  # 24 channels
     with pytest.raises(OpSignatureError, match="uint8 Y only"):
         conv2d_op(1, 32, 8, 8, 32, 3, 3, pads=1, groups=32, epilogue=chain, narrow="y")
+    with pytest.raises(OpSignatureError, match="uint8 X only"):  # unpadded: read in place
+        conv2d_op(1, 32, 8, 8, 32, 3, 3, groups=32, epilogue=chain, narrow="x")
     op = conv2d_op(1, 32, 8, 8, 32, 3, 3, pads=1, groups=32, epilogue=chain)
     plane = replace(default_schedule(op, HW, 1), pack_w=0)
     assert any("pack_w=1" in p for p in problems(op, plane, HW))
@@ -297,6 +319,39 @@ def test_quantized_depthwise_chain_joins_the_convolution(tmp_path: Path) -> None
     x = rng.standard_normal((1, 32, 10, 10)).astype(np.float32)
     steps = _steps_from_onnxruntime(path, x, tmp_path)
     assert steps <= 1.0 + 1e-4, f"{steps:.3f} quantization steps apart"
+
+
+def test_an_int8_convolution_hands_the_depthwise_after_it_bytes(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime.quantization")
+    path, rng = _quantized(_expand_depthwise_cnn, tmp_path, (1, 16, 10, 10), seed=15)
+    graph = frontend.load_graph(path)
+    convs = [n for n in graph.kernel_nodes if n.op.kind == "conv2d"]
+    if convs[0].op.dtype == "int8":  # a MobileNet block: expand, depthwise, project
+        assert [c.op.attr("narrow") for c in convs] == ["y", "x+y", "x"]
+        assert convs[1].op.dtype == "float32" and convs[1].op.dim("groups") == 32
+        xq = graph.constants[convs[1].inputs[-1]]
+        assert xq.shape == (2,) and xq[0] > 0 and xq[1] == round(float(xq[1]))
+    x = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
+    steps = _steps_from_onnxruntime(path, x, tmp_path)
+    assert steps <= 1.0 + 1e-4, f"{steps:.3f} quantization steps apart"
+
+
+def _expand_depthwise_cnn(path: Path) -> Path:
+    """x -> Conv 1x1 (16 -> 32) -> Relu -> depthwise Conv 3x3 -> BatchNormalization ->
+    Relu -> Conv 1x1 (16)."""
+    rng = np.random.default_rng(16)
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1], group=32),
+             helper.make_node("BatchNormalization", ["c1", "g", "beta", "mu", "var"], ["n1"]),
+             helper.make_node("Relu", ["n1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"])]
+    inits = [_float("w0", rng.standard_normal((32, 16, 1, 1)) / 4), _float("b0", rng.random(32)),
+             _float("w1", rng.standard_normal((32, 1, 3, 3)) / 3),
+             _float("g", 0.5 + rng.random(32)), _float("beta", rng.standard_normal(32) * 0.1),
+             _float("mu", rng.standard_normal(32) * 0.1), _float("var", 0.5 + rng.random(32)),
+             _float("w2", rng.standard_normal((16, 32, 1, 1)) / 6), _float("b2", rng.random(16))]
+    return _save(path, nodes, inits, [1, 16, 10, 10], [1, 16, 10, 10])
 
 
 def _depthwise_cnn(path: Path) -> Path:

@@ -77,7 +77,8 @@ def _rewrite(position: int, steps: list[Any], read: dict[str, list[int]],
                   if role == "x"}
     wanted = {_Quantizer(np.float32(q[0]), float(q[1])) for q in quantizing if q is not None}
     if len(wanted) > 1 or len(wanted) != len(quantizing) or (tail is None and (
-            not wanted or "add" in roles)) or (tail is not None and wanted - {tail}):
+            not wanted or "add" in roles or "xq" in roles)) or (
+            tail is not None and wanted - {tail}):
         return None
     quantizer = tail if tail is not None else wanted.pop()
     if not 0.0 <= quantizer.zero <= 255.0 or quantizer.zero != round(quantizer.zero):
@@ -97,14 +98,15 @@ def _rewrite(position: int, steps: list[Any], read: dict[str, list[int]],
 
 def _role(step: Any, tensor: str) -> str | None:
     """How ``step`` reads ``tensor`` where it could take it as uint8: ``x`` (the input it
-    quantizes with ``qa``), ``add`` (its residual), else None."""
+    quantizes with ``qa``), ``add`` (its residual), ``xq`` (a float32 kernel's input, which
+    it would dequantize with ``xq``), else None."""
     if not isinstance(step, KernelNode) or op_kind(step.op.kind).with_narrow is None or \
             step.inputs.count(tensor) != 1:
         return None
     name = _argument_names(step.op)[step.inputs.index(tensor)]
     if name == "add" or (name == "X" and "qa" in _argument_names(step.op)):
         return "add" if name == "add" else "x"
-    return None
+    return "xq" if name == "X" and step.op.dtype == "float32" else None
 
 
 def _argument_names(op: OpSignature) -> list[str]:
@@ -168,8 +170,8 @@ def _writer(writer: KernelNode, quantizer: _Quantizer, paired: bool,
     inputs = list(writer.inputs)
     if chan_at is not None:
         inputs[chan_at] = chan
-    else:
-        inputs.append(chan)
+    else:  # where the op's arguments take the rows (before a uint8 X's xq)
+        inputs.insert(_argument_names(op).index(CHANNEL_OPERAND), chan)
     return replace(writer, op=op, inputs=tuple(inputs))
 
 
@@ -190,11 +192,18 @@ def _quantizer_rows(old: np.ndarray | None, paired: bool, scale: np.float32, zer
 
 def _reader(step: KernelNode, role: str, tensor: str, quantizer: _Quantizer,
             ctx: StepContext) -> KernelNode | None:
-    """``step`` taking ``tensor`` as uint8 in ``role``; a residual with its ``aq``."""
-    op = _with_narrow(step.op, step.op.epilogue, role)
+    """``step`` taking ``tensor`` as uint8 in ``role``; a residual with its ``aq``, a float32
+    kernel's input with its ``xq``."""
+    op = _with_narrow(step.op, step.op.epilogue, "x" if role == "xq" else role)
     if op is None:
         return None
     inputs = list(step.inputs)
+    if role == "xq":
+        s, z = float(quantizer.scale), quantizer.zero
+        xq = ctx.derived_constant(f"{step.name}_xq", ("u8 dequantizer", s, z), (),
+                                  lambda: np.array([s, z], np.float32))
+        inputs.insert(_argument_names(op).index("xq"), xq)
+        return replace(step, op=op, inputs=tuple(inputs))
     if role == "add":
         s, z = float(quantizer.scale), quantizer.zero
         aq = ctx.derived_constant(f"{step.name}_aq", ("u8 dequantizer", s, z), (),

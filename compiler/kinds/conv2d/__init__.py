@@ -180,6 +180,8 @@ def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
         args.append(TensorArg("aq", (2,), "input"))
     if chain_rows(op.epilogue):
         args.append(TensorArg(CHANNEL_OPERAND, (chain_rows(op.epilogue), d["F"]), "input"))
+    if "x" in held and op.dtype == "float32":  # a uint8 X's [scale, zero point]
+        args.append(TensorArg("xq", (2,), "input"))
     args.append(TensorArg("Y", out_shape, "output", activation("y")))
     return tuple(args)
 
@@ -243,12 +245,16 @@ def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     d = op.dims_dict
     has_bias = "bias" in op.epilogue
     out_layout = op.attr("out_layout")
-    y = conv2d_nchw(from_layout(inputs[0], op.attr("layout"), d["C"]), inputs[1],
+    args = dict(zip([a.name for a in op.arguments() if a.role == "input"], inputs, strict=True))
+    x = from_layout(inputs[0], op.attr("layout"), d["C"])
+    if "xq" in args:  # a uint8 X, dequantized as DequantizeLinear does
+        xq = np.asarray(args["xq"], np.float32)
+        x = (x.astype(np.float32) - xq[1]) * xq[0]
+    y = conv2d_nchw(x, inputs[1],
                     inputs[2] if has_bias else None,
                     (d["stride_h"], d["stride_w"]),
                     (d["pad_t"], d["pad_l"], d["pad_b"], d["pad_r"]),
                     (d["dil_h"], d["dil_w"]), d["groups"])
-    args = dict(zip([a.name for a in op.arguments() if a.role == "input"], inputs, strict=True))
     operands: dict[str, np.ndarray] = {}
     if "add" in args:
         operands["add"] = from_layout(args["add"], out_layout, d["F"])
@@ -281,7 +287,7 @@ def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarra
             out.append(to_bfloat16(add) if arg.dtype == "bfloat16" else add)
         elif arg.dtype == "bfloat16":
             out.append(to_bfloat16(rng.standard_normal(arg.shape, dtype=np.float32)))
-        elif arg.name in ("qa", "aq"):
+        elif arg.name in ("qa", "aq", "xq"):
             out.append(np.array([1 / 32, 128], np.float32))
         elif arg.name == CHANNEL_OPERAND and "y" in narrow_tensors(op):
             out.append(quantizer_rows(op, rng.standard_normal(arg.shape, dtype=np.float32)))

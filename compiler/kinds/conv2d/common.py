@@ -53,6 +53,15 @@ def y_storage(op: OpSignature) -> str:
     return "typedef float ty_t;\n#define TY(u) (u)\n#define TY_STORE(p, v) VSTOREU((p), (v))\n"
 
 
+def x_storage(op: OpSignature) -> str:
+    """C of the direct kernel's X element type ``tx_t`` and ``X_U8``: float, or uint8 where a
+    float32 depthwise ``op`` reads X quantized (``narrow=x``, dequantized with ``xq`` as its
+    rows are copied)."""
+    if op.attr("narrow") != "none" and "x" in op.attr("narrow").split("+"):
+        return "#include <stdint.h>\ntypedef uint8_t tx_t;\n#define X_U8 1\n"
+    return "typedef float tx_t;\n#define X_U8 0\n"
+
+
 def conv2d_entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool,
                    items: str = "WPACK_ITEMS", packed_ws_floats: str | None = None,
                    chain: bool = False) -> str:
@@ -68,10 +77,10 @@ def conv2d_entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool,
     as :func:`y_storage`'s ``ty_t``.
     """
     packed = PackedWeights("WB_FLOATS", f"  pack_weights(weights, packed, 0, {items});")
-    rows, y = (" chan,", "(ty_t *)Y") if chain else ("", "Y")
+    x, rows, y = ("(const tx_t *)X", " chan, xq,", "(ty_t *)Y") if chain else ("X", "", "Y")
     return kernel_entries(
-        op, lambda is_packed: f"conv_body(X, Wt, bias, add,{rows} {y}, ws, TID, NTH, "
+        op, lambda is_packed: f"conv_body({x}, Wt, bias, add,{rows} {y}, ws, TID, NTH, "
                               f"{int(is_packed)});",
         threads=threads, ws_floats=ws_floats, rename={"W": "Wt"},
-        optional=("bias", "add", CHANNEL_OPERAND) if chain else ("bias", "add"),
+        optional=("bias", "add", CHANNEL_OPERAND, "xq") if chain else ("bias", "add"),
         packed=packed if prepack else None, packed_ws_floats=packed_ws_floats)

@@ -14,7 +14,9 @@ from tunecache.compiler.kinds.conv2d.direct_plan import DirectPlan
 
 _DW_PACK_INPUT = """\
 /* Xb[n][cb][hp][wp][OCB]: zero-padded, channels blocked across groups. Items: (n, cb, hp). */
-static void pack_input(const float *restrict X, float *restrict Xb, long lo, long hi) {
+static void pack_input(const tx_t *restrict X, float *restrict Xb, long lo, long hi,
+                       const float *xq) {
+  (void)xq;  /* a uint8 X (X_U8) dequantized with xq = [scale, zero point] */
   for (long t = lo; t < hi; t++) {
     const long hp = t % HP, cb = (t / HP) % NCB, n = t / (HP * NCB);
     float *restrict dst = Xb + t * (WP * OCB);
@@ -25,8 +27,12 @@ static void pack_input(const float *restrict X, float *restrict Xb, long lo, lon
     for (long o = 0; o < OCB; o++) {
       const long c = cb * OCB + o;
       if (c >= C) { for (long iw = 0; iw < W; iw++) dst[(PL + iw) * OCB + o] = 0.0f; continue; }
-      const float *restrict src = X + ((n * C + c) * H + ih) * W;
+      const tx_t *restrict src = X + ((n * C + c) * H + ih) * W;
+#if X_U8
+      for (long iw = 0; iw < W; iw++) dst[(PL + iw) * OCB + o] = ((float)src[iw] - xq[1]) * xq[0];
+#else
       for (long iw = 0; iw < W; iw++) dst[(PL + iw) * OCB + o] = src[iw];
+#endif
     }
   }
 }
@@ -46,7 +52,9 @@ static void pack_weights(const float *restrict Wt, float *restrict Wb, long lo, 
 
 _DENSE_PACK_INPUT = """\
 /* Xb[n][g][cb][hp][wp][ICB]: zero-padded, channel-blocked. Items: (n, g, cb, hp). */
-static void pack_input(const float *restrict X, float *restrict Xb, long lo, long hi) {
+static void pack_input(const tx_t *restrict X, float *restrict Xb, long lo, long hi,
+                       const float *xq) {
+  (void)xq;
   for (long t = lo; t < hi; t++) {
     const long hp = t % HP, cb = (t / HP) % NCB, g = (t / (HP * NCB)) % G;
     const long n = t / (HP * NCB * G);
@@ -92,14 +100,21 @@ static void pack_weights(const float *restrict Wt, float *restrict Wb, long lo, 
 # A blocked input whose blocks are the kernel's channel blocks, with a zero border: one
 # memcpy per row instead of NCHW's per-element transposition.
 _PADDED_ROWS = """\
-/* dst[r][wp][XI] = padded rows hp0 + r (r < rows) of input block nb (image and block). */
-static inline void padded_rows(float *restrict dst, const float *restrict X, long nb, long hp0,
-                               long rows) {
+/* dst[r][wp][XI] = padded rows hp0 + r (r < rows) of input block nb (image and block); a
+   uint8 X (X_U8) dequantized with xq = [scale, zero point] on the way. */
+static inline void padded_rows(float *restrict dst, const tx_t *restrict X, long nb, long hp0,
+                               long rows, const float *xq) {
+  (void)xq;
   for (long r = 0; r < rows; r++, dst += WP * XI) {
     const long ih = hp0 + r - PT;
     if (ih < 0 || ih >= H) { memset(dst, 0, sizeof(float) * WP * XI); continue; }
     memset(dst, 0, sizeof(float) * PL * XI);
+#if X_U8
+    const tx_t *restrict src = X + (nb * H + ih) * (W * XI);
+    for (long i = 0; i < W * XI; i++) dst[PL * XI + i] = ((float)src[i] - xq[1]) * xq[0];
+#else
     memcpy(dst + PL * XI, X + (nb * H + ih) * (W * XI), sizeof(float) * W * XI);
+#endif
     memset(dst + (PL + W) * XI, 0, sizeof(float) * (WP - PL - W) * XI);
   }
 }
@@ -107,9 +122,10 @@ static inline void padded_rows(float *restrict dst, const float *restrict X, lon
 
 _ROWS_PACK_INPUT = _PADDED_ROWS + """\
 /* Xb[n][b][hp][wp][XI]: the blocked input with its zero border. Items: (n, b, hp). */
-static void pack_input(const float *restrict X, float *restrict Xb, long lo, long hi) {
+static void pack_input(const tx_t *restrict X, float *restrict Xb, long lo, long hi,
+                       const float *xq) {
   for (long t = lo; t < hi; t++)
-    padded_rows(Xb + t * (WP * XI), X, t / HP, t % HP, 1);
+    padded_rows(Xb + t * (WP * XI), X, t / HP, t % HP, 1, xq);
 }
 """
 
@@ -119,9 +135,9 @@ static void pack_input(const float *restrict X, float *restrict Xb, long lo, lon
 # model, where that buffer is cold, its writes cost as much as the convolution.
 _BAND_PACK_INPUT = _PADDED_ROWS + """\
 /* band[r][wp][XI] = padded rows hp0 + r (r < rows) of input block nb (image and block). */
-static void pack_band(const float *restrict X, float *restrict band, long nb, long hp0,
-                      long rows) {
-  padded_rows(band, X, nb, hp0, rows);
+static void pack_band(const tx_t *restrict X, float *restrict band, long nb, long hp0,
+                      long rows, const float *xq) {
+  padded_rows(band, X, nb, hp0, rows, xq);
 }
 """
 
@@ -132,10 +148,10 @@ static void pack_band(const float *restrict X, float *restrict band, long nb, lo
 # time alone, its writes leaving L2 before the tiles read them back (change 80).
 _DENSE_BAND_PACK_INPUT = _PADDED_ROWS + """\
 /* band[cb][r][wp][XI] = padded rows hp0 + r (r < rows) of every input block of image n. */
-static void pack_band(const float *restrict X, float *restrict band, long n, long hp0,
-                      long rows) {
+static void pack_band(const tx_t *restrict X, float *restrict band, long n, long hp0,
+                      long rows, const float *xq) {
   for (long cb = 0; cb < CBX; cb++)
-    padded_rows(band + cb * (BAND_ROWS * WP * XI), X, n * CBX + cb, hp0, rows);
+    padded_rows(band + cb * (BAND_ROWS * WP * XI), X, n * CBX + cb, hp0, rows, xq);
 }
 """
 
@@ -172,7 +188,7 @@ def pack_code(plan: DirectPlan) -> str:
 
 DENSE_BAND_REFRESH = """
       if (n != band_nb || p0 != band_p0) {
-        pack_band(X, band, n, p0 * SH, MIN(BAND_ROWS, HP - p0 * SH));
+        pack_band(X, band, n, p0 * SH, MIN(BAND_ROWS, HP - p0 * SH), xq);
         band_nb = n;
         band_p0 = p0;
       }"""
@@ -180,7 +196,7 @@ DENSE_BAND_REFRESH = """
 BAND_REFRESH = """
       const long nb = n * CBX + (gf * OCB) / XI;
       if (nb != band_nb || p0 < band_p0 || p0 >= band_p0 + BAND_TILES * TH) {
-        pack_band(X, band, nb, p0 * SH, MIN(BAND_ROWS, HP - p0 * SH));
+        pack_band(X, band, nb, p0 * SH, MIN(BAND_ROWS, HP - p0 * SH), xq);
         band_nb = nb;
         band_p0 = p0;
       }"""

@@ -13,7 +13,12 @@ import textwrap
 from tunecache.compiler.codegen.abi import ALIGN_FLOATS, preamble
 from tunecache.compiler.codegen.epilogue import chain_rows, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.kinds.conv2d.common import conv2d_entries, shape_constants, y_storage
+from tunecache.compiler.kinds.conv2d.common import (
+    conv2d_entries,
+    shape_constants,
+    x_storage,
+    y_storage,
+)
 from tunecache.compiler.kinds.conv2d.direct_pack import BAND_REFRESH, DENSE_BAND_REFRESH, pack_code
 from tunecache.compiler.kinds.conv2d.direct_plan import (
     DirectPlan,
@@ -158,7 +163,7 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: DirectPl
     else:
         head = "  float *Xb = ws, *Wb_ws = ws + OFF_WB;\n"
         pack = ("  { long lo, hi; split_range(PACK_ITEMS, tid, nth, &lo, &hi); "
-                "pack_input(X, Xb, lo, hi); }\n")
+                "pack_input(X, Xb, lo, hi, xq); }\n")
     head += "  const float *Wb = packed ? Wt : Wb_ws;\n"
     if kcb:
         head += "  float *part = ws + OFF_PART + tid * PART_STRIDE;\n"
@@ -191,11 +196,11 @@ def _conv_body(op: OpSignature, s: Conv2dSchedule, d: IsaDialect, plan: DirectPl
         tail = ("  { long lo, hi; split_range(NB * P * Q, tid, nth, &lo, &hi); "
                 "zero_lanes(Y, lo, hi); }\n")
     return f"""\
-static void conv_body(const float *restrict X, const float *restrict Wt,
+static void conv_body(const tx_t *restrict X, const float *restrict Wt,
                       const float *restrict bias, const float *restrict add,
-                      const float *restrict chan, ty_t *restrict Y,
+                      const float *restrict chan, const float *restrict xq, ty_t *restrict Y,
                       float *ws, int tid, int nth, int packed) {{
-  (void)chan;
+  (void)chan; (void)xq;
 {head}{pack}  if (!packed) {{
     long lo, hi; split_range(WPACK_ITEMS, tid, nth, &lo, &hi); pack_weights(Wt, Wb_ws, lo, hi);
   }}
@@ -245,7 +250,7 @@ def generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
                          PART_STRIDE=stride)
         ws_floats += s.threads * stride
     out = [preamble(d, constants, s.threads), *filter(None, [scalar_helpers(op.epilogue)]),
-           y_storage(op), pack_code(plan)]
+           y_storage(op), x_storage(op), pack_code(plan)]
     flat = flat_taps(op, s, plan.depthwise)
     if flat:
         out.append(tap_table(op))

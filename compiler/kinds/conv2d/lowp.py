@@ -142,7 +142,7 @@ def with_narrow(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
     where it cannot: float32 (but a quantizing depthwise Y), a tensor it lacks (a residual
     without ``add``), or an int8 Y its epilogue does not quantize."""
     held = narrow_tensors(op) | tensors
-    if op.dtype == "float32" and held == {"y"} and _quantizes(op):
+    if op.dtype == "float32" and not _float_narrow_problem(op, held):
         return _holding(op, held)
     if op.dtype == "float32" or not held <= set(NARROW_TENSORS) or (
             "add" in held and "add" not in operand_tensors(op.epilogue)) or (
@@ -161,6 +161,24 @@ def chained_depthwise(op: OpSignature) -> bool:
     return op.dtype == "float32" and d["groups"] == d["C"] == d["F"] and d["F"] % 16 == 0
 
 
+def _float_narrow_problem(op: OpSignature, held: frozenset[str]) -> str:
+    """Why a float32 conv2d cannot hold ``held`` narrow (empty: it can). Only a chained
+    depthwise one may: a uint8 Y where its chain ends with the quantizer, a uint8 X
+    (dequantized with ``xq``) where it is padded, so its kernel copies X with its border
+    (into a band of rows, or whole from a plain X) and dequantizes it there."""
+    if not held <= {"x", "y"}:
+        return "a float32 conv2d holds only X and Y narrow"
+    if "y" in held and not _quantizes(op):
+        return (f"a float32 conv2d writes uint8 Y only as a depthwise one of whole 16-channel "
+                f"blocks whose epilogue ends {'+'.join(U8_QUANTIZER)}")
+    d = op.dims_dict
+    if "x" in held and not (chained_depthwise(op)
+                            and any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r"))):
+        return ("a float32 conv2d reads uint8 X only as a depthwise one of whole 16-channel "
+                "blocks with padding (its kernel copies X with its border)")
+    return ""
+
+
 def _quantizes(op: OpSignature) -> bool:
     """Whether a float32 conv2d's epilogue ends with the quantizer (a depthwise one's
     chain: its kernel then stores bytes, for the int8 convolution reading them)."""
@@ -177,11 +195,8 @@ def narrow_problems(op: OpSignature) -> list[str]:
     """Why a float32 conv2d cannot hold what its ``narrow`` names (empty: it holds nothing, or
     only a quantized Y of a depthwise chain)."""
     held = narrow_tensors(op)
-    if not held or (held == {"y"} and _quantizes(op)):
-        return []
-    return [f"narrow={op.attr('narrow')}: a float32 conv2d writes uint8 Y only, a depthwise "
-            f"one of whole 16-channel blocks whose epilogue ends {'+'.join(U8_QUANTIZER)}; the "
-            "others are an int8 conv2d's"]
+    problem = _float_narrow_problem(op, held) if held else ""
+    return [f"narrow={op.attr('narrow')}: {problem}"] if problem else []
 
 
 def lowp_signature_problems(op: OpSignature) -> list[str]:

@@ -172,9 +172,10 @@ def conv2d_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> lis
         return found
     if s.algorithm == "winograd":
         return _winograd_problems(op, s, hw)
-    if chain_rows(op.epilogue) and not (direct and s.pack_w == 1):
-        found.append("an element-wise chain runs in the direct kernel's stores: "
-                     "algorithm=direct with pack_w=1")
+    if (chain_rows(op.epilogue) or op.attr("narrow") != "none") and \
+            not (direct and s.pack_w == 1):
+        found.append("an element-wise chain or a narrow activation needs the direct "
+                     "kernel: algorithm=direct with pack_w=1")
     blocked = _blocked_problems(op, s, hw)
     if direct and s.pack_w == 0 and is_depthwise(op):
         return found + _plane_problems(op, s, hw) + blocked
