@@ -417,7 +417,7 @@ def test_blocked_kernels_skip_the_layout_conversions() -> None:
         assert "#define TY_STORE(p, v) VSTOREU((p), (v))" in blocked  # float32 Y
         assert "y[j] = TY(v);" not in blocked
     plain = code(conv2d_op(1, 32, 8, 8, 32, 1, 1))
-    assert "pack_input(X, Xb, lo, hi)" in plain and "y[j] = TY(v);" in plain
+    assert "pack_input(X, Xb, lo, hi, xq)" in plain and "y[j] = TY(v);" in plain
 
 
 def test_blocked_input_skips_the_copy_in_the_estimate() -> None:
