@@ -2,12 +2,14 @@
 rules, the knobs their kernel has (``emit_lowp.py``), its default schedule and the numpy
 reference.
 
-Both are dense (one group), undilated and take float32 X. An int8 conv2d has ``qa = [scale,
+Both are dense (one group), undilated and take float32 X (or X already narrow: the
+``narrow`` attribute, :data:`NARROW_CHOICES`). An int8 conv2d has ``qa = [scale,
 zero point]`` (X quantized to uint8 inside the kernel, the padding at the zero point), int8 W
 ``[F,C,R,S]`` and an epilogue that starts ``dequant+bias``: per-output-channel scales, then
 the bias that holds the zero point's term, then ``add`` and an activation as for float32. A
 bf16 conv2d rounds X to bfloat16 inside the kernel, takes bfloat16 W and accumulates in
-float32; its epilogue is float32's.
+float32; its epilogue is float32's. The narrow rules of a chained float32 depthwise conv2d
+(uint8 Y, uint8 X with ``xq``) live here too, beside the int8 ones they pair with.
 """
 
 from __future__ import annotations
