@@ -217,3 +217,6 @@ def test_uint8_activations_are_named_in_the_signature() -> None:
     bf16 = conv2d_op(1, 16, 8, 8, 32, 3, 3, dtype="bf16", narrow="x+y", epilogue="bias+relu")
     args = {a.name: a.dtype for a in bf16.arguments()}
     assert args["X"] == args["Y"] == "bfloat16"  # a bf16 conv2d's narrow tensors
+    with pytest.raises(OpSignatureError, match="nchw32c holds bfloat16"):
+        conv2d_op(1, 32, 8, 8, 32, 1, 1, dtype="int8", layout="nchw32c", out_layout="nchw32c",
+                  epilogue="dequant+bias")

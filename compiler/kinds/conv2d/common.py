@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries
 from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND
+from tunecache.compiler.kinds.conv2d.lowp import narrow_tensors
 from tunecache.compiler.ops import OpSignature
 
 
@@ -44,7 +45,7 @@ def y_storage(op: OpSignature) -> str:
     a vector; float, uint8 where ``op`` writes its output quantized (``narrow=...y``, the
     epilogue's values whole numbers in 0..255 by then), or bfloat16 where a bf16 ``op``
     writes it narrow (after :data:`BF16_SCALAR`)."""
-    if op.attr("narrow") != "none" and "y" in op.attr("narrow").split("+"):
+    if "y" in narrow_tensors(op):
         if op.dtype == "bf16":
             return ("typedef uint16_t ty_t;\n#define TY(u) tc_bf16_round(u)\n"
                     "#define TY_STORE(p, v) VSTORE_BF16((p), (v))\n")
@@ -57,7 +58,7 @@ def x_storage(op: OpSignature) -> str:
     """C of the direct kernel's X element type ``tx_t`` and ``X_U8``: float, or uint8 where a
     float32 depthwise ``op`` reads X quantized (``narrow=x``, dequantized with ``xq`` as its
     rows are copied)."""
-    if op.attr("narrow") != "none" and "x" in op.attr("narrow").split("+"):
+    if "x" in narrow_tensors(op):
         return "#include <stdint.h>\ntypedef uint8_t tx_t;\n#define X_U8 1\n"
     return "typedef float tx_t;\n#define X_U8 0\n"
 

@@ -101,16 +101,12 @@ static inline ta_t tc_q_one(float x, float scale, float z) {
   return (ta_t)(int)((v + 12582912.0f) - 12582912.0f + z);
 }""", "const float scale = qa[0], z = qa[1];\n  const ta_t fill = (ta_t)(int)z;",
              "tc_q_one(X_AT, scale, z)"),
-    # bfloat16, nearest with ties to even; the border and the channels past C are zero
-    "bf16": ("""\
-static inline ta_t tc_q_one(float v) {
-  uint32_t b;
-  memcpy(&b, &v, sizeof b);
-  return (ta_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}""", "(void)qa;\n  const ta_t fill = 0;", "tc_q_one(X_AT)"),
+    # bfloat16 (BF16_SCALAR's rounding); the border and the channels past C are zero
+    "bf16": ("", "(void)qa;\n  const ta_t fill = 0;", "tc_bf16_round(X_AT)"),
 }
-"""Per dtype: ``tc_q_one`` converting one float of X as Xq holds it, the packing's setup
-(``fill``: Xq's border) and the call converting ``X_AT``."""
+"""Per dtype: the helper converting one float of X as Xq holds it (int8's ``tc_q_one``;
+bf16's is :data:`BF16_SCALAR`'s ``tc_bf16_round``), the packing's setup (``fill``: Xq's
+border) and the call converting ``X_AT``."""
 _NARROW_X = {"int8": ("", "const ta_t fill = (ta_t)(int)qa[1];", "X_AT"),
              "bf16": ("", "(void)qa;\n  const ta_t fill = 0;", "X_AT")}
 """``_CONVERT`` for an X held narrow (already uint8 or bfloat16, its elements copied)."""
@@ -170,7 +166,7 @@ _VECTOR_PIXEL = """\
         VSTORE_U8(out + k, VADD(VSUB(VADD(v, vm), vm), vz));
       }"""
 # bf16 from a channel-blocked X: X's blocks of XB channels converted whole (whole vectors
-# by VSTORE_BF16, else tc_q_one's loop; both round to nearest even), blocks past X's padded
+# by VSTORE_BF16, else tc_bf16_round's loop; both round to nearest even), blocks past X's padded
 # channels zero.
 _BLOCKED_PIXEL = """\
       for (long k = 0; k < PIXC; k += %(x)d) {
@@ -183,7 +179,7 @@ _BLOCKED_PIXEL = """\
         if (%(x)d %% LANES == 0)
           for (long e = 0; e < %(x)d; e += LANES) VSTORE_BF16(out + k + e, VLOADU(src + e));
         else
-          for (long e = 0; e < %(x)d; e++) out[k + e] = tc_q_one(src[e]);
+          for (long e = 0; e < %(x)d; e++) out[k + e] = tc_bf16_round(src[e]);
       }"""
 # a narrow X, channel-blocked: each of X's blocks of XB channels copied whole (the fill a
 # byte: bf16's is 0).
@@ -363,9 +359,9 @@ def _plain_vectors(op: OpSignature) -> str:
     residual gathered from those planes first (a quantized MobileNet's 24-channel 1x1s
     add theirs: element by element they spent 0.46 of 0.48 ms in the epilogue)."""
     held = narrow_tensors(op)
-    gather = {"uint8": "(float)add[at + k * (long)P * Q]",
-              "bfloat16": "tc_bf16_value(add[at + k * (long)P * Q])"}.get(
-        narrow_type(op) if "add" in held else "", "add[at + k * (long)P * Q]")
+    gather = "add[at + k * (long)P * Q]"
+    if "add" in held:
+        gather = {"uint8": "(float)%s", "bfloat16": "tc_bf16_value(%s)"}[narrow_type(op)] % gather
     vector, _ = _operands(op, False)
     part, _ = _operands(op, True)
     if "add" in operand_tensors(op.epilogue):
@@ -501,7 +497,7 @@ def _activation_types(op: OpSignature) -> str:
     held = narrow_tensors(op)
     narrow = {"uint8": "uint8_t", "bfloat16": "uint16_t"}[narrow_type(op)]
     kinds = {t: narrow if t in held else "float" for t in ("x", "add")}
-    return (BF16_SCALAR * (op.dtype == "bf16" and bool(held))
+    return (BF16_SCALAR * (op.dtype == "bf16")
             + f"typedef {kinds['x']} tx_t;\ntypedef {kinds['add']} tadd_t;\n" + y_storage(op))
 
 
