@@ -381,6 +381,31 @@ def _plain_vectors(op: OpSignature) -> str:
             "      continue;\n    }\n")
 
 
+def _plain_block(op: OpSignature, d: IsaDialect) -> str:
+    """``tc_q_store_block``'s path into a plain Y for a tile of consecutive pixels of the
+    plane: channel by channel, ``LANES`` pixels a vector (gathered down the tile's column
+    of accumulators), the per-channel operands broadcast, a residual and Y read and written
+    along the plane. Pixel by pixel, each channel vector went out to as many planes, through
+    the stack: MobileNet-v2's 144->24 1x1 with its bfloat16 residual at 56x56 took 0.23 ms,
+    0.11 of it storing."""
+    add = "VLOADU(add + at)"
+    if "add" in narrow_tensors(op):
+        add = {"bfloat16": "VLOAD_BF16(add + at)",
+               "uint8": "VMUL(VSUB(VLOAD_U8(add + at), VSET1(aq[1])), VSET1(aq[0]))"}[
+                   narrow_type(op)]
+    operands = {"scale": "VSET1(scale[f])", "bias": "VSET1(bias[f])", "add": add,
+                CHANNEL_OPERAND: "VSET1(chan[{i} * F + f])"}
+    column = ", ".join(f"(float)acc[(p + {lane}) * OCB + k]" for lane in range(d.lanes))
+    return ("  if (OWB % LANES == 0 && pix[0] >= 0 && pix[OWB - 1] - pix[0] == OWB - 1) {\n"
+            "    for (long k = 0; k < OCB && f0 + k < F; k++) {\n"
+            "      const long f = f0 + k;\n"
+            "      for (long p = 0; p < OWB; p += LANES) {\n"
+            "        const long at = (n * F + f) * P * Q + pix[0] + p;\n"
+            f"        vec v = (vec){{{column}}};\n"
+            f"        {render(op.epilogue, 'v', operands, vector=True)}\n"
+            "        TY_STORE(Y + at, v);\n      }\n    }\n    return;\n  }\n")
+
+
 def _store_block(op: OpSignature, d: IsaDialect) -> str:
     """``tc_q_store_block``: a tile's ``OWB`` pixels (``pix[p]``: the pixel's index in Y's
     plane, -1 for one not stored) of ``OCB`` channels from ``f0``, through the epilogue into
@@ -395,7 +420,9 @@ def _store_block(op: OpSignature, d: IsaDialect) -> str:
     each = ("  for (long p = 0; p < OWB; p++)\n    if (pix[p] >= 0)\n"
             "      tc_q_store(acc + p * OCB, scale, bias, add, aq, chan, Y, n, f0, pix[p] / Q,\n"
             "                 pix[p] % Q);\n")
-    if not x or x % d.lanes:
+    if not x:
+        return head + _plain_block(op, d) + each + "}\n"
+    if x % d.lanes:
         return head + each + "}\n"
     vector, _ = _operands(op, False)
     rows = chain_rows(op.epilogue)
