@@ -216,7 +216,7 @@ def kernel_ops(path: str | Path | onnx.ModelProto,
         from tunecache.compiler.passes import plan_graph
         from tunecache.compiler.precision import apply_precision
 
-        graph, _ = apply_precision(plan_graph(graph, hw), hw, precision)
+        graph, _ = apply_precision(plan_graph(graph, hw, precision=precision), hw, precision)
     users: dict[OpSignature, list[str]] = {}
     for node in graph.kernel_nodes:
         users.setdefault(node.op, []).append(node.name)

@@ -14,13 +14,18 @@ to its result).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from tunecache.compiler.graph import VIEW_OPS, Graph, KernelNode, OnnxNode, Step
 from tunecache.compiler.kinds import all_kinds
 from tunecache.compiler.ops import OpSignature
 
-__all__ = ["fuse_pairs", "fused_op"]
+__all__ = ["KeepApart", "fuse_pairs", "fused_op"]
+
+KeepApart = Callable[[KernelNode, OpSignature], bool]
+"""A veto on one fusion: given the producer and the fused op, whether to leave the pair
+apart (the precision policy's: a product it lowers is not fused into an op it would not)."""
 
 
 def fused_op(producer: OpSignature, reader: OpSignature) -> OpSignature | None:
@@ -41,14 +46,16 @@ def _readers(graph: Graph) -> dict[str, list[Step]]:
     return out
 
 
-def _fused_node(producer: KernelNode, reader: Step, read: str) -> KernelNode | None:
+def _fused_node(producer: KernelNode, reader: Step, read: str,
+                keep_apart: KeepApart | None = None) -> KernelNode | None:
     """The node running ``producer`` then ``reader`` (whose first input is ``read``: the
-    producer's result or a view of it) and writing what the reader wrote, or None."""
+    producer's result or a view of it) and writing what the reader wrote, or None (also
+    where ``keep_apart`` vetoes it)."""
     if (not isinstance(reader, KernelNode) or reader.inputs[0] != read
             or read in reader.inputs[1:]):
         return None
     op = fused_op(producer.op, reader.op)
-    if op is None:
+    if op is None or (keep_apart is not None and keep_apart(producer, op)):
         return None
     return KernelNode(f"{producer.name}+{reader.name}", producer.nodes + reader.nodes, op,
                       producer.inputs + reader.inputs[1:], reader.output, reader.output_shape)
@@ -62,7 +69,8 @@ def _is_view(node: OnnxNode) -> bool:
 class _Fuser:
     """One pass over a graph's steps: which steps are replaced, renamed or dropped."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, keep_apart: KeepApart | None) -> None:
+        self.keep_apart = keep_apart
         self.readers = _readers(graph)
         self.outputs = {o.name for o in graph.outputs}
         self.replaced: dict[str, Step] = {}
@@ -78,7 +86,7 @@ class _Fuser:
         reader = self._sole_reader(step.output)
         if reader is None:
             return
-        node = _fused_node(step, reader, step.output)
+        node = _fused_node(step, reader, step.output, self.keep_apart)
         if node is not None:
             self.replaced[reader.name] = node
             self.dropped.add(step.name)
@@ -91,7 +99,7 @@ class _Fuser:
         after = self._sole_reader(reader.outputs[0])
         if after is None or not isinstance(after, KernelNode) or after.name in self.dropped:
             return
-        node = _fused_node(step, after, reader.outputs[0])
+        node = _fused_node(step, after, reader.outputs[0], self.keep_apart)
         if node is None:
             return
         self.replaced[step.name] = replace(node, output=step.output,
@@ -100,11 +108,11 @@ class _Fuser:
         self.dropped.add(after.name)
 
 
-def fuse_pairs(graph: Graph) -> tuple[Graph, int]:
+def fuse_pairs(graph: Graph, keep_apart: KeepApart | None = None) -> tuple[Graph, int]:
     """``graph`` with every fusable producer-reader pair of kernel nodes fused (a reshaping
-    node between them stays, renamed), and how many pairs were (``graph`` itself when
-    none)."""
-    fuser = _Fuser(graph)
+    node between them stays, renamed) but those ``keep_apart`` vetoes, and how many pairs
+    were (``graph`` itself when none)."""
+    fuser = _Fuser(graph, keep_apart)
     for step in graph.steps:
         if (isinstance(step, KernelNode) and step.name not in fuser.dropped
                 and step.name not in fuser.replaced):

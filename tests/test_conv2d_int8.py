@@ -220,3 +220,33 @@ def test_uint8_activations_are_named_in_the_signature() -> None:
     with pytest.raises(OpSignatureError, match="nchw32c holds bfloat16"):
         conv2d_op(1, 32, 8, 8, 32, 1, 1, dtype="int8", layout="nchw32c", out_layout="nchw32c",
                   epilogue="dequant+bias")
+
+
+@pytest.mark.parametrize("hw", SPECS, ids=[_name(s) for s in SPECS])
+@pytest.mark.parametrize("held", ["none", "x", "y", "x+y"])
+@pytest.mark.parametrize("layout", ["nchw", "nchw16c"])
+def test_bf16_depthwise_convolution_holds_bfloat16_activations(hw: HardwareSpec, held: str,
+                                                               layout: str) -> None:
+    # The float32 depthwise kernel: weights given as floats, X widened from bfloat16 as its
+    # padded rows are copied, Y rounded by the store; strided and not, ragged rows.
+    for stride in (1, 2):
+        op = conv2d_op(1, 32, 9, 11, 32, 3, 3, pads=1, stride=stride, groups=32, dtype="bf16",
+                       epilogue="bias+clip6", layout=layout, out_layout="nchw16c",
+                       narrow=held)
+        args = {a.name: a.dtype for a in op.arguments()}
+        assert args["W"] == "float32"
+        assert args["X"] == ("bfloat16" if "x" in held else "float32")
+        inputs = random_inputs(op, seed=8)
+        out = compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs)
+        assert out.dtype == (np.uint16 if "y" in held else np.float32)
+        assert check_result(op, inputs, out, reference(op, inputs)) is None
+
+
+def test_what_a_bf16_depthwise_convolution_cannot_hold_is_refused() -> None:
+    with pytest.raises(OpSignatureError, match="with padding"):  # X would be read in place
+        conv2d_op(1, 32, 8, 8, 32, 3, 3, groups=32, dtype="bf16", narrow="x")
+    with pytest.raises(OpSignatureError, match="whole 16-channel blocks"):
+        conv2d_op(1, 24, 8, 8, 24, 3, 3, pads=1, groups=24, dtype="bf16", narrow="y")
+    with pytest.raises(OpSignatureError, match="dense bf16"):  # 16-channel vector blocks
+        conv2d_op(1, 32, 8, 8, 32, 3, 3, pads=1, groups=32, dtype="bf16",
+                  layout="nchw32c", out_layout="nchw32c")

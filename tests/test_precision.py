@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx_support import bert_layer_model, mlp_model, resnet_model
+from onnx_support import Builder, bert_layer_model, mlp_model, resnet_model
 from test_cli_compiler import tunecache
 
 from tunecache.compiler import frontend
@@ -184,3 +184,44 @@ def test_with_bf16_tiles_activations_between_convolutions_take_tile_row_blocks()
         assert (node.op.attr("layout") == TILE_ROW_LAYOUT) == (roles["X"] in wide)
         if "add" in roles:  # a residual lies in its reader's output layout
             assert (roles["add"] in wide) == (node.output in wide)
+
+
+def _inverted_residual() -> onnx.ModelProto:
+    """A MobileNet-v2 block of whole 16-channel blocks between two convolutions: 1x1
+    expand, 3x3 depthwise, 1x1 project and the residual."""
+    b = Builder(13, seed=4)
+    x = b.conv(b.input("x", [1, 16, 28, 28]), 16, 16, 3, bias=True, name="stem")
+    t = b.clip(b.conv(x, 16, 64, 1, pad=0, bias=True, name="expand"), 0.0, 6.0)
+    t = b.clip(b.conv(t, 64, 64, 3, groups=64, bias=True, name="dw"), 0.0, 6.0)
+    t = b.node("Add", [x, b.conv(t, 64, 16, 1, pad=0, bias=True, name="project")])
+    return b.model([b.conv(t, 16, 32, 1, pad=0, bias=True, name="head")], "inverted_residual")
+
+
+@pytest.mark.skipif(WITH_TILES is None, reason="needs AVX-512 to generate bf16 kernels for")
+def test_at_bf16_an_expansion_stays_apart_from_its_depthwise_layer() -> None:
+    # fused, the expansion would run in float32; apart, on bf16 tiles, with the depthwise
+    # layer between bf16 convolutions reading and writing bfloat16
+    assert WITH_TILES is not None
+    loaded = frontend.load_graph(_inverted_residual())
+    assert "pwdw" in {n.op.kind for n in plan_graph(loaded, WITH_TILES).kernel_nodes}
+    apart = plan_graph(loaded, WITH_TILES, precision="bf16")
+    lowered, _ = apply_precision(apart, WITH_TILES, "bf16")
+    ops = {n.nodes[0]: n.op for n in lowered.kernel_nodes}
+    assert {op.kind for op in ops.values()} == {"conv2d"}
+    assert {op.dtype for op in ops.values()} == {"bf16"}
+    assert ops["dw"].attr("narrow") == "x+y" and ops["dw"].arguments()[1].dtype == "float32"
+
+
+@pytest.mark.skipif(not BF16, reason="needs a CPU with AVX512-BF16 to run bf16 kernels")
+def test_a_bf16_inverted_residual_block_stays_near_fp32(tmp_path: Path) -> None:
+    path = tmp_path / "block.onnx"
+    onnx.save(_inverted_residual(), path)
+    compiled = compile_model(path, store=tmp_path / "store", policy="analytic",
+                             precision="bf16")
+    assert any(n.op.dtype == "bf16" and n.op.dim("groups") > 1
+               for n in compiled.graph.kernel_nodes)
+    fp32 = compile_model(path, store=tmp_path / "store", policy="analytic")
+    feeds = {"x": np.random.default_rng(7).standard_normal((1, 16, 28, 28)).astype(np.float32)}
+    ours, exact = compiled.run(feeds), fp32.run(feeds)
+    for name, value in exact.items():
+        assert np.abs(ours[name] - value).max() <= 3e-2 * np.abs(value).max()

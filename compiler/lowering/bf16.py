@@ -111,15 +111,18 @@ def _tile_row_blocks(steps: list[Any]) -> list[Any]:
 
 
 def _movable(steps: list[Any]) -> set[str]:
-    """The bfloat16 activations that can move to tile-row blocks: each written by a kernel
-    with layouts, in whole blocks of channels, whose residual (if any) moves too, and read
-    as a residual only by kernels whose outputs move too (a residual lies in its reader's
-    output layout)."""
+    """The bfloat16 activations that can move to tile-row blocks: each written and read by
+    kernels that take them (not a bf16 depthwise conv2d, whose float32 kernel blocks 16
+    channels), in whole blocks of channels, whose residual (if any) moves too, and read as a
+    residual only by kernels whose outputs move too (a residual lies in its reader's output
+    layout)."""
     block = channel_block(TILE_ROW_LAYOUT)
+    read = readers(steps)
     # whole blocks only: a kernel's output holds as many elements as its ONNX shape
     moved = {s.output for s in steps
-             if _relayout_of(s) is not None and s.op.arguments()[-1].dtype == "bfloat16"
-             and len(s.output_shape) == 4 and s.output_shape[1] % block == 0}
+             if _takes_tile_rows(s) and s.op.arguments()[-1].dtype == "bfloat16"
+             and len(s.output_shape) == 4 and s.output_shape[1] % block == 0
+             and all(_takes_tile_rows(steps[at]) for at in read.get(s.output, []))}
     writer = {s.output: s for s in steps if isinstance(s, KernelNode)}
     residual_readers: dict[str, list[str]] = {}
     for s in steps:
@@ -132,6 +135,12 @@ def _movable(steps: list[Any]) -> set[str]:
                 and all(r in moved for r in residual_readers.get(t, []))}
         changed, moved = kept != moved, kept
     return moved
+
+
+def _takes_tile_rows(step: Any) -> bool:
+    """Whether the bf16 kernel ``step`` can read and write tile-row blocks."""
+    relayout = _relayout_of(step)
+    return relayout is not None and relayout(step.op, TILE_ROW_LAYOUT, TILE_ROW_LAYOUT) is not None
 
 
 def _relayout_of(step: Any) -> Any:

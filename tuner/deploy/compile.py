@@ -568,7 +568,7 @@ def plan_model(source: frontend.ModelSource, input_shapes: Mapping[str, Sequence
     precision policy, and what that policy did. Statically quantized products are int8
     kernels where they pay on ``hw`` (:func:`~tunecache.compiler.precision.int8_kernels_pay`)."""
     loaded = frontend.load_graph(source, input_shapes, int8_kernels=int8_kernels_pay(hw))
-    full = plan_graph(loaded, hw, blocked_layouts=blocked_layouts)
+    full = plan_graph(loaded, hw, blocked_layouts=blocked_layouts, precision=precision)
     graph, lowered = apply_precision(full, hw, precision)
     return full, graph, lowered
 

@@ -35,7 +35,7 @@ from tunecache.compiler.codegen.epilogue import (
     operand_tensors,
 )
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
-from tunecache.compiler.elements import to_bfloat16
+from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import ChannelView, OpKind, register
 from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
@@ -53,6 +53,7 @@ from tunecache.compiler.kinds.conv2d.lowp import (
     narrow_tensors,
     narrow_type,
     quantizer_rows,
+    runs_float_kernel,
     with_narrow,
 )
 from tunecache.compiler.kinds.conv2d.space import (
@@ -126,9 +127,10 @@ def _signature_problems(op: OpSignature) -> list[str]:
     found = []
     g = d["groups"]
     blocks = {channel_block(op.attr(name)) for name in ("layout", "out_layout")} - {0}
-    if TILE_ROW_LAYOUT in (op.attr("layout"), op.attr("out_layout")) and op.dtype != "bf16":
-        found.append(f"{TILE_ROW_LAYOUT} holds bfloat16 between bf16 conv2ds only")
-    elif len(blocks) > 1 and op.dtype == "float32":
+    if TILE_ROW_LAYOUT in (op.attr("layout"), op.attr("out_layout")) and (
+            op.dtype != "bf16" or runs_float_kernel(op)):
+        found.append(f"{TILE_ROW_LAYOUT} holds bfloat16 between dense bf16 conv2ds only")
+    elif len(blocks) > 1 and runs_float_kernel(op):
         found.append(f"layout={op.attr('layout')} and out_layout={op.attr('out_layout')} "
                      "block channels differently; use one block size")
     activations = [step for step in op.epilogue if step in ACTIVATIONS]
@@ -139,7 +141,7 @@ def _signature_problems(op: OpSignature) -> list[str]:
         found.append(f"input channels C={d['C']} are not divisible by groups={g}")
     if d["F"] % g:
         found.append(f"output channels F={d['F']} are not divisible by groups={g}")
-    if op.dtype != "float32":
+    if not runs_float_kernel(op):
         found += lowp_signature_problems(op)
     elif "dequant" in op.epilogue:
         found.append("dequant is an int8 conv2d's epilogue step")
@@ -149,7 +151,7 @@ def _signature_problems(op: OpSignature) -> list[str]:
                      "blocks")
     elif RESIDUAL_STEP in op.epilogue:
         found.append("radd follows an int8 or bf16 conv2d's epilogue, not a float32 one's")
-    if op.dtype == "float32":
+    if runs_float_kernel(op):
         found += narrow_problems(op)
     return found + kernel_extent_problems(op)
 
@@ -166,7 +168,8 @@ def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
         TensorArg("X", tensor_shape(d["N"], d["C"], d["H"], d["W"], op.attr("layout")), "input",
                   activation("x")),
         TensorArg("W", (d["F"], d["C"] // d["groups"], d["R"], d["S"]), "input",
-                  {"int8": "int8", "bf16": "bfloat16"}.get(op.dtype, "float32")),
+                  "float32" if runs_float_kernel(op) else
+                  {"int8": "int8", "bf16": "bfloat16"}[op.dtype]),
     ]
     if op.dtype == "int8":
         args.append(TensorArg("qa", (2,), "input"))
@@ -190,7 +193,7 @@ def channel_view(op: OpSignature) -> ChannelView | None:
     """``OpKind.channel_view``: an int8 or bf16 conv2d, or a float32 depthwise one
     (:func:`chained_depthwise`), writing NCHW takes a chain over its channels (``M = N*F``
     rows of ``P*Q``, a per-channel operand one value per row)."""
-    if (op.dtype == "float32" and not chained_depthwise(op)) or op.attr("out_layout") != NCHW:
+    if (runs_float_kernel(op) and not chained_depthwise(op)) or op.attr("out_layout") != NCHW:
         return None
     d = op.dims_dict
     return ChannelView(rows=d["N"] * d["F"], cols=op.out_h * op.out_w, per_channel="col",
@@ -240,7 +243,7 @@ def conv2d_nchw(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stride: t
 
 
 def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
-    if op.dtype != "float32":
+    if not runs_float_kernel(op):
         return lowp_reference(op, inputs)
     d = op.dims_dict
     has_bias = "bias" in op.epilogue
@@ -250,6 +253,8 @@ def _reference(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     if "xq" in args:  # a uint8 X, dequantized as DequantizeLinear does
         xq = np.asarray(args["xq"], np.float32)
         x = (x.astype(np.float32) - xq[1]) * xq[0]
+    elif x.dtype == np.uint16:  # a bf16 depthwise conv2d's bfloat16 X
+        x = from_bfloat16(x)
     y = conv2d_nchw(x, inputs[1],
                     inputs[2] if has_bias else None,
                     (d["stride_h"], d["stride_w"]),
@@ -297,11 +302,11 @@ def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarra
 
 
 def _problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
-    return conv2d_problems(op, s, hw) if op.dtype == "float32" else lowp_problems(op, s, hw)
+    return conv2d_problems(op, s, hw) if runs_float_kernel(op) else lowp_problems(op, s, hw)
 
 
 def _default_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -> Conv2dSchedule:
-    if op.dtype != "float32":
+    if not runs_float_kernel(op):
         return default_lowp_schedule(op, hw, threads)
     return default_conv2d_schedule(op, hw, threads)
 
@@ -316,7 +321,9 @@ def _relayout(op: OpSignature, src: str, dst: str) -> OpSignature | None:
     grouped, not depthwise, convolution only with whole blocks per group."""
     d = op.dims_dict
     blocks = {channel_block(src), channel_block(dst)} - {0}
-    if len(blocks) > 1 and op.dtype == "float32":
+    if len(blocks) > 1 and runs_float_kernel(op):
+        return None
+    if TILE_ROW_LAYOUT in (src, dst) and runs_float_kernel(op):
         return None
     if blocks and d["groups"] > 1 and not is_depthwise(op):
         x = blocks.pop()

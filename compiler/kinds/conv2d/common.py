@@ -55,12 +55,21 @@ def y_storage(op: OpSignature) -> str:
 
 
 def x_storage(op: OpSignature) -> str:
-    """C of the direct kernel's X element type ``tx_t`` and ``X_U8``: float, or uint8 where a
-    float32 depthwise ``op`` reads X quantized (``narrow=x``, dequantized with ``xq`` as its
-    rows are copied)."""
-    if "x" in narrow_tensors(op):
-        return "#include <stdint.h>\ntypedef uint8_t tx_t;\n#define X_U8 1\n"
-    return "typedef float tx_t;\n#define X_U8 0\n"
+    """C of the direct kernel's X element type ``tx_t``, ``X_NARROW`` and ``TX(v)`` (one
+    element's value, widened as its rows are copied): float, uint8 where a float32
+    depthwise ``op`` reads X quantized (``narrow=x``, dequantized with ``xq``), or bfloat16
+    where a bf16 depthwise one reads it narrow (after :data:`BF16_SCALAR`)."""
+    if "x" not in narrow_tensors(op):
+        return "typedef float tx_t;\n#define X_NARROW 0\n#define TX(v) (v)\n"
+    if op.dtype == "bf16":
+        return "typedef uint16_t tx_t;\n#define X_NARROW 1\n#define TX(v) tc_bf16_value(v)\n"
+    return ("#include <stdint.h>\ntypedef uint8_t tx_t;\n#define X_NARROW 1\n"
+            "#define TX(v) (((float)(v) - xq[1]) * xq[0])\n")
+
+
+def bf16_scalar(op: OpSignature) -> str:
+    """:data:`BF16_SCALAR` where a bf16 ``op`` holds a tensor narrow, else nothing."""
+    return BF16_SCALAR if op.dtype == "bf16" and narrow_tensors(op) else ""
 
 
 def conv2d_entries(op: OpSignature, threads: int, ws_floats: str, prepack: bool,

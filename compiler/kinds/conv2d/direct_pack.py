@@ -16,7 +16,7 @@ _DW_PACK_INPUT = """\
 /* Xb[n][cb][hp][wp][OCB]: zero-padded, channels blocked across groups. Items: (n, cb, hp). */
 static void pack_input(const tx_t *restrict X, float *restrict Xb, long lo, long hi,
                        const float *xq) {
-  (void)xq;  /* a uint8 X (X_U8) dequantized with xq = [scale, zero point] */
+  (void)xq;  /* a narrow X widened by TX (a uint8 one with xq = [scale, zero point]) */
   for (long t = lo; t < hi; t++) {
     const long hp = t % HP, cb = (t / HP) % NCB, n = t / (HP * NCB);
     float *restrict dst = Xb + t * (WP * OCB);
@@ -28,11 +28,7 @@ static void pack_input(const tx_t *restrict X, float *restrict Xb, long lo, long
       const long c = cb * OCB + o;
       if (c >= C) { for (long iw = 0; iw < W; iw++) dst[(PL + iw) * OCB + o] = 0.0f; continue; }
       const tx_t *restrict src = X + ((n * C + c) * H + ih) * W;
-#if X_U8
-      for (long iw = 0; iw < W; iw++) dst[(PL + iw) * OCB + o] = ((float)src[iw] - xq[1]) * xq[0];
-#else
-      for (long iw = 0; iw < W; iw++) dst[(PL + iw) * OCB + o] = src[iw];
-#endif
+      for (long iw = 0; iw < W; iw++) dst[(PL + iw) * OCB + o] = TX(src[iw]);
     }
   }
 }
@@ -101,7 +97,7 @@ static void pack_weights(const float *restrict Wt, float *restrict Wb, long lo, 
 # memcpy per row instead of NCHW's per-element transposition.
 _PADDED_ROWS = """\
 /* dst[r][wp][XI] = padded rows hp0 + r (r < rows) of input block nb (image and block); a
-   uint8 X (X_U8) dequantized with xq = [scale, zero point] on the way. */
+   narrow X (X_NARROW) widened by TX on the way. */
 static inline void padded_rows(float *restrict dst, const tx_t *restrict X, long nb, long hp0,
                                long rows, const float *xq) {
   (void)xq;
@@ -109,9 +105,9 @@ static inline void padded_rows(float *restrict dst, const tx_t *restrict X, long
     const long ih = hp0 + r - PT;
     if (ih < 0 || ih >= H) { memset(dst, 0, sizeof(float) * WP * XI); continue; }
     memset(dst, 0, sizeof(float) * PL * XI);
-#if X_U8
+#if X_NARROW
     const tx_t *restrict src = X + (nb * H + ih) * (W * XI);
-    for (long i = 0; i < W * XI; i++) dst[PL * XI + i] = ((float)src[i] - xq[1]) * xq[0];
+    for (long i = 0; i < W * XI; i++) dst[PL * XI + i] = TX(src[i]);
 #else
     memcpy(dst + PL * XI, X + (nb * H + ih) * (W * XI), sizeof(float) * W * XI);
 #endif

@@ -40,6 +40,7 @@ from tunecache.compiler.kinds.conv2d.emit_direct import generate_direct
 from tunecache.compiler.kinds.conv2d.emit_gemm import generate_gemm
 from tunecache.compiler.kinds.conv2d.emit_lowp import generate_lowp_conv
 from tunecache.compiler.kinds.conv2d.emit_plane import generate_plane
+from tunecache.compiler.kinds.conv2d.lowp import runs_float_kernel
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, flat_pixels
 from tunecache.compiler.kinds.conv2d.winograd import generate_winograd
 from tunecache.compiler.ops import OpSignature
@@ -49,7 +50,7 @@ __all__ = ["blocked_store", "direct_ukr", "generate_conv2d", "reduces_in_chunks"
 
 def generate_conv2d(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
     """The C translation unit for the conv2d ``op`` under ``s`` (validated by the caller)."""
-    if op.dtype != "float32":
+    if not runs_float_kernel(op):
         return generate_lowp_conv(op, s, d)
     if s.algorithm == "gemm":
         return generate_gemm(op, s, d)

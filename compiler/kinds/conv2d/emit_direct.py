@@ -14,6 +14,7 @@ from tunecache.compiler.codegen.abi import ALIGN_FLOATS, preamble
 from tunecache.compiler.codegen.epilogue import chain_rows, scalar_helpers
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.kinds.conv2d.common import (
+    bf16_scalar,
     conv2d_entries,
     shape_constants,
     x_storage,
@@ -250,7 +251,7 @@ def generate_direct(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str:
                          PART_STRIDE=stride)
         ws_floats += s.threads * stride
     out = [preamble(d, constants, s.threads), *filter(None, [scalar_helpers(op.epilogue)]),
-           y_storage(op), x_storage(op), pack_code(plan)]
+           bf16_scalar(op), y_storage(op), x_storage(op), pack_code(plan)]
     flat = flat_taps(op, s, plan.depthwise)
     if flat:
         out.append(tap_table(op))

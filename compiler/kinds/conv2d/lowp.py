@@ -8,19 +8,21 @@ zero point]`` (X quantized to uint8 inside the kernel, the padding at the zero p
 ``[F,C,R,S]`` and an epilogue that starts ``dequant+bias``: per-output-channel scales, then
 the bias that holds the zero point's term, then ``add`` and an activation as for float32. A
 bf16 conv2d rounds X to bfloat16 inside the kernel, takes bfloat16 W and accumulates in
-float32; its epilogue is float32's. The narrow rules of a chained float32 depthwise conv2d
-(uint8 Y, uint8 X with ``xq``) live here too, beside the int8 ones they pair with.
+float32; its epilogue is float32's. A bf16 depthwise conv2d is the float32 depthwise kernel
+(:func:`runs_float_kernel`) with weights of bfloat16 values and X and Y bfloat16 where narrow.
+The narrow rules of a chained float32 depthwise conv2d (uint8 Y, uint8 X with ``xq``) live
+here too, beside the int8 ones they pair with.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, operand_tensors
+from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, chain_rows, operand_tensors
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
+from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, is_depthwise
 from tunecache.compiler.kinds.layouts import channel_block, from_layout, to_layout
 from tunecache.compiler.kinds.matmul import quantize_u8, tile_dtypes
 from tunecache.compiler.kinds.matmul.emit_tiles import (
@@ -36,7 +38,8 @@ __all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "NARROW_CHOICES", "bf16_variant
            "chained_depthwise",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
            "narrow_problems", "narrow_tensors", "narrow_type", "packed_channels", "pixel_channels",
-           "quantizer_rows", "reads_x_in_place", "tiles_plane", "with_narrow"]
+           "quantizer_rows", "reads_x_in_place", "runs_float_kernel", "tiles_plane",
+           "with_narrow"]
 
 NARROW_TENSORS = ("x", "y", "add")
 """The activations a low-precision conv2d may hold narrow (:func:`narrow_type`), in the
@@ -139,14 +142,21 @@ def narrow_type(op: OpSignature) -> str:
     return "bfloat16" if op.dtype == "bf16" else "uint8"
 
 
+def runs_float_kernel(op: OpSignature) -> bool:
+    """Whether the float32 kernels run ``op``: float32, or a bf16 depthwise conv2d (its
+    weights' bfloat16 values as floats; a dot product of pairs has no use for one channel a
+    group, so only its activations' bytes are bf16's to save)."""
+    return op.dtype == "float32" or (op.dtype == "bf16" and is_depthwise(op))
+
+
 def with_narrow(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
     """``OpKind.with_narrow``: ``op`` holding ``tensors`` (and those it held) narrow, or None
     where it cannot: float32 (but a quantizing depthwise Y), a tensor it lacks (a residual
     without ``add``), or an int8 Y its epilogue does not quantize."""
     held = narrow_tensors(op) | tensors
-    if op.dtype == "float32" and not _float_narrow_problem(op, held):
-        return _holding(op, held)
-    if op.dtype == "float32" or not held <= set(NARROW_TENSORS) or (
+    if runs_float_kernel(op):
+        return None if _float_narrow_problem(op, held) else _holding(op, held)
+    if not held <= set(NARROW_TENSORS) or (
             "add" in held and "add" not in operand_tensors(op.epilogue)) or (
             op.dtype == "int8" and "y" in held and
             op.epilogue[-len(U8_QUANTIZER):] != U8_QUANTIZER):
@@ -159,25 +169,34 @@ def chained_depthwise(op: OpSignature) -> bool:
     direct kernel's stores apply it (a quantized MobileNet's pair and BatchNormalization
     after each depthwise layer), in whole 16-channel blocks (no padding lanes to keep at
     zero through the chain's steps)."""
+    return op.dtype == "float32" and _whole_depthwise(op)
+
+
+def _whole_depthwise(op: OpSignature) -> bool:
+    """A depthwise conv2d of whole 16-channel blocks."""
     d = op.dims_dict
-    return op.dtype == "float32" and d["groups"] == d["C"] == d["F"] and d["F"] % 16 == 0
+    return d["groups"] == d["C"] == d["F"] and d["F"] % 16 == 0
 
 
 def _float_narrow_problem(op: OpSignature, held: frozenset[str]) -> str:
-    """Why a float32 conv2d cannot hold ``held`` narrow (empty: it can). Only a chained
-    depthwise one may: a uint8 Y where its chain ends with the quantizer, a uint8 X
-    (dequantized with ``xq``) where it is padded, so its kernel copies X with its border
-    (into a band of rows, or whole from a plain X) and dequantizes it there."""
+    """Why a conv2d the float32 kernels run cannot hold ``held`` narrow (empty: it can).
+    Only a depthwise one may: Y (uint8 where its float32 chain ends with the quantizer,
+    bfloat16 for a bf16 one), X (uint8 dequantized with ``xq``, or bfloat16) where it is
+    padded, so its kernel copies X with its border (into a band of rows, or whole from a
+    plain X) and widens it there."""
+    kind, narrow = f"a {op.dtype} conv2d", narrow_type(op)
     if not held <= {"x", "y"}:
-        return "a float32 conv2d holds only X and Y narrow"
-    if "y" in held and not _quantizes(op):
-        return (f"a float32 conv2d writes uint8 Y only as a depthwise one of whole 16-channel "
+        return f"{kind} holds only X and Y narrow"
+    if "y" in held and op.dtype == "bf16" and not _whole_depthwise(op):
+        return f"{kind} writes {narrow} Y only as a depthwise one of whole 16-channel blocks"
+    if "y" in held and op.dtype == "float32" and not _quantizes(op):
+        return (f"{kind} writes {narrow} Y only as a depthwise one of whole 16-channel "
                 f"blocks whose epilogue ends {'+'.join(U8_QUANTIZER)}")
     d = op.dims_dict
-    if "x" in held and not (chained_depthwise(op)
+    if "x" in held and not (_whole_depthwise(op)
                             and any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r"))):
-        return ("a float32 conv2d reads uint8 X only as a depthwise one of whole 16-channel "
-                "blocks with padding (its kernel copies X with its border)")
+        return (f"{kind} reads {narrow} X only as a depthwise one of whole 16-channel blocks "
+                "with padding (its kernel copies X with its border)")
     return ""
 
 
@@ -194,8 +213,8 @@ def _holding(op: OpSignature, held: frozenset[str]) -> OpSignature:
 
 
 def narrow_problems(op: OpSignature) -> list[str]:
-    """Why a float32 conv2d cannot hold what its ``narrow`` names (empty: it holds nothing, or
-    only a quantized Y of a depthwise chain)."""
+    """Why a conv2d the float32 kernels run cannot hold what its ``narrow`` names (empty: it
+    holds nothing, or what a depthwise one may)."""
     held = narrow_tensors(op)
     problem = _float_narrow_problem(op, held) if held else ""
     return [f"narrow={op.attr('narrow')}: {problem}"] if problem else []
@@ -228,13 +247,23 @@ def bf16_variant(op: OpSignature, hw: HardwareSpec) -> tuple[OpSignature, bool] 
     """``OpKind.bf16_variant``: a dense, undilated float32 conv2d as the bf16 kernel
     (weights as they are): of at least :data:`MIN_BF16_CHANNELS` input channels, or any
     where ``hw`` has bf16 tiles (ResNet-50's RGB stem, taps folded: 0.73 ms against 1.25
-    in float32, one thread, AMX Xeon)."""
+    in float32, one thread, AMX Xeon). A depthwise one without an element-wise chain as a
+    bf16 depthwise conv2d (:func:`runs_float_kernel`), so the activations on either side
+    of it can stay bfloat16."""
     d = op.dims_dict
+    bf16 = OpSignature(op.kind, op.dims, "bf16", op.attrs, op.epilogue)
+    if op.dtype == "float32" and is_depthwise(op) and not _has_chain(op):
+        return bf16, False
     if op.dtype != "float32" or d["groups"] != 1 or (d["dil_h"], d["dil_w"]) != (1, 1):
         return None
     if d["C"] < MIN_BF16_CHANNELS and "bf16" not in tile_dtypes(hw):
         return None
-    return OpSignature(op.kind, op.dims, "bf16", op.attrs, op.epilogue), False
+    return bf16, False
+
+
+def _has_chain(op: OpSignature) -> bool:
+    """Whether ``op``'s epilogue goes on past its activation (an element-wise chain)."""
+    return bool(chain_rows(op.epilogue)) or "qround" in op.epilogue
 
 
 def lowp_problems(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> list[str]:
