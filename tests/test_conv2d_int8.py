@@ -224,15 +224,16 @@ def test_uint8_activations_are_named_in_the_signature() -> None:
 
 @pytest.mark.parametrize("hw", SPECS, ids=[_name(s) for s in SPECS])
 @pytest.mark.parametrize("held", ["none", "x", "y", "x+y"])
-@pytest.mark.parametrize("layout", ["nchw", "nchw16c"])
+@pytest.mark.parametrize("layout", ["nchw", "nchw16c", "nchw32c"])
 def test_bf16_depthwise_convolution_holds_bfloat16_activations(hw: HardwareSpec, held: str,
                                                                layout: str) -> None:
     # The float32 depthwise kernel: weights given as floats, X widened from bfloat16 as its
-    # padded rows are copied, Y rounded by the store; strided and not, ragged rows.
+    # padded rows are copied, Y rounded by the store; strided and not, ragged rows; tile-row
+    # blocks in and out (a tile reads part of a block)
     for stride in (1, 2):
-        op = conv2d_op(1, 32, 9, 11, 32, 3, 3, pads=1, stride=stride, groups=32, dtype="bf16",
-                       epilogue="bias+clip6", layout=layout, out_layout="nchw16c",
-                       narrow=held)
+        op = conv2d_op(1, 64, 9, 11, 64, 3, 3, pads=1, stride=stride, groups=64, dtype="bf16",
+                       epilogue="bias+clip6", layout=layout,
+                       out_layout="nchw32c" if layout == "nchw32c" else "nchw16c", narrow=held)
         args = {a.name: a.dtype for a in op.arguments()}
         assert args["W"] == "float32"
         assert args["X"] == ("bfloat16" if "x" in held else "float32")
@@ -247,6 +248,6 @@ def test_what_a_bf16_depthwise_convolution_cannot_hold_is_refused() -> None:
         conv2d_op(1, 32, 8, 8, 32, 3, 3, groups=32, dtype="bf16", narrow="x")
     with pytest.raises(OpSignatureError, match="whole 16-channel blocks"):
         conv2d_op(1, 24, 8, 8, 24, 3, 3, pads=1, groups=24, dtype="bf16", narrow="y")
-    with pytest.raises(OpSignatureError, match="dense bf16"):  # 16-channel vector blocks
+    with pytest.raises(OpSignatureError, match="one block size"):  # the float32 kernel's
         conv2d_op(1, 32, 8, 8, 32, 3, 3, pads=1, groups=32, dtype="bf16",
-                  layout="nchw32c", out_layout="nchw32c")
+                  layout="nchw32c", out_layout="nchw16c")

@@ -188,13 +188,16 @@ def test_with_bf16_tiles_activations_between_convolutions_take_tile_row_blocks()
 
 def _inverted_residual() -> onnx.ModelProto:
     """A MobileNet-v2 block of whole 16-channel blocks between two convolutions: 1x1
-    expand, 3x3 depthwise, 1x1 project and the residual."""
+    expand, 3x3 depthwise, 1x1 project and the residual; then a strided block's first
+    two."""
     b = Builder(13, seed=4)
     x = b.conv(b.input("x", [1, 16, 28, 28]), 16, 16, 3, bias=True, name="stem")
     t = b.clip(b.conv(x, 16, 64, 1, pad=0, bias=True, name="expand"), 0.0, 6.0)
     t = b.clip(b.conv(t, 64, 64, 3, groups=64, bias=True, name="dw"), 0.0, 6.0)
     t = b.node("Add", [x, b.conv(t, 64, 16, 1, pad=0, bias=True, name="project")])
-    return b.model([b.conv(t, 16, 32, 1, pad=0, bias=True, name="head")], "inverted_residual")
+    t = b.clip(b.conv(t, 16, 64, 1, pad=0, bias=True, name="expand2"), 0.0, 6.0)
+    t = b.conv(t, 64, 64, 3, stride=2, groups=64, bias=True, name="dw2")
+    return b.model([b.conv(t, 64, 32, 1, pad=0, bias=True, name="head")], "inverted_residual")
 
 
 @pytest.mark.skipif(WITH_TILES is None, reason="needs AVX-512 to generate bf16 kernels for")
@@ -210,6 +213,10 @@ def test_at_bf16_an_expansion_stays_apart_from_its_depthwise_layer() -> None:
     assert {op.kind for op in ops.values()} == {"conv2d"}
     assert {op.dtype for op in ops.values()} == {"bf16"}
     assert ops["dw"].attr("narrow") == "x+y" and ops["dw"].arguments()[1].dtype == "float32"
+    # 64 channels: whole tile-row blocks on either side, but not around a strided one
+    assert ops["dw"].attr("layout") == ops["dw"].attr("out_layout") == TILE_ROW_LAYOUT
+    assert ops["dw2"].attr("layout") == ops["dw2"].attr("out_layout") == "nchw16c"
+    assert ops["expand"].attr("out_layout") == TILE_ROW_LAYOUT
 
 
 @pytest.mark.skipif(not BF16, reason="needs a CPU with AVX512-BF16 to run bf16 kernels")

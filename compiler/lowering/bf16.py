@@ -112,10 +112,10 @@ def _tile_row_blocks(steps: list[Any]) -> list[Any]:
 
 def _movable(steps: list[Any]) -> set[str]:
     """The bfloat16 activations that can move to tile-row blocks: each written and read by
-    kernels that take them (not a bf16 depthwise conv2d, whose float32 kernel blocks 16
-    channels), in whole blocks of channels, whose residual (if any) moves too, and read as a
-    residual only by kernels whose outputs move too (a residual lies in its reader's output
-    layout)."""
+    kernels that take them, in whole blocks of channels, whose residual (if any) moves too,
+    read as a residual only by kernels whose outputs move too (a residual lies in its
+    reader's output layout), and moving with the other activation of a kernel that keeps
+    one block size (a bf16 depthwise conv2d's float32 kernel)."""
     block = channel_block(TILE_ROW_LAYOUT)
     read = readers(steps)
     # whole blocks only: a kernel's output holds as many elements as its ONNX shape
@@ -133,8 +133,25 @@ def _movable(steps: list[Any]) -> set[str]:
         kept = {t for t in moved
                 if all(a in moved for a in _inputs_named(writer[t], "add"))
                 and all(r in moved for r in residual_readers.get(t, []))}
+        kept -= _mismatched(steps, kept)
         changed, moved = kept != moved, kept
     return moved
+
+
+def _mismatched(steps: list[Any], moved: set[str]) -> set[str]:
+    """The activations in ``moved`` that a kernel could not take in tile-row blocks beside
+    its other activation as it lies (X moved and its output not, or the reverse, where the
+    kernel has one block size for both)."""
+    out: set[str] = set()
+    for step in steps:
+        relayout, x = _relayout_of(step), _inputs_named(step, "X")
+        if relayout is None or not x:
+            continue
+        src = TILE_ROW_LAYOUT if x[0] in moved else step.op.attr("layout")
+        dst = TILE_ROW_LAYOUT if step.output in moved else step.op.attr("out_layout")
+        if relayout(step.op, src, dst) is None:
+            out |= {x[0], step.output} & moved
+    return out
 
 
 def _takes_tile_rows(step: Any) -> bool:
