@@ -206,3 +206,24 @@ def test_store_prefetch_touches_every_line_of_every_row_before_the_reduction() -
     without = micro_kernel("void k(void)", tile, [Loop("for (;;)")], "b", ["a[0]", "a[1]"],
                            Store(("c", "c + ldc")))
     assert "__builtin_prefetch" not in without
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_gelu_erf_holds_its_bound_over_the_whole_line(isa: str) -> None:
+    # VGELU_ERF: 7.1.26 alone, within 4e-7 |x| of GELU; the infinities and NaN as numpy's
+    # 0.5 x (1 + erf(x / sqrt 2)) gives them (GELU(-inf) is -inf * 0: NaN).
+    d = dialect(isa)
+    lib = c_library(d.prelude + f"""
+void run(const float *x, float *y, long n) {{
+  for (long i = 0; i < n; i += {d.lanes}) VSTOREU(y + i, VGELU_ERF(VLOADU(x + i)));
+}}
+""", BASE_FLAGS + d.flags)
+    x = np.linspace(-14.0, 14.0, 16 * 4001, dtype=np.float32)
+    x[:6] = (np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-30)
+    y = np.empty_like(x)
+    lib.function("run", ("ptr", "ptr", "long"), "void")(x, y, x.size)
+    wide = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        want = 0.5 * wide * (1.0 + _ERF(wide / math.sqrt(2.0)))
+    assert np.array_equal(y[:5], want[:5].astype(np.float32), equal_nan=True)
+    assert np.all(np.abs(y[5:] - want[5:]) <= 4e-7 * np.abs(wide[5:]) + 1e-37)

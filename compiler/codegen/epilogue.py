@@ -134,8 +134,7 @@ STEPS: Mapping[str, Step] = MappingProxyType({
                  numpy=lambda x: np.multiply(x, special.expit(x), out=x)),
     # GELU as exported: 0.5 x (1 + erf(x / sqrt 2)), and the tanh approximation (GPT-2).
     "gelu_erf": Step(
-        vector=f"VMUL(VMUL(VSET1(0.5f), {{x}}), VADD(VSET1(1.0f), VERF(VMUL({{x}}, "
-               f"VSET1({SQRT1_2}f)))))",
+        vector="VGELU_ERF({x})",
         scalar=f"{{x}} = 0.5f * {{x}} * (1.0f + FERF({{x}} * {SQRT1_2}f));",
         numpy=_gelu_erf, helpers=("FERF",)),
     "gelu_tanh": Step(

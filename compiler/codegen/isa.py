@@ -31,7 +31,8 @@ Every dialect's prelude defines the same vocabulary over the type ``vec``:
   has one, a division elsewhere; NaN stays NaN), ``VTANH(v)``
   (odd polynomial below ``|v| = 0.625``, ``1 - 2/(e**2|v| + 1)`` above; within 2e-7
   relative), ``VERF(v)`` (``v*P(v*v)`` below ``|v| = 1``, within 2e-7 relative;
-  Abramowitz-Stegun 7.1.26 above, within 4e-7 absolute);
+  Abramowitz-Stegun 7.1.26 above, within 4e-7 absolute), ``VGELU_ERF(v)`` (GELU by 7.1.26
+  alone, within 4e-7 ``|v|`` absolute);
 * strided and streaming memory: ``VLOADS2(p)`` (lanes ``p[0], p[2], ...``; reads
   ``2*lanes`` floats from ``p``), ``VSTREAM(p, v)`` (non-temporal store to an address
   aligned to the vector size; a plain store on ``generic``) and ``VSFENCE()`` (orders
@@ -259,6 +260,20 @@ static inline vec VERF(vec x) {
   s = VFMA(s, t, VSET1(0.254829592f));
   vec big = VSUB(VSET1(1.0f), VMUL(VMUL(s, t), VEXP(VNEG(VMUL(a, a)))));
   return VSEL_LT(a, VSET1(1.0f), small, VSIGNOF(x, big));
+}
+/* GELU, 0.5 x (1 + erf(x / sqrt 2)), by 7.1.26 alone: 1 + erf(u) is its erfc(|u|) for u < 0
+   and 2 minus it above, within 1.5e-7 absolute, so GELU within 4e-7 |x| in float32 (VERF's
+   polynomial below 1 buys relative accuracy near 0 that 1 + erf does not keep). */
+static inline vec VGELU_ERF(vec x) {
+  vec u = VMUL(x, VSET1(0.70710678118654752f));
+  vec a = VMIN(VSET1(10.0f), VABS(u));  /* NaN stays NaN; exp(-a*a) is 0 past 9.4 */
+  vec t = VRCP(VFMA(a, VSET1(0.3275911f), VSET1(1.0f)));
+  vec s = VFMA(VSET1(1.061405429f), t, VSET1(-1.453152027f));
+  s = VFMA(s, t, VSET1(1.421413741f));
+  s = VFMA(s, t, VSET1(-0.284496736f));
+  s = VFMA(s, t, VSET1(0.254829592f));
+  vec c = VMUL(VMUL(s, t), VEXP(VNEG(VMUL(a, a))));
+  return VMUL(VMUL(VSET1(0.5f), x), VSEL_LT(u, VZERO(), c, VSUB(VSET1(2.0f), c)));
 }
 """
 
