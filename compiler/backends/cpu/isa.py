@@ -291,6 +291,9 @@ static inline __m512i IBCAST(const uint8_t *p) {
 """
 
 
+_BF16_TARGET = '#pragma GCC target("avx512bf16")\n'
+"""What a kernel built on a CPU with AVX512-BF16 is compiled for, from its first line."""
+
 # bf16 pairs with AVX512-BF16: vdpbf16ps adds both products of a lane's pair to its float.
 _AVX512_BF16 = """\
 #include <stdint.h>
@@ -380,7 +383,9 @@ def dialect_for(isa: str, features: tuple[str, ...] = ()) -> IsaDialect:
     if "avx512_vnni" in features:
         base = replace(base, int8=_AVX512_VNNI_INT8, native=base.native | {"int8"})
     if "avx512_bf16" in features:
-        base = replace(base, bf16=_AVX512_BF16, native=base.native | {"bf16"})
+        # before the prelude, so its VSTORE_BF16 sees __AVX512BF16__ (vcvtneps2bf16)
+        base = replace(base, bf16=_AVX512_BF16, native=base.native | {"bf16"},
+                       prelude=_BF16_TARGET + base.prelude)
     tiles = tuple((dtype, _amx(dtype)) for dtype, needs in AMX_FEATURES.items()
                   if dtype in base.native and needs <= set(features))
     return replace(base, tiles=tiles) if tiles else base
