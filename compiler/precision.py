@@ -17,7 +17,6 @@ would be slower than float32.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from tunecache.compiler.backends import backend_for
 from tunecache.compiler.elements import from_bfloat16, to_bfloat16
+from tunecache.compiler.fusion import KeepApart
 from tunecache.compiler.graph import Graph, KernelNode, ModelError
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import op_kind
@@ -84,8 +84,7 @@ def apply_precision(graph: Graph, hw: HardwareSpec, precision: str) -> tuple[Gra
                                   "" if changed else "no product with constant weights")
 
 
-def lowered_apart(graph: Graph, hw: HardwareSpec, precision: str
-                  ) -> Callable[[KernelNode, OpSignature], bool] | None:
+def lowered_apart(graph: Graph, hw: HardwareSpec, precision: str) -> KeepApart | None:
     """The fusion veto (``fusion.KeepApart``) of ``precision`` on ``hw``: at ``bf16``, a
     producer the policy would lower (a bf16 variant, constant weights) stays apart from a
     reader where the fused op would stay float32, so the product runs on bf16 tiles. None

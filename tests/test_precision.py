@@ -20,7 +20,7 @@ from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.kinds.layouts import TILE_ROW_LAYOUT
 from tunecache.compiler.passes import plan_graph
 from tunecache.compiler.precision import apply_precision
-from tunecache.tuner.deploy import compile_model
+from tunecache.tuner.deploy import CompiledModel, compile_model
 
 HW = local_spec()
 BF16 = "avx512_bf16" in HW.features
@@ -32,6 +32,20 @@ WITH_TILES = None if WITH_BF16 is None else replace(
 
 def _graph(model: onnx.ModelProto) -> Graph:
     return plan_graph(frontend.load_graph(model), HW)
+
+
+def _beside_fp32(path: Path, compiled: CompiledModel, store: Path,
+                 feeds: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(ours, float32's)`` per output of ``compiled`` and the float32 compile of ``path``
+    run on ``feeds``."""
+    fp32 = compile_model(path, store=store, policy="analytic")
+    ours, exact = compiled.run(feeds), fp32.run(feeds)
+    return [(ours[name], value) for name, value in exact.items()]
+
+
+def _normal_feeds(compiled: CompiledModel, seed: int) -> dict[str, np.ndarray]:
+    return {i.name: np.random.default_rng(seed).standard_normal(i.shape).astype(np.float32)
+            for i in compiled.graph.inputs}
 
 
 def test_fp32_changes_nothing() -> None:
@@ -76,12 +90,9 @@ def test_a_bf16_model_reports_its_error_against_fp32(tmp_path: Path) -> None:
     assert compiled.accuracy is not None
     # bfloat16 keeps 8 bits of mantissa: a K=32..128 product errs by well under 1%.
     assert 0 < compiled.accuracy["max_rel_to_range"] < 2e-2
-    fp32 = compile_model(path, store=tmp_path / "store", policy="analytic")
-    feeds = {i.name: np.random.default_rng(5).standard_normal(i.shape).astype(np.float32)
-             for i in fp32.graph.inputs}
-    ours, exact = compiled.run(feeds), fp32.run(feeds)
-    for name, value in exact.items():
-        assert np.abs(ours[name] - value).max() <= 2e-2 * np.abs(value).max()
+    for ours, exact in _beside_fp32(path, compiled, tmp_path / "store",
+                                    _normal_feeds(compiled, 5)):
+        assert np.abs(ours - exact).max() <= 2e-2 * np.abs(exact).max()
 
 
 def test_the_cli_takes_a_precision_and_reports_it(tmp_path: Path) -> None:
@@ -158,13 +169,10 @@ def test_a_bf16_cnn_with_bfloat16_activations_stays_near_fp32(tmp_path: Path) ->
                              precision="bf16")
     held = [n.op.attr("narrow") for n in compiled.graph.kernel_nodes if n.op.kind == "conv2d"]
     assert any("y" in h for h in held) and any("x" in h for h in held)
-    fp32 = compile_model(path, store=tmp_path / "store", policy="analytic")
-    feeds = {i.name: np.random.default_rng(6).standard_normal(i.shape).astype(np.float32)
-             for i in fp32.graph.inputs}
-    ours, exact = compiled.run(feeds), fp32.run(feeds)
-    for name, value in exact.items():
-        assert ours[name].dtype == np.float32
-        assert np.abs(ours[name] - value).max() <= 3e-2 * np.abs(value).max()
+    for ours, exact in _beside_fp32(path, compiled, tmp_path / "store",
+                                    _normal_feeds(compiled, 6)):
+        assert ours.dtype == np.float32
+        assert np.abs(ours - exact).max() <= 3e-2 * np.abs(exact).max()
 
 
 @pytest.mark.skipif(WITH_TILES is None, reason="needs AVX-512 to generate bf16 kernels for")
@@ -227,8 +235,23 @@ def test_a_bf16_inverted_residual_block_stays_near_fp32(tmp_path: Path) -> None:
                              precision="bf16")
     assert any(n.op.dtype == "bf16" and n.op.dim("groups") > 1
                for n in compiled.graph.kernel_nodes)
-    fp32 = compile_model(path, store=tmp_path / "store", policy="analytic")
-    feeds = {"x": np.random.default_rng(7).standard_normal((1, 16, 28, 28)).astype(np.float32)}
-    ours, exact = compiled.run(feeds), fp32.run(feeds)
-    for name, value in exact.items():
-        assert np.abs(ours[name] - value).max() <= 3e-2 * np.abs(value).max()
+    for ours, exact in _beside_fp32(path, compiled, tmp_path / "store",
+                                    _normal_feeds(compiled, 7)):
+        assert np.abs(ours - exact).max() <= 3e-2 * np.abs(exact).max()
+
+
+@pytest.mark.skipif(WITH_TILES is None, reason="needs AVX-512 to generate bf16 kernels for")
+def test_a_kernel_of_one_block_size_keeps_its_input_where_its_output_stays() -> None:
+    # the depthwise layer's output goes to a float32 pool (16-channel blocks), so its X
+    # stays in them too; the stem's output, between dense convolutions, still moves
+    assert WITH_TILES is not None
+    b = Builder(13, seed=5)
+    x = b.conv(b.input("x", [1, 16, 28, 28]), 16, 64, 3, bias=True, name="stem")
+    t = b.conv(x, 64, 64, 1, pad=0, bias=True, name="expand")
+    t = b.conv(t, 64, 64, 3, groups=64, bias=True, name="dw")
+    model = b.model([b.node("GlobalAveragePool", [t], name="pool")], "one_block_size")
+    graph = plan_graph(frontend.load_graph(model), WITH_TILES, precision="bf16")
+    lowered, _ = apply_precision(graph, WITH_TILES, "bf16")
+    ops = {n.nodes[0]: n.op for n in lowered.kernel_nodes}
+    assert ops["stem"].attr("out_layout") == ops["expand"].attr("layout") == TILE_ROW_LAYOUT
+    assert ops["expand"].attr("out_layout") == ops["dw"].attr("layout") == "nchw16c"

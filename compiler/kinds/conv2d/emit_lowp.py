@@ -388,12 +388,8 @@ def _plain_block(op: OpSignature, d: IsaDialect) -> str:
     along the plane. Pixel by pixel, each channel vector went out to as many planes, through
     the stack: MobileNet-v2's 144->24 1x1 with its bfloat16 residual at 56x56 took 0.23 ms,
     0.11 of it storing."""
-    add = "VLOADU(add + at)"
-    if "add" in narrow_tensors(op):
-        add = {"bfloat16": "VLOAD_BF16(add + at)",
-               "uint8": "VMUL(VSUB(VLOAD_U8(add + at), VSET1(aq[1])), VSET1(aq[0]))"}[
-                   narrow_type(op)]
-    operands = {"scale": "VSET1(scale[f])", "bias": "VSET1(bias[f])", "add": add,
+    operands = {"scale": "VSET1(scale[f])", "bias": "VSET1(bias[f])",
+                "add": _operands(op, False)[0]["add"],  # a plane's pixels, as Y's
                 CHANNEL_OPERAND: "VSET1(chan[{i} * F + f])"}
     column = ", ".join(f"(float)acc[(p + {lane}) * OCB + k]" for lane in range(d.lanes))
     return ("  if (OWB % LANES == 0 && pix[0] >= 0 && pix[OWB - 1] - pix[0] == OWB - 1) {\n"
