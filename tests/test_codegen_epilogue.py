@@ -210,8 +210,8 @@ def test_store_prefetch_touches_every_line_of_every_row_before_the_reduction() -
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_gelu_erf_holds_its_bound_over_the_whole_line(isa: str) -> None:
-    # VGELU_ERF: 7.1.26 alone, within 4e-7 |x| of GELU; the infinities and NaN as numpy's
-    # 0.5 x (1 + erf(x / sqrt 2)) gives them (GELU(-inf) is -inf * 0: NaN).
+    # VGELU_ERF: erf by a quartic per quarter, within 2e-7 |x| of GELU; the infinities and
+    # NaN as numpy's 0.5 x (1 + erf(x / sqrt 2)) gives them (GELU(-inf) is -inf * 0: NaN).
     d = dialect(isa)
     lib = c_library(d.prelude + f"""
 void run(const float *x, float *y, long n) {{
@@ -226,4 +226,4 @@ void run(const float *x, float *y, long n) {{
     with np.errstate(invalid="ignore"):
         want = 0.5 * wide * (1.0 + _ERF(wide / math.sqrt(2.0)))
     assert np.array_equal(y[:5], want[:5].astype(np.float32), equal_nan=True)
-    assert np.all(np.abs(y[5:] - want[5:]) <= 4e-7 * np.abs(wide[5:]) + 1e-37)
+    assert np.all(np.abs(y[5:] - want[5:]) <= 2e-7 * np.abs(wide[5:]) + 1e-37)

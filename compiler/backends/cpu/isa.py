@@ -197,6 +197,9 @@ static inline void VSTORE_BF16(void *p, __m512 v) {
 }
 #define VLOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32( \
   _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16))
+#define VFLOOR(a) _mm512_roundscale_ps((a), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
+/* the table in one register: a permute a lookup (NaN's index is 0x80000000: entry 0) */
+#define VTABLE16(t, f) _mm512_permutexvar_ps(_mm512_cvttps_epi32(f), _mm512_load_ps(t))
 static inline __m512 VLOADS2(const float *p) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   return _mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16));
@@ -233,6 +236,14 @@ static inline void VSTORE_BF16(void *p, __m256 v) {
 }
 #define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32( \
   _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))), 16))
+#define VFLOOR(a) _mm256_floor_ps(a)
+/* each half of the table in one register, the entry chosen by the index's 8s bit */
+static inline __m256 VTABLE16(const float *t, __m256 f) {
+  const __m256i i = _mm256_cvttps_epi32(f);
+  const __m256 lo = _mm256_permutevar8x32_ps(_mm256_load_ps(t), i);
+  const __m256 hi = _mm256_permutevar8x32_ps(_mm256_load_ps(t + 8), i);
+  return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_cmpgt_epi32(i, _mm256_set1_epi32(7))));
+}
 static inline __m256 VLOADS2(const float *p) {
   /* a0 a2 b0 b2 | a4 a6 b4 b6, then the 64-bit pairs reordered to a0 a2 a4 a6 b0 b2 b4 b6 */
   __m256 t = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _MM_SHUFFLE(2, 0, 2, 0));
