@@ -82,6 +82,33 @@ def test_the_kernel_uses_tiles_and_64_byte_pixels_where_the_spec_has_them() -> N
         assert "_tile_" not in plain and "#define PIXC 16" in plain
 
 
+HALF_ROWS = [  # (C, H, W, F, narrow): bfloat16 X in 16-channel blocks, 1x1 of stride 1
+    (16, 12, 12, 96, "x+y"),      # one half row of K
+    (144, 7, 9, 24, "x+y+add"),   # nine, the residual bfloat16 too; F not whole tiles
+    (48, 3, 3, 40, "x"),          # fewer pixels than a tile: packed, in half rows
+]
+
+
+@pytest.mark.parametrize("case", range(len(HALF_ROWS)))
+def test_bf16_x_in_16_channel_blocks_takes_half_tile_rows(case: int) -> None:
+    # tile_pixel_channels: K steps of 16 channels (32 bytes), the A tiles and B rows
+    # configured so, X read where it lies
+    c, h, w, f, narrow = HALF_ROWS[case]
+    op = conv2d_op(2, c, h, w, f, 1, 1, dtype="bf16", epilogue="bias+add+relu",
+                   layout="nchw16c", out_layout="nchw16c", narrow=narrow)
+    s = default_schedule(op, TILED, 2)
+    assert isinstance(s, Conv2dSchedule) and s.loop_order == "amx" and s.ic_block == 16
+    code = generate(op, s, TILED).code
+    assert "#define PIXC 16" in code and "TCONFIG_K(" in code
+    assert ("#define IN_PLACE 1" in code) == (h * w >= s.ow_block)
+    assert any("ic_block=16, not 32" in p for p in problems(op, s.replace(ic_block=32), TILED))
+    if AMX:
+        for ow, oc in SHAPES:
+            inputs = random_inputs(op, seed=case)
+            out = compile_kernel(op, s.replace(ow_block=ow, oc_block=oc), HW)(*inputs)
+            assert check_result(op, inputs, out, reference(op, inputs)) is None
+
+
 def test_tile_schedules_are_refused_where_they_cannot_run() -> None:
     op = _op(0, "int8")
     s = _tiled(op, 32, 32)

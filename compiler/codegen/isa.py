@@ -89,7 +89,9 @@ class IsaDialect:
     """Per low-precision dtype with matrix tiles (AMX), the C of their vocabulary, after the
     dtype's dot-product vocabulary (whose ``IGROUP``, ``ib_t`` and ``IB_FROM`` it keeps):
     ``TK``, the K elements one tile row holds (64 bytes); ``TCONFIG()``, every tile 16 rows
-    of 64 bytes, per thread before its first tile instruction; ``TZERO(t)``,
+    of 64 bytes, per thread before its first tile instruction; ``TCONFIG_K(a, b, kb)``, the
+    same but tiles ``a .. b - 1`` (A) ``kb`` bytes a row and tiles from ``b`` (B) ``kb / 4``
+    rows: a K step of ``kb`` bytes, not 64; ``TZERO(t)``,
     ``TLOAD(t, p, stride)``, ``TSTORE(t, p, stride)`` (stride in bytes), ``TDOT(c, a, b)``
     (tile ``c`` plus ``a`` (16 rows x ``TK``) times ``b`` (``TK / IGROUP`` rows of 16
     columns x ``IGROUP``), exact in int32 or summed in float32), ``TRELEASE()``. Its source

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.conv2d.emit import reduces_in_chunks
-from tunecache.compiler.kinds.conv2d.lowp import runs_float_kernel
+from tunecache.compiler.kinds.conv2d.lowp import runs_float_kernel, tile_pixel_channels
 from tunecache.compiler.kinds.conv2d.space import (
     MAX_OW_BLOCK,
     WINOGRAD_TILES,
@@ -21,7 +21,6 @@ from tunecache.compiler.kinds.conv2d.space import (
     winograd_shape,
 )
 from tunecache.compiler.kinds.matmul import tile_dtypes
-from tunecache.compiler.kinds.matmul.emit_tiles import TILE_BYTES
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MAX_MR, problems
 from tunecache.costmodel.analytic import round_up
@@ -101,11 +100,12 @@ def _conv_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv
 def _tile_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Conv2dSchedule]:
     """Matrix-tile (AMX) schedules of an int8 or bf16 conv2d where ``hw`` has the tiles:
     pixels x channels in whole tiles (:data:`TILE_SHAPES`), a tile row of channels a packed
-    pixel block. None for a bf16 depthwise conv2d (the float32 kernel runs it)."""
+    pixel block (or half of one: ``tile_pixel_channels``). None for a bf16 depthwise conv2d
+    (the float32 kernel runs it)."""
     if op.dtype not in tile_dtypes(hw) or runs_float_kernel(op):
         return
     for ow, oc in TILE_SHAPES:
-        yield Conv2dSchedule(oc_block=oc, ow_block=ow, ic_block=TILE_BYTES // op.dtype_bytes,
+        yield Conv2dSchedule(oc_block=oc, ow_block=ow, ic_block=tile_pixel_channels(op),
                              loop_order="amx", threads=threads)
 
 

@@ -417,16 +417,17 @@ typedef struct {{
   uint16_t colsb[16];
   uint8_t rows[16];
 }} tc_tile_config;
-static inline void TCONFIG(void) {{
+static inline void TCONFIG_K(int a, int b, int kb) {{
   tc_tile_config c;
   memset(&c, 0, sizeof c);
   c.palette = 1;
   for (int t = 0; t < 8; t++) {{
-    c.colsb[t] = 64;
-    c.rows[t] = 16;
+    c.colsb[t] = t >= a && t < b ? kb : 64;
+    c.rows[t] = t >= b ? kb / 4 : 16;
   }}
   _tile_loadconfig(&c);
 }}
+#define TCONFIG() TCONFIG_K(8, 8, 64)
 #define TZERO(t) _tile_zero(t)
 #define TLOAD(t, p, stride) _tile_loadd(t, (const void *)(p), (stride))
 #define TSTORE(t, p, stride) _tile_stored(t, (void *)(p), (stride))

@@ -42,7 +42,7 @@ from tunecache.compiler.kinds.conv2d.lowp import (
 )
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
 from tunecache.compiler.kinds.layouts import channel_block
-from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS
+from tunecache.compiler.kinds.matmul.emit_tiles import TILE_BYTES, TILE_ROWS
 from tunecache.compiler.ops import OpSignature
 
 TYPES = {"int8": ("uint8_t", "int8_t", "int32_t"), "bf16": ("uint16_t", "uint16_t", "float")}
@@ -239,12 +239,24 @@ _PACK_X = """\
 _X_IN_PLACE = "  const ta_t *Xq = (const ta_t *)X;\n  (void)qa;"
 
 
-def _body(once: bool, tiles: bool, in_place: bool) -> str:
+def _body(once: bool, config: str, in_place: bool) -> str:
     """The kernel's body: X packed (or read in place), the weights (packed once, or here),
-    the rows; the tile kernel configures its thread's tiles around them."""
+    the rows; a tile kernel's ``config`` of its thread's tiles around them."""
     return _BODY % (_X_IN_PLACE if in_place else _PACK_X,
-                    _PACKED_ONCE if once else _PACK_PER_CALL, "  TCONFIG();\n" * tiles,
-                    "  TRELEASE();\n" * tiles)
+                    _PACKED_ONCE if once else _PACK_PER_CALL, config,
+                    "  TRELEASE();\n" if config else "")
+
+
+def _tile_config(op: OpSignature, s: Conv2dSchedule, pixc: int) -> str:
+    """The tile kernel's ``TCONFIG``: a K step of a whole tile row, or of ``pixc``'s bytes
+    in its A tiles (after the C tiles) and as many B rows (:func:`tile_pixel_channels`)."""
+    if s.loop_order != "amx":
+        return ""
+    kb, mt = pixc * op.dtype_bytes, s.ow_block // TILE_ROWS
+    if kb == TILE_BYTES:
+        return "  TCONFIG();\n"
+    first_a = mt * (s.oc_block // TILE_ROWS)
+    return f"  TCONFIG_K({first_a}, {first_a + mt}, {kb});\n"
 
 
 _PACK_PER_CALL = """\
@@ -505,7 +517,7 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
         "" if in_place else _pack_x(op, d.lanes, pixc), _finish(op, d), _store_block(op, d) if tiles else "",
         (tile_plane if plane else tile_row)(s.ow_block // TILE_ROWS, s.oc_block // TILE_ROWS)
         if tiles else _row(s.oc_block // d.lanes, s.ow_block),
-        kernel_entries(op, lambda once: _body(once, tiles, in_place),
+        kernel_entries(op, lambda once: _body(once, _tile_config(op, s, pixc), in_place),
                        threads=s.threads, rename={"W": "Wt"},
                        optional=("qa", "scale", "add", "aq", CHANNEL_OPERAND),
                        ws_floats="((XQ_BYTES + WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",

@@ -38,8 +38,8 @@ __all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "NARROW_CHOICES", "bf16_variant
            "chained_depthwise",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
            "narrow_problems", "narrow_tensors", "narrow_type", "packed_channels", "pixel_channels",
-           "quantizer_rows", "reads_x_in_place", "runs_float_kernel", "tiles_plane",
-           "with_narrow"]
+           "quantizer_rows", "reads_x_in_place", "runs_float_kernel", "tile_pixel_channels",
+           "tiles_plane", "with_narrow"]
 
 NARROW_TENSORS = ("x", "y", "add")
 """The activations a low-precision conv2d may hold narrow (:func:`narrow_type`), in the
@@ -99,9 +99,24 @@ def reads_x_in_place(op: OpSignature, s: Conv2dSchedule) -> bool:
 
 
 def pixel_channels(op: OpSignature, s: Conv2dSchedule) -> int:
-    """The channels of one block of a packed pixel: 16 for the vector kernel, a tile row of
-    64 bytes for the tile kernel (``loop_order=amx``: 64 u8 or 32 bf16)."""
-    return TILE_BYTES // op.dtype_bytes if s.loop_order == "amx" else 16
+    """The channels of one block of a packed pixel: 16 for the vector kernel,
+    :func:`tile_pixel_channels` for the tile kernel (``loop_order=amx``)."""
+    return tile_pixel_channels(op) if s.loop_order == "amx" else 16
+
+
+def tile_pixel_channels(op: OpSignature) -> int:
+    """The tile kernel's pixel block: a tile row of 64 bytes (64 u8 or 32 bf16), or half of
+    one where X is bfloat16 already in blocks of 16 channels that a 1x1 of stride 1 reads
+    in place: each K step then fills half a tile's depth (``TCONFIG_K``), but nothing is
+    packed. MobileNet-v2's 16- and 96- to 144-channel blocks write 16-channel blocks (a
+    strided depthwise layer, or 144 channels, not whole 32s); packing them into 32-channel
+    pixels cost as much as the products (1x1 16->96 at 112x112: 0.25 ms, 0.04 of it packing)."""
+    d = op.dims_dict
+    half = (op.dtype == "bf16" and "x" in narrow_tensors(op)
+            and channel_block(op.attr("layout")) == TILE_ROWS
+            and d["R"] == d["S"] == d["stride_h"] == d["stride_w"] == 1
+            and not any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r")))
+    return TILE_BYTES // op.dtype_bytes // (2 if half else 1)
 
 
 def block_fill(op: OpSignature) -> float:
@@ -322,7 +337,7 @@ def default_lowp_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -
         mt = 2 if swept > TILE_ROWS else 1
         nt = 2 if op.dim("F") > TILE_ROWS else 1
         return Conv2dSchedule(oc_block=nt * TILE_ROWS, ow_block=mt * TILE_ROWS,
-                              ic_block=TILE_BYTES // op.dtype_bytes, loop_order="amx",
+                              ic_block=tile_pixel_channels(op), loop_order="amx",
                               threads=threads)
     nv = 2 if op.dim("F") >= 2 * hw.lanes else 1
     width = max(1, min(max_accumulators(hw, nv) // nv, op.out_w, 14))
