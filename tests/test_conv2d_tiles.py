@@ -33,6 +33,7 @@ CASES = [  # (C, H, W, F, R, S, stride, pads, layout)
     (256, 6, 18, 64, 1, 1, 2, 0, "nchw16c"),  # strided 1x1
     (96, 7, 7, 40, 1, 1, 1, 0, "nchw16c"),    # 1x1: the image's pixels as one row
     (40, 5, 9, 24, 1, 1, 1, 0, "nchw"),       # the same on planes
+    (3, 21, 19, 32, 3, 3, 2, 1, "nchw"),      # a 3x3 stem: bf16's 9 channels in half a row
 ]
 SHAPES = [(32, 32), (16, 48), (16, 16)]
 
@@ -107,6 +108,15 @@ def test_bf16_x_in_16_channel_blocks_takes_half_tile_rows(case: int) -> None:
             inputs = random_inputs(op, seed=case)
             out = compile_kernel(op, s.replace(ow_block=ow, oc_block=oc), HW)(*inputs)
             assert check_result(op, inputs, out, reference(op, inputs)) is None
+
+
+def test_a_bf16_stem_whose_folded_taps_fit_half_a_row_packs_half_rows() -> None:
+    # 3 channels x 3 taps: 9 of 16 channels a packed pixel, not 9 of 32
+    for case, pixc in ((len(CASES) - 1, 16), (2, 32)):  # the 3x3 and the 7x7 stem
+        op = _op(case, "bf16")
+        s = default_schedule(op, TILED, 2)
+        assert isinstance(s, Conv2dSchedule) and s.ic_block == pixc
+        assert (f"#define PIXC {pixc}" in generate(op, s, TILED).code)
 
 
 def test_tile_schedules_are_refused_where_they_cannot_run() -> None:

@@ -107,15 +107,19 @@ def pixel_channels(op: OpSignature, s: Conv2dSchedule) -> int:
 def tile_pixel_channels(op: OpSignature) -> int:
     """The tile kernel's pixel block: a tile row of 64 bytes (64 u8 or 32 bf16), or half of
     one where X is bfloat16 already in blocks of 16 channels that a 1x1 of stride 1 reads
-    in place: each K step then fills half a tile's depth (``TCONFIG_K``), but nothing is
-    packed. MobileNet-v2's 16- and 96- to 144-channel blocks write 16-channel blocks (a
-    strided depthwise layer, or 144 channels, not whole 32s); packing them into 32-channel
-    pixels cost as much as the products (1x1 16->96 at 112x112: 0.25 ms, 0.04 of it packing)."""
+    in place, or where an RGB stem's folded taps fit half a row: each K step then fills half
+    a tile's depth (``TCONFIG_K``). MobileNet-v2's 16- and 96- to 144-channel blocks write
+    16-channel blocks (a strided depthwise layer, or 144 channels, not whole 32s); packing
+    them into 32-channel pixels cost as much as the products (1x1 16->96 at 112x112: 0.189
+    ms packed, 0.145 in place). Its 3x3 stem packs 9 channels a pixel: in 16, not 32, it
+    ran 0.126 ms, not 0.170 (half the packed bytes; one thread, AMX Xeon)."""
     d = op.dims_dict
-    half = (op.dtype == "bf16" and "x" in narrow_tensors(op)
-            and channel_block(op.attr("layout")) == TILE_ROWS
-            and d["R"] == d["S"] == d["stride_h"] == d["stride_w"] == 1
-            and not any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r")))
+    half_row = TILE_BYTES // 2 // op.dtype_bytes
+    in_place = ("x" in narrow_tensors(op) and channel_block(op.attr("layout")) == half_row
+                and d["R"] == d["S"] == d["stride_h"] == d["stride_w"] == 1
+                and not any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r")))
+    kc, ks = packed_channels(d["C"], d["S"], half_row)
+    half = op.dtype == "bf16" and (in_place or (ks != d["S"] and kc <= half_row))
     return TILE_BYTES // op.dtype_bytes // (2 if half else 1)
 
 
