@@ -13,7 +13,7 @@ import pytest
 from tunecache.compiler.codegen import generate
 from tunecache.compiler.hardware import cpu_features, local_spec, runnable_isas
 from tunecache.compiler.kinds.conv2d import Conv2dSchedule, conv2d_op
-from tunecache.compiler.kinds.conv2d.lowp import bf16_variant
+from tunecache.compiler.kinds.conv2d.lowp import bf16_variant, subsamples, tiles_plane
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import check_result, compile_kernel, random_inputs, reference
 from tunecache.compiler.schedule import default_schedule, problems
@@ -34,6 +34,8 @@ CASES = [  # (C, H, W, F, R, S, stride, pads, layout)
     (96, 7, 7, 40, 1, 1, 1, 0, "nchw16c"),    # 1x1: the image's pixels as one row
     (40, 5, 9, 24, 1, 1, 1, 0, "nchw"),       # the same on planes
     (3, 21, 19, 32, 3, 3, 2, 1, "nchw"),      # a 3x3 stem: bf16's 9 channels in half a row
+    (64, 7, 9, 40, 1, 1, 2, 0, "nchw"),       # strided 1x1, plain: a 4x5 plane subsampled
+    (96, 14, 13, 48, 1, 1, (2, 3), 0, "nchw16c"),  # and blocked, strides unequal: 7x5
 ]
 SHAPES = [(32, 32), (16, 48), (16, 16)]
 
@@ -112,11 +114,21 @@ def test_bf16_x_in_16_channel_blocks_takes_half_tile_rows(case: int) -> None:
 
 def test_a_bf16_stem_whose_folded_taps_fit_half_a_row_packs_half_rows() -> None:
     # 3 channels x 3 taps: 9 of 16 channels a packed pixel, not 9 of 32
-    for case, pixc in ((len(CASES) - 1, 16), (2, 32)):  # the 3x3 and the 7x7 stem
+    stems = {c[4]: i for i, c in enumerate(CASES) if c[0] == 3}  # by their taps
+    for case, pixc in ((stems[3], 16), (stems[7], 32)):
         op = _op(case, "bf16")
         s = default_schedule(op, TILED, 2)
         assert isinstance(s, Conv2dSchedule) and s.ic_block == pixc
         assert (f"#define PIXC {pixc}" in generate(op, s, TILED).code)
+
+
+def test_a_strided_1x1_on_tiles_convolves_the_plane_of_pixels_it_reads() -> None:
+    # subsamples: packed densely (X read at h * XSH, w * XSW), then a stride-1 plane
+    op = _op(len(CASES) - 1, "int8")
+    assert subsamples(op) and tiles_plane(op) and not subsamples(_op(0, "int8"))
+    code = generate(op, default_schedule(op, TILED), TILED).code
+    for define in ("H 7", "W 5", "WP 5", "SH 1", "XH 14", "XW 13", "XSH 2", "XSW 3"):
+        assert f"#define {define}L\n" in code, define
 
 
 def test_tile_schedules_are_refused_where_they_cannot_run() -> None:

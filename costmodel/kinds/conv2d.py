@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from tunecache.compiler.backends import ArchConstants
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds.conv2d.lowp import packed_channels, pixel_channels, tiles_plane
+from tunecache.compiler.kinds.conv2d.lowp import (
+    packed_channels,
+    pixel_channels,
+    plane_width,
+    tiles_plane,
+)
 from tunecache.compiler.kinds.conv2d.space import (
     Conv2dSchedule,
     conv2d_blocks,
@@ -351,8 +356,8 @@ def _estimate_tiles(op: OpSignature, s: Conv2dSchedule, hw: HardwareSpec) -> Est
     kc, ks = packed_channels(d["C"], d["S"], pixel_channels(op, s))
     steps = ceil_div(kc, pixel_channels(op, s)) * d["R"] * ks
     blocks = d["N"] * ceil_div(d["F"], s.oc_block)
-    if tiles_plane(op):  # rows WP wide, one plane
-        plane = op.out_h * (d["W"] + d["pad_l"] + d["pad_r"])
+    if tiles_plane(op):  # one plane of rows
+        plane = op.out_h * plane_width(op)
         tiles = ceil_div(blocks * ceil_div(plane, s.ow_block), s.threads) * steps
     else:
         rows = ceil_div(blocks * op.out_h, s.threads)

@@ -38,6 +38,7 @@ from tunecache.compiler.kinds.conv2d.lowp import (
     packed_channels,
     pixel_channels,
     reads_x_in_place,
+    subsamples,
     tiles_plane,
 )
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule
@@ -144,7 +145,7 @@ _PLANES = """\
     if (live < PIXC) memset(row + PL * PIXC, fill, W * PIXC * sizeof(ta_t));
     for (long k = 0; k < live; k++) {
       ta_t *restrict out = row + PL * PIXC + k;
-      const tx_t *restrict src = X + ((n * C + cb * PIXC + k) * H + h) * W;
+      const tx_t *restrict src = X + ((n * C + cb * PIXC + k) * XH + h * XSH) * XW;
       for (long w = 0; w < W; w++) out[w * PIXC] = %s;
     }"""
 _SCALAR_PIXEL = "      for (long k = 0; k < PIXC; k++) out[k] = %s;"
@@ -160,7 +161,7 @@ _VECTOR_PIXEL = """\
           memset(out + k, fill, LANES);
           continue;
         }
-        vec v = VMAX(VDIV(VLOADU(X + (((n * %d + c / %d) * H + h) * W + w) * %d + c %% %d), vs),
+        vec v = VMAX(VDIV(VLOADU(X + (((n * %d + c / %d) * XH + h * XSH) * XW + w * XSW) * %d + c %% %d), vs),
                      vlo);
         v = VMIN(v, vhi);
         VSTORE_U8(out + k, VADD(VSUB(VADD(v, vm), vm), vz));
@@ -175,7 +176,7 @@ _BLOCKED_PIXEL = """\
           memset(out + k, 0, %(x)d * sizeof(ta_t));
           continue;
         }
-        const float *src = X + (((n * %(blocks)d + c / %(x)d) * H + h) * W + w) * %(x)d;
+        const float *src = X + (((n * %(blocks)d + c / %(x)d) * XH + h * XSH) * XW + w * XSW) * %(x)d;
         if (%(x)d %% LANES == 0)
           for (long e = 0; e < %(x)d; e += LANES) VSTORE_BF16(out + k + e, VLOADU(src + e));
         else
@@ -189,7 +190,7 @@ _NARROW_PIXEL = """\
         if (c >= %(padded)d)
           memset(out + k, fill, %(x)d * sizeof(ta_t));
         else
-          memcpy(out + k, X + (((n * %(blocks)d + c / %(x)d) * H + h) * W + w) * %(x)d,
+          memcpy(out + k, X + (((n * %(blocks)d + c / %(x)d) * XH + h * XSH) * XW + w * XSW) * %(x)d,
                  %(x)d * sizeof(ta_t));
       }"""
 _WIDE_X = """\
@@ -269,8 +270,8 @@ def _x_channel(op: OpSignature) -> str:
     """X's element for channel ``c`` (below C) of pixel (n, h, w), in X's layout, as C."""
     x = channel_block(op.attr("layout"))
     if not x:
-        return "X[((n * C + c) * H + h) * W + w]"
-    return f"X[(((n * {-(-op.dim('C') // x)} + c / {x}) * H + h) * W + w) * {x} + c % {x}]"
+        return "X[((n * C + c) * XH + h * XSH) * XW + w * XSW]"
+    return f"X[(((n * {-(-op.dim('C') // x)} + c / {x}) * XH + h * XSH) * XW + w * XSW) * {x} + c % {x}]"
 
 
 def _pack_x(op: OpSignature, lanes: int, pixc: int) -> str:
@@ -292,7 +293,7 @@ def _pack_x(op: OpSignature, lanes: int, pixc: int) -> str:
         pixel = _BLOCKED_PIXEL % {"x": x, "padded": -(-c // x) * x, "blocks": -(-c // x)}
         return helper + "\n" + _BLOCK_X % (setup, _PIXELS % pixel)
     if not x:
-        return helper + "\n" + _BLOCK_X % (setup, _PLANES % one.replace("X_AT", "src[w]"))
+        return helper + "\n" + _BLOCK_X % (setup, _PLANES % one.replace("X_AT", "src[w * XSW]"))
     pixel = _SCALAR_PIXEL % one.replace("X_AT", _x_index(op, pixc, "fill" if narrow else "0.0f"))
     return helper + "\n" + _BLOCK_X % (setup, _PIXELS % pixel)
 
@@ -302,11 +303,11 @@ def _x_index(op: OpSignature, pixc: int, past: str) -> str:
     ``pixc`` contiguous elements a pixel when X's blocks are that wide."""
     x, c = channel_block(op.attr("layout")), op.dim("C")
     if x == pixc:
-        return f"X[(((n * {-(-c // x)} + cb) * H + h) * W + w) * {x} + k]"
+        return f"X[(((n * {-(-c // x)} + cb) * XH + h * XSH) * XW + w * XSW) * {x} + k]"
     if x:
         return (f"(cb * PIXC + k < {-(-c // x) * x} ? X[(((n * {-(-c // x)} + (cb * PIXC + k)"
-                f" / {x}) * H + h) * W + w) * {x} + (cb * PIXC + k) % {x}] : {past})")
-    return f"(cb * PIXC + k < C ? X[((n * C + cb * PIXC + k) * H + h) * W + w] : {past})"
+                f" / {x}) * XH + h * XSH) * XW + w * XSW) * {x} + (cb * PIXC + k) % {x}] : {past})")
+    return f"(cb * PIXC + k < C ? X[((n * C + cb * PIXC + k) * XH + h * XSH) * XW + w * XSW] : {past})"
 
 
 def _y_index(op: OpSignature) -> str:
@@ -494,12 +495,12 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
     pixc, tiles = pixel_channels(op, s), s.loop_order == "amx"
     kc, ks = packed_channels(op.dim("C"), op.dim("S"), pixc)
     wide = ks != op.dim("S")
-    shape = shape_constants(op)
+    shape = _shape(op, tiles)
     plane = tiles and tiles_plane(op)
     rows = -(-op.out_h * int(shape["WP"]) // s.ow_block) if plane else op.out_h
     constants = {**shape, "OCB": s.oc_block, "OWB": s.ow_block, "PIXC": pixc, "ROWS": rows,
                  "LANES": d.lanes, "FOUT": -(-op.dim("F") // x) * x if x else op.dim("F"),
-                 "KC": kc, "KS": ks, "WIDE": int(wide), "KSW": 1 if wide else op.dim("stride_w"),
+                 "KC": kc, "KS": ks, "WIDE": int(wide), "KSW": 1 if wide else shape["SW"],
                  "KWP": op.out_w if wide else "WP", "WQ_CHUNK_BYTES": WQ_CHUNK_BYTES}
     in_place = reads_x_in_place(op, s)
     constants["IN_PLACE"] = int(in_place)
@@ -523,6 +524,19 @@ def generate_lowp_conv(op: OpSignature, s: Conv2dSchedule, d: IsaDialect) -> str
                        ws_floats="((XQ_BYTES + WQ_ITEMS * (long)sizeof(ib_t) + 3) / 4)",
                        packed=packed, packed_ws_floats="((XQ_BYTES + 3) / 4)"),
     ])
+
+
+def _shape(op: OpSignature, tiles: bool) -> dict[str, int | str]:
+    """The kernel's shape constants, and X's as it lies (``XH``, ``XW``, ``XSH``, ``XSW``:
+    where the packing reads pixel (h, w)). A strided 1x1 on tiles (``subsamples``) packs
+    the pixels it reads into a dense plane and convolves that with stride 1: H, W are P, Q."""
+    shape = shape_constants(op)
+    d = op.dims_dict
+    shape.update(XH=d["H"], XW=d["W"], XSH=1, XSW=1)
+    if tiles and subsamples(op):
+        shape.update(H=op.out_h, W=op.out_w, HP=op.out_h, WP=op.out_w, SH=1, SW=1,
+                     XSH=d["stride_h"], XSW=d["stride_w"])
+    return shape
 
 
 def _activation_types(op: OpSignature) -> str:

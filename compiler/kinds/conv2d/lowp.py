@@ -38,8 +38,8 @@ __all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "NARROW_CHOICES", "bf16_variant
            "chained_depthwise",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
            "narrow_problems", "narrow_tensors", "narrow_type", "packed_channels", "pixel_channels",
-           "quantizer_rows", "reads_x_in_place", "runs_float_kernel", "tile_pixel_channels",
-           "tiles_plane", "with_narrow"]
+           "plane_width", "quantizer_rows", "reads_x_in_place", "runs_float_kernel", "subsamples",
+           "tile_pixel_channels", "tiles_plane", "with_narrow"]
 
 NARROW_TENSORS = ("x", "y", "add")
 """The activations a low-precision conv2d may hold narrow (:func:`narrow_type`), in the
@@ -79,10 +79,27 @@ def packed_channels(c: int, s: int, pixc: int = 16) -> tuple[int, int]:
 def tiles_plane(op: OpSignature) -> bool:
     """Whether the tile kernel sweeps ``op``'s output as one plane of rows ``WP`` wide
     (:func:`~tunecache.compiler.kinds.conv2d.emit_tiles.tile_plane`): stride 1, the taps not
-    folded into the pixel; else it tiles each output row."""
+    folded into the pixel, or a 1x1 that :func:`subsamples`; else it tiles each output row."""
     d = op.dims_dict
     folded = packed_channels(d["C"], d["S"], TILE_BYTES // op.dtype_bytes)[1] != d["S"]
-    return d["stride_h"] == d["stride_w"] == 1 and not folded
+    return (d["stride_h"] == d["stride_w"] == 1 and not folded) or subsamples(op)
+
+
+def subsamples(op: OpSignature) -> bool:
+    """Whether the tile kernel packs the pixels a strided, unpadded 1x1 reads into a dense
+    plane (``P x Q``) and convolves it with stride 1: row by row, ResNet-50's 14->7 shortcut
+    (1024->2048) loaded every weight tile once per 7-pixel row, from a 16-pixel tile; on the
+    plane, once per 32 of its 49 pixels."""
+    d = op.dims_dict
+    return (d["R"] == d["S"] == 1 and (d["stride_h"], d["stride_w"]) != (1, 1)
+            and not any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r")))
+
+
+def plane_width(op: OpSignature) -> int:
+    """The width of the rows a plane-sweeping tile kernel (:func:`tiles_plane`) tiles: the
+    padded input's, or the output's where it :func:`subsamples`."""
+    d = op.dims_dict
+    return op.out_w if subsamples(op) else d["W"] + d["pad_l"] + d["pad_r"]
 
 
 def reads_x_in_place(op: OpSignature, s: Conv2dSchedule) -> bool:
