@@ -53,6 +53,19 @@ def test_int8_is_exact_on_every_level(hw: HardwareSpec, m: int, n: int, k: int,
     _exact(matmul_op(m, n, k, dtype="int8"), hw, threads)
 
 
+@pytest.mark.parametrize("hw", SPECS, ids=[s.isa for s in SPECS])
+@pytest.mark.parametrize(("m", "n", "k"), [(33, 40, 17), (7, 300, 64), (64, 48, 200)])
+def test_int8_split_by_columns_is_exact(hw: HardwareSpec, m: int, n: int, k: int) -> None:
+    # parallel=n: each thread its share of B's panels (fewer panels than threads included)
+    op = matmul_op(m, n, k, dtype="int8")
+    s = default_schedule(op, hw, 2).replace(parallel="n")
+    assert not problems(op, s, hw)
+    a, b = random_inputs(op, seed=k)
+    out = compile_kernel(op, s, hw)(a, b)
+    np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+    assert any("parallel='m' or 'n'" in p for p in problems(op, s.replace(parallel="batch"), hw))
+
+
 @pytest.mark.skipif(not VNNI, reason="needs a CPU with AVX512-VNNI")
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)
 def test_int8_is_exact_with_vnni(m: int, n: int, k: int) -> None:

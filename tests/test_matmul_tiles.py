@@ -52,6 +52,15 @@ def test_int8_tiles_are_exact(m: int, n: int, k: int, mr: int, nr: int) -> None:
 
 @needs_amx
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_int8_tiles_split_by_columns_are_exact(m: int, n: int, k: int) -> None:
+    op = matmul_op(m, n, k, dtype="int8")
+    a, b = random_inputs(op, seed=k)
+    out = compile_kernel(op, _tiled(op, 32, 32, 2).replace(parallel="n"), HW)(a, b)
+    np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+
+
+@needs_amx
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
 def test_bf16_tiles_match_the_vector_kernel(m: int, n: int, k: int) -> None:
     op = matmul_op(m, n, k, dtype="bf16", a_type="float32", epilogue="bias+gelu_tanh")
     inputs = random_inputs(op, seed=n)

@@ -18,7 +18,12 @@ import math
 from collections.abc import Iterator
 
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds.matmul import lowp_column_block, strassen_block, tile_dtypes
+from tunecache.compiler.kinds.matmul import (
+    LOWP_PARALLEL,
+    lowp_column_block,
+    strassen_block,
+    tile_dtypes,
+)
 from tunecache.compiler.kinds.matmul.space import MatmulSchedule
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import MAX_MR, MAX_NR_VECTORS, Schedule, problems
@@ -220,9 +225,10 @@ def _tile_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Matm
     if op.dtype not in tile_dtypes(hw):
         return
     for mr, nr in TILE_SHAPES:
-        yield MatmulSchedule(mr=mr, nr=nr, kc=min(op.dim("K"), 512), mc=mr,
-                             nc=lowp_column_block(op, hw, nr), pack_a=0, pack_b=1,
-                             loop_order="amx", threads=threads, parallel="m")
+        for parallel in LOWP_PARALLEL if threads > 1 else ("m",):
+            yield MatmulSchedule(mr=mr, nr=nr, kc=min(op.dim("K"), 512), mc=mr,
+                                 nc=lowp_column_block(op, hw, nr), pack_a=0, pack_b=1,
+                                 loop_order="amx", threads=threads, parallel=parallel)
 
 
 def _matmul_pool(op: OpSignature, hw: HardwareSpec, threads: int) -> Iterator[Schedule]:

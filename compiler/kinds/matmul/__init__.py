@@ -263,9 +263,11 @@ def emit_gemm(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
     return generate_matmul(op, s, d)
 
 
-LOWP_KNOBS: dict[str, int | str] = {"pack_a": 0, "pack_b": 1, "strassen": 0, "loop_order": "jpi", "unroll": 1,
-              "parallel": "m"}
-"""The knobs a low-precision kernel has one value of (it packs per call, splits rows)."""
+LOWP_KNOBS: dict[str, int | str] = {"pack_a": 0, "pack_b": 1, "strassen": 0, "loop_order": "jpi",
+                                    "unroll": 1}
+"""The knobs a low-precision kernel has one value of (it packs A per call)."""
+LOWP_PARALLEL = ("m", "n")
+"""How a low-precision kernel splits C among threads: row tiles, or B's column panels."""
 
 
 def gemm_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> list[str]:
@@ -276,8 +278,9 @@ def gemm_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> list[
         fixed = {k: v for k, v in LOWP_KNOBS.items() if k != "loop_order"}
         found += [f"{_a(op.dtype)} matmul takes {knob}={want!r}, not {getattr(s, knob)!r}"
                   for knob, want in fixed.items() if getattr(s, knob) != want]
-        found += tile_problems(op, s, hw)
+        found += tile_problems(op, s, hw) + _parallel_problems(op, s)
     elif op.dtype != "float32":
+        found += _parallel_problems(op, s)
         found += [f"{_a(op.dtype)} matmul takes {knob}={want!r}, not {getattr(s, knob)!r}"
                   for knob, want in LOWP_KNOBS.items() if getattr(s, knob) != want]
         accumulators = s.mr * (s.nr // hw.lanes)
@@ -285,6 +288,12 @@ def gemm_problems(op: OpSignature, s: MatmulSchedule, hw: HardwareSpec) -> list[
             found.append(f"{_a(op.dtype)} tile {s.mr}x{s.nr} has {accumulators} accumulators; "
                          f"at most {hw.vector_registers // 2} on {hw.isa}")
     return found
+
+
+def _parallel_problems(op: OpSignature, s: MatmulSchedule) -> list[str]:
+    if s.parallel in LOWP_PARALLEL:
+        return []
+    return [f"{_a(op.dtype)} matmul splits parallel='m' or 'n', not {s.parallel!r}"]
 
 
 def tile_dtypes(hw: HardwareSpec) -> frozenset[str]:

@@ -97,11 +97,18 @@ _BODY = """\
 {prepare}
 {weights}
   BARRIER();
-  split_range((M + MR - 1) / MR, TID, NTH, &lo, &hi);
-{start}  for (long j0 = 0; j0 < NP; j0 += NC)
-    for (long tile = lo; tile < hi; tile++)
-      tc_lowp_rows(Ap, Bp, (tc_t *)C, {scale}, {bias}, chan, tile * MR, j0, MIN(NP, j0 + NC));
+{start}{split}
 {end}"""
+_SPLIT_ROWS = """  split_range((M + MR - 1) / MR, TID, NTH, &lo, &hi);
+  for (long j0 = 0; j0 < NP; j0 += NC)
+    for (long tile = lo; tile < hi; tile++)
+      tc_lowp_rows(Ap, Bp, (tc_t *)C, {scale}, {bias}, chan, tile * MR, j0, MIN(NP, j0 + NC));"""
+# parallel=n: each thread its own share of B's panels (all of A's rows), so of the weights
+# streamed from memory
+_SPLIT_COLUMNS = """  split_range(NP / NR, TID, NTH, &lo, &hi);
+  for (long j0 = lo * NR; j0 < hi * NR; j0 += NC)
+    for (long tile = 0; tile < (M + MR - 1) / MR; tile++)
+      tc_lowp_rows(Ap, Bp, (tc_t *)C, {scale}, {bias}, chan, tile * MR, j0, MIN(hi * NR, j0 + NC));"""
 _PREPARE = "  tc_lowp_pack_a(A, qa, Ap, lo, hi);"
 _PREPARE_DYNAMIC = """\
   /* A's range over every thread's rows, then its parameters, its rows quantized with them
@@ -240,10 +247,10 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
                            "  tc_lowp_pack_b((const tb_t *)weights, (ib_t *)packed, 0, KG);")
 
     def body(once: bool) -> str:
+        split = (_SPLIT_COLUMNS if s.parallel == "n" else _SPLIT_ROWS).format(
+            scale="dq" if dynamic else "scale", bias="dq + N" if dynamic else "bias")
         return _BODY.format(prepare=_PREPARE_DYNAMIC if dynamic else _PREPARE,
-                            weights=_PACKED_ONCE if once else _PACK_PER_CALL,
-                            scale="dq" if dynamic else "scale",
-                            bias="dq + N" if dynamic else "bias",
+                            weights=_PACKED_ONCE if once else _PACK_PER_CALL, split=split,
                             start="  TCONFIG();\n" if tiles else "",
                             end="  TRELEASE();\n" if tiles else "")
 
