@@ -50,6 +50,19 @@ def test_int8_tiles_are_exact(m: int, n: int, k: int, mr: int, nr: int) -> None:
     np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
 
 
+@pytest.mark.parametrize(("m", "n", "k", "threads", "split"), [
+    (128, 3072, 768, 2, "n"),  # 2.4 MB of int8 weights: more than L2, each thread a share
+    (128, 768, 768, 2, "m"),   # 0.6 MB: row tiles
+    (1, 768, 768, 2, "n"),     # one row tile for two threads
+    (128, 3072, 768, 1, "m"),
+])
+def test_tile_matmuls_split_by_columns_where_the_weights_outgrow_l2(
+        m: int, n: int, k: int, threads: int, split: str) -> None:
+    op = matmul_op(m, n, k, dtype="int8")
+    s = default_schedule(op, replace(TILED, l2_bytes=2 << 20), threads)  # an AMX Xeon's L2
+    assert isinstance(s, MatmulSchedule) and s.loop_order == "amx" and s.parallel == split
+
+
 @needs_amx
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)
 def test_int8_tiles_split_by_columns_are_exact(m: int, n: int, k: int) -> None:

@@ -70,6 +70,9 @@ _TYPES = """\
 #define WQ_TILE_BYTES ((long)CB * R * KS * GPB * OCB * IGROUP * (long)sizeof(ib_t))
 #define TCH (WQ_TILE_BYTES >= WQ_CHUNK_BYTES ? 1 : MIN(FT, WQ_CHUNK_BYTES / WQ_TILE_BYTES))
 #define NCH ((FT + TCH - 1) / TCH)
+/* the offset of pixel (h, w) of X's plane or channel block b, in pixels: the packing reads
+   X where it lies (XH x XW), every XSH-th row and XSW-th column (a subsampled plane) */
+#define XOFF(b, h, w) (((b) * XH + (h) * XSH) * XW + (w) * XSW)
 """
 
 _PACK_W = """\
@@ -145,7 +148,7 @@ _PLANES = """\
     if (live < PIXC) memset(row + PL * PIXC, fill, W * PIXC * sizeof(ta_t));
     for (long k = 0; k < live; k++) {
       ta_t *restrict out = row + PL * PIXC + k;
-      const tx_t *restrict src = X + ((n * C + cb * PIXC + k) * XH + h * XSH) * XW;
+      const tx_t *restrict src = X + XOFF(n * C + cb * PIXC + k, h, 0);
       for (long w = 0; w < W; w++) out[w * PIXC] = %s;
     }"""
 _SCALAR_PIXEL = "      for (long k = 0; k < PIXC; k++) out[k] = %s;"
@@ -161,7 +164,7 @@ _VECTOR_PIXEL = """\
           memset(out + k, fill, LANES);
           continue;
         }
-        vec v = VMAX(VDIV(VLOADU(X + (((n * %d + c / %d) * XH + h * XSH) * XW + w * XSW) * %d + c %% %d), vs),
+        vec v = VMAX(VDIV(VLOADU(X + XOFF(n * %d + c / %d, h, w) * %d + c %% %d), vs),
                      vlo);
         v = VMIN(v, vhi);
         VSTORE_U8(out + k, VADD(VSUB(VADD(v, vm), vm), vz));
@@ -176,7 +179,7 @@ _BLOCKED_PIXEL = """\
           memset(out + k, 0, %(x)d * sizeof(ta_t));
           continue;
         }
-        const float *src = X + (((n * %(blocks)d + c / %(x)d) * XH + h * XSH) * XW + w * XSW) * %(x)d;
+        const float *src = X + XOFF(n * %(blocks)d + c / %(x)d, h, w) * %(x)d;
         if (%(x)d %% LANES == 0)
           for (long e = 0; e < %(x)d; e += LANES) VSTORE_BF16(out + k + e, VLOADU(src + e));
         else
@@ -190,7 +193,7 @@ _NARROW_PIXEL = """\
         if (c >= %(padded)d)
           memset(out + k, fill, %(x)d * sizeof(ta_t));
         else
-          memcpy(out + k, X + (((n * %(blocks)d + c / %(x)d) * XH + h * XSH) * XW + w * XSW) * %(x)d,
+          memcpy(out + k, X + XOFF(n * %(blocks)d + c / %(x)d, h, w) * %(x)d,
                  %(x)d * sizeof(ta_t));
       }"""
 _WIDE_X = """\
@@ -270,8 +273,8 @@ def _x_channel(op: OpSignature) -> str:
     """X's element for channel ``c`` (below C) of pixel (n, h, w), in X's layout, as C."""
     x = channel_block(op.attr("layout"))
     if not x:
-        return "X[((n * C + c) * XH + h * XSH) * XW + w * XSW]"
-    return f"X[(((n * {-(-op.dim('C') // x)} + c / {x}) * XH + h * XSH) * XW + w * XSW) * {x} + c % {x}]"
+        return "X[XOFF(n * C + c, h, w)]"
+    return f"X[XOFF(n * {-(-op.dim('C') // x)} + c / {x}, h, w) * {x} + c % {x}]"
 
 
 def _pack_x(op: OpSignature, lanes: int, pixc: int) -> str:
@@ -303,11 +306,11 @@ def _x_index(op: OpSignature, pixc: int, past: str) -> str:
     ``pixc`` contiguous elements a pixel when X's blocks are that wide."""
     x, c = channel_block(op.attr("layout")), op.dim("C")
     if x == pixc:
-        return f"X[(((n * {-(-c // x)} + cb) * XH + h * XSH) * XW + w * XSW) * {x} + k]"
+        return f"X[XOFF(n * {-(-c // x)} + cb, h, w) * {x} + k]"
     if x:
-        return (f"(cb * PIXC + k < {-(-c // x) * x} ? X[(((n * {-(-c // x)} + (cb * PIXC + k)"
-                f" / {x}) * XH + h * XSH) * XW + w * XSW) * {x} + (cb * PIXC + k) % {x}] : {past})")
-    return f"(cb * PIXC + k < C ? X[((n * C + cb * PIXC + k) * XH + h * XSH) * XW + w * XSW] : {past})"
+        return (f"(cb * PIXC + k < {-(-c // x) * x} ? X[XOFF(n * {-(-c // x)} + (cb * PIXC + k)"
+                f" / {x}, h, w) * {x} + (cb * PIXC + k) % {x}] : {past})")
+    return f"(cb * PIXC + k < C ? X[XOFF(n * C + cb * PIXC + k, h, w)] : {past})"
 
 
 def _y_index(op: OpSignature) -> str:

@@ -91,8 +91,12 @@ def subsamples(op: OpSignature) -> bool:
     (1024->2048) loaded every weight tile once per 7-pixel row, from a 16-pixel tile; on the
     plane, once per 32 of its 49 pixels."""
     d = op.dims_dict
-    return (d["R"] == d["S"] == 1 and (d["stride_h"], d["stride_w"]) != (1, 1)
-            and not any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r")))
+    return _unpadded_1x1(op) and (d["stride_h"], d["stride_w"]) != (1, 1)
+
+
+def _unpadded_1x1(op: OpSignature) -> bool:
+    d = op.dims_dict
+    return d["R"] == d["S"] == 1 and not any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r"))
 
 
 def plane_width(op: OpSignature) -> int:
@@ -110,8 +114,7 @@ def reads_x_in_place(op: OpSignature, s: Conv2dSchedule) -> bool:
     d = op.dims_dict
     return (s.loop_order == "amx" and "x" in narrow_tensors(op)
             and channel_block(op.attr("layout")) == pixel_channels(op, s)
-            and d["R"] == d["S"] == d["stride_h"] == d["stride_w"] == 1
-            and not any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r"))
+            and _unpadded_1x1(op) and d["stride_h"] == d["stride_w"] == 1
             and op.out_h * op.out_w >= s.ow_block)
 
 
@@ -133,8 +136,7 @@ def tile_pixel_channels(op: OpSignature) -> int:
     d = op.dims_dict
     half_row = TILE_BYTES // 2 // op.dtype_bytes
     in_place = ("x" in narrow_tensors(op) and channel_block(op.attr("layout")) == half_row
-                and d["R"] == d["S"] == d["stride_h"] == d["stride_w"] == 1
-                and not any(d[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r")))
+                and _unpadded_1x1(op) and d["stride_h"] == d["stride_w"] == 1)
     kc, ks = packed_channels(d["C"], d["S"], half_row)
     half = op.dtype == "bf16" and (in_place or (ks != d["S"] and kc <= half_row))
     return TILE_BYTES // op.dtype_bytes // (2 if half else 1)

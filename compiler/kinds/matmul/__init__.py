@@ -330,19 +330,19 @@ def default_gemm_schedule(op: OpSignature, hw: HardwareSpec, threads: int = 1) -
         nr = 2 * TILE_ROWS
         return replace(s, mr=2 * TILE_ROWS, nr=nr, nc=lowp_column_block(op, hw, nr),
                        mc=2 * TILE_ROWS, pack_a=0, pack_b=1, strassen=0, loop_order="amx",
-                       unroll=1, parallel=tile_split(op, hw, threads))
+                       unroll=1, parallel=tile_split(op, hw, threads, 2 * TILE_ROWS))
     nr = (4 if hw.vector_registers >= 32 else 2) * hw.lanes
     return replace(s, mr=4, nr=nr, nc=lowp_column_block(op, hw, nr), mc=max(4, s.mc // 4 * 4),
                    pack_a=0, pack_b=1, strassen=0, loop_order="jpi", unroll=1, parallel="m")
 
 
-def tile_split(op: OpSignature, hw: HardwareSpec, threads: int) -> str:
+def tile_split(op: OpSignature, hw: HardwareSpec, threads: int, mr: int) -> str:
     """How a tile matmul's threads share C: B's column panels (``n``) where its weights
     outgrow L2, which each thread then streams a share of, or where there are fewer row
-    tiles than threads; else row tiles (``m``). Two threads, weights cold, AMX Xeon:
+    tiles of ``mr`` rows than threads; else row tiles (``m``). Two threads, weights cold, AMX Xeon:
     BERT-base's 128x768x3072 bf16 0.58 -> 0.49 ms by columns, 128x3072x768 0.61 -> 0.55, but
     128x768x768 (1.2 MB of weights) 0.157 -> 0.18."""
-    rows = -(-op.dim("M") // (2 * TILE_ROWS))
+    rows = -(-op.dim("M") // mr)
     weights = op.dim("K") * op.dim("N") * op.dtype_bytes
     return "n" if threads > 1 and (weights > hw.l2_bytes or rows < threads) else "m"
 
