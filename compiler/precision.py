@@ -8,8 +8,10 @@ bfloat16 once, here, and the kernel rounds its float32 activations while packing
 activation only bf16 kernels write and read flows between them as bfloat16
 (:mod:`tunecache.compiler.lowering.bf16`). Depthwise convolutions become bf16 ones: the
 float32 kernel on weights of bfloat16 values, reading and writing bfloat16 activations, so
-those stay narrow through a MobileNet block. Products of two activations (attention) and
-grouped convolutions stay float32 (no bf16 kernels for them yet). On hardware whose
+those stay narrow through a MobileNet block. Fused attention becomes a bf16 one on bf16
+matrix tiles (AMX), which rounds Q, K and V as it packs them; elsewhere it and the other
+products of two activations stay float32, as do grouped convolutions (no bf16 kernels for
+them yet). On hardware whose
 dialect has no bf16 dot product (no
 AVX512-BF16 or AMX-BF16) the policy keeps float32 and says so: the widening emulation
 would be slower than float32.
@@ -114,6 +116,8 @@ def _bf16_node(node: KernelNode, constants: dict[str, np.ndarray],
     ``node`` itself."""
     variant = op_kind(node.op.kind).bf16_variant
     found = variant(node.op, hw) if variant is not None else None
+    if found is not None and found[1] is None:
+        return replace(node, op=found[0])  # no weights: the kernel rounds its inputs
     weights = constants.get(node.inputs[1]) if found is not None else None
     if found is None or weights is None:
         return node

@@ -218,10 +218,10 @@ def test_float32_reference_matches_float64(op: OpSignature, seed: int) -> None:
 def test_illegal_schedules_name_every_problem() -> None:
     op = attention_op(2, 5, 40, 64)
     hw = HW.with_isa("avx2")
-    found = problems(op, AttentionSchedule(q_block=9, k_block=48, score="tiles", threads=0), hw)
+    found = problems(op, AttentionSchedule(q_block=9, k_block=48, score="cubes", threads=0), hw)
     assert "q_block=9 out of range 1..8" in found
     assert "k_block=48; expected one of 16, 32, 64, 128, 256" in found
-    assert "score='tiles'; expected one of outer, dot" in found
+    assert "score='cubes'; expected one of outer, dot, tiles" in found
     assert any(p.startswith("threads=0 out of range") for p in found)
     assert problems(op, AttentionSchedule(q_block=6), hw) == [
         "q_block=6 exceeds the op's M=5 query rows"]

@@ -80,13 +80,26 @@ def test_products_with_constant_weights_become_bf16() -> None:
         apply_precision(graph, HW, "int4")
 
 
+@pytest.mark.skipif(WITH_TILES is None, reason="needs AVX-512 to generate bf16 kernels for")
+def test_with_bf16_tiles_attention_becomes_bf16_too() -> None:
+    assert WITH_TILES is not None
+    lowered, plan = apply_precision(_graph(bert_layer_model()), WITH_TILES, "bf16")
+    kinds = [(n.op.kind, n.op.dtype) for n in lowered.kernel_nodes]
+    assert kinds.count(("matmul", "bf16")) == 6 and ("attention", "bf16") in kinds
+    assert plan.nodes == 7
+    attention = next(n for n in lowered.kernel_nodes if n.op.kind == "attention")
+    assert all(name not in lowered.constants for name in attention.inputs)
+
+
 @pytest.mark.skipif(not BF16, reason="needs a CPU with AVX512-BF16 to run bf16 kernels")
 def test_a_bf16_model_reports_its_error_against_fp32(tmp_path: Path) -> None:
     path = tmp_path / "bert.onnx"
     onnx.save(bert_layer_model(), path)
     compiled = compile_model(path, store=tmp_path / "store", policy="analytic",
                              precision="bf16")
-    assert compiled.precision.used == "bf16" and compiled.precision.nodes == 6
+    # the six projections, and the attention where it runs on bf16 tiles
+    tiles = {"amx_tile", "amx_bf16"} <= set(HW.features)
+    assert compiled.precision.used == "bf16" and compiled.precision.nodes == 6 + tiles
     assert compiled.accuracy is not None
     # bfloat16 keeps 8 bits of mantissa: a K=32..128 product errs by well under 1%.
     assert 0 < compiled.accuracy["max_rel_to_range"] < 2e-2

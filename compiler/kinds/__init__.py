@@ -113,9 +113,10 @@ class OpKind:
       compiles serve, these schedules (:func:`tunecache.compiler.schedule.in_model`).
     * ``bf16_variant(op, hw)`` — optional: for a float32 op with constant weights (its
       second input), the same computation as a bf16 kernel reading the float32 activations,
-      and whether it reads those weights transposed (2-D); None where the kind has no such
-      kernel for ``op``, or none that pays on ``hw``. The precision policy
-      (:mod:`tunecache.compiler.precision`) asks it.
+      and whether it reads those weights transposed (2-D), or None in that place for an op
+      without weights whose bf16 kernel rounds its float32 inputs itself (attention); None
+      where the kind has no such kernel for ``op``, or none that pays on ``hw``. The
+      precision policy (:mod:`tunecache.compiler.precision`) asks it.
     * ``channel_view(op)`` — optional: how ``op``'s output lines up with an element-wise chain
       that could follow in its epilogue (``codegen.epilogue.CHAIN_STEPS`` in its spec's
       ``epilogue_tail``), or None where its kernel has no such epilogue for ``op``.
@@ -148,7 +149,7 @@ class OpKind:
     fuses: Callable[[OpSignature, OpSignature], OpSignature | None] | None = None
     in_model: Callable[[OpSignature, Any], Any] | None = None
     bf16_variant: Callable[[OpSignature, HardwareSpec],
-                           tuple[OpSignature, bool] | None] | None = None
+                           tuple[OpSignature, bool | None] | None] | None = None
     channel_view: Callable[[OpSignature], ChannelView | None] | None = None
     chain_view: Callable[[OpSignature], ChainView | None] | None = None
     with_narrow: Callable[[OpSignature, frozenset[str]], OpSignature | None] | None = None

@@ -6,7 +6,8 @@ block's last visible one (``Q K^T``: a register tile of ``q_block`` rows, vector
 for ``score=outer`` or over ``D`` with a horizontal sum per score for ``score=dot``), an
 online softmax over them (about 30 vector instructions per vector of scores: mask, max, the
 exp polynomial, sum, stores; plus a fixed cost per row and key block) and ``P V`` (a register
-tile of ``q_block`` rows). ``score=outer`` also transposes K once per batch item a thread
+tile of ``q_block`` rows; on matrix tiles, ``score=tiles``, products of 16 rows by 32 pairs by
+16 columns). ``score=outer`` also transposes K once per batch item a thread
 visits (scalar moves). Memory: Q, K, V and Y stream once; each query block re-reads the
 keys and values it sees from the closest cache level they fit in.
 """
@@ -39,6 +40,7 @@ SOFTMAX_OPS_PER_VECTOR = 30.0
 ROW_BLOCK_OPS = 80.0  # per row and key block: horizontal max and sum, the rescale's exp, calls
 HSUM_OPS = 6.0
 PACK_CYCLES_PER_FLOAT = 1.0
+TILE_PRODUCT_CYCLES = 16.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,12 @@ def _item_cycles(op: OpSignature, s: AttentionSchedule, hw: HardwareSpec, g: Geo
     d_vecs = ceil_div(op.dim("D"), lanes)
     dv_vecs = ceil_div(value_dim(op), lanes)
     q = g.score_rows
+    if s.score == "tiles":
+        # a tile product of 16 rows x 32 pairs x 16 columns: TILE_PRODUCT_CYCLES
+        per_key_row = (ceil_div(op.dim("D"), 32) + ceil_div(value_dim(op), 16) / 2) / 16
+        softmax = (g.key_rows / lanes * SOFTMAX_OPS_PER_VECTOR + q * g.query_blocks
+                   * ROW_BLOCK_OPS) / pipes
+        return g.key_rows * per_key_row * TILE_PRODUCT_CYCLES / 16 + softmax
     if s.score == "outer":
         score = g.key_rows * d_vecs / (pipes * micro_efficiency(q, g.score_vectors, arch))
     else:
@@ -112,9 +120,10 @@ def estimate(op: OpSignature, s: AttentionSchedule, hw: HardwareSpec) -> Estimat
     busy = max(1, min(s.threads, items))
     per_thread = ceil_div(items, busy)
     cycles = _item_cycles(op, s, hw, g) * per_thread / g.query_blocks
-    if s.score == "outer":
+    if s.score != "dot":  # K^T packed per item (and V, on tiles)
         items_visited = min(per_thread, ceil_div(per_thread, g.query_blocks) + 1)
-        cycles += items_visited * op.dim("D") * n * PACK_CYCLES_PER_FLOAT
+        packed = op.dim("D") + (value_dim(op) if s.score == "tiles" else 0)
+        cycles += items_visited * packed * n * PACK_CYCLES_PER_FLOAT
     compute_s = cycles / (arch.ghz * 1e9)
     kv_bytes = 4.0 * n * (op.dim("D") + value_dim(op))
     level = ("l1" if kv_bytes <= 0.5 * hw.l1d_bytes else

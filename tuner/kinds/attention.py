@@ -1,6 +1,7 @@
 """The tuner's side of ``attention``: query blocks (the register tile's rows), key blocks
-and the two score forms; illegal points (a query block taller than ``M``, a key block over
-twice ``N``) are dropped by the legality check."""
+and the score forms (matrix tiles, in whole tiles of rows, for bf16 ops); illegal points (a
+query block taller than ``M``, a key block over twice ``N``, tiles for a float32 op) are
+dropped by the legality check."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 
 from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds.attention import K_BLOCKS, MAX_Q_BLOCK, SCORES, AttentionSchedule
+from tunecache.compiler.kinds.attention_tiles import TILE_K_BLOCKS, TILE_Q_BLOCKS
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.schedule import problems
 from tunecache.tuner.kinds import Strata, TunerKind, register
@@ -17,9 +19,11 @@ Q_BLOCKS = (1, 2, 3, 4, 6, 8)
 
 
 def _schedules(threads: int, q_blocks: tuple[int, ...]) -> Iterator[AttentionSchedule]:
+    """The vector kernels' points over ``q_blocks``, then the tile kernel's (bf16 ops)."""
     for score in SCORES:
-        for q_block in q_blocks:
-            for k_block in K_BLOCKS:
+        tiles = score == "tiles"
+        for q_block in TILE_Q_BLOCKS if tiles else q_blocks:
+            for k_block in TILE_K_BLOCKS if tiles else K_BLOCKS:
                 yield AttentionSchedule(q_block=q_block, k_block=k_block, score=score,
                                         threads=threads)
 
@@ -43,11 +47,15 @@ def _grid(op: OpSignature, hw: HardwareSpec, threads: int | None) -> Strata:
 
 def _neighbours(op: OpSignature, best: AttentionSchedule,
                 hw: HardwareSpec) -> list[AttentionSchedule]:
+    if best.score == "tiles":
+        return [best.replace(q_block=q, k_block=k) for q in TILE_Q_BLOCKS
+                for k in TILE_K_BLOCKS if (q, k) != (best.q_block, best.k_block)]
     out = [best.replace(q_block=q) for q in (best.q_block - 1, best.q_block + 1)
            if 1 <= q <= MAX_Q_BLOCK]
     out += [best.replace(k_block=k) for k in (best.k_block // 2, best.k_block * 2)
             if k in K_BLOCKS]
-    return out + [best.replace(score=score) for score in SCORES if score != best.score]
+    return out + [best.replace(score=score) for score in SCORES
+                  if score not in (best.score, "tiles")]
 
 
 KIND = register(TunerKind(name="attention", pool=_pool, tile_key=_tile_key, grid=_grid,
