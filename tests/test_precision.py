@@ -18,6 +18,7 @@ from tunecache.compiler import frontend
 from tunecache.compiler.graph import Graph, KernelNode, ModelError
 from tunecache.compiler.hardware import local_spec
 from tunecache.compiler.kinds.layouts import TILE_ROW_LAYOUT
+from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.passes import plan_graph
 from tunecache.compiler.precision import apply_precision
 from tunecache.tuner.deploy import CompiledModel, compile_model
@@ -130,8 +131,9 @@ def test_dense_convolutions_become_bf16_and_rgb_stems_stay_float32() -> None:
     convs = [n.op for n in lowered.kernel_nodes if n.op.kind == "conv2d"]
     assert {op.dtype for op in convs if op.dim("C") >= 8} == {"bf16"}
     assert {op.dtype for op in convs if op.dim("C") < 8} == {"float32"}
-    assert plan.nodes == sum(op.dtype == "bf16" for op in convs) + sum(
-        n.op.dtype == "bf16" for n in lowered.kernel_nodes if n.op.kind == "matmul")
+    # the convolutions, the classifier and the blocked global pool
+    assert plan.nodes == sum(n.op.dtype == "bf16" for n in lowered.kernel_nodes) == sum(
+        op.dtype == "bf16" for op in convs) + 2
 
 
 @pytest.mark.skipif(not BF16, reason="needs a CPU with AVX512-BF16 to run bf16 kernels")
@@ -158,13 +160,13 @@ def test_activations_between_bf16_convolutions_flow_as_bfloat16() -> None:
     steps, outputs = lowered.steps, {t.name for t in lowered.outputs}
     narrowed = 0
     for node in lowered.kernel_nodes:
-        held = node.op.attr("narrow") if node.op.kind == "conv2d" else "none"
+        held = dict(node.op.attrs).get("narrow", "none")
         users = [s for s in steps if node.output in s.inputs]
         readable = node.op.dtype == "bf16" and users and node.output not in outputs and all(
             isinstance(s, KernelNode) and s.op.dtype == "bf16" for s in users)
         # a bf16 writer whose every reader is a bf16 kernel hands it bfloat16 ...
         assert ("y" in held.split("+")) == bool(readable and all(
-            s.op.kind == "conv2d" for s in users)), node.op
+            s.op.kind in ("conv2d", "pool2d") for s in users)), node.op
         narrowed += "y" in held.split("+")
         for user in users if "y" in held.split("+") else ():
             role = {"X": "x", "add": "add"}[
@@ -196,15 +198,21 @@ def test_with_bf16_tiles_activations_between_convolutions_take_tile_row_blocks()
                    for n in without.kernel_nodes if n.op.kind == "conv2d")
     lowered, _ = apply_precision(_graph(resnet_model(width=32)), WITH_TILES, "bf16")
     convs = [n for n in lowered.kernel_nodes if n.op.kind == "conv2d"]
-    wide = {n.output for n in convs if n.op.attr("out_layout") == TILE_ROW_LAYOUT}
-    assert wide  # held in 64-byte blocks: only bfloat16 between bf16 convolutions
-    assert wide <= {n.output for n in convs if "y" in n.op.attr("narrow").split("+")}
+    blocked = [n for n in lowered.kernel_nodes if n.op.kind in ("conv2d", "pool2d")]
+    wide = {n.output for n in blocked if _out_layout(n.op) == TILE_ROW_LAYOUT}
+    assert wide  # held in 64-byte blocks: only bfloat16 between bf16 kernels
+    assert wide <= {n.output for n in blocked if "y" in n.op.attr("narrow").split("+")}
     for node in convs:
         names = [a.name for a in node.op.arguments() if a.role == "input"]
         roles = dict(zip(names, node.inputs, strict=False))
         assert (node.op.attr("layout") == TILE_ROW_LAYOUT) == (roles["X"] in wide)
         if "add" in roles:  # a residual lies in its reader's output layout
             assert (roles["add"] in wide) == (node.output in wide)
+
+
+def _out_layout(op: OpSignature) -> str:
+    attrs = dict(op.attrs)
+    return attrs.get("out_layout", attrs["layout"])
 
 
 def _inverted_residual() -> onnx.ModelProto:

@@ -99,9 +99,9 @@ def _tile_row_blocks(steps: list[Any]) -> list[Any]:
         if relayout is None:
             continue
         x = _inputs_named(step, "X")
-        src = TILE_ROW_LAYOUT if x and x[0] in moved else step.op.attr("layout")
-        dst = TILE_ROW_LAYOUT if step.output in moved else step.op.attr("out_layout")
-        if (src, dst) == (step.op.attr("layout"), step.op.attr("out_layout")):
+        src = TILE_ROW_LAYOUT if x and x[0] in moved else _layouts(step.op)[0]
+        dst = TILE_ROW_LAYOUT if step.output in moved else _layouts(step.op)[1]
+        if (src, dst) == _layouts(step.op):
             continue
         op = relayout(step.op, src, dst)
         if op is None:
@@ -147,11 +147,18 @@ def _mismatched(steps: list[Any], moved: set[str]) -> set[str]:
         relayout, x = _relayout_of(step), _inputs_named(step, "X")
         if relayout is None or not x:
             continue
-        src = TILE_ROW_LAYOUT if x[0] in moved else step.op.attr("layout")
-        dst = TILE_ROW_LAYOUT if step.output in moved else step.op.attr("out_layout")
+        src = TILE_ROW_LAYOUT if x[0] in moved else _layouts(step.op)[0]
+        dst = TILE_ROW_LAYOUT if step.output in moved else _layouts(step.op)[1]
         if relayout(step.op, src, dst) is None:
             out |= {x[0], step.output} & moved
     return out
+
+
+def _layouts(op: Any) -> tuple[str, str]:
+    """The layouts ``op`` reads and writes its activations in: its ``layout`` attribute, and
+    its ``out_layout`` where it has one (a kind with one layout for both has none)."""
+    attrs = dict(op.attrs)
+    return attrs["layout"], attrs.get("out_layout", attrs["layout"])
 
 
 def _takes_tile_rows(step: Any) -> bool:

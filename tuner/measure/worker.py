@@ -29,6 +29,7 @@ import numpy as np
 
 from tunecache.compiler.backends import BoundKernel, KernelHandle, backend_named
 from tunecache.compiler.buffers import aligned_empty
+from tunecache.compiler.elements import storage_dtype
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import (
@@ -80,6 +81,10 @@ def time_calls(run: Callable[[int], float], timing: dict[str, Any]) -> list[floa
     return samples
 
 
+BFLOAT16_NAN = 0x7FC0
+"""A quiet NaN's bfloat16 bits."""
+
+
 @dataclass(frozen=True)
 class _Timed:
     """A loaded kernel ready to time: ``timer(n)`` returns the seconds of ``n`` calls."""
@@ -97,9 +102,11 @@ def _kernel_timer(req: dict[str, Any], inputs_cache: _Inputs) -> _Timed | dict[s
     check = bool(req.get("check", True))
     inputs, ref = inputs_cache.get(op, int(req.get("seed", 0)), with_reference=check)
     result = op.arguments()[-1]
-    out = aligned_empty(result.shape, result.dtype)
-    # An output the kernel leaves unwritten shows: NaN, or the most negative integer.
-    out[...] = np.nan if out.dtype.kind == "f" else np.iinfo(out.dtype).min
+    out = aligned_empty(result.shape, storage_dtype(result.dtype))
+    # An output the kernel leaves unwritten shows: NaN (a bfloat16 one's bits), or the most
+    # negative integer.
+    out[...] = (np.nan if out.dtype.kind == "f" else BFLOAT16_NAN if result.dtype == "bfloat16"
+                else np.iinfo(out.dtype).min)
     run: KernelHandle | BoundKernel = kernel
     bound: BoundKernel | None = None
     args = inputs

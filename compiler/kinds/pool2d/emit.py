@@ -331,7 +331,7 @@ def _pixel_stores(op: OpSignature, pixels: int, nvb: int, scale: str) -> list[st
         for k in range(nvb):
             steps = ["vec t = " + (f"VMUL(a{v}_{k}, sc);" if avg else f"a{v}_{k};")]
             steps += _finish(op, "t")
-            lines.append(f"    {{ {' '.join(steps)} VSTOREU(y + (q + {v}) * XB + {k} * LANES, t); }}")
+            lines.append(f"    {{ {' '.join(steps)} YSTORE(y + (q + {v}) * XB + {k} * LANES, t); }}")
         if avg:
             lines.append("  }")
     return lines
@@ -346,7 +346,7 @@ def _emit_blocked_windowed(op: OpSignature, s: Pool2dSchedule, nvb: int) -> str:
         parts.append(_COUNT)
     border = [
         "/* Output pixel q of the row at input row h0: taps inside the input only. */",
-        "static inline void border_pixel(const float *x, float *y, long h0, long q, "
+        "static inline void border_pixel(const x_t *x, y_t *y, long h0, long q, "
         "float scale) {",
         "  (void)scale;",
         *_pixel_accumulators(op, 1, nvb),
@@ -356,8 +356,8 @@ def _emit_blocked_windowed(op: OpSignature, s: Pool2dSchedule, nvb: int) -> str:
         "    for (long s = 0; s < KW; s++) {",
         "      const long w = q * SW - PL + s * DW;",
         "      if (w < 0 || w >= IW) continue;",
-        "      const float *xp = x + (h * IW + w) * XB;",
-        *(f"      a0_{k} = {red}(a0_{k}, VLOADU(xp + {k} * LANES));" for k in range(nvb)),
+        "      const x_t *xp = x + (h * IW + w) * XB;",
+        *(f"      a0_{k} = {red}(a0_{k}, XLOAD(xp + {k} * LANES));" for k in range(nvb)),
         "    }",
         "  }",
         *_pixel_stores(op, 1, nvb, "scale"),
@@ -365,23 +365,23 @@ def _emit_blocked_windowed(op: OpSignature, s: Pool2dSchedule, nvb: int) -> str:
     ]
     parts.append("\n".join(border))
     for pixels in dict.fromkeys((s.vec, 1)):
-        taps = [f"      a{v}_{k} = {red}(a{v}_{k}, VLOADU(xs + {v * op.dim('stride_w')} * XB "
+        taps = [f"      a{v}_{k} = {red}(a{v}_{k}, XLOAD(xs + {v * op.dim('stride_w')} * XB "
                 f"+ {k} * LANES));" for v in range(pixels) for k in range(nvb)]
         parts.append("\n".join([
             f"/* Output pixels q..q+{pixels - 1} of the row at input row h0, their windows "
             "inside the input's width. */",
-            f"static inline void interior_{pixels}(const float *x, float *y, long h0, long q, "
+            f"static inline void interior_{pixels}(const x_t *x, y_t *y, long h0, long q, "
             "const float *inv_w, float rscale) {",
             "  (void)inv_w; (void)rscale;",
             *_pixel_accumulators(op, pixels, nvb),
-            "  const float *xq = x + (q * SW - PL) * XB;",
+            "  const x_t *xq = x + (q * SW - PL) * XB;",
             "  for (long r = 0; r < KH; r++) {",
             "    const long h = h0 + r * DH;",
             "    if (h < 0 || h >= IH) continue;",
-            "    const float *xr = xq + h * IW * XB;",
+            "    const x_t *xr = xq + h * IW * XB;",
             f"    #pragma GCC unroll {s.unroll}",
             "    for (long s = 0; s < KW; s++) {",
-            "      const float *xs = xr + s * DW * XB;",
+            "      const x_t *xs = xr + s * DW * XB;",
             *taps,
             "    }",
             "  }",
@@ -394,14 +394,14 @@ def _emit_blocked_windowed(op: OpSignature, s: Pool2dSchedule, nvb: int) -> str:
     rscale = "1.0f / window_taps(p, IH, KH, SH, PT, PB, DH)" if avg else "1.0f"
     col = "rscale * inv_w[q]" if avg else "1.0f"
     parts.append(f"""\
-static void pool_part(const float *X, float *Y, float *ws, int tid, int nth) {{
+static void pool_part(const x_t *X, y_t *Y, float *ws, int tid, int nth) {{
   long lo, hi;
   split_range(NBLK * OH, tid, nth, &lo, &hi);
   if (lo >= hi) return;
 {setup}  for (long item = lo; item < hi; item++) {{
     const long p = item % OH;
-    const float *x = X + item / OH * (IH * IW * XB);
-    float *y = Y + item * (OW * XB);
+    const x_t *x = X + item / OH * (IH * IW * XB);
+    y_t *y = Y + item * (OW * XB);
     const long h0 = p * SH - PT;
     const float rscale = {rscale};
     (void)rscale;
@@ -419,21 +419,21 @@ static void pool_part(const float *X, float *Y, float *ws, int tid, int nth) {{
 def _emit_blocked_global(op: OpSignature, s: Pool2dSchedule, nvb: int) -> str:
     red = _reduce_op(op)
     nv = s.vec
-    taps = "\n".join(f"      a{v}_{k} = {red}(a{v}_{k}, VLOADU(x + (i + {v}) * XB + {k} * LANES));"
+    taps = "\n".join(f"      a{v}_{k} = {red}(a{v}_{k}, XLOAD(x + (i + {v}) * XB + {k} * LANES));"
                      for v in range(nv) for k in range(nvb))
-    rest = "\n".join(f"      a0_{k} = {red}(a0_{k}, VLOADU(x + i * XB + {k} * LANES));"
+    rest = "\n".join(f"      a0_{k} = {red}(a0_{k}, XLOAD(x + i * XB + {k} * LANES));"
                      for k in range(nvb))
     combine = "\n".join(f"    a0_{k} = {red}(a0_{k}, a{v}_{k});"
                         for v in range(1, nv) for k in range(nvb))
     stores = "\n".join(_pixel_stores(op, 1, nvb, "1.0f / (float)(IH * IW)"))
     return f"""\
-static void pool_part(const float *X, float *Y, float *ws, int tid, int nth) {{
+static void pool_part(const x_t *X, y_t *Y, float *ws, int tid, int nth) {{
   (void)ws;
   long lo, hi;
   split_range(NBLK, tid, nth, &lo, &hi);
   for (long b = lo; b < hi; b++) {{
-    const float *x = X + b * (IH * IW * XB);
-    float *y = Y + b * XB;
+    const x_t *x = X + b * (IH * IW * XB);
+    y_t *y = Y + b * XB;
     const long q = 0;
 {chr(10).join("  " + line for line in _pixel_accumulators(op, nv, nvb))}
     long i = 0;
@@ -451,6 +451,16 @@ static void pool_part(const float *X, float *Y, float *ws, int tid, int nth) {{
 """
 
 
+def _element_types(op: OpSignature) -> str:
+    """``x_t``/``XLOAD`` and ``y_t``/``YSTORE``: float32, or bfloat16 where ``op`` holds the
+    tensor narrow."""
+    held = dict(op.attrs).get("narrow", "none").split("+")
+    x = ("uint16_t", "VLOAD_BF16(p)") if "x" in held else ("float", "VLOADU(p)")
+    y = ("uint16_t", "VSTORE_BF16(p, v)") if "y" in held else ("float", "VSTOREU(p, v)")
+    return (f"#include <stdint.h>\ntypedef {x[0]} x_t;\n#define XLOAD(p) {x[1]}\n"
+            f"typedef {y[0]} y_t;\n#define YSTORE(p, v) {y[1]}\n")
+
+
 def _emit_blocked(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
     """Pooling of blocked tensors: each output pixel's ``x`` channels are ``x/lanes``
     vectors reduced over its window's pixels."""
@@ -459,7 +469,8 @@ def _emit_blocked(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
     avg = op.attr("mode") == "avg"
     ws = round_up(op.out_w, ALIGN) if avg and not is_global(op) else 0
     head = (f"#define XB {x}L\n#define NBLK {op.dim('N') * -(-op.dim('C') // x)}L\n"
-            f"#define INCLUDE_PAD {op.dim('count_include_pad')}\n#define WS_THREAD {ws}L\n")
+            f"#define INCLUDE_PAD {op.dim('count_include_pad')}\n#define WS_THREAD {ws}L\n"
+            + _element_types(op))
     if is_global(op):
         return head + _emit_blocked_global(op, s, nvb)
     return head + _emit_blocked_windowed(op, s, nvb)
@@ -477,8 +488,10 @@ def emit_pool2d(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
     else:
         out.append(_emit_windowed(op, s, d))
         call, ws = "pool_part(X, Y, ws, TID, NTH);", f"{s.threads} * WS_THREAD"
+    types = ("x_t", "y_t") if is_blocked(op) else ("float", "float")
     out.append("int tc_kernel(void **args) {\n"
-               "  const float *X = (const float *)args[0];\n  float *Y = (float *)args[1];\n"
+               f"  const {types[0]} *X = (const {types[0]} *)args[0];\n"
+               f"  {types[1]} *Y = ({types[1]} *)args[1];\n"
                + parallel_entry(s.threads, call, ws))
     out.append(TIMER)
     return "\n".join(out)
