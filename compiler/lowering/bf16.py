@@ -157,7 +157,7 @@ def _mismatched(steps: list[Any], moved: set[str]) -> set[str]:
 def _layouts(op: Any) -> tuple[str, str]:
     """The layouts ``op`` reads and writes its activations in: its ``layout`` attribute, and
     its ``out_layout`` where it has one (a kind with one layout for both has none)."""
-    attrs = dict(op.attrs)
+    attrs: dict[str, str] = dict(op.attrs)
     return attrs["layout"], attrs.get("out_layout", attrs["layout"])
 
 
