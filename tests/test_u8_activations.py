@@ -171,3 +171,49 @@ def test_a_pair_on_values_already_on_its_grid_is_dropped(tmp_path: Path) -> None
         None, {"x": x})
     for name, want in zip(("e", "y"), theirs, strict=True):
         np.testing.assert_array_equal(ours[name], want)  # the pairs were identities
+
+
+def _pooled(path: Path) -> Path:
+    """x -> Conv 3x3 + Relu -> MaxPool 3x3 stride 2 -> Conv 1x1 + Relu, Conv 3x3 (two
+    readers of the pool) -> Add -> y: ResNet's stem and first convolutions, narrowed."""
+    rng = np.random.default_rng(43)
+    inits = (_conv_weights(rng, "0", 32, 16, 3) + _conv_weights(rng, "1", 32, 32, 1)
+             + _conv_weights(rng, "2", 32, 32, 3))
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("MaxPool", ["r0"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p", "w1", "b1"], ["c1"]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["p", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["r1", "c2"], ["y"])]
+    out = (1, 32, 5, 5)
+    graph = helper.make_graph(
+        nodes, "pooled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_max_pool_between_int8_convolutions_hands_the_bytes_on(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime.quantization")
+    rng = np.random.default_rng(44)
+    path = quantize_qdq(_pooled(tmp_path / "pooled.onnx"), tmp_path / "pooled.int8.onnx",
+                        [{"x": rng.standard_normal(SHAPE).astype(np.float32)}
+                         for _ in range(4)])
+    graph = frontend.load_graph(path)
+    kinds = {n.op.kind: n for n in graph.kernel_nodes}
+    if kinds["conv2d"].op.dtype != "int8":
+        pytest.skip("this CPU runs QDQ products as float32 kernels (no int8 dot product)")
+    pool = kinds["pool2d"]
+    assert (pool.op.dtype, pool.op.attr("narrow")) == ("int8", "x+y")
+    assert [a.dtype for a in pool.op.arguments()] == ["uint8", "uint8"]
+    writer = next(n for n in graph.kernel_nodes if n.output == pool.inputs[0])
+    assert "y" in narrow_tensors(writer.op)
+    readers = [n for n in graph.kernel_nodes if pool.output in n.inputs]
+    assert len(readers) == 2 and all("x" in narrow_tensors(n.op) for n in readers)
+    for seed in (1, 2):
+        x = np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+        ours = compile_model(path, store=tmp_path / "store", policy="analytic").run({"x": x})
+        steps = quantization_steps(path, {"x": x}, ours["y"])
+        assert steps <= 1.0 + 1e-4, f"{steps:.3f} quantization steps apart"

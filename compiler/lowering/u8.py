@@ -70,7 +70,9 @@ def _rewrite(position: int, steps: list[Any], read: dict[str, list[int]],
         return None
     users = read.get(writer.output, [])
     roles = [_role(steps[at], writer.output) for at in users]  # None for a step reading it twice
-    if not users or None in roles:
+    if roles == ["through"]:
+        return _rewrite_through(position, users[0], steps, read, ctx)
+    if not users or None in roles or "through" in roles:
         return None
     tail = _pair_quantizer(writer, ctx)
     quantizing = {_argument(steps[at], "qa", ctx) for at, role in zip(users, roles, strict=True)
@@ -98,15 +100,53 @@ def _rewrite(position: int, steps: list[Any], read: dict[str, list[int]],
 
 def _role(step: Any, tensor: str) -> str | None:
     """How ``step`` reads ``tensor`` where it could take it as uint8: ``x`` (the input it
-    quantizes with ``qa``), ``add`` (its residual), ``xq`` (a float32 kernel's input, which
-    it would dequantize with ``xq``), else None."""
-    if not isinstance(step, KernelNode) or op_kind(step.op.kind).with_narrow is None or \
-            step.inputs.count(tensor) != 1:
+    quantizes with ``qa``), ``add`` (its residual), ``through`` (a float32 kernel that, given
+    X and Y as uint8, becomes an int8 one handing the values on: a max pool), ``xq`` (a
+    float32 kernel's input, which it would dequantize with ``xq``), else None."""
+    to_narrow = op_kind(step.op.kind).with_narrow if isinstance(step, KernelNode) else None
+    if to_narrow is None or step.inputs.count(tensor) != 1:
         return None
     name = _argument_names(step.op)[step.inputs.index(tensor)]
     if name == "add" or (name == "X" and "qa" in _argument_names(step.op)):
         return "add" if name == "add" else "x"
-    return "xq" if name == "X" and step.op.dtype == "float32" else None
+    if name != "X" or step.op.dtype != "float32":
+        return None
+    passed = to_narrow(step.op, frozenset({"x", "y"}))
+    return "through" if passed is not None and passed.dtype == "int8" else "xq"
+
+
+def _rewrite_through(position: int, at: int, steps: list[Any], read: dict[str, list[int]],
+                     ctx: StepContext) -> dict[int, KernelNode] | None:
+    """The writer at ``position``, its one reader at ``at`` that hands the values on (a max
+    pool) and that one's readers rewritten to pass uint8 of one quantizer: the writer's
+    pair's, which every reader after the pool quantizes with; or None."""
+    through = steps[at]
+    writer = steps[position]
+    tail = _pair_quantizer(writer, ctx)
+    users = read.get(through.output, [])
+    roles = [_role(steps[u], through.output) for u in users]
+    if tail is None or ctx.is_graph_output(through.output) or not users or \
+            any(role not in ("x", "add") for role in roles):
+        return None
+    wanted = {_argument(steps[u], "qa", ctx) for u, role in zip(users, roles, strict=True)
+              if role == "x"}
+    if any(q is None or _Quantizer(np.float32(q[0]), float(q[1])) != tail for q in wanted):
+        return None
+    if not 0.0 <= tail.zero <= 255.0 or tail.zero != round(tail.zero):
+        return None
+    to_narrow = op_kind(through.op.kind).with_narrow
+    made = _writer(writer, tail, True, ctx)
+    passed = None if to_narrow is None else to_narrow(through.op, frozenset({"x", "y"}))
+    if made is None or passed is None:
+        return None
+    out = {position: made, at: replace(through, op=passed)}
+    for u, role in zip(users, roles, strict=True):
+        assert role is not None
+        node = _reader(steps[u], role, through.output, tail, ctx)
+        if node is None:
+            return None
+        out[u] = node
+    return out
 
 
 def _argument_names(op: OpSignature) -> list[str]:

@@ -18,12 +18,9 @@ in ``emit.py``.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from tunecache.compiler.elements import to_bfloat16
-from tunecache.compiler.hardware import HardwareSpec
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.layouts import (
     LAYOUTS,
@@ -36,6 +33,14 @@ from tunecache.compiler.kinds.layouts import (
     with_attrs,
 )
 from tunecache.compiler.kinds.pool2d.emit import emit_pool2d
+from tunecache.compiler.kinds.pool2d.narrow import (
+    NARROW,
+    bf16_variant,
+    narrow_problems,
+    narrow_tensors,
+    narrow_type,
+    with_narrow,
+)
 from tunecache.compiler.kinds.pool2d.space import (
     OW_VECTORS,
     ROWS_CHOICES,
@@ -55,8 +60,6 @@ __all__ = ["MODES", "OW_VECTORS", "ROWS_CHOICES", "UNROLL_CHOICES", "VEC_CHOICES
            "pool2d_problems"]
 
 MODES = ("max", "avg")
-NARROW = ("none", "x", "y", "x+y")
-"""What a bf16 pool2d holds as bfloat16: its input X, its output Y, or both."""
 
 
 def pool2d_op(N: int, C: int, H: int, W: int, R: int, S: int, *, mode: str = "max",
@@ -69,7 +72,8 @@ def pool2d_op(N: int, C: int, H: int, W: int, R: int, S: int, *, mode: str = "ma
     ``stride`` and ``dilation`` are ``(h, w)`` or one int for both; ``pads`` is
     ``(top, left, bottom, right)`` (ONNX ``pads`` order) or one int for all four.
     ``layout`` (X's and Y's) is ``nchw`` or a channel-blocked ``nchw{x}c``; ``narrow``
-    names the tensors a bf16 pool2d holds as bfloat16 (``x``, ``y``, ``x+y``).
+    names the tensors a bf16 pool2d holds as bfloat16 (``x``, ``y``, ``x+y``), an int8 one
+    as uint8 (``x+y``; :mod:`~tunecache.compiler.kinds.pool2d.narrow`).
     """
     steps = (() if epilogue in ("", "none") else tuple(epilogue.split("+"))) \
         if isinstance(epilogue, str) else tuple(epilogue)
@@ -101,26 +105,9 @@ def _axes(op: OpSignature) -> tuple[tuple[str, int, int, int, int, int, int, int
     return tuple(out)
 
 
-def narrow_tensors(op: OpSignature) -> frozenset[str]:
-    """The tensors ``op`` holds as bfloat16 (its ``narrow`` attribute)."""
-    held = dict(op.attrs).get("narrow", "none")
-    return frozenset() if held == "none" else frozenset(held.split("+"))
-
-
-def _narrow_problems(op: OpSignature) -> list[str]:
-    found = []
-    if narrow_tensors(op) and (op.dtype != "bf16" or not is_blocked(op)):
-        found.append(f"narrow={op.attr('narrow')}: a pool2d holds bfloat16 tensors as a bf16 "
-                     f"op in a blocked layout (nchw16c, nchw32c); got dtype={op.dtype}, "
-                     f"layout={op.attr('layout')}")
-    if op.attr("layout") == TILE_ROW_LAYOUT and op.dtype != "bf16":
-        found.append(f"{TILE_ROW_LAYOUT} holds bfloat16 between bf16 kernels only")
-    return found
-
-
 def _signature_problems(op: OpSignature) -> list[str]:
     d = dict(op.dims)
-    found = _narrow_problems(op)
+    found = narrow_problems(op)
     for flag in ("ceil_mode", "count_include_pad"):
         if d[flag] not in (0, 1):
             found.append(f"{flag}={d[flag]} must be 0 or 1")
@@ -162,11 +149,11 @@ def _padding_only_window(size: int, k: int, stride: int, lo: int, hi: int, dil: 
 
 def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     d = op.dims_dict
-    layout, held = op.attr("layout"), narrow_tensors(op)
+    layout, held, narrow = op.attr("layout"), narrow_tensors(op), narrow_type(op)
     return (TensorArg("X", tensor_shape(d["N"], d["C"], d["H"], d["W"], layout), "input",
-                      "bfloat16" if "x" in held else "float32"),
+                      narrow if "x" in held else "float32"),
             TensorArg("Y", tensor_shape(d["N"], d["C"], op.out_h, op.out_w, layout), "output",
-                      "bfloat16" if "y" in held else "float32"))
+                      narrow if "y" in held else "float32"))
 
 
 def _flops(op: OpSignature) -> int:
@@ -221,7 +208,11 @@ def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarra
     """Standard normal X, as for every kind; a blocked X gets zero padding lanes."""
     d = op.dims_dict
     x = random_tensor(rng, d["N"], d["C"], d["H"], d["W"], op.attr("layout"))
-    return (to_bfloat16(x) if "x" in narrow_tensors(op) else x,)
+    if "x" not in narrow_tensors(op):
+        return (x,)
+    if narrow_type(op) == "uint8":  # bytes over their whole range; padding lanes stay zero
+        return (np.where(x != 0, np.clip(x * 64 + 128, 0, 255), 0).astype(np.uint8),)
+    return (to_bfloat16(x),)
 
 
 def _tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, float]:
@@ -230,24 +221,6 @@ def _tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, 
     # input's mean magnitude, tight enough that a lost row or column of a window shows.
     terms = op.dim("R") * op.dim("S") if op.attr("mode") == "avg" else 0
     return 1e-5, 1e-7 * terms * float(np.abs(inputs[0]).mean()) + 1e-6
-
-
-def bf16_variant(op: OpSignature, hw: HardwareSpec) -> tuple[OpSignature, None] | None:
-    """``OpKind.bf16_variant``: a blocked float32 pool2d as a bf16 one, which may then hold
-    its input and output as bfloat16 between bf16 convolutions (``with_narrow``): a max of
-    bfloat16 values is one of them, an average sums them in float32."""
-    if op.dtype != "float32" or not is_blocked(op):
-        return None
-    return replace(op, dtype="bf16"), None
-
-
-def with_narrow(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
-    """``OpKind.with_narrow``: a bf16 pool2d in a blocked layout holding ``tensors`` (``x``,
-    ``y``) and those it held as bfloat16; None for anything else."""
-    held = narrow_tensors(op) | tensors
-    if op.dtype != "bf16" or not is_blocked(op) or not held <= {"x", "y"}:
-        return None
-    return with_attrs(op, narrow="+".join(t for t in ("x", "y") if t in held))
 
 
 def _relayout(op: OpSignature, src: str, dst: str) -> OpSignature | None:
@@ -267,7 +240,7 @@ KIND = register(OpKind(
             "dil_h": (1, 1), "dil_w": (1, 1), "ceil_mode": (0, 0), "count_include_pad": (0, 0),
         },
         check=_signature_problems,
-        dtypes=("float32", "bf16"),
+        dtypes=("float32", "bf16", "int8"),
         omit_default=frozenset({"layout", "narrow"}),
     ),
     arguments=_arguments,

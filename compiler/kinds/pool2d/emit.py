@@ -452,11 +452,14 @@ static void pool_part(const x_t *X, y_t *Y, float *ws, int tid, int nth) {{
 
 
 def _element_types(op: OpSignature) -> str:
-    """``x_t``/``XLOAD`` and ``y_t``/``YSTORE``: float32, or bfloat16 where ``op`` holds the
-    tensor narrow."""
+    """``x_t``/``XLOAD`` and ``y_t``/``YSTORE``: float32, or bfloat16 (uint8 for an int8
+    op) where ``op`` holds the tensor narrow."""
     held = dict(op.attrs).get("narrow", "none").split("+")
-    x = ("uint16_t", "VLOAD_BF16(p)") if "x" in held else ("float", "VLOADU(p)")
-    y = ("uint16_t", "VSTORE_BF16(p, v)") if "y" in held else ("float", "VSTOREU(p, v)")
+    u8 = op.dtype == "int8"  # a max of uint8 bytes: whole numbers in 0..255 throughout
+    narrow_x = ("uint8_t", "VLOAD_U8(p)") if u8 else ("uint16_t", "VLOAD_BF16(p)")
+    narrow_y = ("uint8_t", "VSTORE_U8(p, v)") if u8 else ("uint16_t", "VSTORE_BF16(p, v)")
+    x = narrow_x if "x" in held else ("float", "VLOADU(p)")
+    y = narrow_y if "y" in held else ("float", "VSTOREU(p, v)")
     return (f"#include <stdint.h>\ntypedef {x[0]} x_t;\n#define XLOAD(p) {x[1]}\n"
             f"typedef {y[0]} y_t;\n#define YSTORE(p, v) {y[1]}\n")
 
@@ -476,10 +479,41 @@ def _emit_blocked(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
     return head + _emit_blocked_windowed(op, s, nvb)
 
 
+_PLAIN_BYTES = """\
+#include <stdint.h>
+/* An int8 max pool over uint8 planes, window by window: the planner blocks a pool between
+   int8 convolutions, so this plain form only keeps a model whose pool stays NCHW running. */
+static void pool_part(const uint8_t *X, uint8_t *Y, int tid, int nth) {
+  long lo, hi;
+  split_range(NPLANES * OH, tid, nth, &lo, &hi);
+  for (long item = lo; item < hi; item++) {
+    const long p = item % OH;
+    const uint8_t *x = X + item / OH * (IH * IW);
+    uint8_t *y = Y + item * OW;
+    for (long q = 0; q < OW; q++) {
+      int top = 0; /* every window has a tap inside the input, and bytes are >= 0 */
+      for (long r = 0; r < KH; r++) {
+        const long h = p * SH - PT + r * DH;
+        if (h < 0 || h >= IH) continue;
+        for (long t = 0; t < KW; t++) {
+          const long w = q * SW - PL + t * DW;
+          if (w >= 0 && w < IW && x[h * IW + w] > top) top = x[h * IW + w];
+        }
+      }
+      y[q] = (uint8_t)top;
+    }
+  }
+}
+"""
+
+
 def emit_pool2d(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
     """The C translation unit for the pool2d ``op`` under ``s`` (validated by the caller)."""
     out = [d.prelude, HEADER, _constants(op, d.lanes), WORKSPACE]
-    if is_blocked(op):
+    if op.dtype == "int8" and not is_blocked(op):
+        out.append(_PLAIN_BYTES)
+        call, ws = "pool_part(X, Y, TID, NTH);", "0"
+    elif is_blocked(op):
         out.append(_emit_blocked(op, s, d))
         call, ws = "pool_part(X, Y, ws, TID, NTH);", f"{s.threads} * WS_THREAD"
     elif is_global(op):
@@ -488,7 +522,8 @@ def emit_pool2d(op: OpSignature, s: Pool2dSchedule, d: IsaDialect) -> str:
     else:
         out.append(_emit_windowed(op, s, d))
         call, ws = "pool_part(X, Y, ws, TID, NTH);", f"{s.threads} * WS_THREAD"
-    types = ("x_t", "y_t") if is_blocked(op) else ("float", "float")
+    types = (("x_t", "y_t") if is_blocked(op) else ("uint8_t", "uint8_t")
+             if op.dtype == "int8" else ("float", "float"))
     out.append("int tc_kernel(void **args) {\n"
                f"  const {types[0]} *X = (const {types[0]} *)args[0];\n"
                f"  {types[1]} *Y = ({types[1]} *)args[1];\n"

@@ -1,8 +1,9 @@
-"""A bf16 pool2d (issue 53) holds its input and output as bfloat16 between bf16 convolutions:
-the signature says which, only blocked layouts take them, the kernels read and write the
-bits (checked against the float64 reference on the values they hold, outputs NaN-poisoned),
-the measurement worker times kernels with a bfloat16 output, and the precision policy lets
-ResNet's pools keep the activations narrow and in tile-row blocks."""
+"""A pool2d holding its activations narrow (issue 53): a bf16 one bfloat16 between bf16
+convolutions, an int8 max pool uint8 between int8 ones. The signature says which, only the
+kernels that can take them do, they read and write the bits (checked against the float64
+reference on the values they hold, outputs poisoned), the measurement worker times kernels
+with a bfloat16 output, and the precision policy lets ResNet's pools keep the activations
+narrow and in tile-row blocks."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ CASES = [
     pool2d_op(1, 64, 9, 9, 3, 3, stride=2, mode="max", layout="nchw32c", dtype="bf16",
               narrow="y"),
 ]
+BYTES = [
+    pool2d_op(1, 64, 28, 28, 3, 3, layout="nchw16c", dtype="int8", narrow="x+y", **STEM),
+    pool2d_op(2, 5, 9, 11, 3, 2, stride=(2, 1), pads=(1, 1, 0, 1), mode="max", dtype="int8",
+              narrow="x+y"),
+]
 WITH_TILES = replace(HW.with_isa("avx512"), features=("amx_bf16", "amx_tile", "avx512_bf16")) \
     if "avx512" in HW.isa else None
 
@@ -46,7 +52,7 @@ def test_the_signature_names_what_is_bfloat16() -> None:
     assert [a.dtype for a in CASES[2].arguments()] == ["bfloat16", "float32"]
     plain = pool2d_op(1, 64, 28, 28, 3, 3, **STEM)
     assert "narrow" not in plain.text and OpSignature.parse(plain.text) == plain
-    with pytest.raises(OpSignatureError, match="a pool2d holds bfloat16 tensors as a bf16 op "
+    with pytest.raises(OpSignatureError, match="a pool2d holds narrow tensors as a bf16 op "
                                                "in a blocked layout"):
         pool2d_op(1, 64, 28, 28, 3, 3, dtype="bf16", narrow="x", **STEM)
     with pytest.raises(OpSignatureError, match="got dtype=float32"):
@@ -89,6 +95,41 @@ def _bf16_problem(kernel: object, op: OpSignature) -> str | None:
     kernel(*inputs, out=out)  # type: ignore[operator]
     assert np.all(np.isfinite(from_bfloat16(out)))
     return check_result(op, inputs, out, reference(op, inputs))
+
+
+@pytest.mark.parametrize("op", BYTES, ids=lambda op: op.text)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_max_pools_pass_the_bytes_through(op: OpSignature, threads: int) -> None:
+    x = random_inputs(op, seed=threads)[0]
+    assert x.dtype == np.uint8 and x.max() > 200 and x.min() == 0
+    kernel = compile_kernel(op, default_schedule(op, HW, min(threads, HW.cores)), HW)
+    assert poisoned_bytes_problem(kernel, op, x) is None
+
+
+def poisoned_bytes_problem(kernel: object, op: OpSignature, x: np.ndarray) -> str | None:
+    from tunecache.compiler.runtime import check_result, reference
+
+    out = np.full(op.arguments()[-1].shape, 7, np.uint8)
+    kernel(x, out=out)  # type: ignore[operator]
+    want = reference(op, (x,))
+    if not np.array_equal(out, want):
+        return check_result(op, (x,), out, want) or "not exact"
+    return None
+
+
+def test_int8_pools_are_max_pools_of_both_bytes() -> None:
+    with pytest.raises(OpSignatureError, match="an int8 pool2d is a max pool"):
+        pool2d_op(1, 64, 28, 28, 3, 3, stride=2, mode="avg", dtype="int8", narrow="x+y")
+    with pytest.raises(OpSignatureError, match="an int8 pool2d is a max pool"):
+        pool2d_op(1, 64, 28, 28, 3, 3, dtype="int8", narrow="x", **STEM)
+    kind = op_kind("pool2d")
+    assert kind.with_narrow is not None
+    plain = pool2d_op(1, 64, 28, 28, 3, 3, **STEM)
+    passed = kind.with_narrow(plain, frozenset({"x", "y"}))
+    assert passed is not None and (passed.dtype, passed.attr("narrow")) == ("int8", "x+y")
+    assert kind.with_narrow(plain, frozenset({"x"})) is None
+    assert kind.with_narrow(pool2d_op(1, 64, 28, 28, 3, 3, epilogue="relu", **STEM),
+                            frozenset({"x", "y"})) is None
 
 
 def test_the_worker_times_kernels_with_a_bfloat16_output() -> None:
