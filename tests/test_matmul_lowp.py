@@ -14,6 +14,7 @@ from tunecache.compiler.codegen import generate
 from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.errors import KernelArgumentError, OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, cpu_features, local_spec, runnable_isas
+from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.kinds.batch_matmul import batch_matmul_op
 from tunecache.compiler.kinds.matmul import dynamic_params, matmul_op
 from tunecache.compiler.onnx_ops import OPS
@@ -257,3 +258,32 @@ def test_a_dynamic_kernel_checks_against_its_reference_with_an_activation() -> N
     assert check_result(op, inputs, out, reference(op, inputs)) is None
     with pytest.raises(OpSignatureError, match="a_type=dynamic is for int8 matmuls"):
         matmul_op(8, 8, 8, dtype="int8", a_type="dynamic", epilogue="dequant")
+
+
+@pytest.mark.parametrize("hw", [*SPECS, HW], ids=[*(s.isa for s in SPECS), "host"])
+def test_bf16_stores_c_as_bfloat16_where_its_reader_rounds_it(hw: HardwareSpec) -> None:
+    """``narrow=y`` stores C rounded to bfloat16 (the bits a bf16 reader would pack), bias
+    still float32; on every level and, on the host, its matrix tiles where it has them."""
+    op = matmul_op(37, 70, 45, dtype="bf16", a_type="float32", epilogue="bias+gelu_erf",
+                   narrow="y")
+    assert [a.dtype for a in op.arguments()] == ["float32", "bfloat16", "float32", "bfloat16"]
+    assert "narrow=y" in op.text and "narrow" not in matmul_op(3, 4, 5, dtype="bf16").text
+    inputs = random_inputs(op, seed=5)
+    out = np.full((37, 70), 0x7FC0, np.uint16)  # NaN: an unwritten element shows
+    compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs, out=out)
+    assert check_result(op, inputs, out, reference(op, inputs)) is None
+    wide = replace(op, attrs=tuple((k, "none" if k == "narrow" else v) for k, v in op.attrs))
+    floats = compile_kernel(wide, default_schedule(wide, hw, 2), hw)(*inputs)
+    np.testing.assert_array_equal(out, to_bfloat16(floats))
+
+
+def test_only_bf16_matmuls_store_c_narrow() -> None:
+    with pytest.raises(OpSignatureError, match=r"narrow=y \(C as bfloat16\) is for bf16 matmuls"):
+        matmul_op(3, 4, 5, narrow="y")
+    kind = op_kind("matmul")
+    assert kind.with_narrow is not None
+    op = matmul_op(8, 16, 32, dtype="bf16", a_type="float32", epilogue="bias")
+    both = kind.with_narrow(op, frozenset({"x", "y"}))
+    assert both is not None and (both.attr("a_type"), both.attr("narrow")) == ("dtype", "y")
+    assert kind.with_narrow(op, frozenset({"add"})) is None
+    assert kind.with_narrow(matmul_op(8, 16, 32), frozenset({"y"})) is None

@@ -73,9 +73,13 @@ def test_products_with_constant_weights_become_bf16() -> None:
     # The six projections (QKV, output, both FFN matmuls); attention stays float32.
     assert kinds.count(("matmul", "bf16")) == 6 == plan.nodes
     assert ("attention", "float32") in kinds
+    writers = {n.output: n for n in lowered.kernel_nodes}
     for node in lowered.kernel_nodes:
         if node.op.dtype == "bf16":
-            assert node.op.attr("a_type") == "float32"
+            # float32 A, rounded by the kernel, unless its writer hands it bfloat16
+            writer = writers.get(node.inputs[0])
+            narrow = writer is not None and writer.op.arguments()[-1].dtype == "bfloat16"
+            assert node.op.attr("a_type") == ("dtype" if narrow else "float32")
             assert lowered.constants[node.inputs[1]].dtype == np.uint16
     with pytest.raises(ModelError, match="precision 'int4' is not one of fp32, bf16"):
         apply_precision(graph, HW, "int4")
@@ -276,3 +280,37 @@ def test_a_kernel_of_one_block_size_keeps_its_input_where_its_output_stays() -> 
     ops = {n.nodes[0]: n.op for n in lowered.kernel_nodes}
     assert ops["stem"].attr("out_layout") == ops["expand"].attr("layout") == TILE_ROW_LAYOUT
     assert ops["expand"].attr("out_layout") == ops["dw"].attr("layout") == "nchw16c"
+
+
+@pytest.mark.skipif(WITH_BF16 is None, reason="needs AVX-512 to generate bf16 kernels for")
+def test_the_ffn_hands_its_activation_on_as_bfloat16() -> None:
+    """BERT's FFN: the first matmul's GELU output is read only by the second, which rounds
+    it to bfloat16 anyway: the first stores it so and the second reads it as it is."""
+    assert WITH_BF16 is not None
+    lowered, _ = apply_precision(_graph(bert_layer_model()), WITH_BF16, "bf16")
+    matmuls = {n.output: n for n in lowered.kernel_nodes if n.op.kind == "matmul"}
+    ffn_in = next(n for n in matmuls.values() if "gelu_erf" in n.op.epilogue)
+    ffn_out = next(n for n in matmuls.values() if ffn_in.output in n.inputs)
+    assert ffn_in.op.attr("narrow") == "y" and ffn_in.op.arguments()[-1].dtype == "bfloat16"
+    assert ffn_out.op.attr("a_type") == "dtype"
+    # the projections' outputs go to float32 readers (attention, layernorm): float32
+    others = [n for n in matmuls.values() if n is not ffn_in]
+    assert all(n.op.attr("narrow") == "none" for n in others)
+
+
+@pytest.mark.skipif(not BF16, reason="needs a CPU with AVX512-BF16 to run bf16 kernels")
+def test_narrowing_the_ffn_changes_no_output_bit(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "bert.onnx"
+    onnx.save(bert_layer_model(), path)
+    feeds = None
+    outputs = []
+    for roles in (None, {"X": "x", "add": "add"}):
+        if roles is not None:
+            monkeypatch.setattr("tunecache.compiler.lowering.bf16._ROLES", roles)
+        compiled = compile_model(path, store=tmp_path / "store", policy="analytic",
+                                 precision="bf16")
+        feeds = feeds or _normal_feeds(compiled, 7)
+        outputs.append(compiled.run(feeds))
+    for name, value in outputs[0].items():
+        np.testing.assert_array_equal(value, outputs[1][name])

@@ -33,9 +33,9 @@ from tunecache.compiler.lowering import readers
 
 __all__ = ["bfloat16_activations"]
 
-_ROLES = {"X": "x", "add": "add"}
-"""The inputs a bf16 kernel may take as bfloat16, by argument name, and the tensor each is
-in the ``narrow`` vocabulary."""
+_ROLES = {"X": "x", "A": "x", "add": "add"}
+"""The inputs a bf16 kernel may take as bfloat16, by argument name (a matmul's activation is
+its A), and the tensor each is in the ``narrow`` vocabulary."""
 
 
 def bfloat16_activations(steps: Sequence[Any], outputs: frozenset[str],

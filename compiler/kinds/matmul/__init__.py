@@ -24,7 +24,12 @@ from tunecache.compiler.kinds import ChannelView, OpKind, register
 from tunecache.compiler.kinds.elementwise import KIND as ELEMENTWISE
 from tunecache.compiler.kinds.matmul.emit import generate_matmul
 from tunecache.compiler.kinds.matmul.emit_dot import generate_matmul_dot
-from tunecache.compiler.kinds.matmul.emit_lowp import dynamic_a, float_a, generate_lowp
+from tunecache.compiler.kinds.matmul.emit_lowp import (
+    dynamic_a,
+    float_a,
+    generate_lowp,
+    narrow_c,
+)
 from tunecache.compiler.kinds.matmul.emit_strassen import generate_strassen
 from tunecache.compiler.kinds.matmul.emit_tiles import TILE_REGISTERS, TILE_ROWS, tiles_used
 from tunecache.compiler.kinds.matmul.space import (
@@ -58,14 +63,19 @@ by s8 weights and accumulates exactly in int32 (a ``dequant`` epilogue makes C f
 bf16 accumulates in float32."""
 ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh")
 """The epilogue's activations, after ``bias``; an op has at most one."""
+NARROW = ("none", "y")
+"""What a bf16 matmul holds narrower than its element types say: C (``y``) as bfloat16, for
+a bf16 reader that would round it so anyway (:mod:`tunecache.compiler.lowering.bf16`)."""
 
 
 def matmul_op(M: int, N: int, K: int, *, trans_a: bool = False, trans_b: bool = False,
               epilogue: tuple[str, ...] | str = (), dtype: str = "float32",
-              a_type: str = "dtype") -> OpSignature:
-    """``C[M,N] = op(A) @ op(B)``, operands optionally stored transposed."""
+              a_type: str = "dtype", narrow: str = "none") -> OpSignature:
+    """``C[M,N] = op(A) @ op(B)``, operands optionally stored transposed; ``narrow="y"`` (bf16
+    only) stores C as bfloat16."""
     return OpSignature(KIND.name, (("M", M), ("N", N), ("K", K)), dtype,
-                       (("layout", layout_attr(trans_a, trans_b)), ("a_type", a_type)),
+                       (("layout", layout_attr(trans_a, trans_b)), ("a_type", a_type),
+                        ("narrow", narrow)),
                        epilogue_tuple(epilogue))
 
 
@@ -105,6 +115,7 @@ def gemm_arguments(op: OpSignature) -> tuple[TensorArg, ...]:
             b_shape = (B, *b_shape)
         c_shape = (B, M, N)
     a_type, b_type, c_type = element_types(op)
+    out_type = "bfloat16" if narrow_c(op) else c_type
     args = [TensorArg("A", a_shape, "input", a_type), TensorArg("B", b_shape, "input", b_type)]
     if float_a(op) and op.dtype == "int8" and not dynamic_a(op):
         args.append(TensorArg("qa", (2,), "input", "float32"))
@@ -116,8 +127,22 @@ def gemm_arguments(op: OpSignature) -> tuple[TensorArg, ...]:
         args.append(TensorArg("bias", (N,), "input", c_type))
     if chain_rows(op.epilogue):
         args.append(TensorArg(CHANNEL_OPERAND, (chain_rows(op.epilogue), N), "input"))
-    args.append(TensorArg("C", c_shape, "output", c_type))
+    args.append(TensorArg("C", c_shape, "output", out_type))
     return tuple(args)
+
+
+def with_narrow(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
+    """``OpKind.with_narrow``: a bf16 matmul holding A (``x``: bfloat16 as its dtype says,
+    where it took float32 to round) and C (``y``) as bfloat16; None for anything else."""
+    if op.dtype != "bf16" or not tensors <= {"x", "y"} or op.trans_a or op.trans_b:
+        return None
+    out = op
+    if "x" in tensors:
+        out = replace(out, attrs=tuple((k, "dtype" if k == "a_type" else v)
+                                       for k, v in out.attrs))
+    if "y" in tensors:
+        out = replace(out, attrs=tuple((k, "y" if k == "narrow" else v) for k, v in out.attrs))
+    return out
 
 
 def quantize_u8(x: np.ndarray, qa: np.ndarray) -> np.ndarray:
@@ -194,12 +219,16 @@ def _lowp_problems(op: OpSignature) -> list[str]:
     if op.dtype != "int8" and "dequant" in op.epilogue:
         found.append("dequant is an int8 matmul's epilogue step")
     if op.dtype == "float32":
+        if narrow_c(op):
+            found.append("narrow=y (C as bfloat16) is for bf16 matmuls")
         if float_a(op):
             found.append(f"a_type={op.attr('a_type')} is for low-precision matmuls")
         if chain_rows(op.epilogue) or "qround" in op.epilogue:
             found.append("an element-wise chain (cadd, cmul, qround, ...) follows an int8 or "
                          "bf16 matmul's epilogue, not a float32 one's")
         return found
+    if narrow_c(op) and op.dtype != "bf16":
+        found.append("narrow=y (C as bfloat16) is for bf16 matmuls")
     if dynamic_a(op) and (op.dtype != "int8" or op.epilogue[:2] != ("dequant", "bias")):
         found.append("a_type=dynamic is for int8 matmuls whose epilogue starts with "
                      "dequant+bias (the zero point's term joins the bias)")
@@ -379,10 +408,12 @@ def packed_b_layout(op: OpSignature, s: MatmulSchedule) -> tuple[int | str, ...]
 
 KIND = register(OpKind(
     name="matmul",
-    spec=KindSpec(dims=("M", "N", "K"), attrs={"layout": LAYOUTS, "a_type": A_TYPES},
+    spec=KindSpec(dims=("M", "N", "K"),
+                  attrs={"layout": LAYOUTS, "a_type": A_TYPES, "narrow": NARROW},
                   epilogues=("dequant", "bias", *ACTIVATIONS), check=_signature_problems,
                   epilogue_tail=tuple(CHAIN_STEPS.values()),
-                  dtypes=("float32", "int8", "bf16"), omit_default=frozenset({"a_type"})),
+                  dtypes=("float32", "int8", "bf16"),
+                  omit_default=frozenset({"a_type", "narrow"})),
     arguments=gemm_arguments,
     flops=gemm_flops,
     schedule=MatmulSchedule,
@@ -400,6 +431,7 @@ KIND = register(OpKind(
     fuses=fuse_activation,
     bf16_variant=bf16_variant,
     channel_view=channel_view,
+    with_narrow=with_narrow,
     examples=("matmul(M=128,N=768,K=768,epilogue=bias)", "matmul(M=1,N=1000,K=2048,layout=nt)",
               "matmul(M=97,N=13,K=511,layout=tn,epilogue=bias+relu)",
               "matmul(M=128,N=3072,K=768,epilogue=bias+gelu_erf)"),

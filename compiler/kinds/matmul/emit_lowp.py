@@ -167,14 +167,32 @@ _PACK_PER_CALL = """\
 _PACKED_ONCE = "  const ib_t *Bp = (const ib_t *)B;"
 
 
+_BF16_BITS = """\
+static inline uint16_t tc_bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+"""
+
+
+def narrow_c(op: OpSignature) -> bool:
+    """Whether ``op`` stores C as bfloat16 (``narrow=y``; kinds sharing matmul's arguments
+    without the attribute never do)."""
+    return dict(op.attrs).get("narrow", "none") == "y"
+
+
 def _finish(op: OpSignature) -> str:
     """``tc_lowp_finish``: one tile row's accumulators, epilogue applied, into C: whole
     vectors of the accumulators as floats through the vector epilogue, then a scalar tail."""
     head = ("static inline void tc_lowp_finish(const tacc_t *acc, tc_t *c, long j, "
             "long width, const float *scale, const float *bias, const float *chan) {\n")
-    if not op.epilogue:
+    if not op.epilogue and not narrow_c(op):
         return (head + "  (void)j; (void)scale; (void)bias; (void)chan;\n"
                 "  memcpy(c, acc, (size_t)width * sizeof(tc_t));\n}\n")
+    # C as bfloat16 (narrow=y): the rounding of VSTORE_BF16, one scalar for the tail
+    store, last = (("VSTORE_BF16(c + t, v)", "c[t] = tc_bf16_bits(v)") if narrow_c(op)
+                   else ("VSTOREU(c + t, v)", "c[t] = v"))
     vector = render(op.epilogue, "v", {"scale": "VLOADU(scale + j + t)",
                                        "bias": "VLOADU(bias + j + t)",
                                        CHANNEL_OPERAND: "VLOADU(chan + {i} * N + j + t)"},
@@ -186,8 +204,8 @@ def _finish(op: OpSignature) -> str:
             "  for (long t = 0; t < NR; t++) f[t] = (float)acc[t];\n"
             "  long t = 0;\n"
             f"  for (; t + LANES <= width; t += LANES) {{\n    vec v = VLOAD(f + t);\n"
-            f"    {vector}\n    VSTOREU(c + t, v);\n  }}\n"
-            f"  for (; t < width; t++) {{\n    float v = f[t];\n    {scalar}\n    c[t] = v;\n"
+            f"    {vector}\n    {store};\n  }}\n"
+            f"  for (; t < width; t++) {{\n    float v = f[t];\n    {scalar}\n    {last};\n"
             "  }\n}\n")
 
 
@@ -231,7 +249,7 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
                  "NC": min(s.nc, np_), "TEAM": s.threads}
     dynamic = dynamic_a(op)
     ta, tb, tacc = TYPES[op.dtype]
-    tc = "float" if "dequant" in op.epilogue else tacc
+    tc = "uint16_t" if narrow_c(op) else "float" if "dequant" in op.epilogue else tacc
     tiles = s.loop_order == "amx"
     vocabulary = (d.int8 if op.dtype == "int8" else d.bf16) + d.tile_vocabulary(op.dtype) * tiles
     sizes = (f"typedef {ta} ta_t;\ntypedef {tb} tb_t;\ntypedef {tacc} tacc_t;\n"
@@ -256,7 +274,8 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
 
     return "\n".join([
         preamble(d, constants, s.threads), "#include <stdint.h>\n#include <math.h>",
-        vocabulary, sizes, scalar_helpers(op.epilogue), _PACK_A % _a_row(op),
+        vocabulary, sizes, scalar_helpers(op.epilogue), _BF16_BITS if narrow_c(op) else "",
+        _PACK_A % _a_row(op),
         TILE_PACK_B if tiles else _PACK_B,
         _DYNAMIC if dynamic else "", _finish(op),
         tile_rows(s.mr // TILE_ROWS, s.nr // TILE_ROWS) if tiles else _rows(s.mr, nv),
