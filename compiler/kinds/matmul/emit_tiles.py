@@ -85,6 +85,17 @@ def tile_block(mt: int, nt: int, a: str, b: str, c: str, outer: int,
                        for r in range(mt) for t in range(nt)))
 
 
+_PREFETCH = """\
+/* Every line of a B tile requested at once, just before the tile load: a model's weights
+   come from memory, and the load alone fetches its 16 lines a few at a time (BERT-base's
+   128x768x768 bf16, weights cold: 0.267 -> 0.215 ms; 128x768x3072 1.00 -> 0.92; one
+   thread, AMX Xeon). Further ahead (1 or 2 K steps) did no better than none. */
+#define TC_PREFETCH_TILE(p) \\
+  for (int line = 0; line < 16; line++) \\
+    __builtin_prefetch((const char *)(p) + 64 * line, 0, 3)
+"""
+
+
 def tile_rows(mt: int, nt: int) -> str:
     """``tc_lowp_rows`` on tiles: rows ``i0 .. i0 + MR`` of C, panels ``j0 .. j1``, with
     ``mt x nt`` C tiles (registers 0 ..), then ``mt`` A tiles and ``nt`` B tiles."""
@@ -93,7 +104,7 @@ def tile_rows(mt: int, nt: int) -> str:
                        "out + {r16} * NR + {t16}, NR * sizeof(tacc_t)", outer=4, inner=6)
     zero, loads, dots, stores = block.zero, block.loads, block.dots, block.stores
     return (
-        "#define B_STRIDE (16 * IGROUP * (long)sizeof(ib_t))\n"
+        "#define B_STRIDE (16 * IGROUP * (long)sizeof(ib_t))\n" + _PREFETCH +
         "static void tc_lowp_rows(const ta_t *Ap, const ib_t *Bp, tc_t *C, const float *scale,\n"
         "    const float *bias, const float *chan, long i0, long j0, long j1) {\n"
         "  const long rows = MIN(MR, M - i0);\n"
@@ -103,6 +114,8 @@ def tile_rows(mt: int, nt: int) -> str:
         + zero +
         "    for (long k = 0; k < KP; k += TK) {\n"
         "      const ib_t *bk = Bp + (j / 16 * KG + k / IGROUP) * 16 * IGROUP;\n"
+        + "".join(f"      TC_PREFETCH_TILE(bk + {t} * KG * 16 * IGROUP);\n"
+                  for t in range(nt))
         + loads + dots + "    }\n" + stores +
         "    const long width = MIN(NR, N - j);\n"
         "    for (long r = 0; r < rows; r++)\n"
