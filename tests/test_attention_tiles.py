@@ -32,6 +32,8 @@ BERT = attention_op(12, 128, 128, 64, mask="padding", mask_rows=1, heads=12, tok
                     dtype="bf16")
 CASES = [
     BERT,
+    attention_op(12, 128, 128, 64, mask="padding", mask_rows=1, heads=12, tokens="qkvy",
+                 dtype="bf16", narrow="q+k+v"),  # Q, K, V from bf16 projections
     attention_op(3, 37, 45, 40, Dv=24, mask="causal_padding", mask_rows=3, scale="input",
                  dtype="bf16"),
     attention_op(4, 1, 129, 64, mask="causal", dtype="bf16"),  # decoding after 128 tokens
@@ -39,11 +41,20 @@ CASES = [
     attention_op(2, 50, 70, 128, Dv=96, dtype="bf16"),
     attention_op(4, 17, 33, 64, mask="padding", mask_rows=2, heads=2, tokens="qy",
                  dtype="bf16"),
+    attention_op(3, 37, 45, 40, Dv=24, mask="causal_padding", mask_rows=3, scale="input",
+                 dtype="bf16", narrow="q+v"),
 ]
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
     return from_bfloat16(to_bfloat16(x.astype(np.float32))).astype(np.float64)
+
+
+def _narrowed(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """``inputs`` with the tensors ``op`` takes as bfloat16 rounded to it."""
+    kinds = [a.dtype for a in op.arguments() if a.role == "input"]
+    return tuple(to_bfloat16(x) if t == "bfloat16" else x
+                 for x, t in zip(inputs, kinds, strict=True))
 
 
 def _emulated(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -107,12 +118,12 @@ def test_every_mask_and_layout_matches_the_reference(op: OpSignature, q_block: i
                           threads=min(threads, HW.cores))
     if problems(op, s, HW):
         pytest.skip("; ".join(problems(op, s, HW)))
-    inputs = inputs_for(op, q_block + k_block)
+    inputs = _narrowed(op, inputs_for(op, q_block + k_block))
     assert poisoned_run_problem(cached_kernel(op, s, HW), op, inputs, offset=1) is None
 
 
 @needs_amx
-@pytest.mark.parametrize("op", [CASES[1], CASES[2], CASES[4]], ids=lambda op: op.text)
+@pytest.mark.parametrize("op", [CASES[2], CASES[3], CASES[5]], ids=lambda op: op.text)
 def test_the_kernel_rounds_as_it_says(op: OpSignature) -> None:
     """Against numpy rounding Qs, K, V and P to bfloat16 too: within the rounding of one P
     (2**-8 of max |V|) and float32 sums, far tighter than against float32."""
@@ -124,8 +135,33 @@ def test_the_kernel_rounds_as_it_says(op: OpSignature) -> None:
 
 @needs_amx
 def test_fully_masked_rows_give_zeros() -> None:
-    op = CASES[1]
+    op = CASES[2]
     q, k, v, scale, mask = inputs_for(op, 5)
     mask[0] = -np.inf
     y = cached_kernel(op, default_schedule(op, HW), HW)(q, k, v, scale, mask)
     assert np.all(y[0] == 0.0) and np.all(np.isfinite(y)) and np.any(y[1] != 0.0)
+
+
+def test_bfloat16_inputs_are_the_signatures() -> None:
+    op = CASES[1]
+    assert op.text.endswith("tokens=qkvy,narrow=q+k+v,epilogue=none)")
+    assert [a.dtype for a in op.arguments()][:3] == ["bfloat16"] * 3
+    assert "narrow" not in BERT.text
+    from tunecache.compiler.errors import OpSignatureError
+
+    with pytest.raises(OpSignatureError, match="only a bf16 attention takes bfloat16 inputs"):
+        attention_op(2, 4, 4, 8, narrow="q")
+
+
+@needs_amx
+def test_bfloat16_q_is_scaled_in_its_scores() -> None:
+    """Q taken as bfloat16 is rounded before the scale, not after: within the same bound of
+    the float32 op's reference, and of the op taking float32 Q."""
+    op = CASES[-1]
+    wide = attention_op(3, 37, 45, 40, Dv=24, mask="causal_padding", mask_rows=3,
+                        scale="input", dtype="bf16")
+    inputs = inputs_for(wide, 9)
+    narrow = (to_bfloat16(inputs[0]), inputs[1], to_bfloat16(inputs[2]), *inputs[3:])
+    y = cached_kernel(op, default_schedule(op, HW), HW)(*narrow)
+    same = cached_kernel(wide, default_schedule(wide, HW), HW)(*inputs)
+    assert np.abs(y - same).max() <= 2.0 ** -7 * np.abs(inputs[2]).max()

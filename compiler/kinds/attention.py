@@ -76,14 +76,18 @@ from tunecache.compiler.codegen.abi import (
 )
 from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, accumulate, store
+from tunecache.compiler.elements import decoded, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec, isa_level
 from tunecache.compiler.kinds import OpKind, register
 from tunecache.compiler.kinds.attention_tiles import (
+    NARROW,
     TILE_K_BLOCKS,
     TILE_Q_BLOCKS,
     emit_attention_tiles,
+    narrow_tensors,
     tile_workspace_bytes,
     tiles_fit,
+    with_narrow,
 )
 from tunecache.compiler.kinds.matmul import tile_dtypes
 from tunecache.compiler.mathutil import round_up
@@ -128,7 +132,7 @@ class AttentionSchedule(ScheduleData):
 
 def attention_op(B: int, M: int, N: int, D: int, *, Dv: int | None = None, mask: str = "none",
                  mask_rows: int | None = None, scale: str = "default", tokens: str = "none",
-                 heads: int = 0, dtype: str = "float32") -> OpSignature:
+                 heads: int = 0, dtype: str = "float32", narrow: str = "none") -> OpSignature:
     """``softmax(Q K^T * scale + mask) V`` over ``B`` items; ``Dv`` defaults to ``D`` and
     ``mask_rows`` to 1 for the additive masks (0 otherwise); ``tokens`` with ``heads`` lays
     the named tensors out token-major."""
@@ -137,7 +141,7 @@ def attention_op(B: int, M: int, N: int, D: int, *, Dv: int | None = None, mask:
     return OpSignature(
         KIND.name, (("B", B), ("M", M), ("N", N), ("D", D), ("Dv", dv), ("mask_rows", rows),
                     ("heads", heads)),
-        dtype, (("mask", mask), ("scale", scale), ("tokens", tokens)), (),
+        dtype, (("mask", mask), ("scale", scale), ("tokens", tokens), ("narrow", narrow)), (),
     )
 
 
@@ -174,6 +178,8 @@ def _full_mask(op: OpSignature) -> bool:
 def _signature_problems(op: OpSignature) -> list[str]:
     d = op.dims_dict
     found = []
+    if narrow_tensors(op) and op.dtype != "bf16":
+        found.append(f"narrow={op.attr('narrow')}: only a bf16 attention takes bfloat16 inputs")
     if d["Dv"] == d["D"]:
         found.append(f"Dv={d['Dv']} equals D; write Dv=0 (the default, Dv = D)")
     if has_mask_input(op):
@@ -208,9 +214,13 @@ def _layout_shape(op: OpSignature, tensor: str, rows: int, width: int) -> tuple[
 def _arguments(op: OpSignature) -> tuple[TensorArg, ...]:
     d = op.dims_dict
     m, n, dv = d["M"], d["N"], value_dim(op)
-    args = [TensorArg("Q", _layout_shape(op, "q", m, d["D"]), "input"),
-            TensorArg("K", _layout_shape(op, "k", n, d["D"]), "input"),
-            TensorArg("V", _layout_shape(op, "v", n, dv), "input")]
+    held = narrow_tensors(op)
+
+    def of(t: str) -> str:
+        return "bfloat16" if t in held else "float32"
+    args = [TensorArg("Q", _layout_shape(op, "q", m, d["D"]), "input", of("q")),
+            TensorArg("K", _layout_shape(op, "k", n, d["D"]), "input", of("k")),
+            TensorArg("V", _layout_shape(op, "v", n, dv), "input", of("v"))]
     if op.attr("scale") == "input":
         args.append(TensorArg("scale", (1,), "input"))
     if has_mask_input(op):
@@ -298,7 +308,7 @@ def _tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, 
     (``D`` terms bounded by ``scale |q| |k|``) and of ``z - max z`` (grows with ``|max z|``:
     scores pushed to -1e4 by a mask on every key keep only ~1e-3 of their precision), plus
     the exp's and the ``N``-term sums' rounding."""
-    arrays = _head_major(op, tuple(a.astype(np.float64) for a in inputs))
+    arrays = _head_major(op, tuple(a.astype(np.float64) for a in decoded(op, inputs)))
     q, k, v = arrays[0], arrays[1], arrays[2]
     if not (q.size and k.size and v.size):
         return 1e-5, 1e-7
@@ -335,7 +345,8 @@ def _random_inputs(op: OpSignature, rng: np.random.Generator) -> tuple[np.ndarra
             mask[np.arange(n) >= valid[..., None]] = -1e4
             out.append(mask)
         else:
-            out.append(rng.standard_normal(arg.shape, dtype=np.float32))
+            x = rng.standard_normal(arg.shape, dtype=np.float32)
+            out.append(to_bfloat16(x) if arg.dtype == "bfloat16" else x)
     return tuple(out)
 
 
@@ -740,12 +751,12 @@ KIND = register(OpKind(
     name="attention",
     spec=KindSpec(
         dims=("B", "M", "N", "D"),
-        attrs={"mask": MASKS, "scale": SCALES, "tokens": TOKENS},
+        attrs={"mask": MASKS, "scale": SCALES, "tokens": TOKENS, "narrow": NARROW},
         epilogues=(),
         dtypes=("float32", "bf16"),
         params={"Dv": (0, 0), "mask_rows": (0, 0), "heads": (0, 0)},
         check=_signature_problems,
-        omit_default=frozenset({"heads", "tokens"}),
+        omit_default=frozenset({"heads", "tokens", "narrow"}),
     ),
     arguments=_arguments,
     flops=_flops,
@@ -756,6 +767,7 @@ KIND = register(OpKind(
     reference=_reference,
     reduction_length=lambda op: op.dim("N"),
     bf16_variant=bf16_variant,
+    with_narrow=with_narrow,
     dim_columns={"B": "dim_batch", "M": "dim_m", "N": "dim_n", "D": "dim_d", "Dv": "dim_dv",
                  "mask_rows": "mask_rows"},
     baseline="numpy",

@@ -25,6 +25,7 @@ the error against float32 is the rounding of Qs, K, P and V (relative ``2**-9`` 
 from __future__ import annotations
 
 import math
+from itertools import combinations
 
 import numpy as np
 
@@ -34,9 +35,12 @@ from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS, tile_block, ti
 from tunecache.compiler.mathutil import round_up
 from tunecache.compiler.ops import OpSignature
 
-__all__ = ["TILE_K_BLOCKS", "TILE_Q_BLOCKS", "emit_attention_tiles", "tile_workspace_bytes",
-           "tiles_fit"]
+__all__ = ["NARROW", "TILE_K_BLOCKS", "TILE_Q_BLOCKS", "emit_attention_tiles", "narrow_tensors",
+           "tile_workspace_bytes", "tiles_fit", "with_narrow"]
 
+NARROW = ("none", *("+".join(c) for r in (1, 2, 3) for c in combinations("qkv", r)))
+"""Which of Q, K and V a bf16 attention takes as bfloat16 (its projections' outputs, rounded
+there rather than here)."""
 TILE_Q_BLOCKS = (16, 32)
 """Query rows per block on tiles: one or two tiles of rows."""
 TILE_K_BLOCKS = (16, 32)
@@ -61,6 +65,24 @@ def _sizes(op: OpSignature, q_block: int, dv: int) -> dict[str, int]:
             "SC": 4 * q_block * n_pad, "PA": 2 * q_block * n_pad, "O": 4 * q_block * dv_pad}
 
 
+def narrow_tensors(op: OpSignature) -> frozenset[str]:
+    """The inputs ``op`` takes as bfloat16 (its ``narrow`` attribute)."""
+    held = dict(op.attrs).get("narrow", "none")
+    return frozenset() if held == "none" else frozenset(held.split("+"))
+
+
+def with_narrow(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
+    """``OpKind.with_narrow``: a bf16 attention taking ``tensors`` (``q``, ``k``, ``v``) and
+    those it took as bfloat16; None for anything else."""
+    if op.dtype != "bf16" or not tensors <= {"q", "k", "v"}:
+        return None
+    held = narrow_tensors(op) | tensors
+    text = "+".join(t for t in "qkv" if t in held)
+    return OpSignature(op.kind, op.dims, op.dtype,
+                       tuple((k, text if k == "narrow" else v) for k, v in op.attrs),
+                       op.epilogue)
+
+
 def tile_workspace_bytes(op: OpSignature, q_block: int, dv: int) -> int:
     """One thread's workspace on tiles: packed K and V, the block's queries, scores, P and
     the output rows."""
@@ -77,7 +99,8 @@ def _offsets(op: OpSignature, q_block: int, dv: int) -> dict[str, int]:
 
 
 _HELPERS = """\
-typedef struct { const float *q, *k, *v, *mask; float *y; float scale; } attn_args;
+typedef struct { const q_t *q; const k_t *k; const v_t *v; const float *mask; float *y;
+                 float scale; } attn_args;
 
 static inline uint16_t bf16_of(float f) {
   uint32_t u;
@@ -95,13 +118,21 @@ static inline void round_row(const float *restrict x, long n, float s, uint16_t 
   for (; i < npad; i++) out[i] = 0;
 }
 
+/* x[0 .. n), bfloat16 already, into out[0 .. npad) (zeros past n); s is not applied. */
+static inline void copy_row(const uint16_t *restrict x, long n, float s,
+                            uint16_t *restrict out, long npad) {
+  (void)s;
+  memcpy(out, x, sizeof(uint16_t) * (size_t)n);
+  for (long i = n; i < npad; i++) out[i] = 0;
+}
+
 /* K of one item as B tiles of S = Qs K^T: key j, element pair g at
    kp[(j / 16 * (DP / 2) + g) * 16 + j % 16]; zero past N and D. */
-static void pack_k(const float *restrict kmat, uint32_t *restrict kp) {
+static void pack_k(const k_t *restrict kmat, uint32_t *restrict kp) {
   uint16_t row[DP] __attribute__((aligned(64)));
   uint32_t pairs[DP / 2];
   for (long j = 0; j < NP; j++) {
-    if (j < N) round_row(kmat + j * KS, D, 1.0f, row, DP);
+    if (j < N) K_ROW(kmat + j * KS, D, 1.0f, row, DP);
     else memset(row, 0, sizeof row);
     memcpy(pairs, row, sizeof row);
     uint32_t *restrict panel = kp + j / 16 * (DP / 2) * 16 + j % 16;
@@ -111,12 +142,12 @@ static void pack_k(const float *restrict kmat, uint32_t *restrict kp) {
 
 /* V of one item as B tiles of O = P V: keys 2g and 2g + 1, column c at
    vp[(c / 16 * (NP / 2) + g) * 16 + c % 16]; zero past N and DV. */
-static void pack_v(const float *restrict vmat, uint32_t *restrict vp) {
+static void pack_v(const v_t *restrict vmat, uint32_t *restrict vp) {
   uint16_t r0[DVP] __attribute__((aligned(64))), r1[DVP] __attribute__((aligned(64)));
   for (long g = 0; g < NP / 2; g++) {
-    if (2 * g < N) round_row(vmat + 2 * g * VS, DV, 1.0f, r0, DVP);
+    if (2 * g < N) V_ROW(vmat + 2 * g * VS, DV, 1.0f, r0, DVP);
     else memset(r0, 0, sizeof r0);
-    if (2 * g + 1 < N) round_row(vmat + (2 * g + 1) * VS, DV, 1.0f, r1, DVP);
+    if (2 * g + 1 < N) V_ROW(vmat + (2 * g + 1) * VS, DV, 1.0f, r1, DVP);
     else memset(r1, 0, sizeof r1);
     for (long c = 0; c < DVP; c++)
       vp[(c / 16 * (NP / 2) + g) * 16 + c % 16] = (uint32_t)r0[c] | ((uint32_t)r1[c] << 16);
@@ -126,21 +157,27 @@ static void pack_v(const float *restrict vmat, uint32_t *restrict vp) {
 
 _SOFTMAX = """\
 /* Row s's softmax over its n visible scores (mk: the mask from key 0, or NULL) as bfloat16
-   P into p[0 .. np) (zero past n); returns the float32 sum (0: no finite score). */
+   P into p[0 .. np) (zero past n); returns the float32 sum (0: no finite score). With
+   SCALE_SCORES (Q taken as bfloat16, unscaled) the scores are scaled here first. */
 static float softmax_row(const float *restrict s, const float *restrict mk, long n,
-                         uint16_t *restrict p, long np) {
+                         uint16_t *restrict p, long np, float scale) {
   float *restrict z = (float *)s;
+  const vec sv = VSET1(scale);
   vec mx = VSET1(NEG_INF);
   long j = 0;
   for (; j + LANES <= n; j += LANES) {
     vec v = VLOADU(z + j);
-    if (mk) { v = VADD(v, VLOADU(mk + j)); VSTOREU(z + j, v); }
+    if (SCALE_SCORES) v = VMUL(v, sv);
+    if (mk) v = VADD(v, VLOADU(mk + j));
+    if (SCALE_SCORES || mk) VSTOREU(z + j, v);
     mx = VMAX(mx, v);
   }
   if (j < n) {
     const int t = (int)(n - j);
     vec v = VLOADU_PART(z + j, t);
-    if (mk) { v = VADD(v, VLOADU_PART(mk + j, t)); VSTOREU_PART(z + j, v, t); }
+    if (SCALE_SCORES) v = VMUL(v, sv);
+    if (mk) v = VADD(v, VLOADU_PART(mk + j, t));
+    if (SCALE_SCORES || mk) VSTOREU_PART(z + j, v, t);
     mx = VMAX(mx, VFILL_PART(v, t, NEG_INF));
   }
   const float top = n > 0 ? VHMAX(mx) : NEG_INF;
@@ -232,7 +269,7 @@ class _TileEmitter:
             "float *restrict o = (float *)(w + OFF_O);",
             "const long rows = MIN(QB, M - i0);",
             "for (long r = 0; r < QB; r++) {",
-            "  if (r < rows) round_row(a->q + QBASE(b) + (i0 + r) * QS, D, a->scale, "
+            "  if (r < rows) Q_ROW(a->q + QBASE(b) + (i0 + r) * QS, D, a->scale, "
             "qa + r * DP, DP);",
             "  else memset(qa + r * DP, 0, DP * sizeof(uint16_t));",
             "}",
@@ -241,7 +278,8 @@ class _TileEmitter:
             *self.scores(),
             "float l[QB];",
             "for (long r = 0; r < QB; r++)",
-            f"  l[r] = r < rows ? softmax_row(sc + r * NP, {mask}, {lim}, pa + r * NP, kp32)",
+            f"  l[r] = r < rows ? softmax_row(sc + r * NP, {mask}, {lim}, pa + r * NP, kp32, "
+            "a->scale)",
             "                   : (memset(pa + r * NP, 0, kp32 * sizeof(uint16_t)), 0.0f);",
             *self.products(),
             "for (long r = 0; r < rows; r++) {",
@@ -271,15 +309,26 @@ class _TileEmitter:
             "    attn_block(a, w, b, item % NQB * QB);\n  }\n"
             "  TRELEASE();\n}\n")
 
+    def element_types(self) -> str:
+        """``q_t``/``Q_ROW`` and the like per input: float32 rounded (Q scaled first), or
+        bfloat16 copied (Q's scale then applied to the scores: ``SCALE_SCORES``)."""
+        held = narrow_tensors(self.op)
+        lines = [f"typedef {'uint16_t' if t in held else 'float'} {t}_t;\n"
+                 f"#define {t.upper()}_ROW {'copy_row' if t in held else 'round_row'}\n"
+                 for t in "qkv"]
+        return "".join(lines) + f"#define SCALE_SCORES {int('q' in held)}\n"
+
     def unit(self) -> str:
         unpack = unpack_args(self.op, optional=("scale", "mask"))
         entry = ("int tc_kernel(void **args) {\n" + unpack
-                 + "  const attn_args a = {Q, K, V, mask, Y, scale ? scale[0] : DEFAULT_SCALE};\n"
+                 + "  const attn_args a = {(const q_t *)Q, (const k_t *)K, (const v_t *)V, mask, Y,\n"
+                 "                       scale ? scale[0] : DEFAULT_SCALE};\n"
                  + parallel_entry(self.threads, "attn_part(&a, ws, TID, NTH);",
                                   f"{self.threads}L * WS_THREAD"))
         d = self.d
         return "\n".join([d.prelude, HEADER, "#include <stdint.h>", d.bf16,
-                          d.tile_vocabulary("bf16"), defines(self.constants()), WORKSPACE,
+                          d.tile_vocabulary("bf16"), defines(self.constants()),
+                          self.element_types(), WORKSPACE,
                           _HELPERS, _SOFTMAX, self.block(), self.part(), entry, TIMER])
 
 

@@ -416,7 +416,7 @@ def _head_layout(step: Any, steps: list[Any], ctx: StepContext, reads: dict[str,
                 shape[3] != widths[tensor] or heads not in (0, h):
             continue
         heads = h
-        found[tensor] = chain
+        found[tensor] = chain if tensor == "y" else _unsplit(chain, steps, ctx, reads, writes)
     if not found:
         return None
     tokens = "".join(t for t in "qkvy" if t in found)
@@ -450,6 +450,26 @@ def _split_heads(name: str, steps: list[Any], ctx: StepContext, reads: dict[str,
             return None
         chain.append(position)
         name = node.inputs[0]
+
+
+def _unsplit(chain: tuple[str, list[int]], steps: list[Any], ctx: StepContext,
+             reads: dict[str, list[int]], writes: dict[str, int]) -> tuple[str, list[int]]:
+    """``chain`` reaching back past the Reshape that split the projection's ``[b, s, h*d]``
+    into ``[b, s, h, d]`` where only the chain reads the split: the kernel then reads the
+    projection's output itself (the same bytes), which a bf16 projection can hand it as
+    bfloat16 (:mod:`tunecache.compiler.lowering.bf16`)."""
+    source, positions = chain
+    position = writes.get(source)
+    if position is None:
+        return chain
+    node = steps[position]
+    if getattr(node, "op_type", None) != "Reshape" or len(reads.get(source, ())) != 1 or \
+            ctx.is_graph_output(source):
+        return chain
+    split, whole = ctx.shape(source) or (), ctx.shape(node.inputs[0]) or ()
+    if len(split) != 4 or tuple(whole) != (split[0], split[1], split[2] * split[3]):
+        return chain
+    return node.inputs[0], [*positions, position]
 
 
 def _merge_heads(name: str, steps: list[Any], ctx: StepContext, reads: dict[str, list[int]]

@@ -33,9 +33,9 @@ from tunecache.compiler.lowering import readers
 
 __all__ = ["bfloat16_activations"]
 
-_ROLES = {"X": "x", "A": "x", "add": "add"}
+_ROLES = {"X": "x", "A": "x", "add": "add", "Q": "q", "K": "k", "V": "v"}
 """The inputs a bf16 kernel may take as bfloat16, by argument name (a matmul's activation is
-its A), and the tensor each is in the ``narrow`` vocabulary."""
+its A; attention's are Q, K and V), and the tensor each is in the ``narrow`` vocabulary."""
 
 
 def bfloat16_activations(steps: Sequence[Any], outputs: frozenset[str],
