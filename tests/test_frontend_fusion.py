@@ -108,16 +108,18 @@ def test_bert_layer(opset: int, layer_norm_op: bool) -> None:
     # scores, scale, mask, softmax and context are one attention kernel; see
     # test_lowering_attention.py for the scaled, masked softmax kernel it replaces. It reads
     # Q, K and V as the projections wrote them and writes the merged heads (tokens=qkvy):
-    # the head split's Transposes (K's perm (0, 2, 3, 1) too) and the merge's are gone.
+    # the head split's Reshapes and Transposes (K's perm (0, 2, 3, 1) too) and the merge's
+    # Transpose are gone: it reads the projections' outputs themselves.
     assert k["scores"].op.text == (
         "attention(B=8,M=8,N=8,D=8,Dv=0,mask_rows=2,heads=4,dtype=float32,mask=padding,"
         "scale=default,tokens=qkvy,epilogue=none)")
     assert k["scores"].nodes[:6] == ("scores", "transpose15", "div21", "add22", "softmax23",
                                      "context")
-    assert len(k["scores"].nodes) == 10 and "context" not in k
+    assert len(k["scores"].nodes) == 13 and "context" not in k
+    assert k["scores"].inputs[:3] == ("query_add_out", "key_add_out", "value_add_out")
     assert k["scores"].output_shape == (2, 8, 4, 8)
     types = [s.op_type for s in graph.onnx_nodes]
-    assert types.count("Reshape") == 4 and "Transpose" not in types  # Reshapes are views
+    assert types.count("Reshape") == 1 and "Transpose" not in types  # the merge's: a view
     # the Shape/Gather/Unsqueeze/Concat chains became constants
     assert not {"Shape", "Gather", "Unsqueeze", "Concat"} & set(types)
     assert not [s for s in graph.kernel_nodes if s.op.kind == "softmax"]
