@@ -83,10 +83,11 @@ from tunecache.compiler.kinds.attention_tiles import (
     NARROW,
     TILE_K_BLOCKS,
     TILE_Q_BLOCKS,
+    TileView,
     emit_attention_tiles,
     narrow_tensors,
+    tile_problems,
     tile_workspace_bytes,
-    tiles_fit,
     with_narrow,
 )
 from tunecache.compiler.kinds.matmul import tile_dtypes
@@ -371,7 +372,8 @@ def workspace_floats(op: OpSignature, s: AttentionSchedule, lanes: int) -> dict[
 def attention_problems(op: OpSignature, s: AttentionSchedule, hw: HardwareSpec) -> list[str]:
     """Every reason ``s`` is illegal for the attention ``op`` on ``hw`` (empty when legal)."""
     tiles = op.dtype == "bf16" or s.score == "tiles"
-    found = _tile_problems(op, s, hw) if tiles else _vector_problems(op, s)
+    found = (tile_problems(op, s.q_block, s.k_block, s.score, hw) if tiles
+             else _vector_problems(op, s))
     found += threads_problem(s.threads, hw)
     if not found:
         per_thread = (tile_workspace_bytes(op, s.q_block, value_dim(op)) if s.score == "tiles"
@@ -398,27 +400,6 @@ def _vector_problems(op: OpSignature, s: AttentionSchedule) -> list[str]:
                      "already covers every key")
     if s.score not in SCORES:
         found.append(f"score={s.score!r}; expected one of {', '.join(SCORES)}")
-    return found
-
-
-def _tile_problems(op: OpSignature, s: AttentionSchedule, hw: HardwareSpec) -> list[str]:
-    """Why ``score=tiles`` cannot run ``op`` under ``s`` on ``hw``: a bf16 op, bf16 matrix
-    tiles, whole tiles of query rows and keys that fit the tile registers."""
-    found: list[str] = []
-    if op.dtype != "bf16" or s.score != "tiles":
-        found.append(f"score=tiles is the bf16 attention's kernel, and a bf16 attention runs "
-                     f"on score=tiles only; got dtype={op.dtype}, score={s.score}")
-    if op.dtype not in tile_dtypes(hw):
-        found.append(f"a bf16 attention needs bf16 matrix tiles (AMX-BF16); {hw.hw_id} has none")
-    if s.q_block not in TILE_Q_BLOCKS or s.k_block not in TILE_K_BLOCKS:
-        found.append(f"score=tiles takes q_block in {TILE_Q_BLOCKS} and k_block in "
-                     f"{TILE_K_BLOCKS}; got q_block={s.q_block}, k_block={s.k_block}")
-    elif not tiles_fit(s.q_block, s.k_block):
-        found.append(f"q_block={s.q_block}, k_block={s.k_block} need more than the 8 tile "
-                     "registers")
-    elif s.q_block > TILE_Q_BLOCKS[0] and s.q_block // 2 >= op.dim("M"):
-        found.append(f"q_block={s.q_block} is over twice M={op.dim('M')}: "
-                     f"q_block={s.q_block // 2} already covers every query")
     return found
 
 
@@ -743,8 +724,18 @@ def bf16_variant(op: OpSignature, hw: HardwareSpec) -> tuple[OpSignature, None] 
 def emit_attention(op: OpSignature, s: AttentionSchedule, d: IsaDialect) -> str:
     """The C translation unit for the attention ``op`` under ``s`` (validated by the caller)."""
     if s.score == "tiles":
-        return emit_attention_tiles(op, s.q_block, s.k_block, s.threads, d)
+        return emit_attention_tiles(op, s.q_block, s.k_block, s.threads, d, _tile_view(op))
     return _Emitter(op, s, d).unit()
+
+
+def _tile_view(op: OpSignature) -> TileView:
+    addressing: dict[str, int | str] = {}
+    for tensor, rows, width in (("q", "M", "D"), ("k", "N", "D"), ("v", "N", "DV"),
+                                ("y", "M", "DV")):
+        addressing.update(_Emitter._addressing(tensor.upper(), token_major(op, tensor), rows,
+                                               width))
+    return TileView(value_dim(op), is_causal(op), has_mask_input(op), _full_mask(op),
+                    tuple(addressing.items()))
 
 
 KIND = register(OpKind(

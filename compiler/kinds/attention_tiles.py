@@ -8,7 +8,8 @@ once, each into the B-tile layout of its product (16-column panels of bfloat16 p
 ``[DVP / 32 * 2][NP / 2][16][2]`` for ``V``, whose K dim is the keys); then for each block
 of ``q_block`` query rows (16 or 32: whole tiles of rows):
 
-1. the block's queries times the scale, rounded to bfloat16 (rows past M zero);
+1. the block's queries times the scale, rounded to bfloat16 (rows past M zero; a Q taken
+   as bfloat16, ``narrow=q``, is copied and its scale applied to the scores instead);
 2. scores ``S = Qs K^T`` for the keys the block sees, ``k_block`` keys (16 or 32) a tile
    step, stored as float32 rows of ``NP``;
 3. per row, the softmax of its visible scores (mask added) in float32, ``P = exp(S - max)``
@@ -25,18 +26,22 @@ the error against float32 is the rounding of Qs, K, P and V (relative ``2**-9`` 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
 
 from tunecache.compiler.codegen.abi import HEADER, TIMER, WORKSPACE, defines, parallel_entry, unpack_args
 from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds.matmul import tile_dtypes
 from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS, tile_block, tiles_used
 from tunecache.compiler.mathutil import round_up
 from tunecache.compiler.ops import OpSignature
 
-__all__ = ["NARROW", "TILE_K_BLOCKS", "TILE_Q_BLOCKS", "emit_attention_tiles", "narrow_tensors",
-           "tile_workspace_bytes", "tiles_fit", "with_narrow"]
+__all__ = ["NARROW", "TILE_K_BLOCKS", "TILE_Q_BLOCKS", "TileView", "emit_attention_tiles",
+           "narrow_tensors", "tile_problems", "tile_workspace_bytes", "tiles_fit",
+           "with_narrow"]
 
 NARROW = ("none", *("+".join(c) for r in (1, 2, 3) for c in combinations("qkv", r)))
 """Which of Q, K and V a bf16 attention takes as bfloat16 (its projections' outputs, rounded
@@ -55,6 +60,28 @@ def tiles_fit(q_block: int, k_block: int) -> bool:
     """Whether the score step's C, A and B tiles (and so the ``P V`` pass's) fit the eight
     tile registers."""
     return max(tiles_used(q_block, k_block), tiles_used(q_block, _PV_COLUMNS)) <= 8
+
+
+def tile_problems(op: OpSignature, q_block: int, k_block: int, score: str,
+                  hw: HardwareSpec) -> list[str]:
+    """Why ``score=tiles`` cannot run ``op`` with these blocks on ``hw``: a bf16 op, bf16
+    matrix tiles, whole tiles of query rows and keys that fit the tile registers."""
+    found: list[str] = []
+    if op.dtype != "bf16" or score != "tiles":
+        found.append(f"score=tiles is the bf16 attention's kernel, and a bf16 attention runs "
+                     f"on score=tiles only; got dtype={op.dtype}, score={score}")
+    if op.dtype not in tile_dtypes(hw):
+        found.append(f"a bf16 attention needs bf16 matrix tiles (AMX-BF16); {hw.hw_id} has none")
+    if q_block not in TILE_Q_BLOCKS or k_block not in TILE_K_BLOCKS:
+        found.append(f"score=tiles takes q_block in {TILE_Q_BLOCKS} and k_block in "
+                     f"{TILE_K_BLOCKS}; got q_block={q_block}, k_block={k_block}")
+    elif not tiles_fit(q_block, k_block):
+        found.append(f"q_block={q_block}, k_block={k_block} need more than the 8 tile "
+                     "registers")
+    elif q_block > TILE_Q_BLOCKS[0] and q_block // 2 >= op.dim("M"):
+        found.append(f"q_block={q_block} is over twice M={op.dim('M')}: "
+                     f"q_block={q_block // 2} already covers every query")
+    return found
 
 
 def _sizes(op: OpSignature, q_block: int, dv: int) -> dict[str, int]:
@@ -203,20 +230,29 @@ static float softmax_row(const float *restrict s, const float *restrict mk, long
 """
 
 
+@dataclass(frozen=True)
+class TileView:
+    """What the tile kernel needs of an attention op that the kind module works out: the
+    head dim of V, whether the mask is causal, additive or per query row (``full``), and
+    the ``<T>BASE(b)`` / ``<T>S`` addressing of Q, K, V and Y (head- or token-major)."""
+
+    dv: int
+    causal: bool
+    masked: bool
+    full: bool
+    addressing: tuple[tuple[str, int | str], ...]
+
+
 class _TileEmitter:
     """C of one bf16 attention kernel on tiles."""
 
     def __init__(self, op: OpSignature, q_block: int, k_block: int, threads: int,
-                 d: IsaDialect) -> None:
-        from tunecache.compiler.kinds import attention as at
-
+                 d: IsaDialect, view: TileView) -> None:
         self.op, self.q_block, self.k_block, self.threads, self.d = (op, q_block, k_block,
                                                                      threads, d)
-        self.at = at
-        self.dv = at.value_dim(op)
-        self.causal = at.is_causal(op)
-        self.masked = at.has_mask_input(op)
-        self.full = op.attr("mask") == "full"
+        self.view = view
+        self.dv, self.causal, self.masked, self.full = (view.dv, view.causal, view.masked,
+                                                        view.full)
 
     def constants(self) -> dict[str, int | str]:
         op, dims = self.op, self.op.dims_dict
@@ -231,10 +267,7 @@ class _TileEmitter:
             "DEFAULT_SCALE": f"{float(np.float32(1.0 / math.sqrt(dims['D'])))!r}f",
         }
         out.update(_offsets(op, self.q_block, self.dv))
-        for tensor, rows, width in (("q", "M", "D"), ("k", "N", "D"), ("v", "N", "DV"),
-                                    ("y", "M", "DV")):
-            out.update(self.at._Emitter._addressing(tensor.upper(),
-                                                    self.at.token_major(op, tensor), rows, width))
+        out.update(self.view.addressing)
         return out
 
     def scores(self) -> list[str]:
@@ -333,7 +366,7 @@ class _TileEmitter:
 
 
 def emit_attention_tiles(op: OpSignature, q_block: int, k_block: int, threads: int,
-                         d: IsaDialect) -> str:
+                         d: IsaDialect, view: TileView) -> str:
     """The C translation unit of the bf16 attention ``op`` on tiles (schedule validated by
-    the caller)."""
-    return _TileEmitter(op, q_block, k_block, threads, d).unit()
+    the caller; ``view`` from the kind module)."""
+    return _TileEmitter(op, q_block, k_block, threads, d, view).unit()
