@@ -83,15 +83,25 @@ def _rewrite(position: int, steps: list[Any], read: dict[str, list[int]],
             tail is not None and wanted - {tail}):
         return None
     quantizer = tail if tail is not None else wanted.pop()
-    if not 0.0 <= quantizer.zero <= 255.0 or quantizer.zero != round(quantizer.zero):
+    if not _whole_zero(quantizer):
         return None
     made = _writer(writer, quantizer, tail is not None, ctx)
-    if made is None:
-        return None
-    out = {position: made}
+    readers = _readers(steps, users, roles, writer.output, quantizer, ctx)
+    return None if made is None or readers is None else {position: made, **readers}
+
+
+def _whole_zero(quantizer: _Quantizer) -> bool:
+    """Whether ``quantizer``'s zero point is a whole number of uint8's range."""
+    return 0.0 <= quantizer.zero <= 255.0 and quantizer.zero == round(quantizer.zero)
+
+
+def _readers(steps: list[Any], users: list[int], roles: list[str | None], tensor: str,
+             quantizer: _Quantizer, ctx: StepContext) -> dict[int, KernelNode] | None:
+    """The readers at ``users`` taking ``tensor`` as uint8 of ``quantizer`` in their
+    ``roles`` (by position), or None where one cannot."""
+    out = {}
     for at, role in zip(users, roles, strict=True):
-        assert role is not None
-        node = _reader(steps[at], role, writer.output, quantizer, ctx)
+        node = None if role is None else _reader(steps[at], role, tensor, quantizer, ctx)
         if node is None:
             return None
         out[at] = node
@@ -132,21 +142,15 @@ def _rewrite_through(position: int, at: int, steps: list[Any], read: dict[str, l
               if role == "x"}
     if any(q is None or _Quantizer(np.float32(q[0]), float(q[1])) != tail for q in wanted):
         return None
-    if not 0.0 <= tail.zero <= 255.0 or tail.zero != round(tail.zero):
+    if not _whole_zero(tail):
         return None
     to_narrow = op_kind(through.op.kind).with_narrow
     made = _writer(writer, tail, True, ctx)
     passed = None if to_narrow is None else to_narrow(through.op, frozenset({"x", "y"}))
-    if made is None or passed is None:
+    readers = _readers(steps, users, roles, through.output, tail, ctx)
+    if made is None or passed is None or readers is None:
         return None
-    out = {position: made, at: replace(through, op=passed)}
-    for u, role in zip(users, roles, strict=True):
-        assert role is not None
-        node = _reader(steps[u], role, through.output, tail, ctx)
-        if node is None:
-            return None
-        out[u] = node
-    return out
+    return {position: made, at: replace(through, op=passed), **readers}
 
 
 def _argument_names(op: OpSignature) -> list[str]:
