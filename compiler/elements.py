@@ -9,8 +9,13 @@ import numpy as np
 
 from tunecache.compiler.ops import ELEMENT_STORAGE, OpSignature
 
-__all__ = ["argument_dtypes", "decoded", "from_bfloat16", "output_dtype", "storage_dtype",
+__all__ = ["BFLOAT16_NAN", "argument_dtypes", "decoded", "from_bfloat16", "output_dtype", "storage_dtype",
            "to_bfloat16"]
+
+
+BFLOAT16_NAN = 0x7FC0
+"""A quiet NaN's bfloat16 bits: what an output buffer is poisoned with, so an element a
+kernel leaves unwritten shows."""
 
 
 def storage_dtype(element: str) -> np.dtype:

@@ -173,13 +173,13 @@ def tolerance(op: OpSignature, inputs: tuple[np.ndarray, ...]) -> tuple[float, f
 def check_result(op: OpSignature, inputs: tuple[np.ndarray, ...], result: np.ndarray,
                  expected: np.ndarray) -> str | None:
     """None if ``result`` matches ``expected``; else a one-line description of the mismatch."""
-    if not np.all(np.isfinite(result)):
-        bad = int(np.count_nonzero(~np.isfinite(result)))
-        return f"{bad} of {result.size} outputs are not finite (unwritten or corrupted)"
     rtol, atol = tolerance(op, inputs)
     if op.arguments()[-1].dtype == "bfloat16":
         # a bfloat16 output: rounded to nearest, within half of its 2**-7 relative spacing
         result, rtol = from_bfloat16(result), rtol + 2.0 ** -8
+    if not np.all(np.isfinite(result)):
+        bad = int(np.count_nonzero(~np.isfinite(result)))
+        return f"{bad} of {result.size} outputs are not finite (unwritten or corrupted)"
     err = np.abs(result.astype(np.float64) - expected)
     limit = atol + rtol * np.abs(expected)
     if np.all(err <= limit):

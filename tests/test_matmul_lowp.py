@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tunecache.compiler.codegen import generate
-from tunecache.compiler.elements import from_bfloat16, to_bfloat16
+from tunecache.compiler.elements import BFLOAT16_NAN, from_bfloat16, to_bfloat16
 from tunecache.compiler.errors import KernelArgumentError, OpSignatureError
 from tunecache.compiler.hardware import HardwareSpec, cpu_features, local_spec, runnable_isas
 from tunecache.compiler.kinds import op_kind
@@ -269,7 +269,7 @@ def test_bf16_stores_c_as_bfloat16_where_its_reader_rounds_it(hw: HardwareSpec) 
     assert [a.dtype for a in op.arguments()] == ["float32", "bfloat16", "float32", "bfloat16"]
     assert "narrow=y" in op.text and "narrow" not in matmul_op(3, 4, 5, dtype="bf16").text
     inputs = random_inputs(op, seed=5)
-    out = np.full((37, 70), 0x7FC0, np.uint16)  # NaN: an unwritten element shows
+    out = np.full((37, 70), BFLOAT16_NAN, np.uint16)  # an unwritten element shows
     compile_kernel(op, default_schedule(op, hw, 2), hw)(*inputs, out=out)
     assert check_result(op, inputs, out, reference(op, inputs)) is None
     wide = replace(op, attrs=tuple((k, "none" if k == "narrow" else v) for k, v in op.attrs))
@@ -287,3 +287,13 @@ def test_only_bf16_matmuls_store_c_narrow() -> None:
     assert both is not None and (both.attr("a_type"), both.attr("narrow")) == ("dtype", "y")
     assert kind.with_narrow(op, frozenset({"add"})) is None
     assert kind.with_narrow(matmul_op(8, 16, 32), frozenset({"y"})) is None
+
+
+def test_an_unwritten_bfloat16_output_is_named_so() -> None:
+    op = matmul_op(4, 16, 8, dtype="bf16", narrow="y")
+    inputs = random_inputs(op, seed=1)
+    out = to_bfloat16(reference(op, inputs).astype(np.float32))
+    assert check_result(op, inputs, out, reference(op, inputs)) is None
+    out[1, 3] = BFLOAT16_NAN
+    problem = check_result(op, inputs, out, reference(op, inputs))
+    assert problem == "1 of 64 outputs are not finite (unwritten or corrupted)"

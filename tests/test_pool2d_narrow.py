@@ -15,6 +15,7 @@ from kernel_support import poisoned_run_problem
 from onnx_support import resnet_model
 
 from tunecache.compiler import frontend
+from tunecache.compiler.elements import BFLOAT16_NAN
 from tunecache.compiler.errors import OpSignatureError
 from tunecache.compiler.hardware import local_spec, runnable_isas
 from tunecache.compiler.kinds import op_kind
@@ -22,7 +23,7 @@ from tunecache.compiler.kinds.pool2d import Pool2dSchedule, pool2d_op
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.passes import plan_graph
 from tunecache.compiler.precision import apply_precision
-from tunecache.compiler.runtime import compile_kernel, random_inputs
+from tunecache.compiler.runtime import check_result, compile_kernel, random_inputs, reference
 from tunecache.compiler.schedule import default_schedule
 from tunecache.tuner.measure.runner import Candidate, Runner, TimingConfig
 
@@ -82,19 +83,13 @@ def test_kernels_read_and_write_bfloat16(op: OpSignature, threads: int) -> None:
     s = default_schedule(op, HW, min(threads, HW.cores))
     assert isinstance(s, Pool2dSchedule)
     kernel = compile_kernel(op, s, HW)
-    assert poisoned_run_problem(kernel, op, random_inputs(op, seed=threads), offset=1) is None \
-        if op.arguments()[-1].dtype == "float32" else _bf16_problem(kernel, op) is None
-
-
-def _bf16_problem(kernel: object, op: OpSignature) -> str | None:
-    from tunecache.compiler.elements import from_bfloat16
-    from tunecache.compiler.runtime import check_result, reference
-
-    inputs = random_inputs(op, seed=4)
-    out = np.full(op.arguments()[-1].shape, 0x7FC0, np.uint16)  # NaN: unwritten shows
-    kernel(*inputs, out=out)  # type: ignore[operator]
-    assert np.all(np.isfinite(from_bfloat16(out)))
-    return check_result(op, inputs, out, reference(op, inputs))
+    inputs = random_inputs(op, seed=threads)
+    if op.arguments()[-1].dtype == "float32":
+        assert poisoned_run_problem(kernel, op, inputs, offset=1) is None
+        return
+    out = np.full(op.arguments()[-1].shape, BFLOAT16_NAN, np.uint16)  # unwritten shows
+    kernel(*inputs, out=out)
+    assert check_result(op, inputs, out, reference(op, inputs)) is None
 
 
 @pytest.mark.parametrize("op", BYTES, ids=lambda op: op.text)

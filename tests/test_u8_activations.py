@@ -18,7 +18,7 @@ from onnx_support import quantization_steps, quantize_qdq
 from tunecache.compiler import frontend
 from tunecache.compiler.codegen.epilogue import RESIDUAL_STEP
 from tunecache.compiler.graph import KernelNode
-from tunecache.compiler.kinds.conv2d.lowp import narrow_tensors
+from tunecache.compiler.kinds import narrow_tensors
 from tunecache.compiler.lowering import affine, u8
 from tunecache.tuner.deploy import compile_model
 

@@ -59,6 +59,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+BF16_SCALAR = """\
+#include <stdint.h>
+#include <string.h>
+/* one float as bfloat16, nearest with ties to even; one bfloat16's value */
+static inline uint16_t tc_bf16_round(float v) {
+  uint32_t b;
+  memcpy(&b, &v, sizeof b);
+  return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+static inline float tc_bf16_value(uint16_t h) {
+  const uint32_t b = (uint32_t)h << 16;
+  float v;
+  memcpy(&v, &b, sizeof v);
+  return v;
+}
+"""
+"""C of the scalar bfloat16 conversions a kernel holding bfloat16 values uses."""
+
 
 @dataclass(frozen=True, slots=True)
 class IsaDialect:

@@ -160,6 +160,13 @@ _EMITTERS: dict[tuple[str, str], Emit] = {}
 _loaded = False
 
 
+def narrow_tensors(op: OpSignature) -> frozenset[str]:
+    """The tensors ``op`` holds narrow (its ``narrow`` attribute, in the ``with_narrow``
+    vocabulary; none for a kind without the attribute)."""
+    held = dict(op.attrs).get("narrow", "none")
+    return frozenset() if held == "none" else frozenset(held.split("+"))
+
+
 def register(kind: OpKind) -> OpKind:
     """Add ``kind`` to the registry (a kind module calls this when imported)."""
     other = _KINDS.get(kind.name)

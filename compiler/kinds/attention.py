@@ -78,14 +78,13 @@ from tunecache.compiler.codegen.isa import IsaDialect
 from tunecache.compiler.codegen.microkernel import Loop, Store, Tile, accumulate, store
 from tunecache.compiler.elements import decoded, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec, isa_level
-from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.kinds import OpKind, narrow_tensors, register
 from tunecache.compiler.kinds.attention_tiles import (
     NARROW,
     TILE_K_BLOCKS,
     TILE_Q_BLOCKS,
     TileView,
     emit_attention_tiles,
-    narrow_tensors,
     tile_problems,
     tile_workspace_bytes,
     with_narrow,

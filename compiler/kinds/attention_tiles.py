@@ -32,15 +32,16 @@ from itertools import combinations
 import numpy as np
 
 from tunecache.compiler.codegen.abi import HEADER, TIMER, WORKSPACE, defines, parallel_entry, unpack_args
-from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.codegen.isa import BF16_SCALAR, IsaDialect
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds import narrow_tensors
 from tunecache.compiler.kinds.matmul import tile_dtypes
 from tunecache.compiler.kinds.matmul.emit_tiles import TILE_ROWS, tile_block, tiles_used
 from tunecache.compiler.mathutil import round_up
 from tunecache.compiler.ops import OpSignature
 
 __all__ = ["NARROW", "TILE_K_BLOCKS", "TILE_Q_BLOCKS", "TileView", "emit_attention_tiles",
-           "narrow_tensors", "tile_problems", "tile_workspace_bytes", "tiles_fit",
+           "tile_problems", "tile_workspace_bytes", "tiles_fit",
            "with_narrow"]
 
 NARROW = ("none", *("+".join(c) for r in (1, 2, 3) for c in combinations("qkv", r)))
@@ -92,12 +93,6 @@ def _sizes(op: OpSignature, q_block: int, dv: int) -> dict[str, int]:
             "SC": 4 * q_block * n_pad, "PA": 2 * q_block * n_pad, "O": 4 * q_block * dv_pad}
 
 
-def narrow_tensors(op: OpSignature) -> frozenset[str]:
-    """The inputs ``op`` takes as bfloat16 (its ``narrow`` attribute)."""
-    held = dict(op.attrs).get("narrow", "none")
-    return frozenset() if held == "none" else frozenset(held.split("+"))
-
-
 def with_narrow(op: OpSignature, tensors: frozenset[str]) -> OpSignature | None:
     """``OpKind.with_narrow``: a bf16 attention taking ``tensors`` (``q``, ``k``, ``v``) and
     those it took as bfloat16; None for anything else."""
@@ -129,19 +124,13 @@ _HELPERS = """\
 typedef struct { const q_t *q; const k_t *k; const v_t *v; const float *mask; float *y;
                  float scale; } attn_args;
 
-static inline uint16_t bf16_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* x[0 .. n) times s, rounded to bfloat16, into out[0 .. npad) (zeros past n). */
 static inline void round_row(const float *restrict x, long n, float s, uint16_t *restrict out,
                              long npad) {
   const vec sv = VSET1(s);
   long i = 0;
   for (; i + LANES <= n; i += LANES) VSTORE_BF16(out + i, VMUL(VLOADU(x + i), sv));
-  for (; i < n; i++) out[i] = bf16_of(x[i] * s);
+  for (; i < n; i++) out[i] = tc_bf16_round(x[i] * s);
   for (; i < npad; i++) out[i] = 0;
 }
 
@@ -221,7 +210,7 @@ static float softmax_row(const float *restrict s, const float *restrict mk, long
     const vec e = VFILL_PART(VEXP(VSUB(VLOADU_PART(z + j, t), tv)), t, 0.0f);
     float part[LANES] __attribute__((aligned(64)));
     VSTOREU(part, e);
-    for (long i = 0; i < t; i++) p[j + i] = bf16_of(part[i]);
+    for (long i = 0; i < t; i++) p[j + i] = tc_bf16_round(part[i]);
     sum = VADD(sum, e);
   }
   for (j = n; j < np; j++) p[j] = 0;
@@ -362,7 +351,7 @@ class _TileEmitter:
         return "\n".join([d.prelude, HEADER, "#include <stdint.h>", d.bf16,
                           d.tile_vocabulary("bf16"), defines(self.constants()),
                           self.element_types(), WORKSPACE,
-                          _HELPERS, _SOFTMAX, self.block(), self.part(), entry, TIMER])
+                          BF16_SCALAR, _HELPERS, _SOFTMAX, self.block(), self.part(), entry, TIMER])
 
 
 def emit_attention_tiles(op: OpSignature, q_block: int, k_block: int, threads: int,

@@ -29,7 +29,7 @@ import numpy as np
 
 from tunecache.compiler.backends import BoundKernel, KernelHandle, backend_named
 from tunecache.compiler.buffers import aligned_empty
-from tunecache.compiler.elements import storage_dtype
+from tunecache.compiler.elements import BFLOAT16_NAN, storage_dtype
 from tunecache.compiler.kinds import op_kind
 from tunecache.compiler.ops import OpSignature
 from tunecache.compiler.runtime import (
@@ -79,10 +79,6 @@ def time_calls(run: Callable[[int], float], timing: dict[str, Any]) -> list[floa
         if len(samples) >= timing["min_repeats"] and total >= timing["min_time_s"]:
             break
     return samples
-
-
-BFLOAT16_NAN = 0x7FC0
-"""A quiet NaN's bfloat16 bits."""
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from tunecache.compiler.codegen.epilogue import (
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
-from tunecache.compiler.kinds import ChannelView, OpKind, register
+from tunecache.compiler.kinds import ChannelView, OpKind, narrow_tensors, register
 from tunecache.compiler.kinds.conv2d.emit import generate_conv2d
 from tunecache.compiler.kinds.conv2d.lowp import (
     MIN_LOWP_FILL,
@@ -50,7 +50,6 @@ from tunecache.compiler.kinds.conv2d.lowp import (
     lowp_reference,
     lowp_signature_problems,
     narrow_problems,
-    narrow_tensors,
     narrow_type,
     quantizer_rows,
     runs_float_kernel,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries
 from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND
-from tunecache.compiler.kinds.conv2d.lowp import narrow_tensors
+from tunecache.compiler.codegen.isa import BF16_SCALAR
+from tunecache.compiler.kinds import narrow_tensors
 from tunecache.compiler.ops import OpSignature
 
 
@@ -21,23 +22,6 @@ def shape_constants(op: OpSignature) -> dict[str, int | str]:
     }
 
 
-BF16_SCALAR = """\
-#include <stdint.h>
-#include <string.h>
-/* one float as bfloat16, nearest with ties to even; one bfloat16's value */
-static inline uint16_t tc_bf16_round(float v) {
-  uint32_t b;
-  memcpy(&b, &v, sizeof b);
-  return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}
-static inline float tc_bf16_value(uint16_t h) {
-  const uint32_t b = (uint32_t)h << 16;
-  float v;
-  memcpy(&v, &b, sizeof v);
-  return v;
-}
-"""
-"""C of the scalar bfloat16 conversions a kernel holding bfloat16 activations uses."""
 
 
 def y_storage(op: OpSignature) -> str:

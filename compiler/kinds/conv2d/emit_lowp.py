@@ -29,11 +29,11 @@ from tunecache.compiler.codegen.epilogue import (
     render,
     scalar_helpers,
 )
-from tunecache.compiler.codegen.isa import IsaDialect
-from tunecache.compiler.kinds.conv2d.common import BF16_SCALAR, shape_constants, y_storage
+from tunecache.compiler.codegen.isa import BF16_SCALAR, IsaDialect
+from tunecache.compiler.kinds import narrow_tensors
+from tunecache.compiler.kinds.conv2d.common import shape_constants, y_storage
 from tunecache.compiler.kinds.conv2d.emit_tiles import tile_plane, tile_row
 from tunecache.compiler.kinds.conv2d.lowp import (
-    narrow_tensors,
     narrow_type,
     packed_channels,
     pixel_channels,

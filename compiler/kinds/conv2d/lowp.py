@@ -22,6 +22,7 @@ from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, chain_rows, ope
 from tunecache.compiler.codegen.epilogue import reference as epilogue_reference
 from tunecache.compiler.elements import from_bfloat16, to_bfloat16
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds import narrow_tensors
 from tunecache.compiler.kinds.conv2d.space import Conv2dSchedule, is_depthwise
 from tunecache.compiler.kinds.layouts import channel_block, from_layout, to_layout
 from tunecache.compiler.kinds.matmul import quantize_u8, tile_dtypes
@@ -37,7 +38,7 @@ from tunecache.compiler.schedule import threads_problem
 __all__ = ["MIN_BF16_CHANNELS", "MIN_LOWP_FILL", "NARROW_CHOICES", "bf16_variant", "block_fill",
            "chained_depthwise",
            "default_lowp_schedule", "lowp_problems", "lowp_reference", "lowp_signature_problems",
-           "narrow_problems", "narrow_tensors", "narrow_type", "packed_channels", "pixel_channels",
+           "narrow_problems", "narrow_type", "packed_channels", "pixel_channels",
            "plane_width", "quantizer_rows", "reads_x_in_place", "runs_float_kernel", "subsamples",
            "tile_pixel_channels", "tiles_plane", "with_narrow"]
 
@@ -166,12 +167,6 @@ def quantizer_rows(op: OpSignature, chan: np.ndarray) -> np.ndarray:
         # int8: sums of u8 x s8 products times standard normal scales; float32: of normals
         out[-4] = (240.0 if op.dtype == "int8" else 1 / 40) * taps ** 0.5
     return out
-
-
-def narrow_tensors(op: OpSignature) -> frozenset[str]:
-    """The tensors ``op`` holds narrow (its ``narrow`` attribute)."""
-    held = op.attr("narrow")
-    return frozenset() if held == "none" else frozenset(held.split("+"))
 
 
 def narrow_type(op: OpSignature) -> str:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from tunecache.compiler.codegen.abi import PackedWeights, kernel_entries, preamble
 from tunecache.compiler.codegen.epilogue import CHANNEL_OPERAND, render, scalar_helpers
-from tunecache.compiler.codegen.isa import IsaDialect
+from tunecache.compiler.codegen.isa import BF16_SCALAR, IsaDialect
+from tunecache.compiler.kinds import narrow_tensors
 from tunecache.compiler.kinds.matmul.emit_tiles import (
     TILE_PACK_B,
     TILE_ROWS,
@@ -167,19 +168,10 @@ _PACK_PER_CALL = """\
 _PACKED_ONCE = "  const ib_t *Bp = (const ib_t *)B;"
 
 
-_BF16_BITS = """\
-static inline uint16_t tc_bf16_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-"""
-
-
 def narrow_c(op: OpSignature) -> bool:
     """Whether ``op`` stores C as bfloat16 (``narrow=y``; kinds sharing matmul's arguments
     without the attribute never do)."""
-    return dict(op.attrs).get("narrow", "none") == "y"
+    return "y" in narrow_tensors(op)
 
 
 def _finish(op: OpSignature) -> str:
@@ -191,7 +183,7 @@ def _finish(op: OpSignature) -> str:
         return (head + "  (void)j; (void)scale; (void)bias; (void)chan;\n"
                 "  memcpy(c, acc, (size_t)width * sizeof(tc_t));\n}\n")
     # C as bfloat16 (narrow=y): the rounding of VSTORE_BF16, one scalar for the tail
-    store, last = (("VSTORE_BF16(c + t, v)", "c[t] = tc_bf16_bits(v)") if narrow_c(op)
+    store, last = (("VSTORE_BF16(c + t, v)", "c[t] = tc_bf16_round(v)") if narrow_c(op)
                    else ("VSTOREU(c + t, v)", "c[t] = v"))
     vector = render(op.epilogue, "v", {"scale": "VLOADU(scale + j + t)",
                                        "bias": "VLOADU(bias + j + t)",
@@ -274,7 +266,7 @@ def generate_lowp(op: OpSignature, s: MatmulSchedule, d: IsaDialect) -> str:
 
     return "\n".join([
         preamble(d, constants, s.threads), "#include <stdint.h>\n#include <math.h>",
-        vocabulary, sizes, scalar_helpers(op.epilogue), _BF16_BITS if narrow_c(op) else "",
+        vocabulary, sizes, scalar_helpers(op.epilogue), BF16_SCALAR if narrow_c(op) else "",
         _PACK_A % _a_row(op),
         TILE_PACK_B if tiles else _PACK_B,
         _DYNAMIC if dynamic else "", _finish(op),

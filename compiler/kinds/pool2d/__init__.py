@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from tunecache.compiler.elements import to_bfloat16
-from tunecache.compiler.kinds import OpKind, register
+from tunecache.compiler.kinds import OpKind, narrow_tensors, register
 from tunecache.compiler.kinds.layouts import (
     LAYOUTS,
     NCHW,
@@ -37,7 +37,6 @@ from tunecache.compiler.kinds.pool2d.narrow import (
     NARROW,
     bf16_variant,
     narrow_problems,
-    narrow_tensors,
     narrow_type,
     with_narrow,
 )
@@ -56,7 +55,7 @@ from tunecache.compiler.ops import KindSpec, OpSignature, TensorArg, conv_window
 
 __all__ = ["MODES", "OW_VECTORS", "ROWS_CHOICES", "UNROLL_CHOICES", "VEC_CHOICES",
            "Pool2dSchedule", "axis_counts", "default_pool2d_schedule", "emit_pool2d",
-           "global_pool2d_op", "is_blocked", "is_global", "narrow_tensors", "pool2d_op",
+           "global_pool2d_op", "is_blocked", "is_global", "pool2d_op",
            "pool2d_problems"]
 
 MODES = ("max", "avg")

@@ -15,22 +15,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tunecache.compiler.hardware import HardwareSpec
+from tunecache.compiler.kinds import narrow_tensors
 from tunecache.compiler.kinds.layouts import TILE_ROW_LAYOUT, with_attrs
 from tunecache.compiler.kinds.pool2d.space import is_blocked
 from tunecache.compiler.ops import OpSignature
 
-__all__ = ["NARROW", "bf16_variant", "narrow_problems", "narrow_tensors", "narrow_type",
-           "with_narrow"]
+__all__ = ["NARROW", "bf16_variant", "narrow_problems", "narrow_type", "with_narrow"]
 
 NARROW = ("none", "x", "y", "x+y")
 """What a pool2d holds narrow: its input X, its output Y, or both."""
 _BOTH = frozenset({"x", "y"})
-
-
-def narrow_tensors(op: OpSignature) -> frozenset[str]:
-    """The tensors ``op`` holds narrow (its ``narrow`` attribute)."""
-    held = dict(op.attrs).get("narrow", "none")
-    return frozenset() if held == "none" else frozenset(held.split("+"))
 
 
 def narrow_type(op: OpSignature) -> str:
